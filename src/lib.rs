@@ -1,0 +1,8 @@
+//! loopbus: a local instance-to-instance bus for AI-agent instances.
+#![forbid(unsafe_code)]
+#![deny(missing_docs)]
+
+pub mod config;
+pub mod protocol;
+pub mod registry;
+pub mod state;
