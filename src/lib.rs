@@ -5,4 +5,5 @@
 pub mod config;
 pub mod protocol;
 pub mod registry;
+pub mod secret;
 pub mod state;
