@@ -92,7 +92,12 @@ mod tests {
             (b"Bearer abc123Bearer abc123", false),
         ];
         for (header, want) in cases {
-            assert_eq!(s.matches_bearer(header), *want, "{:?}", String::from_utf8_lossy(header));
+            assert_eq!(
+                s.matches_bearer(header),
+                *want,
+                "{:?}",
+                String::from_utf8_lossy(header)
+            );
         }
     }
 }
