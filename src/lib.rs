@@ -3,7 +3,9 @@
 #![deny(missing_docs)]
 
 pub mod config;
+pub mod http;
 pub mod protocol;
 pub mod registry;
 pub mod secret;
+pub mod turns;
 pub mod state;

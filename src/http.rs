@@ -1,0 +1,1025 @@
+//! The HTTP/1.1 layer: one single-threaded `mio` event loop that accepts loopback
+//! connections, reads request heads (parsed by `httparse`) and bodies, writes
+//! responses, and enforces every limit of the contract's HTTP table.
+//!
+//! This module knows nothing about the bus. It hands a [`Service`] each complete
+//! request head, asks it whether to read the body, hands it the body, and writes
+//! whatever [`Response`] comes back, now or later (a deferred answer arrives through
+//! [`Control::respond`] after a [`mio::Waker`] woke the loop).
+//!
+//! Every socket is non-blocking; no callback may block. Memory per connection is
+//! bounded by [`MAX_HEAD_BYTES`] plus the body length the service agreed to read, and
+//! the number of connections by [`MAX_CONNECTIONS`].
+
+use mio::net::{TcpListener, TcpStream, UnixStream};
+use mio::{Events, Interest, Poll, Token, Waker};
+use std::collections::BTreeSet;
+use std::io::{self, ErrorKind, Read, Write};
+use std::net::{Shutdown, SocketAddr};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// Largest request line plus headers; past it the answer is 431 and the connection closes.
+pub const MAX_HEAD_BYTES: usize = 16 * 1024;
+/// Most headers in one request; past it the answer is 431 and the connection closes.
+pub const MAX_HEADERS: usize = 64;
+/// Time allowed for a complete head after accept, or after the previous response.
+pub const HEAD_TIMEOUT: Duration = Duration::from_secs(10);
+/// Time allowed for the body once the head is complete; past it 408 and close.
+pub const BODY_TIMEOUT: Duration = Duration::from_secs(10);
+/// Time a keep-alive connection may sit idle (no byte of a new request) before it closes.
+pub const IDLE_TIMEOUT: Duration = Duration::from_secs(5);
+/// Time allowed for writing one response.
+pub const WRITE_TIMEOUT: Duration = Duration::from_secs(10);
+/// Open connections at most; when full, the least recently active connection with no
+/// request being handled is closed to admit the new one.
+pub const MAX_CONNECTIONS: usize = 1024;
+/// After answering a request whose body was never read, how long the loop keeps
+/// reading and discarding what the client still sends, so that the client gets to
+/// read the answer instead of a connection reset.
+pub const LINGER_TIMEOUT: Duration = Duration::from_secs(2);
+/// Size of the loop's one read buffer, shared by every connection.
+const READ_CHUNK: usize = 64 * 1024;
+/// How long to wait before accepting again after the process ran out of descriptors.
+const ACCEPT_BACKOFF: Duration = Duration::from_millis(100);
+
+const LISTENER: Token = Token(0);
+const WAKER: Token = Token(1);
+const INTERRUPT: Token = Token(2);
+const FIRST_CONN: usize = 3;
+
+/// A parsed request head.
+#[derive(Debug, Clone)]
+pub struct Head {
+    /// The method, as sent (`GET`, `POST`, ...).
+    pub method: String,
+    /// The request target, as sent (path and query).
+    pub target: String,
+    /// The minor HTTP version: 0 for HTTP/1.0, 1 for HTTP/1.1.
+    pub minor_version: u8,
+    /// The headers in order; names as sent, values as raw bytes.
+    pub headers: Vec<(String, Vec<u8>)>,
+    /// When the head became complete.
+    pub received_at: Instant,
+}
+
+impl Head {
+    /// The path part of the target (before any `?`).
+    pub fn path(&self) -> &str {
+        self.target.split('?').next().unwrap_or("")
+    }
+
+    /// Every value of the header `name` (case-insensitive), in order.
+    pub fn header_values<'a>(&'a self, name: &'a str) -> impl Iterator<Item = &'a [u8]> + 'a {
+        self.headers
+            .iter()
+            .filter(move |(n, _)| n.eq_ignore_ascii_case(name))
+            .map(|(_, v)| v.as_slice())
+    }
+
+    /// The first value of the header `name`, if any.
+    pub fn header(&self, name: &str) -> Option<&[u8]> {
+        self.headers
+            .iter()
+            .find(|(n, _)| n.eq_ignore_ascii_case(name))
+            .map(|(_, v)| v.as_slice())
+    }
+
+    /// Whether the header `name` is present at all.
+    pub fn has_header(&self, name: &str) -> bool {
+        self.header(name).is_some()
+    }
+
+    /// Whether the client asked to keep the connection open after this request.
+    fn wants_keep_alive(&self) -> bool {
+        let close = self
+            .header_values("connection")
+            .any(|v| has_token(v, b"close"));
+        self.minor_version >= 1 && !close
+    }
+
+    /// Whether the head announces a body (so an unread one may follow).
+    fn announces_body(&self) -> bool {
+        self.has_header("transfer-encoding")
+            || self
+                .header_values("content-length")
+                .any(|v| v.iter().any(|b| *b != b'0' && !b.is_ascii_whitespace()))
+    }
+}
+
+/// Whether a comma-separated header value contains `token` (case-insensitive).
+fn has_token(value: &[u8], token: &[u8]) -> bool {
+    value
+        .split(|b| *b == b',')
+        .any(|part| part.trim_ascii().eq_ignore_ascii_case(token))
+}
+
+/// A response for the loop to write. The loop adds `Content-Length` and, when it
+/// will close the connection afterwards, `Connection: close`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Response {
+    /// The status code.
+    pub status: u16,
+    /// Headers other than `Content-Length` and `Connection`.
+    pub headers: Vec<(&'static str, String)>,
+    /// The body.
+    pub body: Vec<u8>,
+    /// Close the connection after writing this response.
+    pub close: bool,
+}
+
+impl Response {
+    fn serialize(&self, close: bool) -> Vec<u8> {
+        let mut out = Vec::with_capacity(192 + self.body.len());
+        // Writing into a Vec cannot fail.
+        let _ = write!(
+            out,
+            "HTTP/1.1 {} {}\r\n",
+            self.status,
+            reason_phrase(self.status)
+        );
+        for (name, value) in &self.headers {
+            let _ = write!(out, "{name}: {value}\r\n");
+        }
+        let _ = write!(out, "Content-Length: {}\r\n", self.body.len());
+        if close {
+            out.extend_from_slice(b"Connection: close\r\n");
+        }
+        out.extend_from_slice(b"\r\n");
+        out.extend_from_slice(&self.body);
+        out
+    }
+}
+
+/// The reason phrase for the status codes this crate uses.
+pub fn reason_phrase(status: u16) -> &'static str {
+    match status {
+        200 => "OK",
+        400 => "Bad Request",
+        401 => "Unauthorized",
+        403 => "Forbidden",
+        404 => "Not Found",
+        405 => "Method Not Allowed",
+        408 => "Request Timeout",
+        411 => "Length Required",
+        413 => "Content Too Large",
+        415 => "Unsupported Media Type",
+        429 => "Too Many Requests",
+        431 => "Request Header Fields Too Large",
+        500 => "Internal Server Error",
+        503 => "Service Unavailable",
+        _ => "Unknown",
+    }
+}
+
+/// Failures the HTTP layer answers itself; the service only chooses the body.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum HttpError {
+    /// The request head is not valid HTTP/1.x (400).
+    MalformedHead,
+    /// The head is longer than [`MAX_HEAD_BYTES`] (431).
+    HeadTooLarge,
+    /// The head has more than [`MAX_HEADERS`] headers (431).
+    TooManyHeaders,
+    /// The body did not arrive within [`BODY_TIMEOUT`] (408).
+    BodyTimeout,
+}
+
+impl HttpError {
+    /// The status code the loop answers with.
+    pub fn status(self) -> u16 {
+        match self {
+            HttpError::MalformedHead => 400,
+            HttpError::HeadTooLarge | HttpError::TooManyHeaders => 431,
+            HttpError::BodyTimeout => 408,
+        }
+    }
+}
+
+impl std::fmt::Display for HttpError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            HttpError::MalformedHead => "malformed request head",
+            HttpError::HeadTooLarge => "request head too large",
+            HttpError::TooManyHeaders => "too many request headers",
+            HttpError::BodyTimeout => "request body not received in time",
+        })
+    }
+}
+
+/// Identifies one connection for a deferred answer. A connection that closed is
+/// never confused with a later one that reused its slot.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct ConnId {
+    slot: usize,
+    generation: u64,
+}
+
+/// A connection id for other modules' unit tests.
+#[cfg(test)]
+pub(crate) fn test_conn_id(n: u64) -> ConnId {
+    ConnId {
+        slot: n as usize,
+        generation: n,
+    }
+}
+
+/// What to do after a head.
+#[derive(Debug)]
+pub enum HeadAction {
+    /// Answer now without reading any body. If the head announced a body, the
+    /// connection closes after the answer.
+    Respond(Response),
+    /// Read exactly this many body bytes, then call [`Service::on_request`].
+    ReadBody(usize),
+}
+
+/// Requests a service makes of the loop from inside a callback.
+#[derive(Debug, Default)]
+pub struct Control {
+    responses: Vec<(ConnId, Response)>,
+    stop_accepting: bool,
+    exit: bool,
+}
+
+impl Control {
+    /// Answers a deferred request. Ignored if that connection has gone away.
+    pub fn respond(&mut self, id: ConnId, response: Response) {
+        self.responses.push((id, response));
+    }
+
+    /// Closes the listener: no new connection is accepted from now on.
+    pub fn stop_accepting(&mut self) {
+        self.stop_accepting = true;
+    }
+
+    /// Ends the loop once the responses already queued have been written (or have
+    /// overstayed [`WRITE_TIMEOUT`]).
+    pub fn exit(&mut self) {
+        self.exit = true;
+    }
+}
+
+/// The bus side of the loop. Callbacks run on the loop thread and must not block.
+pub trait Service {
+    /// A complete head arrived on `id`.
+    fn on_head(&mut self, id: ConnId, head: &Head) -> HeadAction;
+
+    /// The body agreed to in [`HeadAction::ReadBody`] arrived. Return `Some` to answer
+    /// now, or `None` to answer later through [`Control::respond`].
+    fn on_request(&mut self, id: ConnId, head: &Head, body: Vec<u8>) -> Option<Response>;
+
+    /// The body of an error the HTTP layer answers itself. `close` is forced on.
+    fn error_response(&mut self, error: HttpError) -> Response;
+
+    /// The [`Waker`] was woken (for example, a turn finished).
+    fn on_wake(&mut self, control: &mut Control);
+
+    /// The interrupt stream became readable (a signal asked the process to stop).
+    fn on_interrupt(&mut self, control: &mut Control);
+
+    /// Periodic work; return when to be called next.
+    fn on_tick(&mut self, now: Instant, control: &mut Control) -> Instant;
+
+    /// A connection whose request was deferred closed before it was answered.
+    fn on_abandoned(&mut self, id: ConnId);
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Phase {
+    /// Waiting for (the rest of) a request head.
+    ReadingHead,
+    /// Reading `len` body bytes.
+    ReadingBody { len: usize },
+    /// The service deferred its answer.
+    Waiting,
+    /// Writing a response.
+    Writing,
+    /// Response written, body never read: discarding input until EOF or timeout.
+    Lingering,
+}
+
+struct Conn {
+    stream: TcpStream,
+    generation: u64,
+    phase: Phase,
+    /// Bytes received and not yet consumed.
+    inbuf: Vec<u8>,
+    /// The head being served (between head and response).
+    head: Option<Head>,
+    /// Response bytes, and how many are written.
+    outbuf: Vec<u8>,
+    written: usize,
+    /// Close (or linger) once the current response is written.
+    close_after: bool,
+    linger_after: bool,
+    /// Whether at least one response was completed (idle timeout applies).
+    served: bool,
+    /// Start of the current phase's clock.
+    phase_started: Instant,
+    last_active: Instant,
+    deadline: Option<Instant>,
+}
+
+impl Conn {
+    fn evictable(&self) -> bool {
+        matches!(
+            self.phase,
+            Phase::ReadingHead | Phase::ReadingBody { .. } | Phase::Lingering
+        )
+    }
+
+    /// The deadline of the current phase, if it has one.
+    fn compute_deadline(&self) -> Option<Instant> {
+        match self.phase {
+            Phase::ReadingHead => {
+                let head = self.phase_started + HEAD_TIMEOUT;
+                if self.served && self.inbuf.is_empty() {
+                    Some(head.min(self.phase_started + IDLE_TIMEOUT))
+                } else {
+                    Some(head)
+                }
+            }
+            Phase::ReadingBody { .. } => Some(self.phase_started + BODY_TIMEOUT),
+            Phase::Waiting => None,
+            Phase::Writing => Some(self.phase_started + WRITE_TIMEOUT),
+            Phase::Lingering => Some(self.phase_started + LINGER_TIMEOUT),
+        }
+    }
+}
+
+/// What a step of a connection's state machine decided.
+enum Step {
+    /// Wait for the next readiness event.
+    Park,
+    /// Close the connection now.
+    Close,
+}
+
+/// The event loop: owns the listener and every connection.
+pub struct EventLoop {
+    poll: Poll,
+    listener: Option<TcpListener>,
+    local_addr: SocketAddr,
+    interrupt: Option<UnixStream>,
+    waker: Arc<Waker>,
+    conns: Vec<Option<Conn>>,
+    free: Vec<usize>,
+    open: usize,
+    next_generation: u64,
+    deadlines: BTreeSet<(Instant, usize, u64)>,
+    scratch: Box<[u8]>,
+    accept_paused_until: Option<Instant>,
+    exiting: bool,
+}
+
+/// Binds a listener on `addr`, which must be a loopback address.
+///
+/// # Errors
+/// `addr` is not loopback (`PermissionDenied`), or the bind failed (in use, ...).
+pub fn bind_loopback(addr: SocketAddr) -> io::Result<TcpListener> {
+    if !addr.ip().is_loopback() {
+        return Err(io::Error::new(
+            ErrorKind::PermissionDenied,
+            format!("refusing to listen on {addr}: loopbus binds loopback addresses only"),
+        ));
+    }
+    TcpListener::bind(addr)
+}
+
+impl EventLoop {
+    /// Creates a loop serving `listener`. `interrupt`, when given, is a stream that
+    /// becomes readable when the process is asked to stop (see `signal-hook`'s pipe).
+    ///
+    /// # Errors
+    /// The OS refused to create the poll instance or to register a source.
+    pub fn new(mut listener: TcpListener, interrupt: Option<UnixStream>) -> io::Result<EventLoop> {
+        let poll = Poll::new()?;
+        let local_addr = listener.local_addr()?;
+        poll.registry()
+            .register(&mut listener, LISTENER, Interest::READABLE)?;
+        let waker = Arc::new(Waker::new(poll.registry(), WAKER)?);
+        let mut interrupt = interrupt;
+        if let Some(stream) = interrupt.as_mut() {
+            poll.registry()
+                .register(stream, INTERRUPT, Interest::READABLE)?;
+        }
+        Ok(EventLoop {
+            poll,
+            listener: Some(listener),
+            local_addr,
+            interrupt,
+            waker,
+            conns: Vec::new(),
+            free: Vec::new(),
+            open: 0,
+            next_generation: 0,
+            deadlines: BTreeSet::new(),
+            scratch: vec![0u8; READ_CHUNK].into_boxed_slice(),
+            accept_paused_until: None,
+            exiting: false,
+        })
+    }
+
+    /// The address the listener is bound to.
+    pub fn local_addr(&self) -> SocketAddr {
+        self.local_addr
+    }
+
+    /// A waker that makes the loop call [`Service::on_wake`]; safe to use from any thread.
+    pub fn waker(&self) -> Arc<Waker> {
+        Arc::clone(&self.waker)
+    }
+
+    /// Runs until the service calls [`Control::exit`] and the pending writes are done.
+    ///
+    /// # Errors
+    /// Only if polling itself fails; per-connection errors close that connection.
+    pub fn run<S: Service>(&mut self, service: &mut S) -> io::Result<()> {
+        let mut events = Events::with_capacity(1024);
+        let mut next_tick = Instant::now();
+        loop {
+            let now = Instant::now();
+            if now >= next_tick {
+                let mut control = Control::default();
+                next_tick = service.on_tick(now, &mut control);
+                self.apply(service, control);
+            }
+            if self.exiting && !self.has_pending_writes() {
+                return Ok(());
+            }
+            let mut wake_at = next_tick;
+            if let Some(&(deadline, _, _)) = self.deadlines.first() {
+                wake_at = wake_at.min(deadline);
+            }
+            if let Some(at) = self.accept_paused_until {
+                wake_at = wake_at.min(at);
+            }
+            let timeout = wake_at.saturating_duration_since(Instant::now());
+            if let Err(e) = self.poll.poll(&mut events, Some(timeout)) {
+                if e.kind() == ErrorKind::Interrupted {
+                    continue;
+                }
+                return Err(e);
+            }
+            for event in events.iter() {
+                match event.token() {
+                    LISTENER => self.accept_all(service),
+                    WAKER => {
+                        let mut control = Control::default();
+                        service.on_wake(&mut control);
+                        self.apply(service, control);
+                    }
+                    INTERRUPT => {
+                        self.drain_interrupt();
+                        let mut control = Control::default();
+                        service.on_interrupt(&mut control);
+                        self.apply(service, control);
+                    }
+                    Token(slot) => self.drive(service, slot),
+                }
+            }
+            self.expire(service);
+            if let Some(at) = self.accept_paused_until {
+                if Instant::now() >= at {
+                    self.accept_paused_until = None;
+                    self.accept_all(service);
+                }
+            }
+        }
+    }
+
+    fn has_pending_writes(&self) -> bool {
+        self.conns
+            .iter()
+            .flatten()
+            .any(|c| c.phase == Phase::Writing)
+    }
+
+    fn drain_interrupt(&mut self) {
+        if let Some(stream) = self.interrupt.as_mut() {
+            let mut buf = [0u8; 64];
+            while matches!(stream.read(&mut buf), Ok(n) if n > 0) {}
+        }
+    }
+
+    fn apply<S: Service>(&mut self, service: &mut S, control: Control) {
+        for (id, response) in control.responses {
+            let live = matches!(
+                self.conns.get(id.slot),
+                Some(Some(c)) if c.generation == id.generation && c.phase == Phase::Waiting
+            );
+            if live {
+                self.start_response(id.slot, response);
+                self.drive(service, id.slot + FIRST_CONN);
+            }
+        }
+        if control.stop_accepting {
+            if let Some(mut listener) = self.listener.take() {
+                let _ = self.poll.registry().deregister(&mut listener);
+            }
+            self.accept_paused_until = None;
+            // Idle keep-alive connections will never get another answer: close them.
+            let idle: Vec<usize> = self
+                .conns
+                .iter()
+                .enumerate()
+                .filter_map(|(i, c)| match c {
+                    Some(c) if c.phase == Phase::ReadingHead && c.inbuf.is_empty() => Some(i),
+                    _ => None,
+                })
+                .collect();
+            for slot in idle {
+                self.close(service, slot);
+            }
+        }
+        if control.exit {
+            self.exiting = true;
+        }
+    }
+
+    fn accept_all<S: Service>(&mut self, service: &mut S) {
+        loop {
+            let Some(listener) = self.listener.as_ref() else {
+                return;
+            };
+            match listener.accept() {
+                Ok((stream, _peer)) => self.admit(service, stream),
+                Err(e) if e.kind() == ErrorKind::WouldBlock => return,
+                Err(e) if e.kind() == ErrorKind::Interrupted => continue,
+                Err(e) => {
+                    // Out of descriptors (EMFILE/ENFILE) or a transient failure: make
+                    // room if we can and try again shortly; never spin.
+                    log::warn!("accept failed: {e}");
+                    if let Some(slot) = self.least_recently_active() {
+                        self.close(service, slot);
+                    }
+                    self.accept_paused_until = Some(Instant::now() + ACCEPT_BACKOFF);
+                    return;
+                }
+            }
+        }
+    }
+
+    fn least_recently_active(&self) -> Option<usize> {
+        self.conns
+            .iter()
+            .enumerate()
+            .filter_map(|(i, c)| c.as_ref().filter(|c| c.evictable()).map(|c| (c.last_active, i)))
+            .min()
+            .map(|(_, i)| i)
+    }
+
+    fn admit<S: Service>(&mut self, service: &mut S, mut stream: TcpStream) {
+        if self.open >= MAX_CONNECTIONS {
+            match self.least_recently_active() {
+                Some(slot) => self.close(service, slot),
+                None => {
+                    log::warn!("connection limit reached and every connection is busy; refusing one");
+                    return; // dropping the stream closes it
+                }
+            }
+        }
+        let _ = stream.set_nodelay(true);
+        let slot = self.free.pop().unwrap_or_else(|| {
+            self.conns.push(None);
+            self.conns.len() - 1
+        });
+        if let Err(e) = self.poll.registry().register(
+            &mut stream,
+            Token(slot + FIRST_CONN),
+            Interest::READABLE | Interest::WRITABLE,
+        ) {
+            log::warn!("cannot register a connection: {e}");
+            self.free.push(slot);
+            return;
+        }
+        let now = Instant::now();
+        self.next_generation += 1;
+        self.conns[slot] = Some(Conn {
+            stream,
+            generation: self.next_generation,
+            phase: Phase::ReadingHead,
+            inbuf: Vec::new(),
+            head: None,
+            outbuf: Vec::new(),
+            written: 0,
+            close_after: false,
+            linger_after: false,
+            served: false,
+            phase_started: now,
+            last_active: now,
+            deadline: None,
+        });
+        self.open += 1;
+        self.refresh_deadline(slot);
+        // The client may have sent its request already: an edge-triggered poll would
+        // not report data that arrived before registration.
+        self.drive(service, slot + FIRST_CONN);
+    }
+
+    fn close<S: Service>(&mut self, service: &mut S, slot: usize) {
+        let Some(mut conn) = self.conns.get_mut(slot).and_then(Option::take) else {
+            return;
+        };
+        if let Some(deadline) = conn.deadline {
+            self.deadlines.remove(&(deadline, slot, conn.generation));
+        }
+        let _ = self.poll.registry().deregister(&mut conn.stream);
+        if conn.phase == Phase::Waiting {
+            service.on_abandoned(ConnId {
+                slot,
+                generation: conn.generation,
+            });
+        }
+        self.free.push(slot);
+        self.open -= 1;
+    }
+
+    fn refresh_deadline(&mut self, slot: usize) {
+        let Some(Some(conn)) = self.conns.get_mut(slot) else {
+            return;
+        };
+        let new = conn.compute_deadline();
+        if new != conn.deadline {
+            if let Some(old) = conn.deadline {
+                self.deadlines.remove(&(old, slot, conn.generation));
+            }
+            if let Some(new) = new {
+                self.deadlines.insert((new, slot, conn.generation));
+            }
+            conn.deadline = new;
+        }
+    }
+
+    fn expire<S: Service>(&mut self, service: &mut S) {
+        let now = Instant::now();
+        while let Some(&(deadline, slot, generation)) = self.deadlines.first() {
+            if deadline > now {
+                break;
+            }
+            self.deadlines.pop_first();
+            let phase = match self.conns.get_mut(slot) {
+                Some(Some(conn)) if conn.generation == generation => {
+                    conn.deadline = None;
+                    conn.phase
+                }
+                _ => continue,
+            };
+            match phase {
+                Phase::ReadingBody { .. } => {
+                    let response = service.error_response(HttpError::BodyTimeout);
+                    self.start_error(slot, response);
+                    self.drive(service, slot + FIRST_CONN);
+                }
+                _ => self.close(service, slot),
+            }
+        }
+    }
+
+    /// Moves a connection to `Writing` with `response`.
+    fn start_response(&mut self, slot: usize, response: Response) {
+        let Some(Some(conn)) = self.conns.get_mut(slot) else {
+            return;
+        };
+        let keep_alive = conn.head.as_ref().is_some_and(Head::wants_keep_alive);
+        let close = response.close || !keep_alive || conn.linger_after || self.exiting;
+        conn.close_after = close;
+        conn.outbuf = response.serialize(close);
+        conn.written = 0;
+        conn.phase = Phase::Writing;
+        conn.phase_started = Instant::now();
+        self.refresh_deadline(slot);
+    }
+
+    /// Answers with an HTTP-layer error and closes afterwards, lingering so the
+    /// client can read it.
+    fn start_error(&mut self, slot: usize, mut response: Response) {
+        response.close = true;
+        if let Some(Some(conn)) = self.conns.get_mut(slot) {
+            conn.linger_after = true;
+        }
+        self.start_response(slot, response);
+    }
+
+    /// Runs one connection's state machine as far as it can go without blocking.
+    fn drive<S: Service>(&mut self, service: &mut S, token: usize) {
+        let Some(slot) = token.checked_sub(FIRST_CONN) else {
+            return;
+        };
+        if !matches!(self.conns.get(slot), Some(Some(_))) {
+            return;
+        }
+        let step = self.step(service, slot);
+        match step {
+            Step::Close => self.close(service, slot),
+            Step::Park => self.refresh_deadline(slot),
+        }
+    }
+
+    fn step<S: Service>(&mut self, service: &mut S, slot: usize) -> Step {
+        loop {
+            let Some(Some(conn)) = self.conns.get_mut(slot) else {
+                return Step::Close;
+            };
+            match conn.phase {
+                Phase::ReadingHead => {
+                    match parse_head(&conn.inbuf) {
+                        ParseOutcome::Complete(head, consumed) => {
+                            conn.inbuf.drain(..consumed);
+                            let announces_body = head.announces_body();
+                            match service.on_head(
+                                ConnId {
+                                    slot,
+                                    generation: conn.generation,
+                                },
+                                &head,
+                            ) {
+                                HeadAction::Respond(response) => {
+                                    conn.linger_after = announces_body;
+                                    conn.head = Some(head);
+                                    self.start_response(slot, response);
+                                }
+                                HeadAction::ReadBody(len) => {
+                                    conn.head = Some(head);
+                                    conn.phase = Phase::ReadingBody { len };
+                                    conn.phase_started = Instant::now();
+                                    self.refresh_deadline(slot);
+                                }
+                            }
+                            continue;
+                        }
+                        ParseOutcome::Error(error) => {
+                            let response = service.error_response(error);
+                            self.start_error(slot, response);
+                            continue;
+                        }
+                        ParseOutcome::Partial => {}
+                    }
+                    let cap = MAX_HEAD_BYTES + 1 - conn.inbuf.len().min(MAX_HEAD_BYTES);
+                    match read_some(&mut conn.stream, &mut self.scratch[..cap]) {
+                        ReadOutcome::Data(n) => {
+                            conn.last_active = Instant::now();
+                            let was_empty = conn.inbuf.is_empty();
+                            conn.inbuf.extend_from_slice(&self.scratch[..n]);
+                            if was_empty && conn.served {
+                                // A new request began: the idle clock gives way to the head clock.
+                                self.refresh_deadline(slot);
+                            }
+                        }
+                        ReadOutcome::WouldBlock => return Step::Park,
+                        ReadOutcome::Closed => return Step::Close,
+                    }
+                }
+                Phase::ReadingBody { len } => {
+                    if conn.inbuf.len() >= len {
+                        let rest = conn.inbuf.split_off(len);
+                        let body = std::mem::replace(&mut conn.inbuf, rest);
+                        let id = ConnId {
+                            slot,
+                            generation: conn.generation,
+                        };
+                        let Some(head) = conn.head.take() else {
+                            return Step::Close;
+                        };
+                        let answer = service.on_request(id, &head, body);
+                        let Some(Some(conn)) = self.conns.get_mut(slot) else {
+                            return Step::Close;
+                        };
+                        conn.head = Some(head);
+                        match answer {
+                            Some(response) => self.start_response(slot, response),
+                            None => {
+                                conn.phase = Phase::Waiting;
+                                self.refresh_deadline(slot);
+                                return Step::Park;
+                            }
+                        }
+                        continue;
+                    }
+                    let cap = (len - conn.inbuf.len()).min(READ_CHUNK);
+                    match read_some(&mut conn.stream, &mut self.scratch[..cap]) {
+                        ReadOutcome::Data(n) => {
+                            conn.last_active = Instant::now();
+                            if conn.inbuf.capacity() == 0 {
+                                conn.inbuf.reserve_exact(len);
+                            }
+                            conn.inbuf.extend_from_slice(&self.scratch[..n]);
+                        }
+                        ReadOutcome::WouldBlock => return Step::Park,
+                        ReadOutcome::Closed => return Step::Close,
+                    }
+                }
+                Phase::Waiting => return Step::Park,
+                Phase::Writing => {
+                    while conn.written < conn.outbuf.len() {
+                        match conn.stream.write(&conn.outbuf[conn.written..]) {
+                            Ok(0) => return Step::Close,
+                            Ok(n) => {
+                                conn.written += n;
+                                conn.last_active = Instant::now();
+                            }
+                            Err(e) if e.kind() == ErrorKind::WouldBlock => return Step::Park,
+                            Err(e) if e.kind() == ErrorKind::Interrupted => {}
+                            Err(_) => return Step::Close,
+                        }
+                    }
+                    conn.outbuf = Vec::new();
+                    conn.written = 0;
+                    conn.head = None;
+                    conn.served = true;
+                    conn.phase_started = Instant::now();
+                    if conn.linger_after {
+                        let _ = conn.stream.shutdown(Shutdown::Write);
+                        conn.inbuf = Vec::new();
+                        conn.phase = Phase::Lingering;
+                    } else if conn.close_after {
+                        return Step::Close;
+                    } else {
+                        conn.phase = Phase::ReadingHead;
+                        if conn.inbuf.is_empty() && conn.inbuf.capacity() > 4096 {
+                            conn.inbuf = Vec::new();
+                        }
+                    }
+                    self.refresh_deadline(slot);
+                }
+                Phase::Lingering => match read_some(&mut conn.stream, &mut self.scratch) {
+                    ReadOutcome::Data(_) => {}
+                    ReadOutcome::WouldBlock => return Step::Park,
+                    ReadOutcome::Closed => return Step::Close,
+                },
+            }
+        }
+    }
+}
+
+enum ReadOutcome {
+    Data(usize),
+    WouldBlock,
+    Closed,
+}
+
+fn read_some(stream: &mut TcpStream, buf: &mut [u8]) -> ReadOutcome {
+    loop {
+        match stream.read(buf) {
+            Ok(0) => return ReadOutcome::Closed,
+            Ok(n) => return ReadOutcome::Data(n),
+            Err(e) if e.kind() == ErrorKind::WouldBlock => return ReadOutcome::WouldBlock,
+            Err(e) if e.kind() == ErrorKind::Interrupted => {}
+            Err(_) => return ReadOutcome::Closed,
+        }
+    }
+}
+
+enum ParseOutcome {
+    Complete(Head, usize),
+    Partial,
+    Error(HttpError),
+}
+
+/// Parses a request head from the start of `buf`, enforcing [`MAX_HEAD_BYTES`] and
+/// [`MAX_HEADERS`]. Pure: no I/O.
+fn parse_head(buf: &[u8]) -> ParseOutcome {
+    if buf.is_empty() {
+        return ParseOutcome::Partial;
+    }
+    // Only run the parser once the end of a head could be in the buffer, so a client
+    // sending one byte at a time costs a scan, not a parse, per byte.
+    let window = &buf[..buf.len().min(MAX_HEAD_BYTES + 1)];
+    if !window.windows(2).any(|w| w == b"\n\n") && !window.windows(3).any(|w| w == b"\n\r\n") {
+        return if buf.len() > MAX_HEAD_BYTES {
+            ParseOutcome::Error(HttpError::HeadTooLarge)
+        } else {
+            ParseOutcome::Partial
+        };
+    }
+    let mut headers = [httparse::EMPTY_HEADER; MAX_HEADERS];
+    let mut request = httparse::Request::new(&mut headers);
+    match request.parse(window) {
+        Ok(httparse::Status::Complete(consumed)) if consumed <= MAX_HEAD_BYTES => {
+            let head = Head {
+                method: request.method.unwrap_or("").to_owned(),
+                target: request.path.unwrap_or("").to_owned(),
+                minor_version: request.version.unwrap_or(0),
+                headers: request
+                    .headers
+                    .iter()
+                    .map(|h| (h.name.to_owned(), h.value.to_vec()))
+                    .collect(),
+                received_at: Instant::now(),
+            };
+            ParseOutcome::Complete(head, consumed)
+        }
+        Ok(httparse::Status::Complete(_)) => ParseOutcome::Error(HttpError::HeadTooLarge),
+        Ok(httparse::Status::Partial) if buf.len() > MAX_HEAD_BYTES => {
+            ParseOutcome::Error(HttpError::HeadTooLarge)
+        }
+        Ok(httparse::Status::Partial) => ParseOutcome::Partial,
+        Err(httparse::Error::TooManyHeaders) => ParseOutcome::Error(HttpError::TooManyHeaders),
+        Err(_) => ParseOutcome::Error(HttpError::MalformedHead),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(buf: &[u8]) -> Result<Option<(Head, usize)>, HttpError> {
+        match parse_head(buf) {
+            ParseOutcome::Complete(h, n) => Ok(Some((h, n))),
+            ParseOutcome::Partial => Ok(None),
+            ParseOutcome::Error(e) => Err(e),
+        }
+    }
+
+    #[test]
+    fn head_parsing_table() {
+        let many_headers: Vec<u8> = {
+            let mut v = b"GET / HTTP/1.1\r\n".to_vec();
+            for i in 0..=MAX_HEADERS {
+                v.extend_from_slice(format!("X-{i}: 1\r\n").as_bytes());
+            }
+            v.extend_from_slice(b"\r\n");
+            v
+        };
+        let exactly_max_headers: Vec<u8> = {
+            let mut v = b"GET / HTTP/1.1\r\n".to_vec();
+            for i in 0..MAX_HEADERS {
+                v.extend_from_slice(format!("X-{i}: 1\r\n").as_bytes());
+            }
+            v.extend_from_slice(b"\r\n");
+            v
+        };
+        let long_line = {
+            let mut v = b"GET / HTTP/1.1\r\nX: ".to_vec();
+            v.resize(MAX_HEAD_BYTES + 10, b'a');
+            v
+        };
+        let long_complete = {
+            let mut v = b"GET / HTTP/1.1\r\nX: ".to_vec();
+            v.resize(MAX_HEAD_BYTES, b'a');
+            v.extend_from_slice(b"\r\n\r\n");
+            v
+        };
+        // (input, Ok(Some(consumed)) | Ok(None) partial | Err)
+        let cases: Vec<(&[u8], Result<Option<usize>, HttpError>)> = vec![
+            (b"GET /api/health HTTP/1.1\r\nHost: x\r\n\r\n", Ok(Some(37))),
+            (b"GET / HTTP/1.1\r\n\r\nGET / HTTP/1.1\r\n\r\n", Ok(Some(18))),
+            (b"GET / HTTP/1.1\r\nHost: x\r\n", Ok(None)),
+            (b"GET / HTTP/1.1\r\nHost: x\r\n\r", Ok(None)),
+            (b"G", Ok(None)),
+            (b"", Ok(None)),
+            (b"\x00\x01garbage\r\n\r\n", Err(HttpError::MalformedHead)),
+            (b"GET / HTTP/2.0\r\n\r\n", Err(HttpError::MalformedHead)),
+            (&many_headers, Err(HttpError::TooManyHeaders)),
+            (&exactly_max_headers, Ok(Some(exactly_max_headers.len()))),
+            (&long_line, Err(HttpError::HeadTooLarge)),
+            (&long_complete, Err(HttpError::HeadTooLarge)),
+        ];
+        for (input, want) in cases {
+            let got = parse(input).map(|o| o.map(|(_, n)| n));
+            assert_eq!(got, want, "input {:?}", String::from_utf8_lossy(&input[..input.len().min(60)]));
+        }
+    }
+
+    #[test]
+    fn head_accessors() {
+        let (head, _) = parse(
+            b"POST /api/talk?x=1 HTTP/1.1\r\nHost: a\r\ncontent-length: 5\r\nConnection: keep-alive, Close\r\n\r\n",
+        )
+        .unwrap()
+        .unwrap();
+        assert_eq!(head.path(), "/api/talk");
+        assert_eq!(head.header("Content-Length"), Some(&b"5"[..]));
+        assert!(!head.wants_keep_alive());
+        assert!(head.announces_body());
+        let (head, _) = parse(b"GET / HTTP/1.0\r\nContent-Length: 0\r\n\r\n").unwrap().unwrap();
+        assert!(!head.wants_keep_alive());
+        assert!(!head.announces_body());
+        let (head, _) = parse(b"GET / HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n").unwrap().unwrap();
+        assert!(head.wants_keep_alive());
+        assert!(head.announces_body());
+    }
+
+    #[test]
+    fn response_serialization() {
+        let r = Response {
+            status: 404,
+            headers: vec![("Content-Type", "application/json".into())],
+            body: b"{}".to_vec(),
+            close: false,
+        };
+        assert_eq!(
+            r.serialize(false),
+            b"HTTP/1.1 404 Not Found\r\nContent-Type: application/json\r\nContent-Length: 2\r\n\r\n{}".to_vec()
+        );
+        assert!(String::from_utf8(r.serialize(true)).unwrap().contains("Connection: close\r\n"));
+    }
+
+    #[test]
+    fn only_loopback_binds() {
+        let err = bind_loopback("0.0.0.0:0".parse().unwrap()).unwrap_err();
+        assert_eq!(err.kind(), ErrorKind::PermissionDenied);
+        assert!(bind_loopback("127.0.0.1:0".parse().unwrap()).is_ok());
+    }
+}
