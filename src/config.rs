@@ -1,1 +1,1028 @@
-//! config (placeholder)
+//! `config.json`: parsing, validation and defaults (contract section 2).
+//!
+//! [`parse`] is pure: bytes in, a typed [`Config`] or a [`ConfigError`] naming the field
+//! out. [`load`] adds reading the file. Validation is written by hand over
+//! `serde_json::Value` so that every error carries the field's path and no error ever
+//! echoes a value (the secret lives in this file).
+//!
+//! Unknown fields are ignored, at every level, so that a newer config still loads.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::io;
+use std::path::{Path, PathBuf};
+
+use serde_json::{Map, Value};
+
+use crate::secret::Secret;
+
+/// The config file's name inside an instance's state directory.
+pub const CONFIG_FILE: &str = "config.json";
+/// Default `bus.maxDepth`: how many hops a delegation chain may take.
+pub const DEFAULT_MAX_DEPTH: u64 = 3;
+/// Default `bus.maxConcurrentTurns`: worker threads running turns. Above the default
+/// max depth, so that a delegation cycle A→B→A can't deadlock.
+pub const DEFAULT_MAX_CONCURRENT_TURNS: usize = 4;
+/// Largest allowed `bus.maxConcurrentTurns`.
+pub const MAX_CONCURRENT_TURNS_LIMIT: usize = 64;
+/// Default `bus.maxQueuedTurns`: turns waiting for a worker before `server_busy`.
+pub const DEFAULT_MAX_QUEUED_TURNS: usize = 16;
+/// Largest allowed `bus.maxQueuedTurns`.
+pub const MAX_QUEUED_TURNS_LIMIT: usize = 1024;
+/// Default `engine.timeoutSecs`.
+pub const DEFAULT_ENGINE_TIMEOUT_SECS: u64 = 1800;
+/// Default `engine.maxOutputBytes` (1 MiB).
+pub const DEFAULT_ENGINE_MAX_OUTPUT_BYTES: u64 = 1 << 20;
+/// Default `bus.kind`: the fingerprint reported on `/api/health`.
+pub const DEFAULT_KIND: &str = "loopbus";
+/// Default `bus.acceptKinds`: the fingerprints the client accepts from a peer.
+pub const DEFAULT_ACCEPT_KINDS: [&str; 2] = ["loopbus", "cc-telegram-bridge"];
+
+/// A parsed, validated `config.json`.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct Config {
+    /// The `bus` section. The default is a disabled bus.
+    pub bus: BusConfig,
+    /// `budgetUsd`: the spend after which turns are refused; `None` means no budget.
+    pub budget_usd: Option<f64>,
+    /// `engine`: `None` means the built-in echo engine.
+    pub engine: Option<EngineConfig>,
+}
+
+/// The `bus` section of `config.json`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BusConfig {
+    /// Whether the bus is on. Off when `bus` is missing, `null`, `false` or not an
+    /// object, or when `peers` is `false` or `[]`.
+    pub enabled: bool,
+    /// `peers`: who may call this instance.
+    pub peers: Peers,
+    /// `maxDepth`: a request with `depth >= max_depth` is refused.
+    pub max_depth: u64,
+    /// `port`: 0 lets the OS pick.
+    pub port: u16,
+    /// `secret`: `None` when missing or empty; then one is generated at startup.
+    pub secret: Option<Secret>,
+    /// `kind`: the fingerprint reported on `/api/health`.
+    pub kind: String,
+    /// `acceptKinds`: the fingerprints accepted when probing a peer.
+    pub accept_kinds: Vec<String>,
+    /// `maxConcurrentTurns`: worker threads, 1 to 64.
+    pub max_concurrent_turns: usize,
+    /// `maxQueuedTurns`: queued turns beyond the running ones, 0 to 1024.
+    pub max_queued_turns: usize,
+    /// `parallel`: instance names (kept as given).
+    pub parallel: Vec<String>,
+    /// `chain`: instance names (kept as given).
+    pub chain: Vec<String>,
+    /// `verifier`: an instance name, or `None`.
+    pub verifier: Option<String>,
+}
+
+impl Default for BusConfig {
+    /// A disabled bus with every other field at its default (`peers` is [`Peers::Any`]).
+    fn default() -> BusConfig {
+        BusConfig {
+            enabled: false,
+            peers: Peers::Any,
+            max_depth: DEFAULT_MAX_DEPTH,
+            port: 0,
+            secret: None,
+            kind: DEFAULT_KIND.to_owned(),
+            accept_kinds: DEFAULT_ACCEPT_KINDS.map(str::to_owned).to_vec(),
+            max_concurrent_turns: DEFAULT_MAX_CONCURRENT_TURNS,
+            max_queued_turns: DEFAULT_MAX_QUEUED_TURNS,
+            parallel: Vec::new(),
+            chain: Vec::new(),
+            verifier: None,
+        }
+    }
+}
+
+/// `bus.peers`: which callers (by `fromInstance`) are allowed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Peers {
+    /// `"*"` or `true`: every caller.
+    Any,
+    /// A list: only these names (empty when the list was `[]` or `peers` was `false`).
+    Only(Vec<String>),
+}
+
+impl Peers {
+    /// Whether a caller named `name` is allowed.
+    pub fn allows(&self, name: &str) -> bool {
+        match self {
+            Peers::Any => true,
+            Peers::Only(names) => names.iter().any(|n| n == name),
+        }
+    }
+}
+
+/// The `engine` section: a command run once per turn.
+///
+/// `Debug` shows the names of `env` but not their values, which may be credentials.
+#[derive(Clone, PartialEq, Eq)]
+pub struct EngineConfig {
+    /// `command`: the argv, never empty, with a non-empty program name first.
+    pub command: Vec<String>,
+    /// `prompt`: how the prompt reaches the command.
+    pub prompt: PromptMode,
+    /// `output`: how stdout is read.
+    pub output: OutputMode,
+    /// `timeoutSecs`: after this the process group is killed.
+    pub timeout_secs: u64,
+    /// `maxOutputBytes`: output past this is cut and the turn fails.
+    pub max_output_bytes: u64,
+    /// `cwd`: the working directory, if set.
+    pub cwd: Option<PathBuf>,
+    /// `env`: variables added to the command's environment.
+    pub env: BTreeMap<String, String>,
+}
+
+impl fmt::Debug for EngineConfig {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("EngineConfig")
+            .field("command", &self.command)
+            .field("prompt", &self.prompt)
+            .field("output", &self.output)
+            .field("timeout_secs", &self.timeout_secs)
+            .field("max_output_bytes", &self.max_output_bytes)
+            .field("cwd", &self.cwd)
+            .field("env", &self.env.keys().collect::<Vec<_>>())
+            .finish()
+    }
+}
+
+/// `engine.prompt`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum PromptMode {
+    /// `"stdin"` (default): the prompt is written to the command's stdin.
+    #[default]
+    Stdin,
+    /// `"arg"`: the prompt is the command's last argument.
+    Arg,
+}
+
+/// `engine.output`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum OutputMode {
+    /// `"text"` (default): stdout is the reply.
+    #[default]
+    Text,
+    /// `"json"`: stdout is one JSON object in the shape of
+    /// `claude -p --output-format json`.
+    Json,
+}
+
+/// Why a config could not be used. `Display` names the file, then the field when there
+/// is one, then the problem; it never contains a value from the file.
+#[derive(Debug)]
+pub struct ConfigError {
+    file: String,
+    problem: Problem,
+}
+
+/// What went wrong, behind [`ConfigError`].
+#[derive(Debug)]
+enum Problem {
+    /// The file could not be read.
+    Read(io::Error),
+    /// The bytes are not JSON.
+    Syntax { line: usize, column: usize },
+    /// The JSON is not an object.
+    NotAnObject,
+    /// A field has a value it may not have.
+    Field { path: String, message: &'static str },
+}
+
+impl ConfigError {
+    /// The path of the offending field (`bus.maxDepth`, `bus.peers[1]`,
+    /// `engine.env.HOME`), or `None` when the problem is not one field's.
+    pub fn field(&self) -> Option<&str> {
+        match &self.problem {
+            Problem::Field { path, .. } => Some(path),
+            _ => None,
+        }
+    }
+
+    /// The file the error is about: `config.json` from [`parse`], the full path from
+    /// [`load`].
+    pub fn file(&self) -> &str {
+        &self.file
+    }
+
+    fn field_error(path: impl Into<String>, message: &'static str) -> ConfigError {
+        ConfigError {
+            file: CONFIG_FILE.to_owned(),
+            problem: Problem::Field {
+                path: path.into(),
+                message,
+            },
+        }
+    }
+}
+
+impl fmt::Display for ConfigError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match &self.problem {
+            Problem::Read(err) => write!(f, "{}: cannot read: {err}", self.file),
+            Problem::Syntax { line, column } => write!(
+                f,
+                "{}: not valid JSON at line {line} column {column}",
+                self.file
+            ),
+            Problem::NotAnObject => write!(f, "{}: must be a JSON object", self.file),
+            Problem::Field { path, message } => write!(f, "{}: {path}: {message}", self.file),
+        }
+    }
+}
+
+impl std::error::Error for ConfigError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match &self.problem {
+            Problem::Read(err) => Some(err),
+            _ => None,
+        }
+    }
+}
+
+/// Reads and parses the config file at `path`. Errors name `path` in full.
+///
+/// # Errors
+///
+/// The file can't be read, or [`parse`] rejects it.
+pub fn load(path: &Path) -> Result<Config, ConfigError> {
+    let file = path.display().to_string();
+    let bytes = std::fs::read(path).map_err(|err| ConfigError {
+        file: file.clone(),
+        problem: Problem::Read(err),
+    })?;
+    parse(&bytes).map_err(|err| ConfigError { file, ..err })
+}
+
+/// Parses and validates the bytes of a `config.json`. No I/O.
+///
+/// # Errors
+///
+/// The bytes are not JSON, not an object, or a known field has a value it may not have.
+pub fn parse(bytes: &[u8]) -> Result<Config, ConfigError> {
+    let value: Value = serde_json::from_slice(bytes).map_err(|err| ConfigError {
+        file: CONFIG_FILE.to_owned(),
+        problem: Problem::Syntax {
+            line: err.line(),
+            column: err.column(),
+        },
+    })?;
+    let Value::Object(top) = value else {
+        return Err(ConfigError {
+            file: CONFIG_FILE.to_owned(),
+            problem: Problem::NotAnObject,
+        });
+    };
+
+    let bus = match top.get("bus") {
+        Some(Value::Bool(true)) => BusConfig {
+            enabled: true,
+            ..BusConfig::default()
+        },
+        Some(Value::Object(section)) => parse_bus(section)?,
+        // Missing, null, false, or any other non-object: the bus is off.
+        _ => BusConfig::default(),
+    };
+
+    let budget_usd = match top.get("budgetUsd") {
+        None | Some(Value::Null) => None,
+        Some(value) => match value.as_f64() {
+            Some(usd) if usd.is_finite() && usd >= 0.0 => Some(usd),
+            _ => {
+                return Err(ConfigError::field_error(
+                    "budgetUsd",
+                    "must be a non-negative number",
+                ))
+            }
+        },
+    };
+
+    let engine = match top.get("engine") {
+        None | Some(Value::Null) => None,
+        Some(Value::Object(section)) => Some(parse_engine(section)?),
+        Some(_) => {
+            return Err(ConfigError::field_error(
+                "engine",
+                "must be an object or null",
+            ))
+        }
+    };
+
+    Ok(Config {
+        bus,
+        budget_usd,
+        engine,
+    })
+}
+
+/// One object of the config, with the path that names its fields in errors.
+struct Section<'a> {
+    fields: &'a Map<String, Value>,
+    path: &'static str,
+}
+
+impl Section<'_> {
+    fn path_of(&self, key: &str) -> String {
+        format!("{}.{key}", self.path)
+    }
+
+    /// Field `key` as `convert` reads it, or `default` when it is missing. When `convert`
+    /// refuses the value, an error naming the field with `message`.
+    fn get<T>(
+        &self,
+        key: &str,
+        default: T,
+        convert: impl FnOnce(&Value) -> Option<T>,
+        message: &'static str,
+    ) -> Result<T, ConfigError> {
+        match self.fields.get(key) {
+            None => Ok(default),
+            Some(value) => {
+                convert(value).ok_or_else(|| ConfigError::field_error(self.path_of(key), message))
+            }
+        }
+    }
+
+    /// Field `key` as a list of strings (non-empty ones if `non_empty`), or `default`.
+    fn strings(
+        &self,
+        key: &str,
+        default: Vec<String>,
+        non_empty: bool,
+    ) -> Result<Vec<String>, ConfigError> {
+        match self.fields.get(key) {
+            None => Ok(default),
+            Some(value) => string_list(value, &self.path_of(key), non_empty),
+        }
+    }
+}
+
+fn parse_bus(fields: &Map<String, Value>) -> Result<BusConfig, ConfigError> {
+    let bus = Section {
+        fields,
+        path: "bus",
+    };
+    let defaults = BusConfig::default();
+    let (enabled, peers) = parse_peers(fields.get("peers"))?;
+    // Fields are checked in this order; the first bad one is reported.
+    Ok(BusConfig {
+        enabled,
+        peers,
+        max_depth: bus.get(
+            "maxDepth",
+            defaults.max_depth,
+            positive,
+            "must be a positive integer",
+        )?,
+        port: bus.get(
+            "port",
+            defaults.port,
+            |v| integer_in(v, 0, u64::from(u16::MAX)).and_then(|n| u16::try_from(n).ok()),
+            "must be an integer from 0 to 65535",
+        )?,
+        // An empty string is no secret (`Secret::new` refuses it): one is generated.
+        secret: bus.get(
+            "secret",
+            None,
+            |v| v.as_str().map(Secret::new),
+            "must be a string",
+        )?,
+        kind: bus.get(
+            "kind",
+            defaults.kind,
+            non_empty_string,
+            "must be a non-empty string",
+        )?,
+        accept_kinds: bus.strings("acceptKinds", defaults.accept_kinds, true)?,
+        max_concurrent_turns: bus.get(
+            "maxConcurrentTurns",
+            defaults.max_concurrent_turns,
+            |v| integer_usize_in(v, 1, MAX_CONCURRENT_TURNS_LIMIT),
+            "must be an integer from 1 to 64",
+        )?,
+        max_queued_turns: bus.get(
+            "maxQueuedTurns",
+            defaults.max_queued_turns,
+            |v| integer_usize_in(v, 0, MAX_QUEUED_TURNS_LIMIT),
+            "must be an integer from 0 to 1024",
+        )?,
+        parallel: bus.strings("parallel", Vec::new(), false)?,
+        chain: bus.strings("chain", Vec::new(), false)?,
+        verifier: bus.get(
+            "verifier",
+            None,
+            |v| match v {
+                Value::Null => Some(None),
+                Value::String(s) => Some(Some(s.clone())),
+                _ => None,
+            },
+            "must be a string or null",
+        )?,
+    })
+}
+
+/// `bus.peers`: whether it leaves the bus on, and who it allows.
+fn parse_peers(value: Option<&Value>) -> Result<(bool, Peers), ConfigError> {
+    match value {
+        None | Some(Value::Bool(true)) => Ok((true, Peers::Any)),
+        Some(Value::String(s)) if s == "*" => Ok((true, Peers::Any)),
+        Some(Value::Bool(false)) => Ok((false, Peers::Only(Vec::new()))),
+        Some(Value::Array(items)) => {
+            let names = string_items(items, "bus.peers", true)?;
+            Ok((!names.is_empty(), Peers::Only(names)))
+        }
+        Some(_) => Err(ConfigError::field_error(
+            "bus.peers",
+            "must be \"*\", true, false or an array of names",
+        )),
+    }
+}
+
+fn parse_engine(fields: &Map<String, Value>) -> Result<EngineConfig, ConfigError> {
+    let engine = Section {
+        fields,
+        path: "engine",
+    };
+    Ok(EngineConfig {
+        command: parse_command(fields.get("command"))?,
+        prompt: engine.get(
+            "prompt",
+            PromptMode::default(),
+            |v| match v.as_str()? {
+                "stdin" => Some(PromptMode::Stdin),
+                "arg" => Some(PromptMode::Arg),
+                _ => None,
+            },
+            "must be \"stdin\" or \"arg\"",
+        )?,
+        output: engine.get(
+            "output",
+            OutputMode::default(),
+            |v| match v.as_str()? {
+                "text" => Some(OutputMode::Text),
+                "json" => Some(OutputMode::Json),
+                _ => None,
+            },
+            "must be \"text\" or \"json\"",
+        )?,
+        timeout_secs: engine.get(
+            "timeoutSecs",
+            DEFAULT_ENGINE_TIMEOUT_SECS,
+            positive,
+            "must be a positive integer",
+        )?,
+        max_output_bytes: engine.get(
+            "maxOutputBytes",
+            DEFAULT_ENGINE_MAX_OUTPUT_BYTES,
+            positive,
+            "must be a positive integer",
+        )?,
+        cwd: engine.get(
+            "cwd",
+            None,
+            |v| {
+                non_empty_string(v)
+                    .filter(|s| !s.contains('\0'))
+                    .map(|s| Some(s.into()))
+            },
+            "must be a non-empty string",
+        )?,
+        env: match fields.get("env") {
+            None => BTreeMap::new(),
+            Some(Value::Object(vars)) => parse_env(vars)?,
+            Some(_) => {
+                return Err(ConfigError::field_error(
+                    "engine.env",
+                    "must be an object of strings",
+                ))
+            }
+        },
+    })
+}
+
+/// `engine.command`: a non-empty argv whose program name is not empty.
+fn parse_command(value: Option<&Value>) -> Result<Vec<String>, ConfigError> {
+    let command = match value {
+        None => return Err(ConfigError::field_error("engine.command", "is required")),
+        Some(Value::Array(items)) if !items.is_empty() => {
+            string_items(items, "engine.command", false)?
+        }
+        Some(_) => {
+            return Err(ConfigError::field_error(
+                "engine.command",
+                "must be a non-empty array of strings",
+            ))
+        }
+    };
+    if command.first().is_some_and(String::is_empty) {
+        return Err(ConfigError::field_error(
+            "engine.command[0]",
+            "must be a non-empty string",
+        ));
+    }
+    // A NUL byte can't be passed to exec; say so now rather than at the first turn.
+    if let Some(i) = command.iter().position(|arg| arg.contains('\0')) {
+        return Err(ConfigError::field_error(
+            format!("engine.command[{i}]"),
+            "must not contain a NUL character",
+        ));
+    }
+    Ok(command)
+}
+
+/// `engine.env`: names that can be environment variables, string values.
+fn parse_env(vars: &Map<String, Value>) -> Result<BTreeMap<String, String>, ConfigError> {
+    let mut env = BTreeMap::new();
+    for (name, value) in vars {
+        if name.is_empty() || name.contains('=') || name.contains('\0') {
+            return Err(ConfigError::field_error(
+                "engine.env",
+                "variable names must be non-empty, without '=' or NUL",
+            ));
+        }
+        match value {
+            Value::String(s) if !s.contains('\0') => {
+                env.insert(name.clone(), s.clone());
+            }
+            _ => {
+                return Err(ConfigError::field_error(
+                    format!("engine.env.{name}"),
+                    "must be a string without NUL",
+                ))
+            }
+        }
+    }
+    Ok(env)
+}
+
+fn non_empty_string(value: &Value) -> Option<String> {
+    value.as_str().filter(|s| !s.is_empty()).map(str::to_owned)
+}
+
+fn positive(value: &Value) -> Option<u64> {
+    integer_in(value, 1, u64::MAX)
+}
+
+/// `value` as a list of strings (non-empty ones if `non_empty`).
+fn string_list(value: &Value, path: &str, non_empty: bool) -> Result<Vec<String>, ConfigError> {
+    match value {
+        Value::Array(items) => string_items(items, path, non_empty),
+        _ if non_empty => Err(ConfigError::field_error(
+            path,
+            "must be an array of non-empty strings",
+        )),
+        _ => Err(ConfigError::field_error(
+            path,
+            "must be an array of strings",
+        )),
+    }
+}
+
+/// The items of an array as strings, naming the first bad item by index.
+fn string_items(items: &[Value], path: &str, non_empty: bool) -> Result<Vec<String>, ConfigError> {
+    items
+        .iter()
+        .enumerate()
+        .map(|(i, item)| match item {
+            Value::String(s) if !(non_empty && s.is_empty()) => Ok(s.clone()),
+            _ if non_empty => Err(ConfigError::field_error(
+                format!("{path}[{i}]"),
+                "must be a non-empty string",
+            )),
+            _ => Err(ConfigError::field_error(
+                format!("{path}[{i}]"),
+                "must be a string",
+            )),
+        })
+        .collect()
+}
+
+/// `value` as an integer in `min..=max`. A float with no fractional part counts (`1.0`
+/// is 1); strings, fractions and out-of-range numbers do not.
+fn integer_in(value: &Value, min: u64, max: u64) -> Option<u64> {
+    let Value::Number(number) = value else {
+        return None;
+    };
+    let n = match number.as_u64() {
+        Some(n) => n,
+        // Negative integers are never in range (`min` is unsigned).
+        None if number.is_i64() => return None,
+        None => {
+            let f = number.as_f64()?;
+            // `f` is integral and at most u64::MAX (rounded up as a float) here, so the
+            // saturating cast is exact or lands on u64::MAX, which the range check sees.
+            if f.fract() != 0.0 || f < 0.0 || f > u64::MAX as f64 {
+                return None;
+            }
+            f as u64
+        }
+    };
+    (min..=max).contains(&n).then_some(n)
+}
+
+fn integer_usize_in(value: &Value, min: usize, max: usize) -> Option<usize> {
+    let n = integer_in(value, u64::try_from(min).ok()?, u64::try_from(max).ok()?)?;
+    usize::try_from(n).ok()
+}
+
+/// The `config.json` that `loopbus init` writes: the bus on, every peer allowed, the
+/// given secret, default depth, and an OS-chosen port.
+pub fn default_config_json(secret: &Secret) -> String {
+    // `Value`'s Display writes a properly escaped JSON string.
+    let secret = Value::String(secret.expose().to_owned());
+    format!(
+        "{{\n  \"bus\": {{\n    \"peers\": \"*\",\n    \"maxDepth\": {DEFAULT_MAX_DEPTH},\n    \
+         \"port\": 0,\n    \"secret\": {secret}\n  }}\n}}\n"
+    )
+}
+
+#[cfg(test)]
+#[allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    reason = "tests fail loudly on purpose"
+)]
+mod tests {
+    use super::*;
+
+    fn bus_defaults_enabled() -> BusConfig {
+        BusConfig {
+            enabled: true,
+            ..BusConfig::default()
+        }
+    }
+
+    #[test]
+    fn bus_forms() {
+        let only = |names: &[&str]| Peers::Only(names.iter().map(|s| s.to_string()).collect());
+        // (config, enabled, peers)
+        let cases: &[(&str, bool, Peers)] = &[
+            (r#"{}"#, false, Peers::Any),
+            (r#"{"bus": null}"#, false, Peers::Any),
+            (r#"{"bus": false}"#, false, Peers::Any),
+            (r#"{"bus": 1}"#, false, Peers::Any),
+            (r#"{"bus": "yes"}"#, false, Peers::Any),
+            (r#"{"bus": [1]}"#, false, Peers::Any),
+            (r#"{"bus": true}"#, true, Peers::Any),
+            (r#"{"bus": {}}"#, true, Peers::Any),
+            (r#"{"bus": {"peers": "*"}}"#, true, Peers::Any),
+            (r#"{"bus": {"peers": true}}"#, true, Peers::Any),
+            (r#"{"bus": {"peers": false}}"#, false, only(&[])),
+            (r#"{"bus": {"peers": []}}"#, false, only(&[])),
+            (r#"{"bus": {"peers": ["a", "b"]}}"#, true, only(&["a", "b"])),
+        ];
+        for (json, enabled, peers) in cases {
+            let config = parse(json.as_bytes()).unwrap_or_else(|e| panic!("{json}: {e}"));
+            assert_eq!(config.bus.enabled, *enabled, "{json}");
+            assert_eq!(&config.bus.peers, peers, "{json}");
+        }
+        let all_defaults = parse(br#"{"bus": true}"#).unwrap();
+        assert_eq!(all_defaults.bus, bus_defaults_enabled());
+        assert_eq!(all_defaults.budget_usd, None);
+        assert_eq!(all_defaults.engine, None);
+    }
+
+    #[test]
+    fn valid_fields() {
+        let full = parse(
+            br#"{
+              "unknown": 1,
+              "bus": {
+                "peers": ["reviewer"], "maxDepth": 5.0, "port": 65535, "secret": "s3cret",
+                "kind": "other", "acceptKinds": ["x"], "maxConcurrentTurns": 64,
+                "maxQueuedTurns": 0, "parallel": ["a", ""], "chain": ["b"], "verifier": "v",
+                "futureField": {"nested": true}
+              },
+              "budgetUsd": 1.5,
+              "engine": {
+                "command": ["claude", "-p"], "prompt": "arg", "output": "json",
+                "timeoutSecs": 60, "maxOutputBytes": 10, "cwd": "/tmp",
+                "env": {"A": "1", "B": ""}
+              }
+            }"#,
+        )
+        .unwrap();
+        let bus = &full.bus;
+        assert!(bus.enabled);
+        assert!(bus.peers.allows("reviewer") && !bus.peers.allows("other"));
+        assert_eq!(bus.max_depth, 5);
+        assert_eq!(bus.port, 65535);
+        assert_eq!(bus.secret.as_ref().map(Secret::expose), Some("s3cret"));
+        assert_eq!(bus.kind, "other");
+        assert_eq!(bus.accept_kinds, ["x"]);
+        assert_eq!(bus.max_concurrent_turns, 64);
+        assert_eq!(bus.max_queued_turns, 0);
+        assert_eq!(bus.parallel, ["a", ""]);
+        assert_eq!(bus.chain, ["b"]);
+        assert_eq!(bus.verifier.as_deref(), Some("v"));
+        assert_eq!(full.budget_usd, Some(1.5));
+        let engine = full.engine.unwrap();
+        assert_eq!(engine.command, ["claude", "-p"]);
+        assert_eq!(engine.prompt, PromptMode::Arg);
+        assert_eq!(engine.output, OutputMode::Json);
+        assert_eq!(engine.timeout_secs, 60);
+        assert_eq!(engine.max_output_bytes, 10);
+        assert_eq!(engine.cwd, Some(PathBuf::from("/tmp")));
+        assert_eq!(engine.env.get("B").map(String::as_str), Some(""));
+
+        let minimal = parse(br#"{"engine": {"command": ["cat"]}, "budgetUsd": 0}"#).unwrap();
+        assert_eq!(minimal.budget_usd, Some(0.0));
+        let engine = minimal.engine.unwrap();
+        assert_eq!(engine.prompt, PromptMode::Stdin);
+        assert_eq!(engine.output, OutputMode::Text);
+        assert_eq!(engine.timeout_secs, DEFAULT_ENGINE_TIMEOUT_SECS);
+        assert_eq!(engine.max_output_bytes, DEFAULT_ENGINE_MAX_OUTPUT_BYTES);
+        assert_eq!(engine.cwd, None);
+        assert!(engine.env.is_empty());
+
+        type Check = fn(&Config) -> bool;
+        let cases: &[(&str, Check)] = &[
+            (r#"{"bus": {"maxDepth": 1}}"#, |c| c.bus.max_depth == 1),
+            (r#"{"bus": {"maxDepth": 1.0}}"#, |c| c.bus.max_depth == 1),
+            (r#"{"bus": {"port": 0}}"#, |c| c.bus.port == 0),
+            (r#"{"bus": {"secret": ""}}"#, |c| c.bus.secret.is_none()),
+            (r#"{"bus": {}}"#, |c| c.bus.secret.is_none()),
+            (r#"{"bus": {"acceptKinds": []}}"#, |c| {
+                c.bus.accept_kinds.is_empty()
+            }),
+            (r#"{"bus": {"maxConcurrentTurns": 1}}"#, |c| {
+                c.bus.max_concurrent_turns == 1
+            }),
+            (r#"{"bus": {"maxQueuedTurns": 1024}}"#, |c| {
+                c.bus.max_queued_turns == 1024
+            }),
+            (r#"{"bus": {"verifier": null}}"#, |c| {
+                c.bus.verifier.is_none()
+            }),
+            (r#"{"budgetUsd": null}"#, |c| c.budget_usd.is_none()),
+            (r#"{"engine": null}"#, |c| c.engine.is_none()),
+            (r#"{"bus": false, "budgetUsd": 2}"#, |c| {
+                c.budget_usd == Some(2.0)
+            }),
+        ];
+        for (json, check) in cases {
+            let config = parse(json.as_bytes()).unwrap_or_else(|e| panic!("{json}: {e}"));
+            assert!(check(&config), "{json}: {config:?}");
+        }
+    }
+
+    #[test]
+    fn invalid_fields_are_named() {
+        // (the `bus` object, field, words the message must contain)
+        let bus: &[(&str, &str, &str)] = &[
+            (r#"{"peers": "all"}"#, "bus.peers", "must be"),
+            (r#"{"peers": null}"#, "bus.peers", "must be"),
+            (r#"{"peers": 1}"#, "bus.peers", "must be"),
+            (r#"{"peers": ["a", 1]}"#, "bus.peers[1]", "non-empty string"),
+            (r#"{"peers": [""]}"#, "bus.peers[0]", "non-empty string"),
+            (
+                r#"{"maxDepth": 0}"#,
+                "bus.maxDepth",
+                "must be a positive integer",
+            ),
+            (r#"{"maxDepth": -1}"#, "bus.maxDepth", "positive integer"),
+            (r#"{"maxDepth": 1.5}"#, "bus.maxDepth", "positive integer"),
+            (r#"{"maxDepth": "3"}"#, "bus.maxDepth", "positive integer"),
+            (r#"{"maxDepth": null}"#, "bus.maxDepth", "positive integer"),
+            (r#"{"maxDepth": 1e30}"#, "bus.maxDepth", "positive integer"),
+            (r#"{"port": 65536}"#, "bus.port", "0 to 65535"),
+            (r#"{"port": -1}"#, "bus.port", "0 to 65535"),
+            (r#"{"port": 80.5}"#, "bus.port", "0 to 65535"),
+            (r#"{"port": "80"}"#, "bus.port", "0 to 65535"),
+            (r#"{"secret": 42}"#, "bus.secret", "must be a string"),
+            (r#"{"secret": null}"#, "bus.secret", "must be a string"),
+            (r#"{"kind": ""}"#, "bus.kind", "non-empty string"),
+            (r#"{"kind": 1}"#, "bus.kind", "non-empty string"),
+            (r#"{"acceptKinds": "loopbus"}"#, "bus.acceptKinds", "array"),
+            (
+                r#"{"acceptKinds": [""]}"#,
+                "bus.acceptKinds[0]",
+                "non-empty",
+            ),
+            (
+                r#"{"maxConcurrentTurns": 0}"#,
+                "bus.maxConcurrentTurns",
+                "1 to 64",
+            ),
+            (
+                r#"{"maxConcurrentTurns": 65}"#,
+                "bus.maxConcurrentTurns",
+                "1 to 64",
+            ),
+            (
+                r#"{"maxQueuedTurns": -1}"#,
+                "bus.maxQueuedTurns",
+                "0 to 1024",
+            ),
+            (
+                r#"{"maxQueuedTurns": 1025}"#,
+                "bus.maxQueuedTurns",
+                "0 to 1024",
+            ),
+            (r#"{"parallel": "a"}"#, "bus.parallel", "array of strings"),
+            (r#"{"chain": [null]}"#, "bus.chain[0]", "must be a string"),
+            (r#"{"verifier": 1}"#, "bus.verifier", "string or null"),
+            // An invalid field is an error even when the bus is off.
+            (r#"{"peers": false, "port": -1}"#, "bus.port", "0 to 65535"),
+        ];
+        // (the `engine` object, field, words the message must contain)
+        let engine: &[(&str, &str, &str)] = &[
+            (r#"{}"#, "engine.command", "is required"),
+            (r#"{"command": []}"#, "engine.command", "non-empty array"),
+            (
+                r#"{"command": "claude"}"#,
+                "engine.command",
+                "non-empty array",
+            ),
+            (
+                r#"{"command": [""]}"#,
+                "engine.command[0]",
+                "non-empty string",
+            ),
+            (
+                r#"{"command": ["a", 2]}"#,
+                "engine.command[1]",
+                "must be a string",
+            ),
+            (r#"{"command": ["a\u0000"]}"#, "engine.command[0]", "NUL"),
+            (
+                r#"{"command": ["a"], "prompt": "file"}"#,
+                "engine.prompt",
+                "stdin",
+            ),
+            (
+                r#"{"command": ["a"], "prompt": null}"#,
+                "engine.prompt",
+                "stdin",
+            ),
+            (
+                r#"{"command": ["a"], "output": "xml"}"#,
+                "engine.output",
+                "json",
+            ),
+            (
+                r#"{"command": ["a"], "timeoutSecs": 0}"#,
+                "engine.timeoutSecs",
+                "positive",
+            ),
+            (
+                r#"{"command": ["a"], "timeoutSecs": 2.5}"#,
+                "engine.timeoutSecs",
+                "positive",
+            ),
+            (
+                r#"{"command": ["a"], "maxOutputBytes": 0}"#,
+                "engine.maxOutputBytes",
+                "positive",
+            ),
+            (r#"{"command": ["a"], "cwd": 1}"#, "engine.cwd", "string"),
+            (r#"{"command": ["a"], "cwd": ""}"#, "engine.cwd", "string"),
+            (r#"{"command": ["a"], "env": []}"#, "engine.env", "object"),
+            (
+                r#"{"command": ["a"], "env": {"K": 1}}"#,
+                "engine.env.K",
+                "string",
+            ),
+            (
+                r#"{"command": ["a"], "env": {"A=B": "x"}}"#,
+                "engine.env",
+                "names",
+            ),
+        ];
+        // (the whole file, field, words the message must contain)
+        let top: &[(&str, &str, &str)] = &[
+            (
+                r#"{"budgetUsd": -0.01}"#,
+                "budgetUsd",
+                "non-negative number",
+            ),
+            (r#"{"budgetUsd": "1"}"#, "budgetUsd", "non-negative number"),
+            (r#"{"engine": true}"#, "engine", "object or null"),
+            (r#"{"engine": ["cat"]}"#, "engine", "object or null"),
+        ];
+
+        let cases = bus
+            .iter()
+            .map(|(j, f, m)| (format!(r#"{{"bus": {j}}}"#), *f, *m))
+            .chain(
+                engine
+                    .iter()
+                    .map(|(j, f, m)| (format!(r#"{{"engine": {j}}}"#), *f, *m)),
+            )
+            .chain(top.iter().map(|(j, f, m)| (j.to_string(), *f, *m)));
+        for (json, field, message) in cases {
+            let err = parse(json.as_bytes()).expect_err(&json);
+            assert_eq!(err.field(), Some(field), "{json}");
+            let shown = err.to_string();
+            let prefix = format!("config.json: {field}: ");
+            assert!(shown.starts_with(&prefix), "{json}: {shown}");
+            assert!(shown.contains(message), "{json}: {shown}");
+        }
+    }
+
+    #[test]
+    fn whole_file_errors() {
+        let cases: &[(&[u8], &str)] = &[
+            (b"", "config.json: not valid JSON at line 1 column 0"),
+            (
+                b"{\n  \"bus\": {\n    x}",
+                "config.json: not valid JSON at line 3 column 5",
+            ),
+            (b"\xff", "config.json: not valid JSON at line 1 column 1"),
+            (b"[]", "config.json: must be a JSON object"),
+            (b"null", "config.json: must be a JSON object"),
+            (b"\"bus\"", "config.json: must be a JSON object"),
+        ];
+        for (bytes, want) in cases {
+            let err = parse(bytes).unwrap_err();
+            assert_eq!(err.to_string(), *want);
+            assert_eq!(err.field(), None);
+        }
+    }
+
+    #[test]
+    fn errors_never_echo_the_secret() {
+        let err = parse(br#"{"bus": {"secret": "hunter2", "maxDepth": "hunter2"}}"#).unwrap_err();
+        assert!(!err.to_string().contains("hunter2"));
+        assert!(!format!("{err:?}").contains("hunter2"));
+        let config = parse(br#"{"bus": {"secret": "hunter2"}}"#).unwrap();
+        assert!(!format!("{config:?}").contains("hunter2"));
+    }
+
+    #[test]
+    fn engine_debug_hides_env_values() {
+        let config =
+            parse(br#"{"engine": {"command": ["x"], "env": {"API_KEY": "sk-123"}}}"#).unwrap();
+        let shown = format!("{:?}", config.engine);
+        assert!(shown.contains("API_KEY"), "{shown}");
+        assert!(!shown.contains("sk-123"), "{shown}");
+    }
+
+    #[test]
+    fn default_config_round_trips() {
+        let secret = Secret::new("ab\"c\\d").unwrap();
+        let json = default_config_json(&secret);
+        let config = parse(json.as_bytes()).unwrap();
+        assert_eq!(
+            config.bus,
+            BusConfig {
+                secret: Some(secret),
+                ..bus_defaults_enabled()
+            }
+        );
+        assert!(
+            json.starts_with("{\n  \"bus\": {\n    \"peers\": \"*\",\n"),
+            "{json}"
+        );
+    }
+
+    #[test]
+    fn load_names_the_file() {
+        let dir = crate::state::test_support::TestDir::new("config");
+        let path = dir.path().join(CONFIG_FILE);
+
+        let err = load(&path).unwrap_err();
+        assert_eq!(err.file(), path.display().to_string());
+        assert!(
+            err.to_string()
+                .starts_with(&format!("{}: cannot read: ", path.display())),
+            "{err}"
+        );
+        assert!(std::error::Error::source(&err).is_some());
+
+        std::fs::write(&path, br#"{"bus": {"port": 99999}}"#).unwrap();
+        let err = load(&path).unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            format!(
+                "{}: bus.port: must be an integer from 0 to 65535",
+                path.display()
+            )
+        );
+
+        std::fs::write(&path, br#"{"bus": {"port": 4242}}"#).unwrap();
+        assert_eq!(load(&path).unwrap().bus.port, 4242);
+    }
+
+    #[test]
+    fn peers_allows() {
+        let only = Peers::Only(vec!["a".into(), "b".into()]);
+        let cases = [
+            (&Peers::Any, "anyone", true),
+            (&only, "a", true),
+            (&only, "b", true),
+            (&only, "c", false),
+            (&only, "", false),
+            (&Peers::Only(Vec::new()), "a", false),
+        ];
+        for (peers, name, want) in cases {
+            assert_eq!(peers.allows(name), want, "{peers:?} {name}");
+        }
+    }
+}

@@ -565,7 +565,11 @@ impl EventLoop {
         self.conns
             .iter()
             .enumerate()
-            .filter_map(|(i, c)| c.as_ref().filter(|c| c.evictable()).map(|c| (c.last_active, i)))
+            .filter_map(|(i, c)| {
+                c.as_ref()
+                    .filter(|c| c.evictable())
+                    .map(|c| (c.last_active, i))
+            })
             .min()
             .map(|(_, i)| i)
     }
@@ -575,7 +579,9 @@ impl EventLoop {
             match self.least_recently_active() {
                 Some(slot) => self.close(service, slot),
                 None => {
-                    log::warn!("connection limit reached and every connection is busy; refusing one");
+                    log::warn!(
+                        "connection limit reached and every connection is busy; refusing one"
+                    );
                     return; // dropping the stream closes it
                 }
             }
@@ -962,9 +968,13 @@ mod tests {
             v
         };
         // (input, Ok(Some(consumed)) | Ok(None) partial | Err)
-        let cases: Vec<(&[u8], Result<Option<usize>, HttpError>)> = vec![
+        type Row<'a> = (&'a [u8], Result<Option<usize>, HttpError>);
+        let cases: Vec<Row> = vec![
             (b"GET /api/health HTTP/1.1\r\nHost: x\r\n\r\n", Ok(Some(37))),
-            (b"GET / HTTP/1.1\r\n\r\nGET / HTTP/1.1\r\n\r\n", Ok(Some(18))),
+            (
+                b"GET / HTTP/1.1\r\n\r\nGET / HTTP/1.1\r\n\r\n",
+                Ok(Some(18)),
+            ),
             (b"GET / HTTP/1.1\r\nHost: x\r\n", Ok(None)),
             (b"GET / HTTP/1.1\r\nHost: x\r\n\r", Ok(None)),
             (b"G", Ok(None)),
@@ -978,7 +988,12 @@ mod tests {
         ];
         for (input, want) in cases {
             let got = parse(input).map(|o| o.map(|(_, n)| n));
-            assert_eq!(got, want, "input {:?}", String::from_utf8_lossy(&input[..input.len().min(60)]));
+            assert_eq!(
+                got,
+                want,
+                "input {:?}",
+                String::from_utf8_lossy(&input[..input.len().min(60)])
+            );
         }
     }
 
@@ -993,10 +1008,14 @@ mod tests {
         assert_eq!(head.header("Content-Length"), Some(&b"5"[..]));
         assert!(!head.wants_keep_alive());
         assert!(head.announces_body());
-        let (head, _) = parse(b"GET / HTTP/1.0\r\nContent-Length: 0\r\n\r\n").unwrap().unwrap();
+        let (head, _) = parse(b"GET / HTTP/1.0\r\nContent-Length: 0\r\n\r\n")
+            .unwrap()
+            .unwrap();
         assert!(!head.wants_keep_alive());
         assert!(!head.announces_body());
-        let (head, _) = parse(b"GET / HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n").unwrap().unwrap();
+        let (head, _) = parse(b"GET / HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n")
+            .unwrap()
+            .unwrap();
         assert!(head.wants_keep_alive());
         assert!(head.announces_body());
     }
@@ -1013,7 +1032,9 @@ mod tests {
             r.serialize(false),
             b"HTTP/1.1 404 Not Found\r\nContent-Type: application/json\r\nContent-Length: 2\r\n\r\n{}".to_vec()
         );
-        assert!(String::from_utf8(r.serialize(true)).unwrap().contains("Connection: close\r\n"));
+        assert!(String::from_utf8(r.serialize(true))
+            .unwrap()
+            .contains("Connection: close\r\n"));
     }
 
     #[test]

@@ -1,1 +1,443 @@
-//! registry (placeholder)
+//! `<root>/.bus-registry.json`: who is listening where (contract section 6).
+//!
+//! ```json
+//! {"instances": {"<name>": {"port": 1234, "pid": 42, "secret": "...", "updatedAt": "2026-01-01T00:00:00.000Z"}}}
+//! ```
+//!
+//! Reading is forgiving: a missing, torn or malformed file is an empty registry, and
+//! entries that fail validation are skipped (and dropped on the next write). Writing is
+//! a read-modify-write under [`state::with_lock`], written with [`state::write_atomic`],
+//! so concurrent `serve` processes never lose each other's entries.
+
+use std::collections::BTreeMap;
+use std::io;
+use std::path::{Path, PathBuf};
+
+use serde_json::{Map, Value};
+
+use crate::secret::Secret;
+use crate::state;
+
+/// The registry's file name inside the channel root.
+pub const REGISTRY_FILE: &str = ".bus-registry.json";
+
+/// Longest instance name, in bytes.
+pub const MAX_INSTANCE_NAME_LEN: usize = 64;
+
+/// One registered instance. `Debug` prints the secret as `[redacted]`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Entry {
+    /// The loopback port it listens on (1-65535).
+    pub port: u16,
+    /// The process id of its `serve` process.
+    pub pid: u32,
+    /// The bearer secret callers must present.
+    pub secret: Secret,
+    /// When it registered, as ISO-8601 (validated, kept as written).
+    pub updated_at: String,
+}
+
+/// Whether `s` is a valid instance name: `[A-Za-z0-9][A-Za-z0-9._-]{0,63}`.
+pub fn is_valid_instance_name(s: &str) -> bool {
+    let bytes = s.as_bytes();
+    match bytes.first() {
+        Some(first) if first.is_ascii_alphanumeric() => {
+            bytes.len() <= MAX_INSTANCE_NAME_LEN
+                && bytes[1..]
+                    .iter()
+                    .all(|&c| c.is_ascii_alphanumeric() || matches!(c, b'.' | b'_' | b'-'))
+        }
+        _ => false,
+    }
+}
+
+/// The registry file of the channel root `root`.
+pub fn registry_path(root: &Path) -> PathBuf {
+    root.join(REGISTRY_FILE)
+}
+
+/// The valid entries of the registry under `root`. A missing file is an empty registry;
+/// so is a file that is not JSON or not `{"instances": {...}}` (with a warning). Invalid
+/// entries are skipped with a warning.
+///
+/// # Errors
+///
+/// The file exists but can't be read.
+pub fn read(root: &Path) -> io::Result<BTreeMap<String, Entry>> {
+    let path = registry_path(root);
+    let bytes = match std::fs::read(&path) {
+        Ok(bytes) => bytes,
+        Err(err) if err.kind() == io::ErrorKind::NotFound => return Ok(BTreeMap::new()),
+        Err(err) => return Err(err),
+    };
+    match parse(&bytes) {
+        Ok(Parsed { entries, skipped }) => {
+            for reason in skipped {
+                log::warn!("{}: ignoring an entry: {reason}", path.display());
+            }
+            Ok(entries)
+        }
+        Err(reason) => {
+            log::warn!("{}: {reason}; treating it as empty", path.display());
+            Ok(BTreeMap::new())
+        }
+    }
+}
+
+/// Registers (or re-registers) `name` as listening on `port` in process `pid`, stamped
+/// with the current time. Creates `root` (mode 0700) if it is missing. Invalid entries
+/// already in the file are dropped; the file is left with mode 0600.
+///
+/// # Errors
+///
+/// `InvalidInput` for an invalid name, port 0 or pid 0 (none of which [`read`] would
+/// accept); otherwise any I/O error creating the root, locking, reading or writing.
+pub fn register(root: &Path, name: &str, port: u16, pid: u32, secret: &Secret) -> io::Result<()> {
+    if !is_valid_instance_name(name) || port == 0 || pid == 0 {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            "registry entries need a valid instance name, a non-zero port and a non-zero pid",
+        ));
+    }
+    state::create_dir_private(root)?;
+    let path = registry_path(root);
+    state::with_lock(&path, || {
+        let mut entries = read(root)?;
+        entries.insert(
+            name.to_owned(),
+            Entry {
+                port,
+                pid,
+                secret: secret.clone(),
+                updated_at: state::now_iso8601(),
+            },
+        );
+        write(&path, &entries)
+    })
+}
+
+/// Removes `name`'s entry if, and only if, it was registered by process `pid` (so a
+/// stopping process never removes its successor's entry). Returns whether it removed
+/// one. A missing root or registry is not an error.
+///
+/// # Errors
+///
+/// Any I/O error locking, reading or writing the registry.
+pub fn deregister(root: &Path, name: &str, pid: u32) -> io::Result<bool> {
+    if !root.is_dir() {
+        return Ok(false);
+    }
+    let path = registry_path(root);
+    state::with_lock(&path, || {
+        let mut entries = read(root)?;
+        if entries.get(name).is_none_or(|entry| entry.pid != pid) {
+            return Ok(false);
+        }
+        entries.remove(name);
+        write(&path, &entries)?;
+        Ok(true)
+    })
+}
+
+/// Writes `entries` as the whole registry.
+fn write(path: &Path, entries: &BTreeMap<String, Entry>) -> io::Result<()> {
+    let instances: Map<String, Value> = entries
+        .iter()
+        .map(|(name, entry)| {
+            let mut fields = Map::new();
+            fields.insert("port".into(), entry.port.into());
+            fields.insert("pid".into(), entry.pid.into());
+            fields.insert("secret".into(), entry.secret.expose().into());
+            fields.insert("updatedAt".into(), entry.updated_at.as_str().into());
+            (name.clone(), Value::Object(fields))
+        })
+        .collect();
+    let mut document = Map::new();
+    document.insert("instances".into(), Value::Object(instances));
+    let mut bytes =
+        serde_json::to_vec_pretty(&Value::Object(document)).map_err(io::Error::other)?;
+    bytes.push(b'\n');
+    state::write_atomic(path, &bytes, state::PRIVATE_FILE_MODE)
+}
+
+/// What a registry file holds.
+struct Parsed {
+    /// The valid entries.
+    entries: BTreeMap<String, Entry>,
+    /// Why each invalid entry was skipped. Never contains a secret.
+    skipped: Vec<String>,
+}
+
+/// Parses a registry file, or says why the whole file is unusable.
+fn parse(bytes: &[u8]) -> Result<Parsed, &'static str> {
+    let document: Value = serde_json::from_slice(bytes).map_err(|_| "not valid JSON")?;
+    let Some(Value::Object(instances)) = document.get("instances") else {
+        return Err("not of the form {\"instances\": {...}}");
+    };
+    let mut entries = BTreeMap::new();
+    let mut skipped = Vec::new();
+    for (name, value) in instances {
+        if !is_valid_instance_name(name) {
+            skipped.push("invalid instance name".to_owned());
+            continue;
+        }
+        match parse_entry(value) {
+            Ok(entry) => {
+                entries.insert(name.clone(), entry);
+            }
+            Err(reason) => skipped.push(format!("{name}: {reason}")),
+        }
+    }
+    Ok(Parsed { entries, skipped })
+}
+
+fn parse_entry(value: &Value) -> Result<Entry, &'static str> {
+    let port = value
+        .get("port")
+        .and_then(integer)
+        .and_then(|n| u16::try_from(n).ok())
+        .filter(|&port| port != 0)
+        .ok_or("port must be an integer from 1 to 65535")?;
+    let pid = value
+        .get("pid")
+        .and_then(integer)
+        .and_then(|n| u32::try_from(n).ok())
+        .filter(|&pid| pid != 0)
+        .ok_or("pid must be a positive integer")?;
+    let secret = value
+        .get("secret")
+        .and_then(Value::as_str)
+        .and_then(Secret::new)
+        .ok_or("secret must be a non-empty string")?;
+    let updated_at = value
+        .get("updatedAt")
+        .and_then(Value::as_str)
+        .filter(|s| state::parse_iso8601(s).is_some())
+        .ok_or("updatedAt must be an ISO-8601 time")?;
+    Ok(Entry {
+        port,
+        pid,
+        secret,
+        updated_at: updated_at.to_owned(),
+    })
+}
+
+/// A JSON number that is a non-negative integer (`42` or `42.0`).
+fn integer(value: &Value) -> Option<u64> {
+    let number = value.as_number()?;
+    if let Some(n) = number.as_u64() {
+        return Some(n);
+    }
+    let f = number.as_f64()?;
+    // Only integral values up to u32::MAX matter to callers; larger ones fail their
+    // range checks after the saturating cast.
+    (f.fract() == 0.0 && f >= 0.0).then_some(f as u64)
+}
+
+#[cfg(test)]
+#[allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    reason = "tests fail loudly on purpose"
+)]
+mod tests {
+    use super::*;
+    use crate::state::test_support::TestDir;
+    use std::os::unix::fs::PermissionsExt;
+    use std::sync::Arc;
+    use std::thread;
+
+    fn secret(s: &str) -> Secret {
+        Secret::new(s).unwrap()
+    }
+
+    fn mode_of(path: &Path) -> u32 {
+        std::fs::metadata(path).unwrap().permissions().mode() & 0o7777
+    }
+
+    #[test]
+    fn instance_names() {
+        let long_ok = "a".repeat(64);
+        let too_long = "a".repeat(65);
+        let cases = [
+            ("a", true),
+            ("Z9", true),
+            ("worker-1", true),
+            ("my.bot_2", true),
+            ("0", true),
+            (long_ok.as_str(), true),
+            (too_long.as_str(), false),
+            ("", false),
+            ("-a", false),
+            (".hidden", false),
+            ("_a", false),
+            ("a b", false),
+            ("a/b", false),
+            ("é", false),
+            ("a\n", false),
+        ];
+        for (name, want) in cases {
+            assert_eq!(is_valid_instance_name(name), want, "{name:?}");
+        }
+    }
+
+    #[test]
+    fn register_read_round_trip_with_private_modes() {
+        let dir = TestDir::new("registry");
+        let root = dir.path().join("channel");
+
+        register(&root, "alpha", 4100, 11, &secret("s-alpha")).unwrap();
+        register(&root, "beta", 4200, 22, &secret("s-beta")).unwrap();
+        register(&root, "alpha", 4101, 12, &secret("s-alpha2")).unwrap();
+
+        let entries = read(&root).unwrap();
+        assert_eq!(entries.keys().collect::<Vec<_>>(), ["alpha", "beta"]);
+        let alpha = &entries["alpha"];
+        assert_eq!((alpha.port, alpha.pid), (4101, 12));
+        assert_eq!(alpha.secret.expose(), "s-alpha2");
+        assert!(state::parse_iso8601(&alpha.updated_at).is_some());
+        assert_eq!(entries["beta"].port, 4200);
+
+        assert_eq!(mode_of(&root), 0o700);
+        assert_eq!(mode_of(&registry_path(&root)), 0o600);
+        let raw: Value =
+            serde_json::from_slice(&std::fs::read(registry_path(&root)).unwrap()).unwrap();
+        assert_eq!(raw["instances"]["beta"]["secret"], "s-beta");
+        assert_eq!(raw["instances"]["beta"]["pid"], 22);
+    }
+
+    #[test]
+    fn register_refuses_what_read_would_skip() {
+        let dir = TestDir::new("registry-refuse");
+        let cases = [("bad name", 1, 1), ("ok", 0, 1), ("ok", 1, 0)];
+        for (name, port, pid) in cases {
+            let err = register(dir.path(), name, port, pid, &secret("s")).unwrap_err();
+            assert_eq!(
+                err.kind(),
+                io::ErrorKind::InvalidInput,
+                "{name} {port} {pid}"
+            );
+        }
+        assert!(read(dir.path()).unwrap().is_empty());
+    }
+
+    #[test]
+    fn deregister_needs_the_matching_pid() {
+        let dir = TestDir::new("registry-dereg");
+        let root = dir.path();
+        assert!(!deregister(&root.join("absent"), "a", 1).unwrap());
+        assert!(!deregister(root, "a", 1).unwrap());
+
+        register(root, "a", 5000, 100, &secret("x")).unwrap();
+        register(root, "b", 5001, 200, &secret("y")).unwrap();
+        assert!(!deregister(root, "a", 101).unwrap());
+        assert!(!deregister(root, "c", 100).unwrap());
+        assert!(read(root).unwrap().contains_key("a"));
+
+        assert!(deregister(root, "a", 100).unwrap());
+        let entries = read(root).unwrap();
+        assert_eq!(entries.keys().collect::<Vec<_>>(), ["b"]);
+        assert!(!deregister(root, "a", 100).unwrap());
+    }
+
+    #[test]
+    fn invalid_entries_are_ignored_then_dropped() {
+        let dir = TestDir::new("registry-invalid");
+        let root = dir.path();
+        let t = "2026-01-01T00:00:00.000Z";
+        let raw = serde_json::json!({
+            "instances": {
+                "good": {"port": 4000, "pid": 1, "secret": "s", "updatedAt": t},
+                "float-ok": {"port": 4001.0, "pid": 2.0, "secret": "s", "updatedAt": t},
+                "port-zero": {"port": 0, "pid": 1, "secret": "s", "updatedAt": t},
+                "port-big": {"port": 65536, "pid": 1, "secret": "s", "updatedAt": t},
+                "port-string": {"port": "4000", "pid": 1, "secret": "s", "updatedAt": t},
+                "port-frac": {"port": 4000.5, "pid": 1, "secret": "s", "updatedAt": t},
+                "pid-zero": {"port": 4000, "pid": 0, "secret": "s", "updatedAt": t},
+                "pid-negative": {"port": 4000, "pid": -5, "secret": "s", "updatedAt": t},
+                "pid-big": {"port": 4000, "pid": 4_294_967_296u64, "secret": "s", "updatedAt": t},
+                "secret-empty": {"port": 4000, "pid": 1, "secret": "", "updatedAt": t},
+                "secret-number": {"port": 4000, "pid": 1, "secret": 7, "updatedAt": t},
+                "time-bad": {"port": 4000, "pid": 1, "secret": "s", "updatedAt": "yesterday"},
+                "time-missing": {"port": 4000, "pid": 1, "secret": "s"},
+                "not-object": 4000,
+                "-bad-name": {"port": 4000, "pid": 1, "secret": "s", "updatedAt": t},
+            },
+            "otherTopLevel": true
+        });
+        std::fs::write(registry_path(root), raw.to_string()).unwrap();
+
+        let entries = read(root).unwrap();
+        assert_eq!(entries.keys().collect::<Vec<_>>(), ["float-ok", "good"]);
+        assert_eq!(
+            (entries["float-ok"].port, entries["float-ok"].pid),
+            (4001, 2)
+        );
+        assert_eq!(entries["good"].updated_at, t);
+
+        register(root, "new", 4500, 3, &secret("n")).unwrap();
+        let rewritten: Value =
+            serde_json::from_slice(&std::fs::read(registry_path(root)).unwrap()).unwrap();
+        let names: Vec<&String> = rewritten["instances"].as_object().unwrap().keys().collect();
+        assert_eq!(names, ["float-ok", "good", "new"]);
+        assert_eq!(rewritten["instances"]["float-ok"]["port"], 4001);
+    }
+
+    #[test]
+    fn garbage_registry_is_empty_and_register_recovers() {
+        let dir = TestDir::new("registry-garbage");
+        let root = dir.path();
+        let cases: &[&[u8]] = &[
+            b"{\"instances\": {\"a\": {\"port\": 1",
+            b"",
+            b"\x00\xff",
+            b"[]",
+            b"{\"instances\": []}",
+            b"{\"other\": {}}",
+        ];
+        for bytes in cases {
+            std::fs::write(registry_path(root), bytes).unwrap();
+            assert!(read(root).unwrap().is_empty(), "{bytes:?}");
+            register(root, "a", 4000, 1, &secret("s")).unwrap();
+            assert_eq!(read(root).unwrap().len(), 1, "{bytes:?}");
+        }
+    }
+
+    #[test]
+    fn concurrent_registrations_lose_nothing() {
+        const THREADS: u16 = 20;
+        let dir = TestDir::new("registry-threads");
+        let root = Arc::new(dir.path().join("root"));
+        let workers: Vec<_> = (0..THREADS)
+            .map(|i| {
+                let root = Arc::clone(&root);
+                thread::spawn(move || {
+                    let name = format!("inst-{i}");
+                    register(&root, &name, 6000 + i, 1000 + u32::from(i), &secret(&name))
+                })
+            })
+            .collect();
+        for worker in workers {
+            worker.join().unwrap().unwrap();
+        }
+        let entries = read(&root).unwrap();
+        assert_eq!(entries.len(), usize::from(THREADS));
+        for i in 0..THREADS {
+            let entry = &entries[&format!("inst-{i}")];
+            assert_eq!((entry.port, entry.pid), (6000 + i, 1000 + u32::from(i)));
+        }
+    }
+
+    #[test]
+    fn entry_debug_redacts_the_secret() {
+        let entry = Entry {
+            port: 1,
+            pid: 2,
+            secret: secret("top-secret-value"),
+            updated_at: "2026-01-01T00:00:00.000Z".into(),
+        };
+        let shown = format!("{entry:?}");
+        assert!(!shown.contains("top-secret-value"), "{shown}");
+        assert!(shown.contains("[redacted]"), "{shown}");
+    }
+}

@@ -128,7 +128,8 @@ impl<J: Send + 'static, R: Send + 'static> TurnPool<J, R> {
     /// [`Busy`] (with the job handed back) when the queue is full or the pool is closed.
     pub fn submit(&self, conn: ConnId, job: J) -> Result<(), Busy<J>> {
         let mut queue = self.shared.lock();
-        if queue.closed || queue.jobs.len() + queue.running >= self.max_concurrent + self.max_queued {
+        if queue.closed || queue.jobs.len() + queue.running >= self.max_concurrent + self.max_queued
+        {
             return Err(Busy(job));
         }
         queue.jobs.push_back((conn, job));
@@ -268,14 +269,22 @@ mod tests {
         while runner.started.load(Ordering::SeqCst) < 2 {
             thread::sleep(Duration::from_millis(5));
         }
-        assert_eq!(pool.load(), Load { running: 2, queued: 2, max: 2 });
+        assert_eq!(
+            pool.load(),
+            Load {
+                running: 2,
+                queued: 2,
+                max: 2
+            }
+        );
         *runner.gate.lock().unwrap() = true;
         runner.open.notify_all();
         let mut done = Vec::new();
         let mut events = Events::with_capacity(8);
         let mut poll = poll;
         while done.len() < 4 {
-            poll.poll(&mut events, Some(Duration::from_millis(100))).unwrap();
+            poll.poll(&mut events, Some(Duration::from_millis(100)))
+                .unwrap();
             done.extend(pool.finished());
         }
         let panicked: Vec<u32> = done

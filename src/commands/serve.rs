@@ -1,0 +1,181 @@
+//! `loopbus serve`: run one instance until SIGTERM/SIGINT.
+
+use crate::cli::{usage, Args, UsageError, EXIT_OK};
+use crate::config::{self, CONFIG_FILE};
+use crate::engine::Engine;
+use crate::http::{self, EventLoop};
+use crate::secret::Secret;
+use crate::server::{self, Bus, ServerSettings};
+use crate::turns::TurnPool;
+use crate::{registry, state};
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::sync::Arc;
+
+/// Help text.
+pub const HELP: &str = "\
+loopbus serve [--state-dir DIR] [--name NAME] [--port N] [--bind ADDR] [--print-curl]
+
+Run the instance whose state directory is DIR (default: $LOOPBUS_STATE_DIR) until
+SIGTERM or SIGINT. Reads DIR/config.json (create one with `loopbus init DIR`),
+listens on ADDR:N (default 127.0.0.1 and bus.port; 0 lets the OS pick), and
+registers in the channel root's .bus-registry.json (the root is DIR's parent).
+The name defaults to DIR's last component. Only loopback addresses are accepted.
+--print-curl prints a ready-to-paste curl command, secret included, once listening.
+
+Example:
+  loopbus serve --state-dir ~/.loopbus/worker --port 7701
+";
+
+/// Runs `serve`.
+///
+/// # Errors
+/// Bad arguments, a missing or invalid config, a port in use, a non-loopback
+/// address, or a failure to register.
+pub fn run(args: &[String]) -> Result<i32, UsageError> {
+    let args = Args::parse(
+        args,
+        &["state-dir", "name", "port", "bind"],
+        &["print-curl"],
+    )?;
+    if args.help {
+        print!("{HELP}");
+        return Ok(EXIT_OK);
+    }
+    args.at_most(0)?;
+    let state_dir = super::state_dir_from(args.value("state-dir"))?;
+    let name = super::instance_name(&state_dir, args.value("name"))?;
+    let root = super::channel_root(&state_dir);
+    let config_path = state_dir.join(CONFIG_FILE);
+
+    let config_bytes = server::read_bounded(&config_path).map_err(|e| {
+        let hint = if e.kind() == std::io::ErrorKind::NotFound {
+            format!(" (create it with `loopbus init {}`)", state_dir.display())
+        } else {
+            String::new()
+        };
+        usage(format!("{}: cannot read: {e}{hint}", config_path.display()))
+    })?;
+    let config = config::parse(&config_bytes).map_err(|e| {
+        usage(format!(
+            "{}: {}",
+            config_path.display(),
+            strip_file_prefix(&e.to_string())
+        ))
+    })?;
+    if let Ok(Some(mode)) = state::mode_is_wider(&config_path, state::PRIVATE_FILE_MODE) {
+        log::warn!(
+            "{} has mode {mode:o}; it holds the bus secret, so 600 is advised",
+            config_path.display()
+        );
+    }
+
+    let port = match args.parsed::<u16>("port", "a port number (0-65535)")? {
+        Some(port) => port,
+        None => config.bus.port,
+    };
+    let ip: IpAddr = match args.value("bind") {
+        Some(text) => text
+            .parse()
+            .map_err(|_| usage(format!("`--bind` must be an IP address, not {text:?}")))?,
+        None => IpAddr::V4(Ipv4Addr::LOCALHOST),
+    };
+    let listener = http::bind_loopback(SocketAddr::new(ip, port)).map_err(|e| {
+        usage(format!(
+            "cannot listen on {}: {e}",
+            SocketAddr::new(ip, port)
+        ))
+    })?;
+
+    let secret = match &config.bus.secret {
+        Some(secret) => secret.clone(),
+        None => state::random_hex(32)
+            .ok()
+            .and_then(Secret::new)
+            .ok_or_else(|| usage("cannot read random bytes from the OS"))?,
+    };
+    let (interrupt, _guards) = signal_pipe()?;
+    let mut event_loop = EventLoop::new(listener, Some(interrupt))
+        .map_err(|e| usage(format!("cannot start the event loop: {e}")))?;
+    let addr = event_loop.local_addr();
+
+    let engine = Arc::new(Engine {
+        instance: name.clone(),
+        state_dir: state_dir.clone(),
+    });
+    let pool = TurnPool::start(
+        config.bus.max_concurrent_turns,
+        config.bus.max_queued_turns,
+        engine,
+        event_loop.waker(),
+    )
+    .map_err(|e| usage(format!("cannot start turn workers: {e}")))?;
+
+    let pid = std::process::id();
+    registry::register(&root, &name, addr.port(), pid, &secret).map_err(|e| {
+        usage(format!(
+            "cannot register in {}: {e}",
+            registry::registry_path(&root).display()
+        ))
+    })?;
+    log::info!("serving {name} on {addr} (pid {pid})");
+    if args.switch("print-curl") {
+        print_curl(&name, addr, &secret);
+    }
+
+    let settings = ServerSettings {
+        name: name.clone(),
+        config_path,
+        config,
+        config_bytes,
+        secret,
+        port: addr.port(),
+    };
+    let mut bus = Bus::new(settings, pool);
+    let result = event_loop.run(&mut bus);
+    match registry::deregister(&root, &name, pid) {
+        Ok(_) => {}
+        Err(e) => log::warn!("cannot deregister from the registry: {e}"),
+    }
+    if let Err(e) = result {
+        log::error!("event loop failed: {e}");
+        return Ok(crate::cli::EXIT_FAILURE);
+    }
+    let pool = bus.into_pool();
+    if pool.is_idle() {
+        pool.join();
+    }
+    log::info!("stopped {name}");
+    Ok(EXIT_OK)
+}
+
+/// Config errors from `config::parse` start with "config.json: "; the caller names
+/// the full path instead.
+fn strip_file_prefix(message: &str) -> &str {
+    message.strip_prefix("config.json: ").unwrap_or(message)
+}
+
+/// A stream that becomes readable on SIGTERM or SIGINT, and the registrations that keep
+/// those signals routed to it.
+fn signal_pipe() -> Result<(mio::net::UnixStream, Vec<signal_hook::SigId>), UsageError> {
+    let fail = |e: std::io::Error| usage(format!("cannot set up signal handling: {e}"));
+    let (read, write) = std::os::unix::net::UnixStream::pair().map_err(fail)?;
+    read.set_nonblocking(true).map_err(fail)?;
+    write.set_nonblocking(true).map_err(fail)?;
+    let mut guards = Vec::new();
+    for signal in [signal_hook::consts::SIGTERM, signal_hook::consts::SIGINT] {
+        let write = write.try_clone().map_err(fail)?;
+        guards.push(signal_hook::low_level::pipe::register(signal, write).map_err(fail)?);
+    }
+    Ok((mio::net::UnixStream::from_std(read), guards))
+}
+
+fn print_curl(name: &str, addr: SocketAddr, secret: &Secret) {
+    println!("loopbus: instance {name} is listening on http://{addr}");
+    println!("Talk to it (the bus secret is in this command; keep it local):");
+    println!(
+        "  curl -s http://{addr}/api/talk -H 'Authorization: {}' -H 'Content-Type: application/json' \\\n    -d '{{\"fromInstance\":\"me\",\"prompt\":\"hello\",\"depth\":0}}'",
+        secret.bearer_header()
+    );
+    println!("Check its health:");
+    println!("  curl -s http://{addr}/api/health");
+}

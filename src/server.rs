@@ -1,0 +1,729 @@
+//! The bus server: routing, the contract's check order, envelopes, config reload and
+//! shutdown. It plugs into the HTTP loop as its [`Service`].
+//!
+//! Checks on `POST /api/talk` run in the contract's order (section 3): checks 1-6 on
+//! the head alone, so an unauthorized body is never read; checks 7-10 on the body.
+//! [`Refusal::status_and_code`] is the one place where refusals get their status code
+//! and wire error code.
+
+use crate::config::{self, Config};
+use crate::engine::{Turn, TurnResult};
+use crate::http::{ConnId, Control, Head, HeadAction, HttpError, Response, Service};
+use crate::protocol::{self, Envelope, ErrorCode, Failure, RequestError, MAX_BODY_BYTES};
+use crate::secret::Secret;
+use crate::turns::{Busy, Done, Outcome, TurnPool};
+use serde_json::{json, Value};
+use std::collections::HashMap;
+use std::io::Read;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// How often config.json is checked for edits (the contract asks for under a second).
+pub const CONFIG_RELOAD_INTERVAL: Duration = Duration::from_millis(500);
+/// A config.json larger than this is refused rather than read.
+pub const MAX_CONFIG_BYTES: u64 = 1 << 20;
+/// How long running turns may finish after SIGTERM/SIGINT before the process exits.
+pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(30);
+/// How often shutdown progress is checked.
+const SHUTDOWN_POLL: Duration = Duration::from_millis(50);
+
+/// The only paths served.
+const TALK_PATH: &str = "/api/talk";
+const HEALTH_PATH: &str = "/api/health";
+
+/// Content types a browser can send cross-origin without a preflight.
+const BROWSER_FORM_TYPES: [&str; 3] = [
+    "text/plain",
+    "application/x-www-form-urlencoded",
+    "multipart/form-data",
+];
+
+/// Why a request was refused (or failed) before a turn produced an envelope.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Refusal {
+    /// `Host` is missing, repeated or not one of the loopback forms with our port.
+    BadHost,
+    /// An `Origin` or `Referer` header is present (a browser sent this).
+    BrowserOrigin,
+    /// `Content-Type` is a browser form type.
+    BrowserContentType,
+    /// `Transfer-Encoding` is present; only `Content-Length` framing is accepted.
+    TransferEncoding,
+    /// `Content-Length` is missing.
+    LengthMissing,
+    /// `Content-Length` is not all digits.
+    LengthInvalid,
+    /// `Content-Length` is repeated with different values.
+    LengthConflict,
+    /// The declared body is larger than [`MAX_BODY_BYTES`].
+    TooLarge,
+    /// The bus is disabled in config.json.
+    BusDisabled,
+    /// `Authorization` is not exactly `Bearer <secret>`.
+    Unauthorized,
+    /// The body failed validation.
+    Body(RequestError),
+    /// `fromInstance` is not in `peers`.
+    PeerNotAllowed,
+    /// `depth >= maxDepth`.
+    DepthExceeded {
+        /// The request's depth.
+        depth: u64,
+        /// The configured limit.
+        max: u64,
+    },
+    /// The turn queue is full.
+    Busy,
+    /// The instance is shutting down.
+    ShuttingDown,
+    /// The turn handler panicked.
+    HandlerPanicked,
+    /// The turn handler returned something that is not a result.
+    InvalidHandlerResponse,
+    /// Unknown path.
+    NotFound,
+    /// Known path, wrong method; the field is the `Allow` value.
+    MethodNotAllowed(&'static str),
+    /// A failure the HTTP layer answers itself.
+    Http(HttpError),
+}
+
+impl Refusal {
+    /// The one table of status codes and wire codes.
+    pub fn status_and_code(&self) -> (u16, ErrorCode) {
+        match self {
+            Refusal::BadHost | Refusal::BrowserOrigin => (403, ErrorCode::AuthFailed),
+            Refusal::BrowserContentType => (415, ErrorCode::InvalidRequest),
+            Refusal::TransferEncoding | Refusal::LengthInvalid | Refusal::LengthConflict => {
+                (400, ErrorCode::InvalidRequest)
+            }
+            Refusal::LengthMissing => (411, ErrorCode::InvalidRequest),
+            Refusal::TooLarge => (413, ErrorCode::RequestTooLarge),
+            Refusal::BusDisabled => (403, ErrorCode::BusDisabled),
+            Refusal::Unauthorized => (401, ErrorCode::AuthFailed),
+            Refusal::Body(_) => (400, ErrorCode::InvalidRequest),
+            Refusal::PeerNotAllowed => (403, ErrorCode::PeerNotAllowed),
+            Refusal::DepthExceeded { .. } => (429, ErrorCode::MaxDepthExceeded),
+            Refusal::Busy | Refusal::ShuttingDown => (503, ErrorCode::ServerBusy),
+            Refusal::HandlerPanicked => (500, ErrorCode::InternalError),
+            Refusal::InvalidHandlerResponse => (500, ErrorCode::InvalidHandlerResponse),
+            Refusal::NotFound => (404, ErrorCode::InvalidRequest),
+            Refusal::MethodNotAllowed(_) => (405, ErrorCode::InvalidRequest),
+            Refusal::Http(HttpError::MalformedHead) => (400, ErrorCode::InvalidRequest),
+            Refusal::Http(HttpError::HeadTooLarge | HttpError::TooManyHeaders) => {
+                (431, ErrorCode::RequestTooLarge)
+            }
+            Refusal::Http(HttpError::BodyTimeout) => (408, ErrorCode::Timeout),
+        }
+    }
+
+    /// The human-readable `error` text. Never echoes what the peer sent.
+    pub fn message(&self) -> String {
+        match self {
+            Refusal::BadHost => {
+                "Host must be 127.0.0.1:PORT, localhost:PORT or [::1]:PORT".to_owned()
+            }
+            Refusal::BrowserOrigin => {
+                "requests carrying Origin or Referer (browsers) are refused".to_owned()
+            }
+            Refusal::BrowserContentType => {
+                "Content-Type must be application/json (or absent)".to_owned()
+            }
+            Refusal::TransferEncoding => {
+                "Transfer-Encoding is not supported: send Content-Length".to_owned()
+            }
+            Refusal::LengthMissing => "Content-Length is required".to_owned(),
+            Refusal::LengthInvalid => "Content-Length must be all digits".to_owned(),
+            Refusal::LengthConflict => {
+                "Content-Length is repeated with different values".to_owned()
+            }
+            Refusal::TooLarge => format!("request body is larger than {MAX_BODY_BYTES} bytes"),
+            Refusal::BusDisabled => "the bus is disabled on this instance".to_owned(),
+            Refusal::Unauthorized => "missing or wrong bearer secret".to_owned(),
+            Refusal::Body(e) => e.to_string(),
+            Refusal::PeerNotAllowed => "caller is not in this instance's peers".to_owned(),
+            Refusal::DepthExceeded { depth, max } => {
+                format!("depth {depth} reaches this instance's maxDepth of {max}")
+            }
+            Refusal::Busy => "turn queue is full; try again shortly".to_owned(),
+            Refusal::ShuttingDown => "instance is shutting down".to_owned(),
+            Refusal::HandlerPanicked => "the turn handler failed unexpectedly".to_owned(),
+            Refusal::InvalidHandlerResponse => {
+                "the turn handler returned an invalid result".to_owned()
+            }
+            Refusal::NotFound => {
+                "no such endpoint; use POST /api/talk or GET /api/health".to_owned()
+            }
+            Refusal::MethodNotAllowed(allow) => format!("method not allowed; use {allow}"),
+            Refusal::Http(e) => e.to_string(),
+        }
+    }
+}
+
+/// What the audit line of one talk outcome knows about the request.
+#[derive(Debug, Clone, Default)]
+struct TalkMeta {
+    from_instance: Option<String>,
+    depth: Option<u64>,
+    prompt_chars: Option<usize>,
+}
+
+/// A request waiting for its turn.
+#[derive(Debug)]
+struct Pending {
+    received_at: Instant,
+    meta: TalkMeta,
+}
+
+/// Everything `serve` decided before the loop starts.
+#[derive(Debug)]
+pub struct ServerSettings {
+    /// The instance's name.
+    pub name: String,
+    /// Path of config.json, re-read on change.
+    pub config_path: PathBuf,
+    /// The config loaded at startup.
+    pub config: Config,
+    /// The raw bytes it was loaded from (to notice edits).
+    pub config_bytes: Vec<u8>,
+    /// The secret in force for the process's lifetime.
+    pub secret: Secret,
+    /// The bound port.
+    pub port: u16,
+}
+
+/// The bus server state, driven by the HTTP loop.
+pub struct Bus {
+    name: String,
+    secret: Secret,
+    config: Arc<Config>,
+    config_path: PathBuf,
+    config_bytes: Vec<u8>,
+    pool: TurnPool<Turn, TurnResult>,
+    pending: HashMap<ConnId, Pending>,
+    stopping_since: Option<Instant>,
+    allowed_hosts: [String; 3],
+}
+
+impl Bus {
+    /// A server for `settings`, running turns on `pool`.
+    pub fn new(settings: ServerSettings, pool: TurnPool<Turn, TurnResult>) -> Bus {
+        let port = settings.port;
+        Bus {
+            name: settings.name,
+            secret: settings.secret,
+            config: Arc::new(settings.config),
+            config_path: settings.config_path,
+            config_bytes: settings.config_bytes,
+            pool,
+            pending: HashMap::new(),
+            stopping_since: None,
+            allowed_hosts: [
+                format!("127.0.0.1:{port}"),
+                format!("localhost:{port}"),
+                format!("[::1]:{port}"),
+            ],
+        }
+    }
+
+    /// Hands back the pool after the loop ended, so its workers can be joined.
+    pub fn into_pool(self) -> TurnPool<Turn, TurnResult> {
+        self.pool
+    }
+
+    fn json(status: u16, body: Vec<u8>) -> Response {
+        Response {
+            status,
+            headers: vec![
+                ("Content-Type", "application/json".to_owned()),
+                ("Cache-Control", "no-store".to_owned()),
+                ("X-Content-Type-Options", "nosniff".to_owned()),
+            ],
+            body,
+            close: false,
+        }
+    }
+
+    fn envelope_response(status: u16, envelope: &Envelope) -> Response {
+        Bus::json(status, envelope.to_json())
+    }
+
+    fn refusal_response(&self, refusal: &Refusal, received_at: Instant) -> Response {
+        let (status, code) = refusal.status_and_code();
+        let envelope = Envelope::failure(
+            &self.name,
+            Failure::new(code, refusal.message()),
+            elapsed_ms(received_at),
+        );
+        let mut response = Bus::envelope_response(status, &envelope);
+        if let Refusal::MethodNotAllowed(allow) = refusal {
+            response.headers.push(("Allow", (*allow).to_owned()));
+        }
+        if matches!(refusal, Refusal::Http(_)) {
+            response.close = true;
+        }
+        response
+    }
+
+    /// Answers a talk with a refusal and records the outcome.
+    fn refuse_talk(
+        &mut self,
+        refusal: &Refusal,
+        received_at: Instant,
+        meta: &TalkMeta,
+    ) -> Response {
+        let (status, code) = refusal.status_and_code();
+        log::info!(
+            "talk refused: {} {} (from {:?}, depth {:?}, prompt {:?} chars)",
+            status,
+            code,
+            meta.from_instance.as_deref().unwrap_or("?"),
+            meta.depth,
+            meta.prompt_chars
+        );
+        self.refusal_response(refusal, received_at)
+    }
+
+    /// Check 1, on every request: the request must come from a loopback client that is
+    /// not a browser page.
+    fn check_origin(&self, head: &Head) -> Result<(), Refusal> {
+        let mut hosts = head.header_values("host");
+        let host_ok = match (hosts.next(), hosts.next()) {
+            (Some(host), None) => self.allowed_hosts.iter().any(|h| h.as_bytes() == host),
+            _ => false,
+        };
+        if !host_ok {
+            return Err(Refusal::BadHost);
+        }
+        if head.has_header("origin") || head.has_header("referer") {
+            return Err(Refusal::BrowserOrigin);
+        }
+        Ok(())
+    }
+
+    /// Checks 2-6 on a talk head; on success, the body length to read.
+    fn check_talk_head(&self, head: &Head) -> Result<usize, Refusal> {
+        for value in head.header_values("content-type") {
+            let media = value
+                .split(|b| *b == b';')
+                .next()
+                .unwrap_or(&[])
+                .trim_ascii();
+            if BROWSER_FORM_TYPES
+                .iter()
+                .any(|t| t.as_bytes().eq_ignore_ascii_case(media))
+            {
+                return Err(Refusal::BrowserContentType);
+            }
+        }
+        let length = content_length(head)?;
+        if length > MAX_BODY_BYTES {
+            return Err(Refusal::TooLarge);
+        }
+        if !self.config.bus.enabled {
+            return Err(Refusal::BusDisabled);
+        }
+        let mut auth = head.header_values("authorization");
+        let authorized = match (auth.next(), auth.next()) {
+            (Some(value), None) => self.secret.matches_bearer(value),
+            _ => false,
+        };
+        if !authorized {
+            return Err(Refusal::Unauthorized);
+        }
+        // `length` is at most MAX_BODY_BYTES, which fits in usize.
+        Ok(usize::try_from(length).unwrap_or(usize::MAX))
+    }
+
+    fn health(&self) -> Response {
+        let load = self.pool.load();
+        let status = if self.stopping_since.is_some() {
+            "stopping"
+        } else {
+            "ok"
+        };
+        let body = json!({
+            "kind": self.config.bus.kind,
+            "instance": self.name,
+            "status": status,
+            "pid": std::process::id(),
+            "protocolVersion": protocol::PROTOCOL_VERSION,
+            "capabilities": protocol::CAPABILITIES,
+            "turns": {"running": load.running, "queued": load.queued, "max": load.max},
+        });
+        Bus::json(200, body.to_string().into_bytes())
+    }
+
+    /// Turns a finished job into the response for its connection.
+    fn finish(&mut self, done: Done<Turn, TurnResult>) -> Option<(ConnId, Response)> {
+        let pending = self.pending.remove(&done.conn)?;
+        let took = elapsed_ms(pending.received_at);
+        let response = match done.outcome {
+            Outcome::Finished(TurnResult::Reply(text)) => {
+                log::info!(
+                    "talk answered: success (from {:?}, depth {:?}, {} ms)",
+                    pending.meta.from_instance.as_deref().unwrap_or("?"),
+                    pending.meta.depth,
+                    took
+                );
+                Bus::envelope_response(200, &Envelope::success(&self.name, text, took))
+            }
+            Outcome::Finished(TurnResult::Failed(failure)) => {
+                log::info!(
+                    "talk answered: failure {} (from {:?}, {} ms)",
+                    failure.code,
+                    pending.meta.from_instance.as_deref().unwrap_or("?"),
+                    took
+                );
+                Bus::envelope_response(200, &Envelope::failure(&self.name, failure, took))
+            }
+            Outcome::Finished(TurnResult::Invalid(why)) => {
+                log::error!("turn handler returned an invalid result: {why}");
+                self.refuse_talk(
+                    &Refusal::InvalidHandlerResponse,
+                    pending.received_at,
+                    &pending.meta,
+                )
+            }
+            Outcome::Panicked => {
+                log::error!("turn handler panicked");
+                self.refuse_talk(
+                    &Refusal::HandlerPanicked,
+                    pending.received_at,
+                    &pending.meta,
+                )
+            }
+        };
+        Some((done.conn, response))
+    }
+
+    /// Re-reads config.json if it changed; keeps the last good config on any problem.
+    fn reload_config(&mut self) {
+        let bytes = match read_bounded(&self.config_path) {
+            Ok(bytes) => bytes,
+            Err(e) => {
+                if !self.config_bytes.is_empty() {
+                    log::warn!(
+                        "{}: cannot read ({e}); keeping the last good config",
+                        self.config_path.display()
+                    );
+                    self.config_bytes.clear();
+                }
+                return;
+            }
+        };
+        if bytes == self.config_bytes {
+            return;
+        }
+        self.config_bytes = bytes;
+        match config::parse(&self.config_bytes) {
+            Ok(new) => {
+                if new.bus.port != self.config.bus.port || new.bus.secret != self.config.bus.secret
+                {
+                    log::warn!(
+                        "config.json: port and secret changes take effect at the next start"
+                    );
+                }
+                log::info!(
+                    "config.json reloaded: bus {}, maxDepth {}",
+                    if new.bus.enabled {
+                        "enabled"
+                    } else {
+                        "disabled"
+                    },
+                    new.bus.max_depth
+                );
+                self.config = Arc::new(new);
+            }
+            Err(e) => log::warn!("{e}; keeping the last good config"),
+        }
+    }
+
+    fn begin_shutdown(&mut self, control: &mut Control) {
+        if self.stopping_since.is_some() {
+            return;
+        }
+        log::info!("stopping: no new connections, queued turns get server_busy");
+        self.stopping_since = Some(Instant::now());
+        control.stop_accepting();
+        for (conn, _job) in self.pool.close() {
+            if let Some(pending) = self.pending.remove(&conn) {
+                let response =
+                    self.refuse_talk(&Refusal::ShuttingDown, pending.received_at, &pending.meta);
+                control.respond(conn, response);
+            }
+        }
+    }
+}
+
+impl Service for Bus {
+    fn on_head(&mut self, _id: ConnId, head: &Head) -> HeadAction {
+        let received_at = head.received_at;
+        let path = head.path();
+        let is_talk = path == TALK_PATH;
+        if let Err(refusal) = self.check_origin(head) {
+            let response = if is_talk {
+                self.refuse_talk(&refusal, received_at, &TalkMeta::default())
+            } else {
+                self.refusal_response(&refusal, received_at)
+            };
+            return HeadAction::Respond(response);
+        }
+        match (path, head.method.as_str()) {
+            (HEALTH_PATH, "GET") => HeadAction::Respond(self.health()),
+            (HEALTH_PATH, _) => HeadAction::Respond(
+                self.refusal_response(&Refusal::MethodNotAllowed("GET"), received_at),
+            ),
+            (TALK_PATH, "POST") => match self.check_talk_head(head) {
+                Ok(length) => HeadAction::ReadBody(length),
+                Err(refusal) => HeadAction::Respond(self.refuse_talk(
+                    &refusal,
+                    received_at,
+                    &TalkMeta::default(),
+                )),
+            },
+            (TALK_PATH, _) => HeadAction::Respond(
+                self.refusal_response(&Refusal::MethodNotAllowed("POST"), received_at),
+            ),
+            _ => HeadAction::Respond(self.refusal_response(&Refusal::NotFound, received_at)),
+        }
+    }
+
+    fn on_request(&mut self, id: ConnId, head: &Head, body: Vec<u8>) -> Option<Response> {
+        let received_at = head.received_at;
+        let request = match protocol::parse_talk_request(&body) {
+            Ok(request) => request,
+            Err(e) => {
+                return Some(self.refuse_talk(&Refusal::Body(e), received_at, &TalkMeta::default()))
+            }
+        };
+        let meta = TalkMeta {
+            from_instance: Some(request.from_instance.clone()),
+            depth: Some(request.depth),
+            prompt_chars: Some(request.prompt.chars().count()),
+        };
+        let refusal = if !self.config.bus.peers.allows(&request.from_instance) {
+            Some(Refusal::PeerNotAllowed)
+        } else if request.depth >= self.config.bus.max_depth {
+            Some(Refusal::DepthExceeded {
+                depth: request.depth,
+                max: self.config.bus.max_depth,
+            })
+        } else if self.stopping_since.is_some() {
+            Some(Refusal::ShuttingDown)
+        } else {
+            None
+        };
+        if let Some(refusal) = refusal {
+            return Some(self.refuse_talk(&refusal, received_at, &meta));
+        }
+        let turn = Turn {
+            request,
+            config: Arc::clone(&self.config),
+        };
+        match self.pool.submit(id, turn) {
+            Ok(()) => {
+                self.pending.insert(id, Pending { received_at, meta });
+                None
+            }
+            Err(Busy(_turn)) => Some(self.refuse_talk(&Refusal::Busy, received_at, &meta)),
+        }
+    }
+
+    fn error_response(&mut self, error: HttpError) -> Response {
+        self.refusal_response(&Refusal::Http(error), Instant::now())
+    }
+
+    fn on_wake(&mut self, control: &mut Control) {
+        let finished: Vec<_> = self.pool.finished().collect();
+        for done in finished {
+            if let Some((conn, response)) = self.finish(done) {
+                control.respond(conn, response);
+            }
+        }
+    }
+
+    fn on_interrupt(&mut self, control: &mut Control) {
+        self.begin_shutdown(control);
+    }
+
+    fn on_tick(&mut self, now: Instant, control: &mut Control) -> Instant {
+        match self.stopping_since {
+            None => {
+                self.reload_config();
+                now + CONFIG_RELOAD_INTERVAL
+            }
+            Some(since) => {
+                self.on_wake(control);
+                if self.pool.is_idle() && self.pending.is_empty() {
+                    control.exit();
+                } else if now.duration_since(since) >= SHUTDOWN_GRACE {
+                    log::warn!("running turns did not finish within {SHUTDOWN_GRACE:?}; exiting");
+                    control.exit();
+                }
+                now + SHUTDOWN_POLL
+            }
+        }
+    }
+
+    fn on_abandoned(&mut self, id: ConnId) {
+        // The turn still runs to completion (its usage counts); its answer is dropped.
+        if let Some(pending) = self.pending.remove(&id) {
+            log::info!(
+                "caller {:?} went away before its turn finished",
+                pending.meta.from_instance.as_deref().unwrap_or("?")
+            );
+        }
+    }
+}
+
+/// Check 3: the body length from `Content-Length`, refusing every other framing.
+fn content_length(head: &Head) -> Result<u64, Refusal> {
+    if head.has_header("transfer-encoding") {
+        return Err(Refusal::TransferEncoding);
+    }
+    let mut length: Option<u64> = None;
+    for value in head.header_values("content-length") {
+        if value.is_empty() || !value.iter().all(u8::is_ascii_digit) {
+            return Err(Refusal::LengthInvalid);
+        }
+        // Saturate: an absurd length is still a length, and is refused as too large.
+        let parsed = value.iter().fold(0u64, |n, d| {
+            n.saturating_mul(10).saturating_add(u64::from(d - b'0'))
+        });
+        match length {
+            Some(previous) if previous != parsed => return Err(Refusal::LengthConflict),
+            _ => length = Some(parsed),
+        }
+    }
+    length.ok_or(Refusal::LengthMissing)
+}
+
+/// Reads a regular file of at most [`MAX_CONFIG_BYTES`]; refuses FIFOs and devices so
+/// the loop can never block on them.
+pub fn read_bounded(path: &std::path::Path) -> std::io::Result<Vec<u8>> {
+    let metadata = std::fs::metadata(path)?;
+    if !metadata.is_file() {
+        return Err(std::io::Error::other("not a regular file"));
+    }
+    if metadata.len() > MAX_CONFIG_BYTES {
+        return Err(std::io::Error::other(format!(
+            "larger than {MAX_CONFIG_BYTES} bytes"
+        )));
+    }
+    let mut bytes = Vec::new();
+    std::fs::File::open(path)?
+        .take(MAX_CONFIG_BYTES + 1)
+        .read_to_end(&mut bytes)?;
+    Ok(bytes)
+}
+
+fn elapsed_ms(since: Instant) -> u64 {
+    u64::try_from(since.elapsed().as_millis()).unwrap_or(u64::MAX)
+}
+
+/// A health body for tests and tools: the fields every health answer has.
+pub fn health_fields(body: &Value) -> Option<(&str, &str, &str)> {
+    Some((
+        body.get("kind")?.as_str()?,
+        body.get("instance")?.as_str()?,
+        body.get("status")?.as_str()?,
+    ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn head(headers: &[(&str, &str)]) -> Head {
+        Head {
+            method: "POST".into(),
+            target: "/api/talk".into(),
+            minor_version: 1,
+            headers: headers
+                .iter()
+                .map(|(n, v)| ((*n).to_owned(), v.as_bytes().to_vec()))
+                .collect(),
+            received_at: Instant::now(),
+        }
+    }
+
+    #[test]
+    fn content_length_table() {
+        type Row<'a> = (&'a [(&'a str, &'a str)], Result<u64, Refusal>);
+        let cases: &[Row] = &[
+            (&[("Content-Length", "10")], Ok(10)),
+            (&[("Content-Length", "0")], Ok(0)),
+            (&[("Content-Length", "007")], Ok(7)),
+            (&[("Content-Length", "5"), ("content-length", "5")], Ok(5)),
+            (&[("Content-Length", "5"), ("content-length", "005")], Ok(5)),
+            (
+                &[("Content-Length", "99999999999999999999999")],
+                Ok(u64::MAX),
+            ),
+            (&[], Err(Refusal::LengthMissing)),
+            (&[("Content-Length", "")], Err(Refusal::LengthInvalid)),
+            (&[("Content-Length", "-1")], Err(Refusal::LengthInvalid)),
+            (&[("Content-Length", "+1")], Err(Refusal::LengthInvalid)),
+            (&[("Content-Length", "1 ")], Err(Refusal::LengthInvalid)),
+            (&[("Content-Length", "1,1")], Err(Refusal::LengthInvalid)),
+            (&[("Content-Length", "0x10")], Err(Refusal::LengthInvalid)),
+            (
+                &[("Content-Length", "5"), ("Content-Length", "6")],
+                Err(Refusal::LengthConflict),
+            ),
+            (
+                &[("Transfer-Encoding", "chunked")],
+                Err(Refusal::TransferEncoding),
+            ),
+            (
+                &[("Transfer-Encoding", "identity"), ("Content-Length", "5")],
+                Err(Refusal::TransferEncoding),
+            ),
+        ];
+        for (headers, want) in cases {
+            assert_eq!(&content_length(&head(headers)), want, "{headers:?}");
+        }
+    }
+
+    #[test]
+    fn status_table() {
+        let cases = [
+            (Refusal::BadHost, 403, "auth_failed"),
+            (Refusal::BrowserOrigin, 403, "auth_failed"),
+            (Refusal::BrowserContentType, 415, "invalid_request"),
+            (Refusal::TransferEncoding, 400, "invalid_request"),
+            (Refusal::LengthMissing, 411, "invalid_request"),
+            (Refusal::TooLarge, 413, "request_too_large"),
+            (Refusal::BusDisabled, 403, "bus_disabled"),
+            (Refusal::Unauthorized, 401, "auth_failed"),
+            (Refusal::Body(RequestError::Depth), 400, "invalid_request"),
+            (Refusal::PeerNotAllowed, 403, "peer_not_allowed"),
+            (
+                Refusal::DepthExceeded { depth: 3, max: 3 },
+                429,
+                "max_depth_exceeded",
+            ),
+            (Refusal::Busy, 503, "server_busy"),
+            (Refusal::HandlerPanicked, 500, "internal_error"),
+            (
+                Refusal::InvalidHandlerResponse,
+                500,
+                "invalid_handler_response",
+            ),
+            (Refusal::NotFound, 404, "invalid_request"),
+            (Refusal::MethodNotAllowed("GET"), 405, "invalid_request"),
+            (
+                Refusal::Http(HttpError::HeadTooLarge),
+                431,
+                "request_too_large",
+            ),
+            (Refusal::Http(HttpError::BodyTimeout), 408, "timeout"),
+        ];
+        for (refusal, status, code) in cases {
+            let (s, c) = refusal.status_and_code();
+            assert_eq!((s, c.as_str()), (status, code), "{refusal:?}");
+        }
+    }
+}
