@@ -1,0 +1,337 @@
+//! Shared harness for integration tests: temp channel roots, real `loopbus serve`
+//! processes on port 0, and a raw HTTP/1.1 client over loopback.
+#![allow(dead_code, clippy::unwrap_used, clippy::expect_used)]
+
+use serde_json::Value;
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+/// Path of the binary under test.
+pub fn bin() -> &'static str {
+    env!("CARGO_BIN_EXE_loopbus")
+}
+
+/// A temp directory (a channel root) removed on drop.
+pub struct TestRoot {
+    pub path: PathBuf,
+}
+
+impl TestRoot {
+    pub fn new(label: &str) -> TestRoot {
+        static COUNTER: AtomicU64 = AtomicU64::new(0);
+        let n = COUNTER.fetch_add(1, Ordering::SeqCst);
+        let path = std::env::temp_dir().join(format!(
+            "loopbus-test-{label}-{}-{n}-{}",
+            std::process::id(),
+            Instant::now().elapsed().as_nanos()
+        ));
+        let _ = std::fs::remove_dir_all(&path);
+        std::fs::create_dir_all(&path).unwrap();
+        TestRoot { path }
+    }
+
+    pub fn state_dir(&self, name: &str) -> PathBuf {
+        self.path.join(name)
+    }
+
+    /// Writes `<root>/<name>/config.json` (mode 0600).
+    pub fn write_config(&self, name: &str, config: &Value) -> PathBuf {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = self.state_dir(name);
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("config.json");
+        std::fs::write(&path, serde_json::to_vec_pretty(config).unwrap()).unwrap();
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600)).unwrap();
+        path
+    }
+
+    pub fn registry(&self) -> Value {
+        match std::fs::read(self.path.join(".bus-registry.json")) {
+            Ok(bytes) => serde_json::from_slice(&bytes).unwrap_or(Value::Null),
+            Err(_) => Value::Null,
+        }
+    }
+
+    /// Starts `loopbus serve` for `name` with `config` and waits until it is registered.
+    pub fn start(&self, name: &str, config: &Value) -> Instance {
+        self.write_config(name, config);
+        Instance::spawn(self, name, &[])
+    }
+}
+
+impl Drop for TestRoot {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.path);
+    }
+}
+
+/// A config with the bus enabled, every peer allowed and a known secret.
+pub fn open_config(secret: &str) -> Value {
+    serde_json::json!({"bus": {"peers": "*", "secret": secret}})
+}
+
+/// A running `loopbus serve`. Killed on drop.
+pub struct Instance {
+    pub name: String,
+    pub port: u16,
+    pub secret: String,
+    pub child: Option<Child>,
+    pub stderr_path: PathBuf,
+    pub state_dir: PathBuf,
+}
+
+impl Instance {
+    pub fn spawn(root: &TestRoot, name: &str, extra_args: &[&str]) -> Instance {
+        Self::spawn_with_env(root, name, extra_args, &[])
+    }
+
+    pub fn spawn_with_env(root: &TestRoot, name: &str, extra_args: &[&str], env: &[(&str, &str)]) -> Instance {
+        let state_dir = root.state_dir(name);
+        let stderr_path = root.path.join(format!("{name}.stderr"));
+        let stderr = std::fs::File::create(&stderr_path).unwrap();
+        let mut command = Command::new(bin());
+        command
+            .arg("serve")
+            .arg("--state-dir")
+            .arg(&state_dir)
+            .args(extra_args)
+            .env("RUST_LOG", "debug")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(stderr);
+        for (k, v) in env {
+            command.env(k, v);
+        }
+        let child = command.spawn().unwrap();
+        let pid = child.id();
+        let mut instance = Instance {
+            name: name.to_owned(),
+            port: 0,
+            secret: String::new(),
+            child: Some(child),
+            stderr_path,
+            state_dir,
+        };
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            let registry = root.registry();
+            let entry = &registry["instances"][name];
+            if entry["pid"].as_u64() == Some(u64::from(pid)) {
+                instance.port = u16::try_from(entry["port"].as_u64().unwrap()).unwrap();
+                instance.secret = entry["secret"].as_str().unwrap().to_owned();
+                return instance;
+            }
+            if let Some(status) = instance.child.as_mut().unwrap().try_wait().unwrap() {
+                panic!(
+                    "loopbus serve for {name} exited with {status} before registering\nstderr:\n{}",
+                    instance.stderr()
+                );
+            }
+            assert!(
+                Instant::now() < deadline,
+                "loopbus serve for {name} did not register in time\nstderr:\n{}",
+                instance.stderr()
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.as_ref().unwrap().id()
+    }
+
+    pub fn stderr(&self) -> String {
+        std::fs::read_to_string(&self.stderr_path).unwrap_or_default()
+    }
+
+    pub fn host(&self) -> String {
+        format!("127.0.0.1:{}", self.port)
+    }
+
+    /// Sends SIGTERM and waits for the exit status (at most `limit`).
+    pub fn terminate(&mut self, limit: Duration) -> std::process::ExitStatus {
+        signal(self.pid(), "TERM");
+        self.wait(limit)
+    }
+
+    pub fn wait(&mut self, limit: Duration) -> std::process::ExitStatus {
+        let child = self.child.as_mut().unwrap();
+        let deadline = Instant::now() + limit;
+        loop {
+            if let Some(status) = child.try_wait().unwrap() {
+                return status;
+            }
+            assert!(Instant::now() < deadline, "instance did not exit in time\nstderr:\n{}", self.stderr());
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// Resident set size in KiB, from /proc.
+    pub fn rss_kib(&self) -> u64 {
+        let status = std::fs::read_to_string(format!("/proc/{}/status", self.pid())).unwrap();
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix("VmRSS:"))
+            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+            .unwrap()
+    }
+
+    /// `GET /api/health`, asserting it answers with 200 within a few seconds.
+    pub fn health(&self) -> Value {
+        let response = request(self.port, &format!("GET /api/health HTTP/1.1\r\nHost: {}\r\n\r\n", self.host()));
+        assert_eq!(response.status, 200, "health: {response:?}\nstderr:\n{}", self.stderr());
+        response.json()
+    }
+
+    /// A well-formed, authorized talk with `body`.
+    pub fn talk_body(&self, body: &Value) -> HttpResponse {
+        let body = body.to_string();
+        let head = format!(
+            "POST /api/talk HTTP/1.1\r\nHost: {}\r\nAuthorization: Bearer {}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n",
+            self.host(),
+            self.secret,
+            body.len()
+        );
+        request(self.port, &(head + &body))
+    }
+
+    pub fn talk(&self, from: &str, prompt: &str, depth: u64) -> HttpResponse {
+        self.talk_body(&serde_json::json!({
+            "fromInstance": from, "prompt": prompt, "depth": depth, "protocolVersion": 1,
+            "capabilities": ["structured-errors", "retryable-errors"]
+        }))
+    }
+}
+
+impl Drop for Instance {
+    fn drop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+pub fn signal(pid: u32, name: &str) {
+    let status = Command::new("kill").arg(format!("-{name}")).arg(pid.to_string()).status().unwrap();
+    assert!(status.success(), "kill -{name} {pid} failed");
+}
+
+/// A parsed HTTP response.
+#[derive(Debug, Clone)]
+pub struct HttpResponse {
+    pub status: u16,
+    pub headers: Vec<(String, String)>,
+    pub body: Vec<u8>,
+}
+
+impl HttpResponse {
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.headers
+            .iter()
+            .find(|(n, _)| n.eq_ignore_ascii_case(name))
+            .map(|(_, v)| v.as_str())
+    }
+
+    pub fn json(&self) -> Value {
+        serde_json::from_slice(&self.body)
+            .unwrap_or_else(|e| panic!("body is not JSON ({e}): {:?}", String::from_utf8_lossy(&self.body)))
+    }
+}
+
+pub fn connect(port: u16) -> TcpStream {
+    let stream = TcpStream::connect(("127.0.0.1", port)).unwrap();
+    stream.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+    stream.set_write_timeout(Some(Duration::from_secs(20))).unwrap();
+    stream
+}
+
+/// Sends `raw` on a new connection and reads one response.
+pub fn request(port: u16, raw: &str) -> HttpResponse {
+    request_bytes(port, raw.as_bytes())
+}
+
+pub fn request_bytes(port: u16, raw: &[u8]) -> HttpResponse {
+    let mut stream = connect(port);
+    stream.write_all(raw).unwrap();
+    read_response(&mut stream).expect("no response")
+}
+
+/// Reads one response (head + Content-Length body) from `stream`.
+pub fn read_response(stream: &mut TcpStream) -> Option<HttpResponse> {
+    let mut buf = Vec::new();
+    let mut byte = [0u8; 1];
+    while !buf.ends_with(b"\r\n\r\n") {
+        match stream.read(&mut byte) {
+            Ok(0) | Err(_) => return None,
+            Ok(_) => buf.push(byte[0]),
+        }
+    }
+    let head = String::from_utf8(buf).unwrap();
+    let mut lines = head.split("\r\n");
+    let status_line = lines.next().unwrap();
+    let status: u16 = status_line.split(' ').nth(1).unwrap().parse().unwrap();
+    let headers: Vec<(String, String)> = lines
+        .filter(|l| !l.is_empty())
+        .map(|l| {
+            let (n, v) = l.split_once(':').unwrap();
+            (n.trim().to_owned(), v.trim().to_owned())
+        })
+        .collect();
+    let length: usize = headers
+        .iter()
+        .find(|(n, _)| n.eq_ignore_ascii_case("content-length"))
+        .map(|(_, v)| v.parse().unwrap())
+        .unwrap_or(0);
+    let mut body = vec![0u8; length];
+    stream.read_exact(&mut body).ok()?;
+    Some(HttpResponse { status, headers, body })
+}
+
+/// Runs the binary with `args` and `env`, returning its output.
+pub fn run(args: &[&str], env: &[(&str, &str)], stdin: Option<&str>) -> Output {
+    let mut command = Command::new(bin());
+    command.args(args).env_remove("LOOPBUS_STATE_DIR").env_remove("LOOPBUS_DEPTH");
+    for (k, v) in env {
+        command.env(k, v);
+    }
+    command.stdin(if stdin.is_some() { Stdio::piped() } else { Stdio::null() });
+    command.stdout(Stdio::piped()).stderr(Stdio::piped());
+    let mut child = command.spawn().unwrap();
+    if let Some(input) = stdin {
+        child.stdin.take().unwrap().write_all(input.as_bytes()).unwrap();
+    }
+    child.wait_with_output().unwrap()
+}
+
+/// Describes a finished command for assertion messages.
+pub fn describe(args: &[&str], output: &Output) -> String {
+    format!(
+        "command: loopbus {}\nstatus: {}\nstdout:\n{}\nstderr:\n{}",
+        args.join(" "),
+        output.status,
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    )
+}
+
+/// Polls `f` until it returns true or `limit` passes.
+pub fn eventually(limit: Duration, mut f: impl FnMut() -> bool) -> bool {
+    let deadline = Instant::now() + limit;
+    while Instant::now() < deadline {
+        if f() {
+            return true;
+        }
+        std::thread::sleep(Duration::from_millis(25));
+    }
+    f()
+}
+
+pub fn file_mode(path: &Path) -> u32 {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::metadata(path).unwrap().permissions().mode() & 0o777
+}
