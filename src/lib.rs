@@ -6,6 +6,7 @@
 #![forbid(unsafe_code)]
 #![deny(missing_docs)]
 
+pub mod audit;
 pub mod cli;
 pub mod commands;
 pub mod config;
@@ -17,3 +18,4 @@ pub mod secret;
 pub mod server;
 pub mod state;
 pub mod turns;
+pub mod usage;

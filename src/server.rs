@@ -6,8 +6,9 @@
 //! [`Refusal::status_and_code`] is the one place where refusals get their status code
 //! and wire error code.
 
+use crate::audit::{self, AuditLog};
 use crate::config::{self, Config};
-use crate::engine::{Turn, TurnResult};
+use crate::engine::{RunningEngines, Turn, TurnResult};
 use crate::http::{ConnId, Control, Head, HeadAction, HttpError, Response, Service};
 use crate::protocol::{self, Envelope, ErrorCode, Failure, RequestError, MAX_BODY_BYTES};
 use crate::secret::Secret;
@@ -27,6 +28,9 @@ pub const MAX_CONFIG_BYTES: u64 = 1 << 20;
 pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(30);
 /// How often shutdown progress is checked.
 const SHUTDOWN_POLL: Duration = Duration::from_millis(50);
+/// After killing the engines that outlived [`SHUTDOWN_GRACE`], how long their turns
+/// get to report (and their callers to be answered) before the process exits.
+const KILL_GRACE: Duration = Duration::from_secs(3);
 
 /// The only paths served.
 const TALK_PATH: &str = "/api/talk";
@@ -191,6 +195,10 @@ pub struct ServerSettings {
     pub secret: Secret,
     /// The bound port.
     pub port: u16,
+    /// The state directory (for the audit log).
+    pub state_dir: PathBuf,
+    /// The engines running now, killed if they outlive the shutdown grace.
+    pub running: RunningEngines,
 }
 
 /// The bus server state, driven by the HTTP loop.
@@ -203,14 +211,21 @@ pub struct Bus {
     pool: TurnPool<Turn, TurnResult>,
     pending: HashMap<ConnId, Pending>,
     stopping_since: Option<Instant>,
+    engines_killed_at: Option<Instant>,
     allowed_hosts: [String; 3],
+    audit: AuditLog,
+    running: RunningEngines,
 }
 
 impl Bus {
     /// A server for `settings`, running turns on `pool`.
     pub fn new(settings: ServerSettings, pool: TurnPool<Turn, TurnResult>) -> Bus {
         let port = settings.port;
+        let audit = AuditLog::new(&settings.state_dir, &settings.name);
         Bus {
+            audit,
+            running: settings.running,
+            engines_killed_at: None,
             name: settings.name,
             secret: settings.secret,
             config: Arc::new(settings.config),
@@ -282,7 +297,37 @@ impl Bus {
             meta.depth,
             meta.prompt_chars
         );
+        let message = refusal.message();
+        let duration_ms = elapsed_ms(received_at);
+        self.audit.record(&audit::Record {
+            outcome: "refused",
+            detail: &message,
+            from_instance: meta.from_instance.as_deref(),
+            depth: meta.depth,
+            duration_ms,
+            error_code: Some(code.as_str()),
+            prompt_chars: meta.prompt_chars,
+            status,
+        });
         self.refusal_response(refusal, received_at)
+    }
+
+    /// Records a turn's answer in the audit log.
+    fn audit_answer(&mut self, pending: &Pending, envelope: &Envelope) {
+        let (outcome, detail, code) = match &envelope.failure {
+            None => ("success", "ok", None),
+            Some(f) => ("failure", f.error.as_str(), Some(f.code.as_str())),
+        };
+        self.audit.record(&audit::Record {
+            outcome,
+            detail,
+            from_instance: pending.meta.from_instance.as_deref(),
+            depth: pending.meta.depth,
+            duration_ms: envelope.duration_ms,
+            error_code: code,
+            prompt_chars: pending.meta.prompt_chars,
+            status: 200,
+        });
     }
 
     /// Check 1, on every request: the request must come from a loopback client that is
@@ -367,7 +412,9 @@ impl Bus {
                     pending.meta.depth,
                     took
                 );
-                Bus::envelope_response(200, &Envelope::success(&self.name, text, took))
+                let envelope = Envelope::success(&self.name, text, took);
+                self.audit_answer(&pending, &envelope);
+                Bus::envelope_response(200, &envelope)
             }
             Outcome::Finished(TurnResult::Failed(failure)) => {
                 log::info!(
@@ -376,7 +423,9 @@ impl Bus {
                     pending.meta.from_instance.as_deref().unwrap_or("?"),
                     took
                 );
-                Bus::envelope_response(200, &Envelope::failure(&self.name, failure, took))
+                let envelope = Envelope::failure(&self.name, failure, took);
+                self.audit_answer(&pending, &envelope);
+                Bus::envelope_response(200, &envelope)
             }
             Outcome::Finished(TurnResult::Invalid(why)) => {
                 log::error!("turn handler returned an invalid result: {why}");
@@ -483,9 +532,11 @@ impl Service for Bus {
                     &TalkMeta::default(),
                 )),
             },
-            (TALK_PATH, _) => HeadAction::Respond(
-                self.refusal_response(&Refusal::MethodNotAllowed("POST"), received_at),
-            ),
+            (TALK_PATH, _) => HeadAction::Respond(self.refuse_talk(
+                &Refusal::MethodNotAllowed("POST"),
+                received_at,
+                &TalkMeta::default(),
+            )),
             _ => HeadAction::Respond(self.refusal_response(&Refusal::NotFound, received_at)),
         }
     }
@@ -558,9 +609,18 @@ impl Service for Bus {
                 self.on_wake(control);
                 if self.pool.is_idle() && self.pending.is_empty() {
                     control.exit();
+                } else if let Some(killed_at) = self.engines_killed_at {
+                    if now.duration_since(killed_at) >= KILL_GRACE {
+                        log::warn!("turns still running after their engines were killed; exiting");
+                        control.exit();
+                    }
                 } else if now.duration_since(since) >= SHUTDOWN_GRACE {
-                    log::warn!("running turns did not finish within {SHUTDOWN_GRACE:?}; exiting");
-                    control.exit();
+                    log::warn!(
+                        "running turns did not finish within {SHUTDOWN_GRACE:?}; killing {} engine(s)",
+                        self.running.count()
+                    );
+                    self.running.kill_all();
+                    self.engines_killed_at = Some(now);
                 }
                 now + SHUTDOWN_POLL
             }

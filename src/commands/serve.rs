@@ -98,10 +98,9 @@ pub fn run(args: &[String]) -> Result<i32, UsageError> {
         .map_err(|e| usage(format!("cannot start the event loop: {e}")))?;
     let addr = event_loop.local_addr();
 
-    let engine = Arc::new(Engine {
-        instance: name.clone(),
-        state_dir: state_dir.clone(),
-    });
+    let engine = Engine::new(&name, state_dir.clone());
+    let running = engine.running.clone();
+    let engine = Arc::new(engine);
     let pool = TurnPool::start(
         config.bus.max_concurrent_turns,
         config.bus.max_queued_turns,
@@ -129,6 +128,8 @@ pub fn run(args: &[String]) -> Result<i32, UsageError> {
         config_bytes,
         secret,
         port: addr.port(),
+        state_dir,
+        running,
     };
     let mut bus = Bus::new(settings, pool);
     let result = event_loop.run(&mut bus);

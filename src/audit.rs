@@ -1,0 +1,223 @@
+//! `audit.log.jsonl`: one JSON object a line for every `/api/talk` outcome, refusals
+//! included. Never a secret, never a prompt's text (only its length).
+//!
+//! Only the event loop thread writes it (every answer leaves through the loop), and
+//! each line goes out in a single `write` on a file opened with `O_APPEND`, so lines
+//! never interleave. The file is rotated to `audit.log.jsonl.1` once it passes
+//! [`MAX_AUDIT_BYTES`], so a flood of refused requests cannot fill the disk.
+
+use crate::state;
+use serde_json::{json, Value};
+use std::fs::{File, OpenOptions};
+use std::io::{self, Write};
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::{Path, PathBuf};
+
+/// The audit log's name inside the state directory.
+pub const AUDIT_FILE: &str = "audit.log.jsonl";
+/// Size past which the log is rotated (one previous file is kept).
+pub const MAX_AUDIT_BYTES: u64 = 64 * 1024 * 1024;
+/// Longest `detail` text kept in a line.
+const MAX_DETAIL_CHARS: usize = 500;
+
+/// One `/api/talk` outcome.
+#[derive(Debug, Clone, Default)]
+pub struct Record<'a> {
+    /// `"success"`, `"failure"` (a turn failed) or `"refused"` (a check refused it).
+    pub outcome: &'a str,
+    /// Human-readable detail (the error message, or `"ok"`).
+    pub detail: &'a str,
+    /// The caller's `fromInstance`, when the body got that far.
+    pub from_instance: Option<&'a str>,
+    /// The request's depth, when known.
+    pub depth: Option<u64>,
+    /// Time from request head to answer.
+    pub duration_ms: u64,
+    /// The wire error code, for failures and refusals.
+    pub error_code: Option<&'a str>,
+    /// The prompt's length in characters, when known.
+    pub prompt_chars: Option<usize>,
+    /// The HTTP status answered.
+    pub status: u16,
+}
+
+/// The audit log of one instance.
+#[derive(Debug)]
+pub struct AuditLog {
+    path: PathBuf,
+    instance: String,
+    file: Option<File>,
+    size: u64,
+    failing: bool,
+}
+
+impl AuditLog {
+    /// The log in `state_dir` for `instance`. The file is opened on first use.
+    pub fn new(state_dir: &Path, instance: &str) -> AuditLog {
+        AuditLog {
+            path: state_dir.join(AUDIT_FILE),
+            instance: instance.to_owned(),
+            file: None,
+            size: 0,
+            failing: false,
+        }
+    }
+
+    /// The log file's path.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Appends one line. Failures are logged (once until the next success) and never
+    /// stop the server from answering.
+    pub fn record(&mut self, record: &Record<'_>) {
+        let line = self.line(record);
+        match self.append(&line) {
+            Ok(()) => self.failing = false,
+            Err(e) => {
+                if !self.failing {
+                    log::error!("cannot write {}: {e}", self.path.display());
+                }
+                self.failing = true;
+                self.file = None;
+            }
+        }
+    }
+
+    fn line(&self, r: &Record<'_>) -> Vec<u8> {
+        let detail: String = r.detail.chars().take(MAX_DETAIL_CHARS).collect();
+        let value = json!({
+            "timestamp": state::now_iso8601(),
+            "type": "talk",
+            "instanceName": self.instance,
+            "outcome": r.outcome,
+            "detail": detail,
+            "metadata": {
+                "fromInstance": r.from_instance,
+                "depth": r.depth,
+                "durationMs": r.duration_ms,
+                "errorCode": r.error_code,
+                "promptChars": r.prompt_chars,
+                "status": r.status,
+            },
+        });
+        let mut line = value.to_string().into_bytes();
+        line.push(b'\n');
+        line
+    }
+
+    fn append(&mut self, line: &[u8]) -> io::Result<()> {
+        if self.size + line.len() as u64 > MAX_AUDIT_BYTES && self.file.is_some() {
+            self.rotate()?;
+        }
+        let file = match &mut self.file {
+            Some(file) => file,
+            None => {
+                let file = OpenOptions::new()
+                    .create(true)
+                    .append(true)
+                    .mode(state::PRIVATE_FILE_MODE)
+                    .open(&self.path)?;
+                self.size = file.metadata()?.len();
+                self.file.insert(file)
+            }
+        };
+        file.write_all(line)?;
+        self.size += line.len() as u64;
+        Ok(())
+    }
+
+    fn rotate(&mut self) -> io::Result<()> {
+        self.file = None;
+        let mut old = self.path.clone().into_os_string();
+        old.push(".1");
+        std::fs::rename(&self.path, PathBuf::from(old))?;
+        self.size = 0;
+        Ok(())
+    }
+}
+
+/// Parses one audit line (for tests and tools).
+pub fn parse_line(line: &str) -> Option<Value> {
+    serde_json::from_str(line).ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::state::test_support::TestDir;
+
+    #[test]
+    fn lines_have_the_contract_fields_and_no_prompt() {
+        let dir = TestDir::new("audit-fields");
+        let mut log = AuditLog::new(dir.path(), "worker");
+        log.record(&Record {
+            outcome: "refused",
+            detail: "missing or wrong bearer secret",
+            error_code: Some("auth_failed"),
+            status: 401,
+            ..Record::default()
+        });
+        log.record(&Record {
+            outcome: "success",
+            detail: "ok",
+            from_instance: Some("caller"),
+            depth: Some(1),
+            duration_ms: 12,
+            prompt_chars: Some(5),
+            status: 200,
+            ..Record::default()
+        });
+        let text = std::fs::read_to_string(log.path()).unwrap();
+        let lines: Vec<Value> = text.lines().map(|l| parse_line(l).unwrap()).collect();
+        assert_eq!(lines.len(), 2);
+        for line in &lines {
+            for field in [
+                "timestamp",
+                "type",
+                "instanceName",
+                "outcome",
+                "detail",
+                "metadata",
+            ] {
+                assert!(line.get(field).is_some(), "{field}");
+            }
+            for field in [
+                "fromInstance",
+                "depth",
+                "durationMs",
+                "errorCode",
+                "promptChars",
+            ] {
+                assert!(line["metadata"].get(field).is_some(), "{field}");
+            }
+            assert_eq!(line["instanceName"], "worker");
+        }
+        assert_eq!(lines[0]["metadata"]["errorCode"], "auth_failed");
+        assert_eq!(lines[1]["metadata"]["promptChars"], 5);
+        assert_eq!(
+            crate::state::mode_is_wider(log.path(), 0o600).unwrap(),
+            None
+        );
+    }
+
+    #[test]
+    fn rotates_past_the_size_cap() {
+        let dir = TestDir::new("audit-rotate");
+        let mut log = AuditLog::new(dir.path(), "w");
+        log.record(&Record {
+            outcome: "success",
+            ..Record::default()
+        });
+        log.size = MAX_AUDIT_BYTES; // pretend the file is full
+        log.record(&Record {
+            outcome: "refused",
+            ..Record::default()
+        });
+        let rotated = std::fs::read_to_string(dir.path().join("audit.log.jsonl.1")).unwrap();
+        let current = std::fs::read_to_string(log.path()).unwrap();
+        assert!(rotated.contains("\"success\""));
+        assert_eq!(current.lines().count(), 1);
+        assert!(current.contains("\"refused\""));
+    }
+}

@@ -1,0 +1,400 @@
+//! `usage.json`: accumulated engine usage, and the budget check built on it.
+//!
+//! Updates are read-modify-write under the file's advisory lock and written
+//! atomically, then mirrored to `usage.json.bak`. A corrupt `usage.json` is moved aside
+//! (renamed with a `.corrupt-<millis>` suffix) and the last good copy (in memory, else
+//! the backup) takes its place. When no good copy exists and a budget is set, turns are
+//! refused until an operator repairs or removes the file: the budget never resets
+//! silently.
+
+use crate::state;
+use serde_json::{json, Value};
+use std::fmt;
+use std::io;
+use std::path::{Path, PathBuf};
+use std::sync::{Mutex, PoisonError};
+use std::time::{SystemTime, UNIX_EPOCH};
+
+/// The usage file's name inside the state directory.
+pub const USAGE_FILE: &str = "usage.json";
+/// The last good copy, rewritten after every update.
+pub const USAGE_BACKUP_FILE: &str = "usage.json.bak";
+/// A usage file larger than this is treated as corrupt rather than read.
+const MAX_USAGE_BYTES: u64 = 64 * 1024;
+
+/// Accumulated usage of one instance.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Usage {
+    /// Sum of input tokens.
+    pub total_input_tokens: u64,
+    /// Sum of output tokens.
+    pub total_output_tokens: u64,
+    /// Sum of cache-read input tokens.
+    pub total_cached_tokens: u64,
+    /// Sum of reported cost, in US dollars.
+    pub total_cost_usd: f64,
+    /// Number of engine turns recorded.
+    pub request_count: u64,
+    /// When the file was last updated (ISO-8601), if ever.
+    pub last_updated_at: Option<String>,
+}
+
+/// What one turn used, as the engine reported it.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct TurnUsage {
+    /// Input tokens.
+    pub input_tokens: u64,
+    /// Output tokens.
+    pub output_tokens: u64,
+    /// Cache-read input tokens.
+    pub cached_tokens: u64,
+    /// Cost in US dollars (finite, non-negative).
+    pub cost_usd: f64,
+}
+
+impl Usage {
+    fn to_json(&self) -> Vec<u8> {
+        let mut bytes = serde_json::to_vec_pretty(&json!({
+            "totalInputTokens": self.total_input_tokens,
+            "totalOutputTokens": self.total_output_tokens,
+            "totalCachedTokens": self.total_cached_tokens,
+            "totalCostUsd": self.total_cost_usd,
+            "requestCount": self.request_count,
+            "lastUpdatedAt": self.last_updated_at,
+        }))
+        .unwrap_or_default();
+        bytes.push(b'\n');
+        bytes
+    }
+
+    /// Parses a usage file. Missing counters count as 0; wrong types, negative or
+    /// non-finite values make the whole file invalid.
+    fn from_json(bytes: &[u8]) -> Option<Usage> {
+        let value: Value = serde_json::from_slice(bytes).ok()?;
+        let object = value.as_object()?;
+        let count = |field: &str| -> Option<u64> {
+            match object.get(field) {
+                None => Some(0),
+                Some(v) => v.as_u64(),
+            }
+        };
+        let cost = match object.get("totalCostUsd") {
+            None => 0.0,
+            Some(v) => v.as_f64().filter(|c| c.is_finite() && *c >= 0.0)?,
+        };
+        let last_updated_at = match object.get("lastUpdatedAt") {
+            None | Some(Value::Null) => None,
+            Some(Value::String(s)) => Some(s.clone()),
+            Some(_) => return None,
+        };
+        Some(Usage {
+            total_input_tokens: count("totalInputTokens")?,
+            total_output_tokens: count("totalOutputTokens")?,
+            total_cached_tokens: count("totalCachedTokens")?,
+            total_cost_usd: cost,
+            request_count: count("requestCount")?,
+            last_updated_at,
+        })
+    }
+
+    fn add(&mut self, turn: &TurnUsage) {
+        self.total_input_tokens = self.total_input_tokens.saturating_add(turn.input_tokens);
+        self.total_output_tokens = self.total_output_tokens.saturating_add(turn.output_tokens);
+        self.total_cached_tokens = self.total_cached_tokens.saturating_add(turn.cached_tokens);
+        if turn.cost_usd.is_finite() && turn.cost_usd > 0.0 {
+            self.total_cost_usd += turn.cost_usd;
+        }
+        self.request_count = self.request_count.saturating_add(1);
+        self.last_updated_at = Some(state::now_iso8601());
+    }
+}
+
+/// Why usage could not be read or recorded.
+#[derive(Debug)]
+pub enum UsageError {
+    /// `usage.json` is corrupt and no good copy exists; it was left in place.
+    Corrupt(PathBuf),
+    /// Reading or writing failed.
+    Io(io::Error),
+}
+
+impl fmt::Display for UsageError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            UsageError::Corrupt(path) => write!(
+                f,
+                "{} is corrupt and no good copy exists; repair or remove it",
+                path.display()
+            ),
+            UsageError::Io(e) => write!(f, "usage file: {e}"),
+        }
+    }
+}
+
+impl std::error::Error for UsageError {}
+
+/// The budget refusal text the contract fixes: used to 4 places, budget to 2.
+pub fn budget_message(used: f64, budget: f64) -> String {
+    format!("Budget exhausted: ${used:.4} used of ${budget:.2}.")
+}
+
+/// One instance's `usage.json`, shared by its turn workers.
+#[derive(Debug)]
+pub struct UsageStore {
+    path: PathBuf,
+    backup: PathBuf,
+    last_good: Mutex<Option<Usage>>,
+}
+
+impl UsageStore {
+    /// The store of the state directory `state_dir`.
+    pub fn new(state_dir: &Path) -> UsageStore {
+        UsageStore {
+            path: state_dir.join(USAGE_FILE),
+            backup: state_dir.join(USAGE_BACKUP_FILE),
+            last_good: Mutex::new(None),
+        }
+    }
+
+    /// The current totals.
+    ///
+    /// # Errors
+    /// The file is corrupt with no good copy, or can't be read.
+    pub fn current(&self) -> Result<Usage, UsageError> {
+        state::with_lock(&self.path, || Ok(self.load())).map_err(UsageError::Io)?
+    }
+
+    /// Adds one turn's usage and writes the new totals.
+    ///
+    /// # Errors
+    /// The file is corrupt with no good copy, or can't be read or written.
+    pub fn record(&self, turn: &TurnUsage) -> Result<Usage, UsageError> {
+        state::with_lock(&self.path, || {
+            let mut usage = match self.load() {
+                Ok(usage) => usage,
+                Err(e) => return Ok(Err(e)),
+            };
+            usage.add(turn);
+            let bytes = usage.to_json();
+            state::write_atomic(&self.path, &bytes, state::PRIVATE_FILE_MODE)?;
+            state::write_atomic(&self.backup, &bytes, state::PRIVATE_FILE_MODE)?;
+            *self.cache() = Some(usage.clone());
+            Ok(Ok(usage))
+        })
+        .map_err(UsageError::Io)?
+    }
+
+    fn cache(&self) -> std::sync::MutexGuard<'_, Option<Usage>> {
+        // Nothing panics while holding this lock; a poisoned value is still whole.
+        self.last_good
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Reads the file (the caller holds the file lock).
+    fn load(&self) -> Result<Usage, UsageError> {
+        let bytes = match read_small(&self.path) {
+            Ok(Some(bytes)) => bytes,
+            Ok(None) => return Ok(Usage::default()),
+            Err(e) => return Err(UsageError::Io(e)),
+        };
+        if let Some(usage) = Usage::from_json(&bytes) {
+            *self.cache() = Some(usage.clone());
+            return Ok(usage);
+        }
+        let good = self.cache().clone().or_else(|| {
+            read_small(&self.backup)
+                .ok()
+                .flatten()
+                .and_then(|b| Usage::from_json(&b))
+        });
+        let Some(good) = good else {
+            log::error!(
+                "{} is corrupt and no good copy exists; budgeted turns are refused until it is repaired or removed",
+                self.path.display()
+            );
+            return Err(UsageError::Corrupt(self.path.clone()));
+        };
+        let millis = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map(|d| d.as_millis())
+            .unwrap_or(0);
+        let aside = self
+            .path
+            .with_file_name(format!("{USAGE_FILE}.corrupt-{millis}"));
+        std::fs::rename(&self.path, &aside).map_err(UsageError::Io)?;
+        state::write_atomic(&self.path, &good.to_json(), state::PRIVATE_FILE_MODE)
+            .map_err(UsageError::Io)?;
+        log::error!(
+            "{} was corrupt: moved to {} and restored from the last good copy (${:.4} used)",
+            self.path.display(),
+            aside.display(),
+            good.total_cost_usd
+        );
+        Ok(good)
+    }
+}
+
+/// Reads a small regular file; `None` if it does not exist.
+fn read_small(path: &Path) -> io::Result<Option<Vec<u8>>> {
+    use std::io::Read;
+    let file = match std::fs::File::open(path) {
+        Ok(file) => file,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(e),
+    };
+    let mut bytes = Vec::new();
+    file.take(MAX_USAGE_BYTES + 1).read_to_end(&mut bytes)?;
+    if bytes.len() as u64 > MAX_USAGE_BYTES {
+        // Too large to be ours: treat as corrupt content.
+        bytes.clear();
+    }
+    Ok(Some(bytes))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::state::test_support::TestDir;
+
+    fn turn(cost: f64) -> TurnUsage {
+        TurnUsage {
+            input_tokens: 10,
+            output_tokens: 5,
+            cached_tokens: 2,
+            cost_usd: cost,
+        }
+    }
+
+    #[test]
+    fn budget_message_format() {
+        assert_eq!(
+            budget_message(1.2, 1.0),
+            "Budget exhausted: $1.2000 used of $1.00."
+        );
+        assert_eq!(
+            budget_message(0.123456, 0.1),
+            "Budget exhausted: $0.1235 used of $0.10."
+        );
+    }
+
+    #[test]
+    fn totals_add_up_and_persist() {
+        let dir = TestDir::new("usage-add");
+        let store = UsageStore::new(dir.path());
+        assert_eq!(store.current().unwrap(), Usage::default());
+        store.record(&turn(0.25)).unwrap();
+        let usage = store.record(&turn(0.5)).unwrap();
+        assert_eq!(usage.request_count, 2);
+        assert_eq!(usage.total_input_tokens, 20);
+        assert_eq!(usage.total_output_tokens, 10);
+        assert_eq!(usage.total_cached_tokens, 4);
+        assert!((usage.total_cost_usd - 0.75).abs() < 1e-12);
+        // A new store (a restarted process) reads the same totals.
+        let again = UsageStore::new(dir.path()).current().unwrap();
+        assert_eq!(again, usage);
+        let v: Value =
+            serde_json::from_slice(&std::fs::read(dir.path().join(USAGE_FILE)).unwrap()).unwrap();
+        for field in [
+            "totalInputTokens",
+            "totalOutputTokens",
+            "totalCachedTokens",
+            "totalCostUsd",
+            "requestCount",
+            "lastUpdatedAt",
+        ] {
+            assert!(v.get(field).is_some(), "{field}");
+        }
+        assert_eq!(
+            crate::state::mode_is_wider(&dir.path().join(USAGE_FILE), 0o600).unwrap(),
+            None
+        );
+    }
+
+    #[test]
+    fn corrupt_file_is_set_aside_and_last_good_copy_used() {
+        let dir = TestDir::new("usage-corrupt");
+        let store = UsageStore::new(dir.path());
+        store.record(&turn(1.5)).unwrap();
+        std::fs::write(dir.path().join(USAGE_FILE), b"{torn").unwrap();
+        // A fresh process has no memory: the backup is the good copy.
+        let fresh = UsageStore::new(dir.path());
+        let usage = fresh.current().unwrap();
+        assert!((usage.total_cost_usd - 1.5).abs() < 1e-12);
+        let aside: Vec<_> = std::fs::read_dir(dir.path())
+            .unwrap()
+            .filter_map(|e| e.ok())
+            .filter(|e| {
+                e.file_name()
+                    .to_string_lossy()
+                    .starts_with("usage.json.corrupt-")
+            })
+            .collect();
+        assert_eq!(aside.len(), 1);
+        assert_eq!(std::fs::read(aside[0].path()).unwrap(), b"{torn");
+        // usage.json holds the good totals again.
+        assert_eq!(UsageStore::new(dir.path()).current().unwrap(), usage);
+    }
+
+    #[test]
+    fn corrupt_without_any_good_copy_is_an_error_not_a_reset() {
+        let dir = TestDir::new("usage-nogood");
+        std::fs::write(dir.path().join(USAGE_FILE), b"[1,2]").unwrap();
+        let store = UsageStore::new(dir.path());
+        assert!(matches!(store.current(), Err(UsageError::Corrupt(_))));
+        assert!(matches!(
+            store.record(&turn(0.1)),
+            Err(UsageError::Corrupt(_))
+        ));
+        // Left in place for the operator.
+        assert_eq!(
+            std::fs::read(dir.path().join(USAGE_FILE)).unwrap(),
+            b"[1,2]"
+        );
+    }
+
+    #[test]
+    fn parse_table() {
+        let cases: &[(&[u8], bool)] = &[
+            (br#"{"totalCostUsd":1.5,"requestCount":3}"#, true),
+            (br#"{}"#, true),
+            (br#"{"totalCostUsd":-1}"#, false),
+            (br#"{"totalCostUsd":"1"}"#, false),
+            (br#"{"requestCount":1.5}"#, false),
+            (br#"{"lastUpdatedAt":5}"#, false),
+            (b"null", false),
+            (b"", false),
+        ];
+        for (bytes, ok) in cases {
+            assert_eq!(
+                Usage::from_json(bytes).is_some(),
+                *ok,
+                "{:?}",
+                String::from_utf8_lossy(bytes)
+            );
+        }
+    }
+
+    #[test]
+    fn concurrent_records_lose_nothing() {
+        let dir = TestDir::new("usage-threads");
+        let store = std::sync::Arc::new(UsageStore::new(dir.path()));
+        let handles: Vec<_> = (0..8)
+            .map(|_| {
+                let store = store.clone();
+                std::thread::spawn(move || {
+                    for _ in 0..10 {
+                        store.record(&turn(0.01)).unwrap();
+                    }
+                })
+            })
+            .collect();
+        for h in handles {
+            h.join().unwrap();
+        }
+        assert_eq!(
+            UsageStore::new(dir.path()).current().unwrap().request_count,
+            80
+        );
+    }
+}
