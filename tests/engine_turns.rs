@@ -1,0 +1,427 @@
+//! Engine turns (contract section 8): real engine commands as small shell scripts,
+//! budget and usage, timeouts, output limits, the turn pool, audit lines, shutdown.
+mod common;
+use common::*;
+use serde_json::{json, Value};
+use std::path::PathBuf;
+use std::thread;
+use std::time::{Duration, Instant};
+
+fn script(name: &str) -> String {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/engines")
+        .join(name)
+        .to_string_lossy()
+        .into_owned()
+}
+
+fn engine_config(engine: Value) -> Value {
+    json!({"bus": {"peers": "*", "secret": "s"}, "engine": engine})
+}
+
+fn failure(r: &HttpResponse) -> (String, bool, String) {
+    let v = r.json();
+    assert_eq!(v["success"], false, "{v}");
+    (
+        v["errorCode"].as_str().unwrap().to_owned(),
+        v["retryable"].as_bool().unwrap(),
+        v["error"].as_str().unwrap().to_owned(),
+    )
+}
+
+fn audit_lines(instance: &Instance) -> Vec<Value> {
+    std::fs::read_to_string(instance.state_dir.join("audit.log.jsonl"))
+        .unwrap_or_default()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect()
+}
+
+/// Children of `pid` that are zombies (state Z), from /proc.
+fn zombie_children(pid: u32) -> Vec<u32> {
+    let mut zombies = Vec::new();
+    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Ok(child) = entry.file_name().to_string_lossy().parse::<u32>() else {
+            continue;
+        };
+        let Ok(stat) = std::fs::read_to_string(format!("/proc/{child}/stat")) else {
+            continue;
+        };
+        // Fields after the command (which is in parentheses): state, ppid, ...
+        let Some(rest) = stat.rsplit_once(')').map(|(_, r)| r) else {
+            continue;
+        };
+        let fields: Vec<&str> = rest.split_whitespace().collect();
+        if fields.get(1) == Some(&pid.to_string().as_str()) && fields.first() == Some(&"Z") {
+            zombies.push(child);
+        }
+    }
+    zombies
+}
+
+fn process_alive(pid: u32) -> bool {
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Ok(stat) => !stat
+            .rsplit_once(')')
+            .is_some_and(|(_, r)| r.trim_start().starts_with('Z')),
+        Err(_) => false,
+    }
+}
+
+#[test]
+fn json_engine_usage_adds_up_and_budget_refuses_without_calling_the_engine() {
+    let root = TestRoot::new("budget");
+    let calls = root.path.join("calls");
+    let mut config = engine_config(json!({
+        "command": ["sh", script("json_cost.sh")],
+        "output": "json",
+        "env": {"CALLS_FILE": calls.to_string_lossy()},
+    }));
+    config["budgetUsd"] = json!(1.0);
+    let a = root.start("worker", &config);
+    for i in 0..3 {
+        let r = a.talk("caller", &format!("p{i}"), 0);
+        assert_eq!(r.status, 200, "{r:?}");
+        assert_eq!(r.json()["text"], format!("ok: p{i}"));
+    }
+    let usage: Value =
+        serde_json::from_slice(&std::fs::read(a.state_dir.join("usage.json")).unwrap()).unwrap();
+    assert_eq!(usage["requestCount"], 3);
+    assert_eq!(usage["totalInputTokens"], 300);
+    assert_eq!(usage["totalOutputTokens"], 60);
+    assert_eq!(usage["totalCachedTokens"], 21);
+    assert!((usage["totalCostUsd"].as_f64().unwrap() - 1.2).abs() < 1e-9);
+    assert!(usage["lastUpdatedAt"].is_string());
+    assert_eq!(file_mode(&a.state_dir.join("usage.json")), 0o600);
+
+    let r = a.talk("caller", "one more", 0);
+    assert_eq!(r.status, 200);
+    let (code, retryable, error) = failure(&r);
+    assert_eq!(code, "budget_exhausted");
+    assert!(!retryable);
+    assert_eq!(error, "Budget exhausted: $1.2000 used of $1.00.");
+    let call_count = std::fs::read_to_string(&calls).unwrap().lines().count();
+    assert_eq!(
+        call_count, 3,
+        "the engine must not run once the budget is spent"
+    );
+
+    // Raising the budget in config.json takes effect without a restart.
+    config["budgetUsd"] = json!(5.0);
+    root.write_config("worker", &config);
+    assert!(eventually(Duration::from_secs(5), || a
+        .talk("caller", "again", 0)
+        .json()["success"]
+        == true));
+}
+
+#[test]
+fn corrupt_usage_is_set_aside_and_the_budget_still_holds() {
+    let root = TestRoot::new("usage-corrupt");
+    let mut config =
+        engine_config(json!({"command": ["sh", script("json_cost.sh")], "output": "json"}));
+    config["budgetUsd"] = json!(1.0);
+    let a = root.start("worker", &config);
+    for _ in 0..3 {
+        assert_eq!(a.talk("c", "x", 0).json()["success"], true);
+    }
+    std::fs::write(a.state_dir.join("usage.json"), b"{\"totalCostUsd\": tor").unwrap();
+    let (code, _, error) = failure(&a.talk("c", "x", 0));
+    assert_eq!(code, "budget_exhausted");
+    assert_eq!(error, "Budget exhausted: $1.2000 used of $1.00.");
+    let aside = std::fs::read_dir(&a.state_dir)
+        .unwrap()
+        .flatten()
+        .filter(|e| {
+            e.file_name()
+                .to_string_lossy()
+                .starts_with("usage.json.corrupt-")
+        })
+        .count();
+    assert_eq!(aside, 1);
+}
+
+#[test]
+fn auth_failure_is_classified_and_not_retryable() {
+    let root = TestRoot::new("authfail");
+    let a = root.start(
+        "worker",
+        &engine_config(json!({"command": ["sh", script("auth_fail.sh")]})),
+    );
+    let r = a.talk("caller", "hi", 0);
+    assert_eq!(r.status, 200);
+    let (code, retryable, error) = failure(&r);
+    assert_eq!(code, "auth");
+    assert!(!retryable);
+    assert!(error.contains("Invalid API key"), "{error}");
+    let lines = audit_lines(&a);
+    let last = lines.last().unwrap();
+    assert_eq!(last["outcome"], "failure");
+    assert_eq!(last["metadata"]["errorCode"], "auth");
+}
+
+#[test]
+fn timeout_kills_the_whole_process_group() {
+    let root = TestRoot::new("timeout");
+    let pid_file = root.path.join("grandchild.pid");
+    let a = root.start(
+        "worker",
+        &engine_config(json!({
+            "command": ["sh", script("sleeper.sh")],
+            "timeoutSecs": 1,
+            "env": {"PID_FILE": pid_file.to_string_lossy()},
+        })),
+    );
+    let r = a.talk("caller", "hi", 0);
+    let (code, retryable, _) = failure(&r);
+    assert_eq!(code, "timeout");
+    assert!(retryable);
+    let grandchild: u32 = std::fs::read_to_string(&pid_file)
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    assert!(
+        eventually(Duration::from_secs(5), || !process_alive(grandchild)),
+        "the engine's background process {grandchild} survived the timeout"
+    );
+    assert!(eventually(Duration::from_secs(5), || zombie_children(
+        a.pid()
+    )
+    .is_empty()));
+}
+
+#[test]
+fn output_past_the_limit_is_cut_and_memory_stays_bounded() {
+    let root = TestRoot::new("flood");
+    let a = root.start(
+        "worker",
+        &engine_config(json!({"command": ["sh", script("flood_stdout.sh")]})),
+    );
+    let r = a.talk("caller", "hi", 0);
+    let (code, retryable, error) = failure(&r);
+    assert_eq!(code, "engine_cli");
+    assert!(retryable);
+    assert!(error.contains("maxOutputBytes"), "{error}");
+    assert!(a.rss_kib() < 64 * 1024, "rss {} KiB", a.rss_kib());
+    a.health();
+    assert!(eventually(Duration::from_secs(5), || zombie_children(
+        a.pid()
+    )
+    .is_empty()));
+}
+
+#[test]
+fn chatty_stderr_does_not_deadlock() {
+    let root = TestRoot::new("stderr");
+    let a = root.start(
+        "worker",
+        &engine_config(json!({"command": ["sh", script("noisy_stderr.sh")]})),
+    );
+    let r = a.talk("caller", "ping", 0);
+    assert_eq!(r.status, 200);
+    assert_eq!(r.json()["text"], "quiet answer to ping");
+}
+
+#[test]
+fn prompt_as_argument_and_loopbus_variables() {
+    let root = TestRoot::new("argmode");
+    let a = root.start(
+        "worker",
+        &engine_config(
+            json!({"command": ["sh", script("arg_echo.sh"), "--flag"], "prompt": "arg"}),
+        ),
+    );
+    let r = a.talk("caller", "the prompt", 2);
+    assert_eq!(r.json()["text"], "the prompt|worker|caller|2|worker");
+}
+
+#[test]
+fn spawn_failure_is_engine_cli() {
+    let root = TestRoot::new("nospawn");
+    let a = root.start(
+        "worker",
+        &engine_config(json!({"command": ["/nonexistent/engine-binary"]})),
+    );
+    let (code, retryable, error) = failure(&a.talk("caller", "x", 0));
+    assert_eq!(code, "engine_cli");
+    assert!(retryable);
+    assert!(error.contains("cannot start engine"), "{error}");
+}
+
+#[test]
+fn health_answers_while_turns_run_and_a_full_queue_is_server_busy() {
+    let root = TestRoot::new("busy");
+    let mut config =
+        engine_config(json!({"command": ["sh", script("slow.sh")], "env": {"SLOW_SECS": "3"}}));
+    config["bus"]["maxConcurrentTurns"] = json!(2);
+    config["bus"]["maxQueuedTurns"] = json!(1);
+    let a = root.start("worker", &config);
+    let port = a.port;
+    let secret = a.secret.clone();
+    let callers: Vec<_> = (0..3)
+        .map(|i| {
+            let secret = secret.clone();
+            thread::spawn(move || {
+                let body = json!({"fromInstance": "c", "prompt": format!("p{i}"), "depth": 0}).to_string();
+                request(
+                    port,
+                    &format!(
+                        "POST /api/talk HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nAuthorization: Bearer {secret}\r\nContent-Length: {}\r\n\r\n{body}",
+                        body.len()
+                    ),
+                )
+            })
+        })
+        .collect();
+    assert!(
+        eventually(Duration::from_secs(5), || {
+            let h = a.health();
+            h["turns"]["running"] == 2 && h["turns"]["queued"] == 1
+        }),
+        "turns did not reach 2 running + 1 queued"
+    );
+    let started = Instant::now();
+    let h = a.health();
+    assert!(
+        started.elapsed() < Duration::from_secs(1),
+        "health was slow while turns ran"
+    );
+    assert_eq!(h["turns"]["max"], 2);
+    let busy = a.talk("c", "overflow", 0);
+    assert_eq!(busy.status, 503);
+    let (code, retryable, _) = failure(&busy);
+    assert_eq!(code, "server_busy");
+    assert!(retryable);
+    for caller in callers {
+        let r = caller.join().unwrap();
+        assert_eq!(r.status, 200, "{r:?}");
+        assert!(r.json()["text"].as_str().unwrap().starts_with("slow: p"));
+    }
+    let lines = audit_lines(&a);
+    assert!(lines
+        .iter()
+        .any(|l| l["metadata"]["errorCode"] == "server_busy" && l["outcome"] == "refused"));
+}
+
+#[test]
+fn sigterm_answers_running_and_queued_turns_then_exits_zero() {
+    let root = TestRoot::new("shutdown");
+    let mut config =
+        engine_config(json!({"command": ["sh", script("slow.sh")], "env": {"SLOW_SECS": "2"}}));
+    config["bus"]["maxConcurrentTurns"] = json!(1);
+    config["bus"]["maxQueuedTurns"] = json!(4);
+    let mut a = root.start("worker", &config);
+    let port = a.port;
+    let secret = a.secret.clone();
+    let call = move |prompt: &str| {
+        let secret = secret.clone();
+        let prompt = prompt.to_owned();
+        thread::spawn(move || {
+            let body = json!({"fromInstance": "c", "prompt": prompt, "depth": 0}).to_string();
+            request(
+                port,
+                &format!(
+                    "POST /api/talk HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nAuthorization: Bearer {secret}\r\nContent-Length: {}\r\n\r\n{body}",
+                    body.len()
+                ),
+            )
+        })
+    };
+    let running = call("first");
+    assert!(eventually(Duration::from_secs(5), || a.health()["turns"]
+        ["running"]
+        == 1));
+    let queued = call("second");
+    assert!(eventually(Duration::from_secs(5), || a.health()["turns"]
+        ["queued"]
+        == 1));
+    let status = a.terminate(Duration::from_secs(20));
+    assert_eq!(status.code(), Some(0), "stderr:\n{}", a.stderr());
+    let running = running.join().unwrap();
+    assert_eq!(running.status, 200);
+    assert_eq!(running.json()["text"], "slow: first");
+    let queued = queued.join().unwrap();
+    assert_eq!(queued.status, 503);
+    assert_eq!(queued.json()["errorCode"], "server_busy");
+    assert!(root.registry()["instances"].get("worker").is_none());
+}
+
+#[test]
+fn audit_lines_for_success_failure_and_each_refusal() {
+    let root = TestRoot::new("audit");
+    let mut config = json!({"bus": {"peers": ["caller"], "secret": "s", "maxDepth": 2}});
+    let a = root.start("worker", &config);
+    assert_eq!(a.talk("caller", "secret prompt text", 0).status, 200);
+    assert_eq!(a.talk("stranger", "x", 0).status, 403);
+    assert_eq!(a.talk("caller", "x", 5).status, 429);
+    let bad_auth = request(
+        a.port,
+        &format!("POST /api/talk HTTP/1.1\r\nHost: {}\r\nAuthorization: Bearer nope\r\nContent-Length: 2\r\n\r\n{{}}", a.host()),
+    );
+    assert_eq!(bad_auth.status, 401);
+    assert_eq!(a.talk_body(&json!({"fromInstance": "caller"})).status, 400);
+    config["engine"] = json!({"command": ["sh", script("auth_fail.sh")]});
+    root.write_config("worker", &config);
+    assert!(eventually(Duration::from_secs(5), || a
+        .talk("caller", "x", 0)
+        .json()["errorCode"]
+        == "auth"));
+
+    let lines = audit_lines(&a);
+    let find = |outcome: &str, code: Option<&str>| {
+        lines.iter().find(|l| {
+            l["outcome"] == outcome
+                && match code {
+                    Some(c) => l["metadata"]["errorCode"] == c,
+                    None => l["metadata"]["errorCode"].is_null(),
+                }
+        })
+    };
+    let success = find("success", None).expect("success line");
+    assert_eq!(success["metadata"]["fromInstance"], "caller");
+    assert_eq!(success["metadata"]["promptChars"], 18);
+    assert_eq!(success["metadata"]["depth"], 0);
+    assert!(success["metadata"]["durationMs"].is_u64());
+    assert_eq!(success["instanceName"], "worker");
+    assert_eq!(success["type"], "talk");
+    assert!(success["timestamp"].is_string());
+    for code in [
+        "peer_not_allowed",
+        "max_depth_exceeded",
+        "auth_failed",
+        "invalid_request",
+    ] {
+        assert!(
+            find("refused", Some(code)).is_some(),
+            "no refused line for {code}"
+        );
+    }
+    assert!(find("failure", Some("auth")).is_some());
+    let text = std::fs::read_to_string(a.state_dir.join("audit.log.jsonl")).unwrap();
+    assert!(
+        !text.contains("secret prompt text"),
+        "the audit log must not hold prompt text"
+    );
+    assert!(
+        !text.contains("Bearer"),
+        "the audit log must not hold the secret"
+    );
+    assert_eq!(file_mode(&a.state_dir.join("audit.log.jsonl")), 0o600);
+}
+
+#[test]
+fn no_zombies_after_many_turns() {
+    let root = TestRoot::new("zombies");
+    let a = root.start(
+        "worker",
+        &engine_config(json!({"command": ["sh", script("arg_echo.sh")], "prompt": "arg"})),
+    );
+    for i in 0..10 {
+        assert_eq!(a.talk("c", &format!("n{i}"), 0).status, 200);
+    }
+    assert!(eventually(Duration::from_secs(5), || zombie_children(
+        a.pid()
+    )
+    .is_empty()));
+}
