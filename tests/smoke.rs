@@ -1,4 +1,5 @@
 //! A first end-to-end check: serve, health, one talk, SIGTERM.
+#![allow(clippy::unwrap_used, clippy::expect_used, reason = "tests fail loudly on the first broken expectation")]
 mod common;
 use common::*;
 use std::time::Duration;
