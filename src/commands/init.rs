@@ -41,8 +41,12 @@ pub fn run(args: &[String]) -> Result<i32, UsageError> {
             path.display()
         )));
     }
-    state::create_dir_private(&dir)
-        .map_err(|e| usage(format!("{}: cannot create: {e}", dir.display())))?;
+    // The channel root holds the registry (secrets): create it private too, if missing.
+    let root = super::channel_root(&dir);
+    for path in [&root, &dir] {
+        state::create_dir_private(path)
+            .map_err(|e| usage(format!("{}: cannot create: {e}", path.display())))?;
+    }
     let secret = state::random_hex(32)
         .ok()
         .and_then(Secret::new)

@@ -69,6 +69,13 @@ pub fn run(args: &[String]) -> Result<i32, UsageError> {
         );
     }
 
+    if let Ok(Some(mode)) = state::mode_is_wider(&root, 0o755) {
+        log::warn!(
+            "{} has mode {mode:o}: others can write to the channel root that holds the registry",
+            root.display()
+        );
+    }
+
     let port = match args.parsed::<u16>("port", "a port number (0-65535)")? {
         Some(port) => port,
         None => config.bus.port,
