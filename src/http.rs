@@ -98,6 +98,14 @@ impl Head {
         self.minor_version >= 1 && !close
     }
 
+    /// Whether the client waits for `100 Continue` before sending its body.
+    fn expects_continue(&self) -> bool {
+        self.minor_version >= 1
+            && self
+                .header_values("expect")
+                .any(|v| v.trim_ascii().eq_ignore_ascii_case(b"100-continue"))
+    }
+
     /// Whether the head announces a body (so an unread one may follow).
     fn announces_body(&self) -> bool {
         self.has_header("transfer-encoding")
@@ -305,6 +313,8 @@ struct Conn {
     phase: Phase,
     /// Bytes received and not yet consumed.
     inbuf: Vec<u8>,
+    /// How many leading bytes of `inbuf` are known to hold no end of head.
+    scanned: usize,
     /// The head being served (between head and response).
     head: Option<Head>,
     /// Response bytes, and how many are written.
@@ -607,6 +617,7 @@ impl EventLoop {
             generation: self.next_generation,
             phase: Phase::ReadingHead,
             inbuf: Vec::new(),
+            scanned: 0,
             head: None,
             outbuf: Vec::new(),
             written: 0,
@@ -730,9 +741,10 @@ impl EventLoop {
             };
             match conn.phase {
                 Phase::ReadingHead => {
-                    match parse_head(&conn.inbuf) {
+                    match parse_head(&conn.inbuf, &mut conn.scanned) {
                         ParseOutcome::Complete(head, consumed) => {
                             conn.inbuf.drain(..consumed);
+                            conn.scanned = 0;
                             let announces_body = head.announces_body();
                             match service.on_head(
                                 ConnId {
@@ -747,6 +759,16 @@ impl EventLoop {
                                     self.start_response(slot, response);
                                 }
                                 HeadAction::ReadBody(len) => {
+                                    if len > conn.inbuf.len() && head.expects_continue() {
+                                        // Tell a waiting client (curl, for one) to send
+                                        // the body now. A fresh socket's buffer takes
+                                        // these bytes whole; if not, give up on it.
+                                        let interim = b"HTTP/1.1 100 Continue\r\n\r\n";
+                                        if !matches!(conn.stream.write(interim), Ok(n) if n == interim.len())
+                                        {
+                                            return Step::Close;
+                                        }
+                                    }
                                     conn.head = Some(head);
                                     conn.phase = Phase::ReadingBody { len };
                                     conn.phase_started = Instant::now();
@@ -885,14 +907,20 @@ enum ParseOutcome {
 
 /// Parses a request head from the start of `buf`, enforcing [`MAX_HEAD_BYTES`] and
 /// [`MAX_HEADERS`]. Pure: no I/O.
-fn parse_head(buf: &[u8]) -> ParseOutcome {
-    if buf.is_empty() {
-        return ParseOutcome::Partial;
-    }
-    // Only run the parser once the end of a head could be in the buffer, so a client
-    // sending one byte at a time costs a scan, not a parse, per byte.
+///
+/// `scanned` is how many leading bytes of `buf` are already known to hold no end of
+/// head; it is advanced here, so a client sending one byte at a time costs a scan of
+/// that byte, not a parse of the whole buffer, per read.
+fn parse_head(buf: &[u8], scanned: &mut usize) -> ParseOutcome {
     let window = &buf[..buf.len().min(MAX_HEAD_BYTES + 1)];
-    if !window.windows(2).any(|w| w == b"\n\n") && !window.windows(3).any(|w| w == b"\n\r\n") {
+    // The end of a head is an empty line: "\n\n" or "\n\r\n". Re-scan the last two
+    // bytes already seen, since a terminator may straddle two reads.
+    let from = (*scanned).min(window.len()).saturating_sub(2);
+    let tail = &window[from..];
+    let terminated =
+        tail.windows(2).any(|w| w == b"\n\n") || tail.windows(3).any(|w| w == b"\n\r\n");
+    if !terminated {
+        *scanned = window.len();
         return if buf.len() > MAX_HEAD_BYTES {
             ParseOutcome::Error(HttpError::HeadTooLarge)
         } else {
@@ -920,7 +948,10 @@ fn parse_head(buf: &[u8]) -> ParseOutcome {
         Ok(httparse::Status::Partial) if buf.len() > MAX_HEAD_BYTES => {
             ParseOutcome::Error(HttpError::HeadTooLarge)
         }
-        Ok(httparse::Status::Partial) => ParseOutcome::Partial,
+        Ok(httparse::Status::Partial) => {
+            *scanned = window.len();
+            ParseOutcome::Partial
+        }
         Err(httparse::Error::TooManyHeaders) => ParseOutcome::Error(HttpError::TooManyHeaders),
         Err(_) => ParseOutcome::Error(HttpError::MalformedHead),
     }
@@ -931,7 +962,7 @@ mod tests {
     use super::*;
 
     fn parse(buf: &[u8]) -> Result<Option<(Head, usize)>, HttpError> {
-        match parse_head(buf) {
+        match parse_head(buf, &mut 0) {
             ParseOutcome::Complete(h, n) => Ok(Some((h, n))),
             ParseOutcome::Partial => Ok(None),
             ParseOutcome::Error(e) => Err(e),
@@ -994,6 +1025,24 @@ mod tests {
                 "input {:?}",
                 String::from_utf8_lossy(&input[..input.len().min(60)])
             );
+        }
+    }
+
+    #[test]
+    fn byte_at_a_time_scanning_finds_the_end_exactly_once() {
+        for raw in [
+            &b"GET /api/health HTTP/1.1\r\nHost: a\r\n\r\n"[..],
+            &b"GET / HTTP/1.1\nHost: a\n\n"[..],
+        ] {
+            let mut scanned = 0;
+            let mut buf = Vec::new();
+            for (i, byte) in raw.iter().enumerate() {
+                buf.push(*byte);
+                let outcome = parse_head(&buf, &mut scanned);
+                let complete = matches!(outcome, ParseOutcome::Complete(_, n) if n == raw.len());
+                assert_eq!(complete, i == raw.len() - 1, "after byte {i} of {raw:?}");
+                assert!(scanned <= buf.len());
+            }
         }
     }
 

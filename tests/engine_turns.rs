@@ -1,6 +1,10 @@
 //! Engine turns (contract section 8): real engine commands as small shell scripts,
 //! budget and usage, timeouts, output limits, the turn pool, audit lines, shutdown.
-#![allow(clippy::unwrap_used, clippy::expect_used, reason = "tests fail loudly on the first broken expectation")]
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    reason = "tests fail loudly on the first broken expectation"
+)]
 mod common;
 use common::*;
 use serde_json::{json, Value};

@@ -1,5 +1,9 @@
 //! A first end-to-end check: serve, health, one talk, SIGTERM.
-#![allow(clippy::unwrap_used, clippy::expect_used, reason = "tests fail loudly on the first broken expectation")]
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    reason = "tests fail loudly on the first broken expectation"
+)]
 mod common;
 use common::*;
 use std::time::Duration;
@@ -20,4 +24,26 @@ fn echo_talk_round_trip() {
     let status = a.terminate(Duration::from_secs(10));
     assert_eq!(status.code(), Some(0));
     assert!(root.registry()["instances"].get("alpha").is_none());
+}
+
+#[test]
+fn expect_100_continue_gets_an_interim_answer() {
+    use std::io::Write;
+    let root = TestRoot::new("continue");
+    let a = root.start("alpha", &open_config("s3cret"));
+    let body = r#"{"fromInstance":"c","prompt":"after continue","depth":0}"#;
+    let mut stream = connect(a.port);
+    write!(
+        stream,
+        "POST /api/talk HTTP/1.1\r\nHost: {}\r\nAuthorization: Bearer s3cret\r\nExpect: 100-continue\r\nContent-Length: {}\r\n\r\n",
+        a.host(),
+        body.len()
+    )
+    .unwrap();
+    let interim = read_response(&mut stream).unwrap();
+    assert_eq!(interim.status, 100);
+    stream.write_all(body.as_bytes()).unwrap();
+    let r = read_response(&mut stream).unwrap();
+    assert_eq!(r.status, 200);
+    assert_eq!(r.json()["text"], "after continue");
 }
