@@ -1046,6 +1046,39 @@ mod tests {
         }
     }
 
+    /// Random and mutated heads never panic the parser, and whatever it accepts
+    /// stays within the limits.
+    #[test]
+    fn head_parser_survives_random_input() {
+        let seed =
+            b"POST /api/talk HTTP/1.1\r\nHost: 127.0.0.1:1\r\nContent-Length: 5\r\n\r\nhello";
+        let alphabet = b"GETPOST /:\r\n\t\x00\xffaZ09-";
+        let mut state = 0x2545_f491_4f6c_dd1du64;
+        let mut next = || {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            state
+        };
+        for _ in 0..20_000 {
+            let mut input = seed.to_vec();
+            for _ in 0..(1 + next() % 6) {
+                let r = next();
+                let at = (r as usize >> 8) % (input.len() + 1);
+                let byte = alphabet[(r as usize) % alphabet.len()];
+                if r % 2 == 0 && at < input.len() {
+                    input[at] = byte;
+                } else {
+                    input.insert(at, byte);
+                }
+            }
+            if let ParseOutcome::Complete(head, consumed) = parse_head(&input, &mut 0) {
+                assert!(consumed <= MAX_HEAD_BYTES && consumed <= input.len());
+                assert!(head.headers.len() <= MAX_HEADERS);
+            }
+        }
+    }
+
     #[test]
     fn head_accessors() {
         let (head, _) = parse(

@@ -783,6 +783,52 @@ mod tests {
         assert_eq!(f.error.chars().count(), MAX_ERROR_CHARS);
     }
 
+    /// A tiny deterministic generator, so these runs repeat exactly.
+    fn xorshift(state: &mut u64) -> u64 {
+        *state ^= *state << 13;
+        *state ^= *state >> 7;
+        *state ^= *state << 17;
+        *state
+    }
+
+    /// Random and mutated inputs never panic any parser.
+    #[test]
+    fn parsers_survive_random_input() {
+        let seeds: [&[u8]; 3] = [
+            br#"{"fromInstance":"a","prompt":"p","depth":1,"protocolVersion":1,"capabilities":["x"]}"#,
+            br#"{"success":false,"error":"e","errorCode":"timeout","retryable":true,"durationMs":3}"#,
+            br#"{"kind":"loopbus","instance":"a","status":"ok","pid":1}"#,
+        ];
+        let alphabet = b"{}[]\":,0123456789.-+eE truefalsn\\u\xff";
+        let mut state = 0x9e37_79b9_7f4a_7c15u64;
+        for round in 0..20_000 {
+            let mut input = seeds[round % seeds.len()].to_vec();
+            let edits = 1 + xorshift(&mut state) % 8;
+            for _ in 0..edits {
+                let r = xorshift(&mut state);
+                let at = (r as usize >> 8) % (input.len() + 1);
+                let byte = alphabet[(r as usize) % alphabet.len()];
+                match r % 3 {
+                    0 if at < input.len() => input[at] = byte,
+                    1 => input.insert(at, byte),
+                    _ if at < input.len() => {
+                        input.remove(at);
+                    }
+                    _ => {}
+                }
+            }
+            let _ = parse_talk_request(&input);
+            let _ = parse_response(&input);
+            let _ = parse_health(&input);
+        }
+        // Deep nesting is refused, not a stack overflow.
+        let deep = "[".repeat(100_000);
+        assert_eq!(
+            parse_talk_request(deep.as_bytes()),
+            Err(RequestError::NotJson)
+        );
+    }
+
     #[test]
     fn health_parsing() {
         let h =
