@@ -40,6 +40,11 @@ pub const MAX_CONNECTIONS: usize = 1024;
 pub const LINGER_TIMEOUT: Duration = Duration::from_secs(2);
 /// Size of the loop's one read buffer, shared by every connection.
 const READ_CHUNK: usize = 64 * 1024;
+/// Most request heads one connection gets served per loop iteration, and most bytes
+/// read from it, before the others get their turn: a client pipelining without end
+/// cannot monopolize the loop.
+const STEP_MAX_HEADS: usize = 16;
+const STEP_MAX_READ: usize = 4 * READ_CHUNK;
 /// How long to wait before accepting again after the process ran out of descriptors.
 const ACCEPT_BACKOFF: Duration = Duration::from_millis(100);
 
@@ -364,6 +369,8 @@ enum Step {
     Park,
     /// Close the connection now.
     Close,
+    /// Used its share of this loop iteration; continue after the others had theirs.
+    Yield,
 }
 
 /// The event loop: owns the listener and every connection.
@@ -381,6 +388,8 @@ pub struct EventLoop {
     scratch: Box<[u8]>,
     accept_paused_until: Option<Instant>,
     exiting: bool,
+    /// Connections that yielded with work left, to be driven again this iteration.
+    ready: Vec<(usize, u64)>,
 }
 
 /// Binds a listener on `addr`, which must be a loopback address.
@@ -428,6 +437,7 @@ impl EventLoop {
             scratch: vec![0u8; READ_CHUNK].into_boxed_slice(),
             accept_paused_until: None,
             exiting: false,
+            ready: Vec::new(),
         })
     }
 
@@ -465,7 +475,10 @@ impl EventLoop {
             if let Some(at) = self.accept_paused_until {
                 wake_at = wake_at.min(at);
             }
-            let timeout = wake_at.saturating_duration_since(Instant::now());
+            let mut timeout = wake_at.saturating_duration_since(Instant::now());
+            if !self.ready.is_empty() {
+                timeout = Duration::ZERO;
+            }
             if let Err(e) = self.poll.poll(&mut events, Some(timeout)) {
                 if e.kind() == ErrorKind::Interrupted {
                     continue;
@@ -487,6 +500,11 @@ impl EventLoop {
                         self.apply(service, control);
                     }
                     Token(slot) => self.drive(service, slot),
+                }
+            }
+            for (slot, generation) in std::mem::take(&mut self.ready) {
+                if matches!(self.conns.get(slot), Some(Some(c)) if c.generation == generation) {
+                    self.drive(service, slot + FIRST_CONN);
                 }
             }
             self.expire(service);
@@ -731,11 +749,22 @@ impl EventLoop {
         match step {
             Step::Close => self.close(service, slot),
             Step::Park => self.refresh_deadline(slot),
+            Step::Yield => {
+                self.refresh_deadline(slot);
+                if let Some(Some(conn)) = self.conns.get(slot) {
+                    self.ready.push((slot, conn.generation));
+                }
+            }
         }
     }
 
     fn step<S: Service>(&mut self, service: &mut S, slot: usize) -> Step {
+        let mut heads = 0usize;
+        let mut read = 0usize;
         loop {
+            if heads >= STEP_MAX_HEADS || read >= STEP_MAX_READ {
+                return Step::Yield;
+            }
             let Some(Some(conn)) = self.conns.get_mut(slot) else {
                 return Step::Close;
             };
@@ -743,6 +772,7 @@ impl EventLoop {
                 Phase::ReadingHead => {
                     match parse_head(&conn.inbuf, &mut conn.scanned) {
                         ParseOutcome::Complete(head, consumed) => {
+                            heads += 1;
                             conn.inbuf.drain(..consumed);
                             conn.scanned = 0;
                             let announces_body = head.announces_body();
@@ -787,6 +817,7 @@ impl EventLoop {
                     let cap = MAX_HEAD_BYTES + 1 - conn.inbuf.len().min(MAX_HEAD_BYTES);
                     match read_some(&mut conn.stream, &mut self.scratch[..cap]) {
                         ReadOutcome::Data(n) => {
+                            read += n;
                             conn.last_active = Instant::now();
                             let was_empty = conn.inbuf.is_empty();
                             conn.inbuf.extend_from_slice(&self.scratch[..n]);
@@ -828,6 +859,7 @@ impl EventLoop {
                     let cap = (len - conn.inbuf.len()).min(READ_CHUNK);
                     match read_some(&mut conn.stream, &mut self.scratch[..cap]) {
                         ReadOutcome::Data(n) => {
+                            read += n;
                             conn.last_active = Instant::now();
                             if conn.inbuf.capacity() == 0 {
                                 conn.inbuf.reserve_exact(len);
@@ -872,7 +904,7 @@ impl EventLoop {
                     self.refresh_deadline(slot);
                 }
                 Phase::Lingering => match read_some(&mut conn.stream, &mut self.scratch) {
-                    ReadOutcome::Data(_) => {}
+                    ReadOutcome::Data(n) => read += n,
                     ReadOutcome::WouldBlock => return Step::Park,
                     ReadOutcome::Closed => return Step::Close,
                 },
