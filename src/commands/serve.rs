@@ -139,14 +139,23 @@ pub fn run(args: &[String]) -> Result<i32, UsageError> {
         running,
     };
     let mut bus = Bus::new(settings, pool);
-    let result = event_loop.run(&mut bus);
+    // A bug that panics the loop must still take the instance out of the registry.
+    let result =
+        std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| event_loop.run(&mut bus)));
     match registry::deregister(&root, &name, pid) {
         Ok(_) => {}
         Err(e) => log::warn!("cannot deregister from the registry: {e}"),
     }
-    if let Err(e) = result {
-        log::error!("event loop failed: {e}");
-        return Ok(crate::cli::EXIT_FAILURE);
+    match result {
+        Ok(Ok(())) => {}
+        Ok(Err(e)) => {
+            log::error!("event loop failed: {e}");
+            return Ok(crate::cli::EXIT_FAILURE);
+        }
+        Err(_) => {
+            log::error!("event loop panicked; deregistered and exiting");
+            return Ok(crate::cli::EXIT_FAILURE);
+        }
     }
     let pool = bus.into_pool();
     if pool.is_idle() {
