@@ -7,6 +7,7 @@
 #![deny(missing_docs)]
 
 pub mod cli;
+pub mod client;
 pub mod commands;
 pub mod config;
 pub mod engine;
