@@ -119,7 +119,12 @@ pub enum DelegateError {
         bytes: usize,
     },
     /// The registry could not be read.
-    Registry(std::io::Error),
+    Registry {
+        /// The registry file.
+        path: PathBuf,
+        /// Why not.
+        error: std::io::Error,
+    },
     /// The target has no valid registry entry.
     NotRegistered {
         /// The target asked for.
@@ -173,7 +178,7 @@ impl DelegateError {
             DelegateError::PeerNotAllowed { .. } => ErrorCode::PeerNotAllowed,
             DelegateError::MaxDepth { .. } => ErrorCode::MaxDepthExceeded,
             DelegateError::TooLarge { .. } => ErrorCode::RequestTooLarge,
-            DelegateError::Registry(_)
+            DelegateError::Registry { .. }
             | DelegateError::NotRegistered { .. }
             | DelegateError::ProbeFailed { .. }
             | DelegateError::Connection { .. } => ErrorCode::InstanceUnavailable,
@@ -231,7 +236,9 @@ impl fmt::Display for DelegateError {
                 f,
                 "request body is {bytes} bytes, more than the limit of {MAX_BODY_BYTES}"
             ),
-            DelegateError::Registry(e) => write!(f, "cannot read the registry: {e}"),
+            DelegateError::Registry { path, error } => {
+                write!(f, "cannot read the registry {}: {error}", path.display())
+            }
             DelegateError::NotRegistered { target } => {
                 write!(f, "instance {target} is not registered (is it running?)")
             }
@@ -306,7 +313,10 @@ pub fn delegate(options: &DelegateOptions) -> Result<Reply, DelegateError> {
     }
 
     let entry = registry::lookup(&options.root, target)
-        .map_err(DelegateError::Registry)?
+        .map_err(|error| DelegateError::Registry {
+            path: registry::registry_path(&options.root),
+            error,
+        })?
         .ok_or_else(|| DelegateError::NotRegistered {
             target: target.to_owned(),
         })?;
@@ -359,7 +369,8 @@ fn transport_error(target: &str, timeout: Duration, error: HttpError) -> Delegat
         reason @ (HttpError::NotLoopback(_)
         | HttpError::Connect(_)
         | HttpError::Io(_)
-        | HttpError::Closed) => DelegateError::Connection { target, reason },
+        | HttpError::Closed
+        | HttpError::UnsendableSecret) => DelegateError::Connection { target, reason },
     }
 }
 
@@ -543,7 +554,10 @@ mod tests {
                 false,
             ),
             (
-                DelegateError::Registry(io(std::io::ErrorKind::PermissionDenied)),
+                DelegateError::Registry {
+                    path: "/r/.bus-registry.json".into(),
+                    error: io(std::io::ErrorKind::PermissionDenied),
+                },
                 "instance_unavailable",
                 true,
             ),
@@ -797,6 +811,38 @@ mod tests {
             let error = delegate(&options).unwrap_err();
             assert_eq!(error.code().as_str(), code, "{error}");
         }
+    }
+
+    #[test]
+    fn only_loopback_and_only_sendable_secrets() {
+        let soon = Instant::now() + Duration::from_secs(1);
+        for addr in [
+            "10.0.0.1:80",
+            "192.168.1.1:7701",
+            "[2001:db8::1]:80",
+            "0.0.0.0:80",
+        ] {
+            let addr: std::net::SocketAddr = addr.parse().unwrap();
+            let refused = Connection::open(addr, soon).unwrap_err();
+            assert!(
+                matches!(refused, HttpError::NotLoopback(_)),
+                "{addr}: {refused}"
+            );
+        }
+        // A listener that never answers: the secret check fails before any write.
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = listener.local_addr().unwrap().port();
+        for bad in ["a\r\nX-Injected: 1", "nul\0", "bell\u{7}"] {
+            let mut connection = Connection::open_local(port, soon).unwrap();
+            let secret = crate::secret::Secret::new(bad).unwrap();
+            let error = connection.post_talk(&secret, b"{}", soon).unwrap_err();
+            assert!(matches!(error, HttpError::UnsendableSecret), "{error}");
+            assert!(!error.to_string().contains(bad));
+        }
+        // Nobody listening on either loopback address: refused, quickly.
+        drop(listener);
+        let error = Connection::open_local(port, soon).unwrap_err();
+        assert!(matches!(error, HttpError::Connect(_)), "{error}");
     }
 
     #[test]

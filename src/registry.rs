@@ -242,7 +242,12 @@ impl ProbeError {
             | ProbeError::Status(_)
             | ProbeError::NotHealth(_)
             | ProbeError::OtherInstance(_) => true,
-            ProbeError::Http(HttpError::NotLoopback(_) | HttpError::Timeout | HttpError::Io(_))
+            ProbeError::Http(
+                HttpError::NotLoopback(_)
+                | HttpError::Timeout
+                | HttpError::Io(_)
+                | HttpError::UnsendableSecret,
+            )
             | ProbeError::NotReady(_)
             | ProbeError::KindNotAccepted(_) => false,
         }
@@ -710,6 +715,135 @@ mod tests {
             let entry = &entries[&format!("inst-{i}")];
             assert_eq!((entry.port, entry.pid), (6000 + i, 1000 + u32::from(i)));
         }
+    }
+
+    fn health(kind: &str, instance: &str, status: &str) -> Health {
+        Health {
+            kind: kind.into(),
+            instance: instance.into(),
+            status: status.into(),
+            pid: 1,
+        }
+    }
+
+    #[test]
+    fn health_check_table() {
+        let kinds = ["loopbus".to_owned(), "cc-telegram-bridge".to_owned()];
+        let answer = |status: u16, body: &str| Response {
+            status,
+            body: body.as_bytes().to_vec(),
+        };
+        let ok = r#"{"kind":"loopbus","instance":"w","status":"ok","pid":3,"extra":[1]}"#;
+        // (answer, expected name, kinds, Ok or the error's variant name)
+        type Row<'a> = (Response, Option<&'a str>, Option<&'a [String]>, &'a str);
+        let cases: Vec<Row> = vec![
+            (answer(200, ok), Some("w"), Some(&kinds), "ok"),
+            (answer(200, ok), None, Some(&kinds), "ok"),
+            (answer(200, ok), Some("w"), None, "ok"),
+            (
+                answer(
+                    200,
+                    r#"{"kind":"cc-telegram-bridge","instance":"w","status":"ok"}"#,
+                ),
+                Some("w"),
+                Some(&kinds),
+                "ok",
+            ),
+            (answer(200, ok), Some("v"), Some(&kinds), "OtherInstance"),
+            (answer(200, ok), Some("w"), Some(&[]), "KindNotAccepted"),
+            (
+                answer(
+                    200,
+                    r#"{"kind":"loopbus","instance":"w","status":"stopping"}"#,
+                ),
+                Some("w"),
+                Some(&kinds),
+                "NotReady",
+            ),
+            (answer(404, ok), Some("w"), Some(&kinds), "Status"),
+            (answer(200, "<html>"), Some("w"), Some(&kinds), "NotHealth"),
+            (
+                answer(200, r#"{"instance":"w","status":"ok"}"#),
+                Some("w"),
+                Some(&kinds),
+                "NotHealth",
+            ),
+        ];
+        for (response, name, kinds, want) in cases {
+            let got = match check_health(&response, name, kinds) {
+                Ok(answer) => {
+                    assert_eq!(
+                        answer.body["extra"].is_array(),
+                        response.body.ends_with(b"[1]}")
+                    );
+                    "ok".to_owned()
+                }
+                Err(e) => format!("{e:?}").split('(').next().unwrap_or("").to_owned(),
+            };
+            assert_eq!(got, want, "{:?}", String::from_utf8_lossy(&response.body));
+        }
+    }
+
+    #[test]
+    fn staleness_table() {
+        let refused = || io::Error::from(io::ErrorKind::ConnectionRefused);
+        let cases = [
+            (ProbeError::Http(HttpError::Connect(refused())), true),
+            (ProbeError::Http(HttpError::Malformed("x")), true),
+            (ProbeError::Http(HttpError::Closed), true),
+            (ProbeError::Status(404), true),
+            (ProbeError::NotHealth(ResponseError::NotJson), true),
+            (
+                ProbeError::OtherInstance(health("loopbus", "other", "ok")),
+                true,
+            ),
+            (ProbeError::Http(HttpError::Timeout), false),
+            (ProbeError::Http(HttpError::Io(refused())), false),
+            (
+                ProbeError::NotReady(health("loopbus", "w", "stopping")),
+                false,
+            ),
+            (
+                ProbeError::KindNotAccepted(health("other", "w", "ok")),
+                false,
+            ),
+        ];
+        for (error, stale) in cases {
+            assert_eq!(error.is_stale(), stale, "{error:?}");
+        }
+        let long = "x".repeat(500);
+        let shown = ProbeError::OtherInstance(health("loopbus", &long, "ok")).to_string();
+        assert!(shown.len() < 200, "peer strings are cut: {shown}");
+    }
+
+    /// A port nothing listens on.
+    fn closed_port() -> u16 {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        listener.local_addr().unwrap().port()
+    }
+
+    #[test]
+    fn lookup_probe_and_prune_of_dead_entries() {
+        let dir = TestDir::new("registry-prune");
+        let root = dir.path();
+        assert!(prune(&root.join("absent")).unwrap().is_empty());
+        assert!(lookup(root, "a").unwrap().is_none());
+
+        register(root, "a", closed_port(), 10, &secret("sa")).unwrap();
+        register(root, "b", closed_port(), 11, &secret("sb")).unwrap();
+        assert_eq!(lookup(root, "a").unwrap().map(|e| e.pid), Some(10));
+        assert!(lookup(root, "c").unwrap().is_none());
+        assert!(running(root, "a").unwrap().is_none());
+
+        let listed = list(root, None).unwrap();
+        assert_eq!(listed.len(), 2);
+        for l in &listed {
+            let err = l.liveness.as_ref().unwrap_err();
+            assert!(err.is_stale(), "{err}");
+        }
+        assert_eq!(prune(root).unwrap(), ["a", "b"]);
+        assert!(read(root).unwrap().is_empty());
+        assert!(prune(root).unwrap().is_empty());
     }
 
     #[test]

@@ -12,7 +12,7 @@
 use crate::secret::Secret;
 use std::fmt;
 use std::io::{self, ErrorKind, Read, Write};
-use std::net::{IpAddr, SocketAddr, TcpStream};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, TcpStream};
 use std::time::{Duration, Instant};
 
 /// Longest wait for a loopback connect. A live loopback listener accepts at once (the
@@ -52,6 +52,17 @@ pub enum HttpError {
     Closed,
     /// The response is not well-formed HTTP/1.1 within our limits; the text says how.
     Malformed(&'static str),
+    /// The secret has characters a header value can't carry (control characters);
+    /// nothing was sent.
+    UnsendableSecret,
+}
+
+/// Whether `value` can be sent as a header value as it is: visible ASCII, spaces and
+/// tabs, or non-ASCII bytes; no control characters (CR and LF above all).
+fn is_header_value(value: &str) -> bool {
+    value
+        .bytes()
+        .all(|b| b == b'\t' || (b >= 0x20 && b != 0x7f))
 }
 
 impl fmt::Display for HttpError {
@@ -63,6 +74,9 @@ impl fmt::Display for HttpError {
             HttpError::Io(e) => write!(f, "connection broken: {e}"),
             HttpError::Closed => f.write_str("connection closed before a complete answer"),
             HttpError::Malformed(what) => write!(f, "not a valid HTTP answer: {what}"),
+            HttpError::UnsendableSecret => {
+                f.write_str("the registered secret contains characters a header can't carry")
+            }
         }
     }
 }
@@ -225,12 +239,19 @@ impl Connection {
         })
     }
 
-    /// Connects to `127.0.0.1:port`.
+    /// Connects to `127.0.0.1:port`, or to `[::1]:port` when nothing listens on the
+    /// former (an instance started with `--bind ::1`; the registry holds only ports).
     ///
     /// # Errors
-    /// As [`Connection::open`].
+    /// As [`Connection::open`]; when both addresses refuse, the IPv4 error.
     pub fn open_local(port: u16, deadline: Instant) -> Result<Connection, HttpError> {
-        Connection::open(SocketAddr::from(([127, 0, 0, 1], port)), deadline)
+        match Connection::open(SocketAddr::from((Ipv4Addr::LOCALHOST, port)), deadline) {
+            Err(HttpError::Connect(refused)) => {
+                Connection::open(SocketAddr::from((Ipv6Addr::LOCALHOST, port)), deadline)
+                    .map_err(|_| HttpError::Connect(refused))
+            }
+            other => other,
+        }
     }
 
     /// Whether another request may be sent on this connection: the last response was
@@ -263,6 +284,9 @@ impl Connection {
         body: &[u8],
         deadline: Instant,
     ) -> Result<Response, HttpError> {
+        if !is_header_value(secret.expose()) {
+            return Err(HttpError::UnsendableSecret);
+        }
         let head = format!(
             "POST {TALK_PATH} HTTP/1.1\r\nHost: {}\r\nAuthorization: {}\r\nContent-Type: application/json\r\nAccept: application/json\r\nUser-Agent: loopbus/{}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
             self.host,
