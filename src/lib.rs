@@ -8,6 +8,7 @@
 
 pub mod audit;
 pub mod cli;
+pub mod client;
 pub mod commands;
 pub mod config;
 pub mod engine;

@@ -14,6 +14,11 @@ Usage: loopbus <command> [options]
 Commands:
   serve    run an instance (see `loopbus serve --help`)
   init     write a ready config.json for a new instance
+  talk     delegate a prompt to another instance and print its reply
+  health   check whether an instance is alive
+  list     list the registered instances, alive or not
+
+Run `loopbus <command> --help` for a command's options and an example.
 
 Exit status: 0 success, 1 failure (not retryable), 75 retryable failure,
 2 usage or local configuration error.
@@ -40,6 +45,9 @@ fn main() {
     let result = match command.as_str() {
         "serve" => commands::serve::run(rest),
         "init" => commands::init::run(rest),
+        "talk" => commands::talk::run(rest),
+        "health" => commands::health::run(rest),
+        "list" => commands::list::run(rest),
         "help" | "--help" | "-h" => {
             print!("{HELP}");
             Ok(EXIT_OK)

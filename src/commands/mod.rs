@@ -1,10 +1,14 @@
 //! One function per `loopbus` command. Each returns the process's exit status.
 
+pub mod health;
 pub mod init;
+pub mod list;
 pub mod serve;
+pub mod talk;
 
 use crate::cli::{usage, UsageError};
-use std::path::PathBuf;
+use crate::config::{self, Config, CONFIG_FILE};
+use std::path::{Path, PathBuf};
 
 /// The state directory from `--state-dir`, else `$LOOPBUS_STATE_DIR`.
 ///
@@ -64,4 +68,62 @@ pub fn channel_root(state_dir: &std::path::Path) -> PathBuf {
         .parent()
         .map(std::path::Path::to_path_buf)
         .unwrap_or_else(|| PathBuf::from("/"))
+}
+
+/// The config of the instance whose state directory is `state_dir`, read the way
+/// `serve` reads it (bounded, regular files only).
+///
+/// # Errors
+/// config.json is missing, unreadable or invalid; the message names the file and the
+/// field, never a value.
+pub fn own_config(state_dir: &Path) -> Result<Config, UsageError> {
+    let path = state_dir.join(CONFIG_FILE);
+    let bytes = crate::server::read_bounded(&path).map_err(|e| {
+        let hint = if e.kind() == std::io::ErrorKind::NotFound {
+            format!(" (create it with `loopbus init {}`)", state_dir.display())
+        } else {
+            String::new()
+        };
+        usage(format!("{}: cannot read: {e}{hint}", path.display()))
+    })?;
+    config::parse(&bytes).map_err(|e| {
+        let message = e.to_string();
+        let message = message
+            .strip_prefix("config.json: ")
+            .unwrap_or(&message)
+            .to_owned();
+        usage(format!("{}: {message}", path.display()))
+    })
+}
+
+/// Where `health` and `list` find the registry: `--root DIR`, else the parent of
+/// `--state-dir` / `$LOOPBUS_STATE_DIR`. Also returns the state directory when one
+/// was given, whose config supplies `acceptKinds`.
+///
+/// # Errors
+/// None of `--root`, `--state-dir` and `$LOOPBUS_STATE_DIR` is set.
+pub fn registry_root(
+    root_flag: Option<&str>,
+    state_dir_flag: Option<&str>,
+) -> Result<(PathBuf, Option<PathBuf>), UsageError> {
+    let state_dir = state_dir_from(state_dir_flag).ok();
+    match (root_flag, state_dir) {
+        (Some(root), state_dir) if !root.is_empty() => Ok((PathBuf::from(root), state_dir)),
+        (_, Some(state_dir)) => Ok((channel_root(&state_dir), Some(state_dir))),
+        _ => Err(usage(
+            "no registry: pass --root DIR, or --state-dir DIR (or set LOOPBUS_STATE_DIR)",
+        )),
+    }
+}
+
+/// The kinds a probe accepts: the `acceptKinds` of the config in `state_dir` when it
+/// has one, else the defaults.
+///
+/// # Errors
+/// `state_dir` has a config.json that can't be read or is invalid.
+pub fn accept_kinds(state_dir: Option<&Path>) -> Result<Vec<String>, UsageError> {
+    match state_dir {
+        Some(dir) if dir.join(CONFIG_FILE).exists() => Ok(own_config(dir)?.bus.accept_kinds),
+        _ => Ok(config::DEFAULT_ACCEPT_KINDS.map(str::to_owned).to_vec()),
+    }
 }

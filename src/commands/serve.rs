@@ -75,6 +75,7 @@ pub fn run(args: &[String]) -> Result<i32, UsageError> {
             root.display()
         );
     }
+    claim_name(&root, &name)?;
 
     let port = match args.parsed::<u16>("port", "a port number (0-65535)")? {
         Some(port) => port,
@@ -163,6 +164,34 @@ pub fn run(args: &[String]) -> Result<i32, UsageError> {
     }
     log::info!("stopped {name}");
     Ok(EXIT_OK)
+}
+
+/// Before listening: refuses to start when an instance of the same name is already
+/// running under `root` (its registered port answers health as `name`), then prunes
+/// stale registry entries (contract section 6). A registry that can't be read or
+/// written here is only a warning; `register` reports real trouble.
+fn claim_name(root: &std::path::Path, name: &str) -> Result<(), UsageError> {
+    match registry::running(root, name) {
+        Ok(Some(entry)) => {
+            return Err(usage(format!(
+                "an instance named {name} is already running under {} (pid {}, port {})",
+                root.display(),
+                entry.pid,
+                entry.port
+            )))
+        }
+        Ok(None) => {}
+        Err(e) => log::warn!("cannot read the registry: {e}"),
+    }
+    match registry::prune(root) {
+        Ok(pruned) => {
+            for stale in pruned {
+                log::info!("removed the stale registry entry of {stale}");
+            }
+        }
+        Err(e) => log::warn!("cannot prune the registry: {e}"),
+    }
+    Ok(())
 }
 
 /// Config errors from `config::parse` start with "config.json: "; the caller names

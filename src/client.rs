@@ -1,0 +1,863 @@
+//! The client side of the bus: one delegation to another instance, exactly as contract
+//! section 5 tables it.
+//!
+//! [`delegate`] runs the caller's local checks first (own bus enabled, target among own
+//! peers, depth below own `maxDepth`, body within [`MAX_BODY_BYTES`]), then looks the
+//! target up in the registry and probes its health, and only on the connection whose
+//! probe matched sends `POST /api/talk` with the bearer secret and `depth + 1`. The
+//! answer becomes a [`Reply`] or a [`DelegateError`]; [`DelegateError::code`] is the
+//! one place where client failures get their wire code.
+//!
+//! ```no_run
+//! use loopbus::client::{delegate, DelegateOptions};
+//! use loopbus::config::BusConfig;
+//! use std::time::Duration;
+//!
+//! let options = DelegateOptions {
+//!     root: "/home/me/.loopbus".into(),
+//!     caller: "reviewer".into(),
+//!     bus: BusConfig { enabled: true, ..BusConfig::default() },
+//!     target: "worker".into(),
+//!     prompt: "Please verify this answer".into(),
+//!     depth: 0,
+//!     timeout: Duration::from_secs(60),
+//! };
+//! match delegate(&options) {
+//!     Ok(reply) => println!("{}", reply.text),
+//!     Err(e) => eprintln!("{} (retryable: {}): {e}", e.code(), e.retryable()),
+//! }
+//! ```
+
+pub mod transport;
+
+use crate::config::BusConfig;
+use crate::protocol::{
+    self, encode_talk_request, Envelope, ErrorCode, Failure, TalkRequest, MAX_BODY_BYTES,
+};
+use crate::registry::{self, ProbeError, PROBE_TIMEOUT};
+use std::fmt;
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+use transport::{Connection, HttpError};
+
+/// How long `loopbus talk` waits for an answer unless told otherwise (contract
+/// section 5).
+pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(1800);
+
+/// One delegation. `Debug` shows the prompt's length, never its text.
+#[derive(Clone)]
+pub struct DelegateOptions {
+    /// The channel root whose registry names the target.
+    pub root: PathBuf,
+    /// The calling instance's name, sent as `fromInstance`.
+    pub caller: String,
+    /// The caller's own `bus` config: `enabled`, `peers`, `maxDepth`, `acceptKinds`.
+    pub bus: BusConfig,
+    /// The instance to ask.
+    pub target: String,
+    /// The prompt.
+    pub prompt: String,
+    /// The caller's current depth; the request carries `depth + 1`.
+    pub depth: u64,
+    /// How long to wait for the answer once the request is sent.
+    pub timeout: Duration,
+}
+
+impl fmt::Debug for DelegateOptions {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("DelegateOptions")
+            .field("root", &self.root)
+            .field("caller", &self.caller)
+            .field("bus", &self.bus)
+            .field("target", &self.target)
+            .field("prompt_chars", &self.prompt.chars().count())
+            .field("depth", &self.depth)
+            .field("timeout", &self.timeout)
+            .finish()
+    }
+}
+
+/// A successful delegation.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Reply {
+    /// The reply text.
+    pub text: String,
+    /// The answering instance (the target's name when a legacy peer left it out).
+    pub from_instance: String,
+    /// How long the peer says the answer took.
+    pub duration_ms: u64,
+}
+
+impl Reply {
+    /// The reply as a v1 success envelope, as `loopbus talk --json` prints it.
+    pub fn to_envelope(&self) -> Envelope {
+        Envelope::success(&self.from_instance, self.text.clone(), self.duration_ms)
+    }
+}
+
+/// Why a delegation failed. Every variant has a wire code ([`DelegateError::code`]) and
+/// a `retryable` flag; messages never contain the secret or the prompt.
+#[derive(Debug)]
+pub enum DelegateError {
+    /// The caller's own bus is disabled.
+    BusDisabled,
+    /// The target is not among the caller's `peers`.
+    PeerNotAllowed {
+        /// The target asked for.
+        target: String,
+    },
+    /// The caller's depth already reached its own `maxDepth`.
+    MaxDepth {
+        /// The caller's depth.
+        depth: u64,
+        /// The caller's `maxDepth`.
+        max: u64,
+    },
+    /// The serialized request is larger than [`MAX_BODY_BYTES`].
+    TooLarge {
+        /// Its size in bytes.
+        bytes: usize,
+    },
+    /// The registry could not be read.
+    Registry {
+        /// The registry file.
+        path: PathBuf,
+        /// Why not.
+        error: std::io::Error,
+    },
+    /// The target has no valid registry entry.
+    NotRegistered {
+        /// The target asked for.
+        target: String,
+    },
+    /// The target's health probe did not match; the secret was not sent.
+    ProbeFailed {
+        /// The target asked for.
+        target: String,
+        /// What the probe found.
+        reason: ProbeError,
+    },
+    /// The connection for the request could not be made, or broke.
+    Connection {
+        /// The target asked for.
+        target: String,
+        /// What happened.
+        reason: HttpError,
+    },
+    /// No complete answer within the timeout.
+    Timeout {
+        /// The target asked for.
+        target: String,
+        /// The timeout that passed.
+        after: Duration,
+    },
+    /// The answer is not an envelope (not HTTP, not JSON, or not the right shape).
+    InvalidResponse {
+        /// The target asked for.
+        target: String,
+        /// What was wrong with it (never the answer itself).
+        reason: String,
+    },
+    /// The peer answered with a failure envelope; its code is kept as it is.
+    Remote {
+        /// The answering instance.
+        from_instance: String,
+        /// The peer's failure.
+        failure: Failure,
+        /// How long the peer says it took.
+        duration_ms: u64,
+    },
+}
+
+impl DelegateError {
+    /// The wire code of this failure: the one table of client failures (contract
+    /// section 5).
+    pub fn code(&self) -> ErrorCode {
+        match self {
+            DelegateError::BusDisabled => ErrorCode::BusDisabled,
+            DelegateError::PeerNotAllowed { .. } => ErrorCode::PeerNotAllowed,
+            DelegateError::MaxDepth { .. } => ErrorCode::MaxDepthExceeded,
+            DelegateError::TooLarge { .. } => ErrorCode::RequestTooLarge,
+            DelegateError::Registry { .. }
+            | DelegateError::NotRegistered { .. }
+            | DelegateError::ProbeFailed { .. }
+            | DelegateError::Connection { .. } => ErrorCode::InstanceUnavailable,
+            DelegateError::Timeout { .. } => ErrorCode::Timeout,
+            DelegateError::InvalidResponse { .. } => ErrorCode::InvalidResponse,
+            DelegateError::Remote { failure, .. } => failure.code.clone(),
+        }
+    }
+
+    /// Whether the same delegation may be tried again without operator action: the
+    /// peer's own flag for a remote failure, the retry table otherwise.
+    pub fn retryable(&self) -> bool {
+        match self {
+            DelegateError::Remote { failure, .. } => failure.retryable,
+            other => other.code().retryable(),
+        }
+    }
+
+    /// The failure as a v1 envelope, as `loopbus talk --json` prints it. A remote
+    /// failure keeps the peer's name, message, code and flag; a failure decided here
+    /// names `caller` (the instance that produced it) and took `duration_ms`.
+    pub fn to_envelope(&self, caller: &str, duration_ms: u64) -> Envelope {
+        match self {
+            DelegateError::Remote {
+                from_instance,
+                failure,
+                duration_ms,
+            } => Envelope::failure(from_instance, failure.clone(), *duration_ms),
+            other => Envelope::failure(
+                caller,
+                Failure {
+                    error: protocol::truncate_chars(other.to_string(), protocol::MAX_ERROR_CHARS),
+                    code: other.code(),
+                    retryable: other.retryable(),
+                },
+                duration_ms,
+            ),
+        }
+    }
+}
+
+impl fmt::Display for DelegateError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            DelegateError::BusDisabled => {
+                f.write_str("the bus is disabled in this instance's config")
+            }
+            DelegateError::PeerNotAllowed { target } => {
+                write!(f, "{target} is not among this instance's peers")
+            }
+            DelegateError::MaxDepth { depth, max } => {
+                write!(f, "depth {depth} reaches this instance's maxDepth of {max}")
+            }
+            DelegateError::TooLarge { bytes } => write!(
+                f,
+                "request body is {bytes} bytes, more than the limit of {MAX_BODY_BYTES}"
+            ),
+            DelegateError::Registry { path, error } => {
+                write!(f, "cannot read the registry {}: {error}", path.display())
+            }
+            DelegateError::NotRegistered { target } => {
+                write!(f, "instance {target} is not registered (is it running?)")
+            }
+            DelegateError::ProbeFailed { target, reason } => {
+                write!(f, "instance {target} is not available: {reason}")
+            }
+            DelegateError::Connection { target, reason } => {
+                write!(f, "instance {target} is not available: {reason}")
+            }
+            DelegateError::Timeout { target, after } => {
+                write!(
+                    f,
+                    "instance {target} did not answer within {} s",
+                    after.as_secs_f64()
+                )
+            }
+            DelegateError::InvalidResponse { target, reason } => {
+                write!(f, "instance {target} gave an invalid answer: {reason}")
+            }
+            DelegateError::Remote {
+                from_instance,
+                failure,
+                ..
+            } => {
+                let from = if from_instance.is_empty() {
+                    "peer"
+                } else {
+                    from_instance
+                };
+                write!(f, "{from} answered with a failure: {}", failure.error)
+            }
+        }
+    }
+}
+
+impl std::error::Error for DelegateError {}
+
+/// Delegates `options.prompt` to `options.target` and waits for the answer.
+///
+/// # Errors
+///
+/// A [`DelegateError`] for every row of contract section 5's table, decided in this
+/// order: own bus disabled, target not among own peers, depth at own `maxDepth`, body
+/// too large, registry unreadable, target not registered, health probe not matching
+/// (the secret is then never sent), connection refused or broken, no answer within
+/// `options.timeout`, an answer that is not an envelope, a failure envelope.
+pub fn delegate(options: &DelegateOptions) -> Result<Reply, DelegateError> {
+    let bus = &options.bus;
+    let target = options.target.as_str();
+    if !bus.enabled {
+        return Err(DelegateError::BusDisabled);
+    }
+    if !bus.peers.allows(target) {
+        return Err(DelegateError::PeerNotAllowed {
+            target: target.to_owned(),
+        });
+    }
+    if options.depth >= bus.max_depth {
+        return Err(DelegateError::MaxDepth {
+            depth: options.depth,
+            max: bus.max_depth,
+        });
+    }
+    let body = encode_talk_request(&TalkRequest {
+        from_instance: options.caller.clone(),
+        prompt: options.prompt.clone(),
+        // `depth < max_depth <= u64::MAX`, so this cannot overflow.
+        depth: options.depth.saturating_add(1),
+    });
+    if body.len() as u64 > MAX_BODY_BYTES {
+        return Err(DelegateError::TooLarge { bytes: body.len() });
+    }
+
+    let entry = registry::lookup(&options.root, target)
+        .map_err(|error| DelegateError::Registry {
+            path: registry::registry_path(&options.root),
+            error,
+        })?
+        .ok_or_else(|| DelegateError::NotRegistered {
+            target: target.to_owned(),
+        })?;
+    let probe_failed = |reason| DelegateError::ProbeFailed {
+        target: target.to_owned(),
+        reason,
+    };
+    let probe_deadline = Instant::now() + PROBE_TIMEOUT;
+    let mut connection = Connection::open_local(entry.port, probe_deadline)
+        .map_err(|e| probe_failed(ProbeError::Http(e)))?;
+    registry::probe_on(
+        &mut connection,
+        target,
+        Some(&bus.accept_kinds),
+        probe_deadline,
+    )
+    .map_err(probe_failed)?;
+    log::debug!(
+        "delegating to {target} on port {} ({} prompt chars, depth {})",
+        entry.port,
+        options.prompt.chars().count(),
+        options.depth.saturating_add(1)
+    );
+
+    // The secret goes out on the connection whose probe matched. Only if the server
+    // closed it after the health answer does a new connection to the same port follow.
+    let deadline = Instant::now() + options.timeout;
+    if !connection.is_reusable() {
+        connection = Connection::open_local(entry.port, deadline)
+            .map_err(|e| transport_error(target, options.timeout, e))?;
+    }
+    let response = connection
+        .post_talk(&entry.secret, &body, deadline)
+        .map_err(|e| transport_error(target, options.timeout, e))?;
+    interpret(target, response)
+}
+
+/// Maps a failed exchange to the table's row.
+fn transport_error(target: &str, timeout: Duration, error: HttpError) -> DelegateError {
+    let target = target.to_owned();
+    match error {
+        HttpError::Timeout => DelegateError::Timeout {
+            target,
+            after: timeout,
+        },
+        HttpError::Malformed(what) => DelegateError::InvalidResponse {
+            target,
+            reason: what.to_owned(),
+        },
+        reason @ (HttpError::NotLoopback(_)
+        | HttpError::Connect(_)
+        | HttpError::Io(_)
+        | HttpError::Closed
+        | HttpError::UnsendableSecret) => DelegateError::Connection { target, reason },
+    }
+}
+
+/// Turns a complete answer into a reply or an error. Any status may carry a failure
+/// envelope (refusals come as 4xx/5xx); a success envelope counts only with 200.
+fn interpret(target: &str, response: transport::Response) -> Result<Reply, DelegateError> {
+    let envelope =
+        protocol::parse_response(&response.body).map_err(|e| DelegateError::InvalidResponse {
+            target: target.to_owned(),
+            reason: format!("HTTP {}: {e}", response.status),
+        })?;
+    // The probe established that `target` answers on this port.
+    let from_instance = if envelope.from_instance.is_empty() {
+        target.to_owned()
+    } else {
+        envelope.from_instance
+    };
+    match envelope.failure {
+        Some(failure) => Err(DelegateError::Remote {
+            from_instance,
+            failure,
+            duration_ms: envelope.duration_ms,
+        }),
+        None if response.status == 200 => Ok(Reply {
+            text: envelope.text,
+            from_instance,
+            duration_ms: envelope.duration_ms,
+        }),
+        None => Err(DelegateError::InvalidResponse {
+            target: target.to_owned(),
+            reason: format!("a success envelope with HTTP {}", response.status),
+        }),
+    }
+}
+
+#[cfg(test)]
+#[allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    reason = "tests fail loudly on purpose"
+)]
+mod tests {
+    use super::transport::{parse_head, ResponseHead};
+    use super::*;
+
+    #[test]
+    fn response_head_table() {
+        let head = |status, minor_version, content_length, close| ResponseHead {
+            status,
+            minor_version,
+            content_length,
+            close,
+        };
+        // (bytes, parsed head; its length is up to the blank line)
+        type Row = (&'static [u8], Option<ResponseHead>);
+        let ok: &[Row] = &[
+            (
+                b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\n{}",
+                Some(head(200, 1, Some(2), false)),
+            ),
+            (
+                b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\nContent-Length: 02\r\n\r\n",
+                Some(head(200, 1, Some(2), false)),
+            ),
+            (
+                b"HTTP/1.1 401 Unauthorized\r\nConnection: close\r\nContent-Length: 0\r\n\r\n",
+                Some(head(401, 1, Some(0), true)),
+            ),
+            (
+                b"HTTP/1.1 200 OK\r\nConnection: keep-alive, Close\r\n\r\n",
+                Some(head(200, 1, None, true)),
+            ),
+            (b"HTTP/1.0 200 OK\r\n\r\n", Some(head(200, 0, None, false))),
+            (
+                b"HTTP/1.1 204 No Content\r\n\r\n",
+                Some(head(204, 1, None, false)),
+            ),
+            (
+                b"HTTP/1.1 200 OK\r\nContent-Length: 99999999999999999999999\r\n\r\n",
+                Some(head(200, 1, Some(u64::MAX), false)),
+            ),
+            (b"HTTP/1.1 200 OK\r\nContent-Len", None),
+            (b"", None),
+            (b"HTTP/1.1 2", None),
+        ];
+        for (bytes, want) in ok {
+            let got = parse_head(bytes)
+                .unwrap_or_else(|e| panic!("{:?}: {e}", String::from_utf8_lossy(bytes)));
+            let want = want.clone().map(|head| {
+                let blank = bytes.windows(4).position(|w| w == b"\r\n\r\n").unwrap();
+                (head, blank + 4)
+            });
+            assert_eq!(got, want, "{:?}", String::from_utf8_lossy(bytes));
+        }
+        let many_headers = format!("HTTP/1.1 200 OK\r\n{}\r\n", "X: y\r\n".repeat(65));
+        let long_head = format!("HTTP/1.1 200 OK\r\nX: {}", "y".repeat(20_000));
+        let bad: Vec<(&[u8], &str)> = vec![
+            (
+                b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n",
+                "Transfer-Encoding",
+            ),
+            (
+                b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nContent-Length: 3\r\n\r\n",
+                "conflicting",
+            ),
+            (
+                b"HTTP/1.1 200 OK\r\nContent-Length: -1\r\n\r\n",
+                "invalid Content-Length",
+            ),
+            (
+                b"HTTP/1.1 200 OK\r\nContent-Length: 0x10\r\n\r\n",
+                "invalid Content-Length",
+            ),
+            (
+                b"HTTP/1.1 200 OK\r\nContent-Length: \r\n\r\n",
+                "invalid Content-Length",
+            ),
+            (b"SSH-2.0-OpenSSH_9.6\r\n", "malformed"),
+            (b"{\"success\":true}", "malformed"),
+            (b"HTTP/1.1 abc OK\r\n\r\n", "malformed"),
+            (many_headers.as_bytes(), "too many"),
+            (long_head.as_bytes(), "too large"),
+        ];
+        for (bytes, want) in bad {
+            match parse_head(bytes) {
+                Err(HttpError::Malformed(what)) => {
+                    assert!(
+                        what.contains(want),
+                        "{what} for {:?}",
+                        String::from_utf8_lossy(&bytes[..bytes.len().min(60)])
+                    )
+                }
+                other => panic!(
+                    "{other:?} for {:?}",
+                    String::from_utf8_lossy(&bytes[..bytes.len().min(60)])
+                ),
+            }
+        }
+    }
+
+    fn io(kind: std::io::ErrorKind) -> std::io::Error {
+        std::io::Error::new(kind, "x")
+    }
+
+    fn health(instance: &str) -> crate::protocol::Health {
+        crate::protocol::Health {
+            kind: "loopbus".into(),
+            instance: instance.into(),
+            status: "ok".into(),
+            pid: 1,
+        }
+    }
+
+    #[test]
+    fn error_mapping_table() {
+        let t = || "worker".to_owned();
+        let remote = |code: &str, retryable| DelegateError::Remote {
+            from_instance: "worker".into(),
+            failure: Failure {
+                error: "e".into(),
+                code: ErrorCode::from_wire(code),
+                retryable,
+            },
+            duration_ms: 1,
+        };
+        let cases: Vec<(DelegateError, &str, bool)> = vec![
+            (DelegateError::BusDisabled, "bus_disabled", false),
+            (
+                DelegateError::PeerNotAllowed { target: t() },
+                "peer_not_allowed",
+                false,
+            ),
+            (
+                DelegateError::MaxDepth { depth: 3, max: 3 },
+                "max_depth_exceeded",
+                false,
+            ),
+            (
+                DelegateError::TooLarge { bytes: 300_000 },
+                "request_too_large",
+                false,
+            ),
+            (
+                DelegateError::Registry {
+                    path: "/r/.bus-registry.json".into(),
+                    error: io(std::io::ErrorKind::PermissionDenied),
+                },
+                "instance_unavailable",
+                true,
+            ),
+            (
+                DelegateError::NotRegistered { target: t() },
+                "instance_unavailable",
+                true,
+            ),
+            (
+                DelegateError::ProbeFailed {
+                    target: t(),
+                    reason: ProbeError::Http(HttpError::Timeout),
+                },
+                "instance_unavailable",
+                true,
+            ),
+            (
+                DelegateError::ProbeFailed {
+                    target: t(),
+                    reason: ProbeError::OtherInstance(health("impostor")),
+                },
+                "instance_unavailable",
+                true,
+            ),
+            (
+                DelegateError::Connection {
+                    target: t(),
+                    reason: HttpError::Connect(io(std::io::ErrorKind::ConnectionRefused)),
+                },
+                "instance_unavailable",
+                true,
+            ),
+            (
+                DelegateError::Connection {
+                    target: t(),
+                    reason: HttpError::Closed,
+                },
+                "instance_unavailable",
+                true,
+            ),
+            (
+                DelegateError::Timeout {
+                    target: t(),
+                    after: Duration::from_secs(1),
+                },
+                "timeout",
+                true,
+            ),
+            (
+                DelegateError::InvalidResponse {
+                    target: t(),
+                    reason: "x".into(),
+                },
+                "invalid_response",
+                true,
+            ),
+            (remote("budget_exhausted", false), "budget_exhausted", false),
+            (remote("timeout", false), "timeout", false),
+            (remote("rate_limited", true), "rate_limited", true),
+            (remote("server_busy", true), "server_busy", true),
+        ];
+        for (error, code, retryable) in cases {
+            assert_eq!(error.code().as_str(), code, "{error:?}");
+            assert_eq!(error.retryable(), retryable, "{error:?}");
+            let envelope = error.to_envelope("caller", 7);
+            let failure = envelope.failure.as_ref().unwrap();
+            assert_eq!(
+                (failure.code.as_str(), failure.retryable),
+                (code, retryable)
+            );
+            let from = if matches!(error, DelegateError::Remote { .. }) {
+                "worker"
+            } else {
+                "caller"
+            };
+            assert_eq!(envelope.from_instance, from);
+            assert_eq!(envelope.protocol_version, Some(1));
+            assert!(!failure.error.is_empty());
+        }
+    }
+
+    #[test]
+    fn transport_errors_map_to_table_rows() {
+        let cases: Vec<(HttpError, &str)> = vec![
+            (HttpError::Timeout, "timeout"),
+            (HttpError::Malformed("x"), "invalid_response"),
+            (HttpError::Closed, "instance_unavailable"),
+            (
+                HttpError::Connect(io(std::io::ErrorKind::ConnectionRefused)),
+                "instance_unavailable",
+            ),
+            (
+                HttpError::Io(io(std::io::ErrorKind::ConnectionReset)),
+                "instance_unavailable",
+            ),
+        ];
+        for (error, code) in cases {
+            let shown = format!("{error:?}");
+            assert_eq!(
+                transport_error("w", Duration::from_secs(1), error)
+                    .code()
+                    .as_str(),
+                code,
+                "{shown}"
+            );
+        }
+    }
+
+    #[test]
+    fn answers_are_interpreted_table() {
+        // (status, body, Ok(text) or Err((code, retryable)))
+        type Row = (
+            u16,
+            &'static str,
+            Result<&'static str, (&'static str, bool)>,
+        );
+        let cases: &[Row] = &[
+            (
+                200,
+                r#"{"success":true,"text":"hi","fromInstance":"worker","durationMs":3,"protocolVersion":1,"capabilities":[]}"#,
+                Ok("hi"),
+            ),
+            (200, r#"{"success":true,"text":"legacy"}"#, Ok("legacy")),
+            (
+                200,
+                r#"{"success":false,"error":"boom"}"#,
+                Err(("unknown", true)),
+            ),
+            (
+                200,
+                r#"{"success":false,"text":"","error":"Budget exhausted","errorCode":"budget_exhausted","retryable":false,"protocolVersion":1}"#,
+                Err(("budget_exhausted", false)),
+            ),
+            (
+                200,
+                r#"{"success":false,"error":"x","errorCode":"rate_limited"}"#,
+                Err(("rate_limited", true)),
+            ),
+            (
+                401,
+                r#"{"success":false,"text":"","error":"no","errorCode":"auth_failed","retryable":false}"#,
+                Err(("auth_failed", false)),
+            ),
+            (
+                429,
+                r#"{"success":false,"error":"deep","errorCode":"max_depth_exceeded","retryable":false}"#,
+                Err(("max_depth_exceeded", false)),
+            ),
+            (
+                503,
+                r#"{"success":false,"error":"busy","errorCode":"server_busy","retryable":true}"#,
+                Err(("server_busy", true)),
+            ),
+            (200, "<html>hello</html>", Err(("invalid_response", true))),
+            (200, "", Err(("invalid_response", true))),
+            (
+                200,
+                r#"{"text":"no success field"}"#,
+                Err(("invalid_response", true)),
+            ),
+            (502, "Bad Gateway", Err(("invalid_response", true))),
+            (
+                500,
+                r#"{"success":true,"text":"odd"}"#,
+                Err(("invalid_response", true)),
+            ),
+        ];
+        for (status, body, want) in cases {
+            let got = interpret(
+                "worker",
+                transport::Response {
+                    status: *status,
+                    body: body.as_bytes().to_vec(),
+                },
+            );
+            match (got, want) {
+                (Ok(reply), Ok(text)) => {
+                    assert_eq!(reply.text, *text);
+                    assert_eq!(reply.from_instance, "worker");
+                }
+                (Err(e), Err((code, retryable))) => {
+                    assert_eq!(
+                        (e.code().as_str(), e.retryable()),
+                        (*code, *retryable),
+                        "{body}"
+                    );
+                }
+                (got, want) => panic!("{status} {body}: got {got:?}, want {want:?}"),
+            }
+        }
+    }
+
+    #[test]
+    fn local_checks_come_first_in_table_order() {
+        use crate::config::Peers;
+        let base = DelegateOptions {
+            // Nothing is registered here; no check below gets as far as the registry.
+            root: std::env::temp_dir().join("loopbus-no-such-root"),
+            caller: "me".into(),
+            bus: BusConfig {
+                enabled: true,
+                ..BusConfig::default()
+            },
+            target: "worker".into(),
+            prompt: "p".into(),
+            depth: 0,
+            timeout: Duration::from_secs(1),
+        };
+        let disabled = DelegateOptions {
+            bus: BusConfig {
+                enabled: false,
+                peers: Peers::Only(vec![]),
+                max_depth: 1,
+                ..base.bus.clone()
+            },
+            depth: 5,
+            ..base.clone()
+        };
+        let not_peer = DelegateOptions {
+            bus: BusConfig {
+                peers: Peers::Only(vec!["other".into()]),
+                max_depth: 1,
+                ..base.bus.clone()
+            },
+            depth: 5,
+            ..base.clone()
+        };
+        let deep = DelegateOptions {
+            depth: 3,
+            prompt: "x".repeat(300_000),
+            ..base.clone()
+        };
+        let big = DelegateOptions {
+            prompt: "x".repeat(MAX_BODY_BYTES as usize),
+            ..base.clone()
+        };
+        let quote_heavy = DelegateOptions {
+            // Escaping doubles every quote: the serialized body is what counts.
+            prompt: "\"".repeat(MAX_BODY_BYTES as usize / 2),
+            ..base.clone()
+        };
+        let cases = [
+            (disabled, "bus_disabled"),
+            (not_peer, "peer_not_allowed"),
+            (deep, "max_depth_exceeded"),
+            (big, "request_too_large"),
+            (quote_heavy, "request_too_large"),
+            (base, "instance_unavailable"),
+        ];
+        for (options, code) in cases {
+            let error = delegate(&options).unwrap_err();
+            assert_eq!(error.code().as_str(), code, "{error}");
+        }
+    }
+
+    #[test]
+    fn only_loopback_and_only_sendable_secrets() {
+        let soon = Instant::now() + Duration::from_secs(1);
+        for addr in [
+            "10.0.0.1:80",
+            "192.168.1.1:7701",
+            "[2001:db8::1]:80",
+            "0.0.0.0:80",
+        ] {
+            let addr: std::net::SocketAddr = addr.parse().unwrap();
+            let refused = Connection::open(addr, soon).unwrap_err();
+            assert!(
+                matches!(refused, HttpError::NotLoopback(_)),
+                "{addr}: {refused}"
+            );
+        }
+        // A listener that never answers: the secret check fails before any write.
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = listener.local_addr().unwrap().port();
+        for bad in ["a\r\nX-Injected: 1", "nul\0", "bell\u{7}"] {
+            let mut connection = Connection::open_local(port, soon).unwrap();
+            let secret = crate::secret::Secret::new(bad).unwrap();
+            let error = connection.post_talk(&secret, b"{}", soon).unwrap_err();
+            assert!(matches!(error, HttpError::UnsendableSecret), "{error}");
+            assert!(!error.to_string().contains(bad));
+        }
+        // Nobody listening on either loopback address: refused, quickly.
+        drop(listener);
+        let error = Connection::open_local(port, soon).unwrap_err();
+        assert!(matches!(error, HttpError::Connect(_)), "{error}");
+    }
+
+    #[test]
+    fn debug_and_errors_never_show_the_prompt() {
+        let options = DelegateOptions {
+            root: "/r".into(),
+            caller: "me".into(),
+            bus: BusConfig::default(),
+            target: "w".into(),
+            prompt: "TOP-SECRET-PROMPT".into(),
+            depth: 0,
+            timeout: DEFAULT_TIMEOUT,
+        };
+        let shown = format!("{options:?}");
+        assert!(!shown.contains("TOP-SECRET-PROMPT"), "{shown}");
+        assert!(shown.contains("prompt_chars: 17"), "{shown}");
+    }
+}

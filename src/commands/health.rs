@@ -1,0 +1,114 @@
+//! `loopbus health TARGET`: is an instance alive?
+
+use crate::cli::{usage, Args, UsageError, EXIT_OK, EXIT_RETRYABLE};
+use crate::client::transport::Connection;
+use crate::registry::{self, HealthAnswer, ProbeError, PROBE_TIMEOUT};
+use std::time::Instant;
+
+/// Help text.
+pub const HELP: &str = "\
+loopbus health TARGET [--root DIR | --state-dir DIR] [--port N]
+loopbus health --port N
+
+Check whether the instance TARGET is alive and print its health answer (JSON) on
+stdout. TARGET is looked up in the registry of the channel root DIR (--root), or
+of the parent of --state-dir / $LOOPBUS_STATE_DIR. Alive means GET /api/health
+answered within 500 ms with 200, status \"ok\", instance equal to TARGET, and a
+kind the caller accepts (the acceptKinds of --state-dir's config.json, else
+loopbus and cc-telegram-bridge). With --port N, 127.0.0.1:N is asked directly,
+without the registry; TARGET, if given, must then match the answer's instance.
+
+Exit status: 0 alive; 75 not alive or not registered (the reason goes to
+stderr); 2 usage or local configuration error.
+
+Examples:
+  loopbus health worker --root ~/.loopbus
+  loopbus health --port 7701
+";
+
+/// Runs `health`.
+///
+/// # Errors
+/// Bad arguments, no way to find the registry, or an invalid config.json.
+pub fn run(args: &[String]) -> Result<i32, UsageError> {
+    let args = Args::parse(args, &["root", "state-dir", "port"], &[])?;
+    if args.help {
+        print!("{HELP}");
+        return Ok(EXIT_OK);
+    }
+    args.at_most(1)?;
+    let target = args.positionals.first().map(String::as_str);
+    if let Some(name) = target {
+        if !registry::is_valid_instance_name(name) {
+            return Err(usage(format!(
+                "invalid instance name {name:?}: it must match [A-Za-z0-9][A-Za-z0-9._-]{{0,63}}"
+            )));
+        }
+    }
+    let port = args
+        .parsed::<u16>("port", "a port number (1-65535)")?
+        .map(|port| {
+            if port == 0 {
+                Err(usage("`--port` must be a port number (1-65535)"))
+            } else {
+                Ok(port)
+            }
+        })
+        .transpose()?;
+
+    let (port, state_dir, shown) = match (port, target) {
+        (Some(port), _) => {
+            let state_dir = super::state_dir_from(args.value("state-dir")).ok();
+            (port, state_dir, format!("port {port}"))
+        }
+        (None, Some(name)) => {
+            let (root, state_dir) =
+                super::registry_root(args.value("root"), args.value("state-dir"))?;
+            let entry = registry::lookup(&root, name).map_err(|e| {
+                usage(format!(
+                    "cannot read {}: {e}",
+                    registry::registry_path(&root).display()
+                ))
+            })?;
+            let Some(entry) = entry else {
+                eprintln!(
+                    "loopbus: {name} is not registered in {}",
+                    registry::registry_path(&root).display()
+                );
+                return Ok(EXIT_RETRYABLE);
+            };
+            (
+                entry.port,
+                state_dir,
+                format!("{name} (port {})", entry.port),
+            )
+        }
+        (None, None) => {
+            return Err(usage(
+                "missing TARGET; usage: loopbus health TARGET, or loopbus health --port N",
+            ))
+        }
+    };
+    let kinds = super::accept_kinds(state_dir.as_deref())?;
+    match probe(port, target, &kinds) {
+        Ok(answer) => {
+            println!(
+                "{}",
+                serde_json::to_string_pretty(&answer.body).unwrap_or_default()
+            );
+            Ok(EXIT_OK)
+        }
+        Err(reason) => {
+            eprintln!("loopbus: {shown} is not alive: {reason}");
+            Ok(EXIT_RETRYABLE)
+        }
+    }
+}
+
+/// One health check of `127.0.0.1:port` within [`PROBE_TIMEOUT`].
+fn probe(port: u16, name: Option<&str>, kinds: &[String]) -> Result<HealthAnswer, ProbeError> {
+    let deadline = Instant::now() + PROBE_TIMEOUT;
+    let mut connection = Connection::open_local(port, deadline).map_err(ProbeError::Http)?;
+    let response = connection.get_health(deadline).map_err(ProbeError::Http)?;
+    registry::check_health(&response, name, Some(kinds))
+}
