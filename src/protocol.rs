@@ -386,7 +386,7 @@ impl Envelope {
         self.failure.is_none()
     }
 
-    /// The envelope as JSON, fields in the order `bus-protocol.md` shows them.
+    /// The envelope as JSON (keys in alphabetical order: serde_json's map is sorted).
     pub fn to_json(&self) -> Vec<u8> {
         let mut object = Map::new();
         object.insert("success".into(), Value::Bool(self.failure.is_none()));

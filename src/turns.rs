@@ -1,6 +1,6 @@
 //! The turn pool: a fixed set of worker threads and a bounded FIFO queue.
 //!
-//! The event loop submits a [`Job`] and moves on; a worker runs it and sends the
+//! The event loop submits a job and moves on; a worker runs it and sends the
 //! [`Done`] back through a channel, then wakes the loop with its [`mio::Waker`], so the
 //! loop never blocks on a turn and `/api/health` answers while turns run.
 
@@ -68,7 +68,7 @@ impl<J> Shared<J> {
     }
 }
 
-/// The pool. Dropping it does not stop the workers; call [`TurnPool::shutdown`].
+/// The pool. Dropping it does not stop the workers; call [`TurnPool::close`].
 pub struct TurnPool<J, R> {
     shared: Arc<Shared<J>>,
     done_rx: Receiver<Done<J, R>>,
