@@ -253,12 +253,18 @@ pub struct Control {
     responses: Vec<(ConnId, Response)>,
     stop_accepting: bool,
     exit: bool,
+    tick_at: Option<Instant>,
 }
 
 impl Control {
     /// Answers a deferred request. Ignored if that connection has gone away.
     pub fn respond(&mut self, id: ConnId, response: Response) {
         self.responses.push((id, response));
+    }
+
+    /// Calls [`Service::on_tick`] no later than `at`.
+    pub fn tick_at(&mut self, at: Instant) {
+        self.tick_at = Some(self.tick_at.map_or(at, |t| t.min(at)));
     }
 
     /// Closes the listener: no new connection is accepted from now on.
@@ -390,6 +396,8 @@ pub struct EventLoop {
     exiting: bool,
     /// Connections that yielded with work left, to be driven again this iteration.
     ready: Vec<(usize, u64)>,
+    /// When [`Service::on_tick`] is due.
+    next_tick: Instant,
 }
 
 /// Binds a listener on `addr`, which must be a loopback address.
@@ -438,6 +446,7 @@ impl EventLoop {
             accept_paused_until: None,
             exiting: false,
             ready: Vec::new(),
+            next_tick: Instant::now(),
         })
     }
 
@@ -457,18 +466,18 @@ impl EventLoop {
     /// Only if polling itself fails; per-connection errors close that connection.
     pub fn run<S: Service>(&mut self, service: &mut S) -> io::Result<()> {
         let mut events = Events::with_capacity(1024);
-        let mut next_tick = Instant::now();
+        self.next_tick = Instant::now();
         loop {
             let now = Instant::now();
-            if now >= next_tick {
+            if now >= self.next_tick {
                 let mut control = Control::default();
-                next_tick = service.on_tick(now, &mut control);
+                self.next_tick = service.on_tick(now, &mut control);
                 self.apply(service, control);
             }
             if self.exiting && !self.has_pending_writes() {
                 return Ok(());
             }
-            let mut wake_at = next_tick;
+            let mut wake_at = self.next_tick;
             if let Some(&(deadline, _, _)) = self.deadlines.first() {
                 wake_at = wake_at.min(deadline);
             }
@@ -563,6 +572,9 @@ impl EventLoop {
         }
         if control.exit {
             self.exiting = true;
+        }
+        if let Some(at) = control.tick_at {
+            self.next_tick = self.next_tick.min(at);
         }
     }
 

@@ -597,6 +597,7 @@ impl Service for Bus {
 
     fn on_interrupt(&mut self, control: &mut Control) {
         self.begin_shutdown(control);
+        control.tick_at(Instant::now());
     }
 
     fn on_tick(&mut self, now: Instant, control: &mut Control) -> Instant {
