@@ -19,6 +19,7 @@ run: build
 test:
 	$(CARGO) fmt --all -- --check
 	$(CARGO) clippy --locked --all-targets -- -D warnings
+	RUSTDOCFLAGS="-D warnings" $(CARGO) doc --locked --no-deps
 	$(CARGO) test --locked
 
 fmt:
