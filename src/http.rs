@@ -943,6 +943,21 @@ fn read_some(stream: &mut TcpStream, buf: &mut [u8]) -> ReadOutcome {
     }
 }
 
+/// Parses a request head from the start of `buf` with the loop's limits: `Ok(None)`
+/// while incomplete, else the head and how many bytes it took. Pure; for fuzzing and
+/// tools.
+///
+/// # Errors
+/// The head is malformed, longer than [`MAX_HEAD_BYTES`] or has more than
+/// [`MAX_HEADERS`] headers.
+pub fn parse_request_head(buf: &[u8]) -> Result<Option<(Head, usize)>, HttpError> {
+    match parse_head(buf, &mut 0) {
+        ParseOutcome::Complete(head, consumed) => Ok(Some((head, consumed))),
+        ParseOutcome::Partial => Ok(None),
+        ParseOutcome::Error(error) => Err(error),
+    }
+}
+
 enum ParseOutcome {
     Complete(Head, usize),
     Partial,
@@ -1006,11 +1021,7 @@ mod tests {
     use super::*;
 
     fn parse(buf: &[u8]) -> Result<Option<(Head, usize)>, HttpError> {
-        match parse_head(buf, &mut 0) {
-            ParseOutcome::Complete(h, n) => Ok(Some((h, n))),
-            ParseOutcome::Partial => Ok(None),
-            ParseOutcome::Error(e) => Err(e),
-        }
+        parse_request_head(buf)
     }
 
     #[test]
