@@ -1,5 +1,9 @@
-//! Where and how a run was made: the machine (from /proc), the date, the load
-//! average, the commit and the command.
+//! Where and how a run was made: the machine (from /proc), the date, the commit, the
+//! command, and how busy the machine was with other work during the run.
+
+/// Share of the machine's CPU time that other processes may use during a run before
+/// the report calls its figures noisy.
+const NOISY_FOREIGN_CPU: f64 = 0.10;
 
 /// The machine, the date, and how the run was made.
 pub struct Machine {
@@ -13,9 +17,13 @@ pub struct Machine {
     pub kernel: String,
     /// Total memory.
     pub memory: String,
-    /// 1-minute load average when the run started and when it ended.
-    pub load_start: String,
-    pub load_end: String,
+    /// 1-minute load average just before the run.
+    pub load_before: String,
+    /// CPU counters when the run started.
+    cpu_at_start: Option<CpuTicks>,
+    /// Share of all CPU time, during the run, used by processes other than the bench
+    /// and its children (`None` until [`Machine::finish`], or if /proc said nothing).
+    pub foreign_cpu: Option<f64>,
     /// The commit measured.
     pub commit: String,
     /// The command that made the run.
@@ -53,8 +61,9 @@ impl Machine {
             cpu,
             kernel: read_trimmed("/proc/sys/kernel/osrelease"),
             memory,
-            load_start: load_average(),
-            load_end: String::new(),
+            load_before: load_average(),
+            cpu_at_start: CpuTicks::now(),
+            foreign_cpu: None,
             commit: git_commit(),
             command,
             quick,
@@ -62,9 +71,73 @@ impl Machine {
         }
     }
 
-    /// Notes the load average at the end of the run.
+    /// Works out how much CPU other processes took during the run. Call it once every
+    /// child process has been waited for, so that theirs counts as the bench's own.
     pub fn finish(&mut self) {
-        self.load_end = load_average();
+        self.foreign_cpu = match (self.cpu_at_start, CpuTicks::now()) {
+            (Some(start), Some(end)) => {
+                let all = end.all.saturating_sub(start.all);
+                let busy = end.busy.saturating_sub(start.busy);
+                let own = end.own.saturating_sub(start.own);
+                (all > 0).then(|| busy.saturating_sub(own) as f64 / all as f64)
+            }
+            _ => None,
+        };
+    }
+
+    /// Whether other work took enough CPU during the run to make its figures noisy.
+    pub fn noisy(&self) -> bool {
+        self.foreign_cpu
+            .is_some_and(|share| share > NOISY_FOREIGN_CPU)
+    }
+}
+
+/// CPU time counters, in clock ticks.
+#[derive(Debug, Clone, Copy)]
+struct CpuTicks {
+    /// Every CPU's time, idle included.
+    all: u64,
+    /// Every CPU's time spent on processes (steal included: the hypervisor gave it to
+    /// others).
+    busy: u64,
+    /// This process's and its waited-for children's user and system time.
+    own: u64,
+}
+
+impl CpuTicks {
+    fn now() -> Option<CpuTicks> {
+        let stat = std::fs::read_to_string("/proc/stat").ok()?;
+        // cpu user nice system idle iowait irq softirq steal guest guest_nice; guest
+        // time is already inside user time.
+        let fields: Vec<u64> = stat
+            .lines()
+            .next()?
+            .strip_prefix("cpu ")?
+            .split_whitespace()
+            .take(8)
+            .map(|f| f.parse().ok())
+            .collect::<Option<_>>()?;
+        let [user, nice, system, idle, iowait, irq, softirq, steal] = fields[..] else {
+            return None;
+        };
+        // Interrupt time is left out of `busy`: with IRQ time accounting, the loopback
+        // traffic the bench itself makes is charged there and not to any process.
+        let busy = user + nice + system + steal;
+        // /proc/self/stat: fields after the parenthesized name; utime, stime, cutime and
+        // cstime are the 14th to 17th fields of the whole line.
+        let own_stat = std::fs::read_to_string("/proc/self/stat").ok()?;
+        let after_name = own_stat.rsplit_once(')')?.1;
+        let own: u64 = after_name
+            .split_whitespace()
+            .skip(11)
+            .take(4)
+            .map(|f| f.parse::<u64>().ok())
+            .sum::<Option<u64>>()?;
+        Some(CpuTicks {
+            all: busy + idle + iowait + irq + softirq,
+            busy,
+            own,
+        })
     }
 }
 

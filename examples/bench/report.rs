@@ -214,8 +214,21 @@ fn render_into(out: &mut String, report: &Report) -> std::fmt::Result {
     )?;
     writeln!(
         out,
-        "| load average (1 min) | {} at start, {} at end |",
-        m.load_start, m.load_end
+        "| load average (1 min) before the run | {} |",
+        m.load_before
+    )?;
+    writeln!(
+        out,
+        "| CPU taken by other processes during the run | {} |",
+        m.foreign_cpu.map_or_else(dash, |share| format!(
+            "{:.0}% of all CPU time{}",
+            share * 100.0,
+            if m.noisy() {
+                " (**busy machine: figures are noisy**)"
+            } else {
+                ""
+            }
+        ))
     )?;
     writeln!(out, "| command | `{}` |", m.command)?;
     writeln!(out, "| commit | {} |", m.commit)?;
