@@ -14,6 +14,8 @@ use std::time::{Duration, Instant};
 
 /// The attacking connections.
 pub const SLOW_CONNECTIONS: usize = 1_000;
+/// Attacking connections opened at once; below `loopbus serve`'s listen backlog (128).
+const ATTACK_BATCH: usize = 100;
 /// Each attacking connection sends one byte per period, spread evenly over it.
 const TRICKLE_PERIOD: Duration = Duration::from_secs(1);
 /// The start of a request head the attack never finishes; `TRICKLE_FILL` follows.
@@ -156,17 +158,23 @@ fn slow_turn(addr: SocketAddr) -> bool {
     answer.status == 200 && envelope["success"] == true && envelope["text"] == PROMPT
 }
 
-/// Opens the attacking connections, each having sent its first byte.
+/// Opens the attacking connections, each having sent its first byte. They open in
+/// batches smaller than the server's listen backlog, each followed by a health
+/// request on a new connection: accept is first-in first-out, so its answer means the
+/// batch was accepted, and no connection is lost to a full accept queue.
 fn open_attackers(addr: SocketAddr) -> Vec<Option<TcpStream>> {
-    (0..SLOW_CONNECTIONS)
-        .map(|_| {
+    let mut attackers = Vec::with_capacity(SLOW_CONNECTIONS);
+    for _ in 0..SLOW_CONNECTIONS.div_ceil(ATTACK_BATCH) {
+        let batch = ATTACK_BATCH.min(SLOW_CONNECTIONS - attackers.len());
+        attackers.extend((0..batch).map(|_| {
             let mut stream = TcpStream::connect_timeout(&addr, load::IO_TIMEOUT).ok()?;
             stream.set_write_timeout(Some(TRICKLE_WRITE_TIMEOUT)).ok()?;
             stream.write_all(&TRICKLE_PREFIX[..1]).ok()?;
             Some(stream)
-        })
-        .filter(Option::is_some)
-        .collect()
+        }));
+        let _ = instance::health_status(addr);
+    }
+    attackers.into_iter().filter(Option::is_some).collect()
 }
 
 /// Sends every connection one more byte per [`TRICKLE_PERIOD`], one connection at a
