@@ -170,7 +170,15 @@ fn git_commit() -> String {
             .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_owned())
     };
     match git(&["rev-parse", "--short", "HEAD"]) {
-        Some(commit) => match git(&["status", "--porcelain", "--untracked-files=no"]) {
+        // The results file itself does not count: every run rewrites it.
+        Some(commit) => match git(&[
+            "status",
+            "--porcelain",
+            "--untracked-files=no",
+            "--",
+            ".",
+            ":!bench/results.md",
+        ]) {
             Some(changes) if !changes.is_empty() => format!("{commit} with local changes"),
             _ => commit,
         },
