@@ -23,6 +23,8 @@ const MAX_THREADS: usize = 2_048;
 const MAX_REQUESTS_PER_CONN: u64 = 10_000_000;
 /// Most connections accepted over the floor's life.
 const MAX_ACCEPTS: u64 = 10_000_000;
+/// Pause after a failed accept (out of descriptors, say), so as not to spin.
+const ACCEPT_BACKOFF: Duration = Duration::from_millis(1);
 /// Stack size of connection threads.
 const STACK_BYTES: usize = 64 * 1024;
 
@@ -112,7 +114,7 @@ fn accept_loop(listener: &TcpListener, stop: &AtomicBool, replies: &Arc<Replies>
             Ok((stream, _)) => stream,
             Err(e) if e.kind() == ErrorKind::Interrupted => continue,
             Err(_) => {
-                thread::sleep(Duration::from_millis(1));
+                thread::sleep(ACCEPT_BACKOFF);
                 continue;
             }
         };
