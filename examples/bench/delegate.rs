@@ -133,28 +133,43 @@ fn judge(output: &Output, took: Duration) -> Attempt {
 }
 
 /// The library client call, `samples` times, from the instance at `caller_dir`.
+/// The caller's config is read once; each sample is one `loopbus::delegate` call
+/// (registry lookup, health probe, POST /api/talk).
 pub fn library_call(caller_dir: &Path, target: &str, samples: usize) -> Delegation {
+    let options = match delegate_options(caller_dir, target) {
+        Ok(options) => options,
+        Err(why) => return measure(1, || Attempt::Failed(why.clone())),
+    };
     measure(samples, || {
         let started = Instant::now();
-        match library_delegate_once(caller_dir, target) {
-            None => Attempt::Unavailable(
-                "the library client is not wired into the bench yet (TODO in examples/bench/delegate.rs)"
-                    .to_owned(),
-            ),
-            Some(Ok(())) => Attempt::Done(started.elapsed()),
-            Some(Err(why)) => Attempt::Failed(why),
+        match loopbus::delegate(&options) {
+            Ok(reply) if reply.text == PROMPT => Attempt::Done(started.elapsed()),
+            Ok(reply) => Attempt::Failed(format!("unexpected reply {:?}", reply.text)),
+            Err(e) => Attempt::Failed(format!("delegate failed: {e}")),
         }
     })
 }
 
-/// One delegation of [`PROMPT`] to `target` through the library, acting as the
-/// instance whose state directory is `caller_dir` (the same thing `loopbus talk`
-/// does, minus the process). `None` while the library has no client.
-///
-/// TODO(client merge): replace the body with a call to `loopbus::client` (the
-/// function `loopbus talk` uses: registry lookup, health probe, POST /api/talk),
-/// checking that the reply succeeded and its text is `PROMPT`:
-/// `Some(Ok(()))` on success, `Some(Err(description))` on any failure.
-fn library_delegate_once(_caller_dir: &Path, _target: &str) -> Option<Result<(), String>> {
-    None
+/// The options `loopbus talk` would build for the instance at `caller_dir`.
+fn delegate_options(caller_dir: &Path, target: &str) -> Result<loopbus::DelegateOptions, String> {
+    let config =
+        loopbus::config::load(&caller_dir.join("config.json")).map_err(|e| e.to_string())?;
+    let caller = caller_dir
+        .file_name()
+        .and_then(|n| n.to_str())
+        .ok_or("caller directory has no name")?
+        .to_owned();
+    let root = caller_dir
+        .parent()
+        .ok_or("caller directory has no parent")?
+        .to_path_buf();
+    Ok(loopbus::DelegateOptions {
+        root,
+        caller,
+        bus: config.bus,
+        target: target.to_owned(),
+        prompt: PROMPT.to_owned(),
+        depth: 0,
+        timeout: loopbus::client::DEFAULT_TIMEOUT,
+    })
 }
