@@ -38,6 +38,9 @@ pub const MAX_CONNECTIONS: usize = 1024;
 /// reading and discarding what the client still sends, so that the client gets to
 /// read the answer instead of a connection reset.
 pub const LINGER_TIMEOUT: Duration = Duration::from_secs(2);
+/// The listen backlog: connections the kernel queues before the loop accepts them.
+/// (The kernel caps it at `net.core.somaxconn`.)
+pub const LISTEN_BACKLOG: i32 = 1024;
 /// Size of the loop's one read buffer, shared by every connection.
 const READ_CHUNK: usize = 64 * 1024;
 /// Most request heads one connection gets served per loop iteration, and most bytes
@@ -411,7 +414,24 @@ pub fn bind_loopback(addr: SocketAddr) -> io::Result<TcpListener> {
             format!("refusing to listen on {addr}: loopbus binds loopback addresses only"),
         ));
     }
-    TcpListener::bind(addr)
+    use rustix::net::{AddressFamily, SocketFlags, SocketType};
+    let family = if addr.is_ipv4() {
+        AddressFamily::INET
+    } else {
+        AddressFamily::INET6
+    };
+    let socket = rustix::net::socket_with(
+        family,
+        SocketType::STREAM,
+        SocketFlags::CLOEXEC | SocketFlags::NONBLOCK,
+        None,
+    )?;
+    rustix::net::sockopt::set_socket_reuseaddr(&socket, true)?;
+    rustix::net::bind(&socket, &addr)?;
+    // std and mio listen with a backlog of 128; a burst of new connections larger
+    // than that would be dropped by the kernel before the loop could evict idle ones.
+    rustix::net::listen(&socket, LISTEN_BACKLOG)?;
+    Ok(TcpListener::from_std(std::net::TcpListener::from(socket)))
 }
 
 impl EventLoop {
