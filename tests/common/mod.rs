@@ -89,7 +89,12 @@ impl Instance {
         Self::spawn_with_env(root, name, extra_args, &[])
     }
 
-    pub fn spawn_with_env(root: &TestRoot, name: &str, extra_args: &[&str], env: &[(&str, &str)]) -> Instance {
+    pub fn spawn_with_env(
+        root: &TestRoot,
+        name: &str,
+        extra_args: &[&str],
+        env: &[(&str, &str)],
+    ) -> Instance {
         let state_dir = root.state_dir(name);
         let stderr_path = root.path.join(format!("{name}.stderr"));
         let stderr = std::fs::File::create(&stderr_path).unwrap();
@@ -165,7 +170,11 @@ impl Instance {
             if let Some(status) = child.try_wait().unwrap() {
                 return status;
             }
-            assert!(Instant::now() < deadline, "instance did not exit in time\nstderr:\n{}", self.stderr());
+            assert!(
+                Instant::now() < deadline,
+                "instance did not exit in time\nstderr:\n{}",
+                self.stderr()
+            );
             std::thread::sleep(Duration::from_millis(20));
         }
     }
@@ -182,8 +191,16 @@ impl Instance {
 
     /// `GET /api/health`, asserting it answers with 200 within a few seconds.
     pub fn health(&self) -> Value {
-        let response = request(self.port, &format!("GET /api/health HTTP/1.1\r\nHost: {}\r\n\r\n", self.host()));
-        assert_eq!(response.status, 200, "health: {response:?}\nstderr:\n{}", self.stderr());
+        let response = request(
+            self.port,
+            &format!("GET /api/health HTTP/1.1\r\nHost: {}\r\n\r\n", self.host()),
+        );
+        assert_eq!(
+            response.status,
+            200,
+            "health: {response:?}\nstderr:\n{}",
+            self.stderr()
+        );
         response.json()
     }
 
@@ -217,7 +234,11 @@ impl Drop for Instance {
 }
 
 pub fn signal(pid: u32, name: &str) {
-    let status = Command::new("kill").arg(format!("-{name}")).arg(pid.to_string()).status().unwrap();
+    let status = Command::new("kill")
+        .arg(format!("-{name}"))
+        .arg(pid.to_string())
+        .status()
+        .unwrap();
     assert!(status.success(), "kill -{name} {pid} failed");
 }
 
@@ -238,15 +259,23 @@ impl HttpResponse {
     }
 
     pub fn json(&self) -> Value {
-        serde_json::from_slice(&self.body)
-            .unwrap_or_else(|e| panic!("body is not JSON ({e}): {:?}", String::from_utf8_lossy(&self.body)))
+        serde_json::from_slice(&self.body).unwrap_or_else(|e| {
+            panic!(
+                "body is not JSON ({e}): {:?}",
+                String::from_utf8_lossy(&self.body)
+            )
+        })
     }
 }
 
 pub fn connect(port: u16) -> TcpStream {
     let stream = TcpStream::connect(("127.0.0.1", port)).unwrap();
-    stream.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
-    stream.set_write_timeout(Some(Duration::from_secs(20))).unwrap();
+    stream
+        .set_read_timeout(Some(Duration::from_secs(20)))
+        .unwrap();
+    stream
+        .set_write_timeout(Some(Duration::from_secs(20)))
+        .unwrap();
     stream
 }
 
@@ -289,21 +318,37 @@ pub fn read_response(stream: &mut TcpStream) -> Option<HttpResponse> {
         .unwrap_or(0);
     let mut body = vec![0u8; length];
     stream.read_exact(&mut body).ok()?;
-    Some(HttpResponse { status, headers, body })
+    Some(HttpResponse {
+        status,
+        headers,
+        body,
+    })
 }
 
 /// Runs the binary with `args` and `env`, returning its output.
 pub fn run(args: &[&str], env: &[(&str, &str)], stdin: Option<&str>) -> Output {
     let mut command = Command::new(bin());
-    command.args(args).env_remove("LOOPBUS_STATE_DIR").env_remove("LOOPBUS_DEPTH");
+    command
+        .args(args)
+        .env_remove("LOOPBUS_STATE_DIR")
+        .env_remove("LOOPBUS_DEPTH");
     for (k, v) in env {
         command.env(k, v);
     }
-    command.stdin(if stdin.is_some() { Stdio::piped() } else { Stdio::null() });
+    command.stdin(if stdin.is_some() {
+        Stdio::piped()
+    } else {
+        Stdio::null()
+    });
     command.stdout(Stdio::piped()).stderr(Stdio::piped());
     let mut child = command.spawn().unwrap();
     if let Some(input) = stdin {
-        child.stdin.take().unwrap().write_all(input.as_bytes()).unwrap();
+        child
+            .stdin
+            .take()
+            .unwrap()
+            .write_all(input.as_bytes())
+            .unwrap();
     }
     child.wait_with_output().unwrap()
 }
