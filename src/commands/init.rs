@@ -41,7 +41,11 @@ pub fn run(args: &[String]) -> Result<i32, UsageError> {
             path.display()
         )));
     }
-    state::create_dir_private(&dir)
+    // The channel root (DIR's parent) holds the registry: when init creates it, it is
+    // private (0700) like the state directory, not left at the umask's mode.
+    let root = super::channel_root(&dir);
+    state::create_dir_private(&root)
+        .and_then(|()| state::create_dir_private(&dir))
         .map_err(|e| usage(format!("{}: cannot create: {e}", dir.display())))?;
     let secret = state::random_hex(32)
         .ok()
