@@ -4,6 +4,11 @@
 //! forward-compatible requests, 404/405, and health.
 //!
 //! Check 10 (`server_busy`) needs turns that take time; it is covered with the engine.
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    reason = "tests fail loudly on purpose"
+)]
 mod common;
 use common::*;
 use serde_json::{json, Value};
