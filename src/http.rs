@@ -34,6 +34,10 @@ pub const WRITE_TIMEOUT: Duration = Duration::from_secs(10);
 /// Open connections at most; when full, the least recently active connection with no
 /// request being handled is closed to admit the new one.
 pub const MAX_CONNECTIONS: usize = 1024;
+/// Body bytes all connections together may be reading at once (declared lengths). A
+/// head whose body would go past it is answered 503 and the connection closes, so that
+/// many connections each sending a large body slowly can't grow memory without bound.
+pub const MAX_BODY_BYTES_IN_FLIGHT: usize = 8 * 1024 * 1024;
 /// After answering a request whose body was never read, how long the loop keeps
 /// reading and discarding what the client still sends, so that the client gets to
 /// read the answer instead of a connection reset.
@@ -183,6 +187,8 @@ pub enum HttpError {
     TooManyHeaders,
     /// The body did not arrive within [`BODY_TIMEOUT`] (408).
     BodyTimeout,
+    /// Reading the body would exceed [`MAX_BODY_BYTES_IN_FLIGHT`] (503).
+    Overloaded,
 }
 
 impl HttpError {
@@ -192,6 +198,7 @@ impl HttpError {
             HttpError::MalformedHead => 400,
             HttpError::HeadTooLarge | HttpError::TooManyHeaders => 431,
             HttpError::BodyTimeout => 408,
+            HttpError::Overloaded => 503,
         }
     }
 }
@@ -203,6 +210,7 @@ impl std::fmt::Display for HttpError {
             HttpError::HeadTooLarge => "request head too large",
             HttpError::TooManyHeaders => "too many request headers",
             HttpError::BodyTimeout => "request body not received in time",
+            HttpError::Overloaded => "too many request bodies in flight; try again shortly",
         })
     }
 }
@@ -489,6 +497,18 @@ impl EventLoop {
         }
     }
 
+    /// The declared body lengths of every connection reading a body now.
+    fn body_bytes_in_flight(&self) -> usize {
+        self.conns
+            .iter()
+            .flatten()
+            .map(|c| match c.phase {
+                Phase::ReadingBody { len } => len,
+                _ => 0,
+            })
+            .sum()
+    }
+
     fn has_pending_writes(&self) -> bool {
         self.conns
             .iter()
@@ -748,9 +768,17 @@ impl EventLoop {
                                 }
                                 HeadAction::ReadBody(len) => {
                                     conn.head = Some(head);
-                                    conn.phase = Phase::ReadingBody { len };
-                                    conn.phase_started = Instant::now();
-                                    self.refresh_deadline(slot);
+                                    if self.body_bytes_in_flight().saturating_add(len)
+                                        > MAX_BODY_BYTES_IN_FLIGHT
+                                    {
+                                        let response =
+                                            service.error_response(HttpError::Overloaded);
+                                        self.start_error(slot, response);
+                                    } else if let Some(Some(conn)) = self.conns.get_mut(slot) {
+                                        conn.phase = Phase::ReadingBody { len };
+                                        conn.phase_started = Instant::now();
+                                        self.refresh_deadline(slot);
+                                    }
                                 }
                             }
                             continue;
