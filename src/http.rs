@@ -44,6 +44,10 @@ pub const MAX_BODY_BYTES_IN_FLIGHT: usize = 8 * 1024 * 1024;
 pub const LINGER_TIMEOUT: Duration = Duration::from_secs(2);
 /// Size of the loop's one read buffer, shared by every connection.
 const READ_CHUNK: usize = 64 * 1024;
+/// Requests (or discarded read chunks) one connection may take in a row before the
+/// loop serves every other connection; it then resumes where it stopped. Without it a
+/// client that pipelines and reads as fast as it can would keep the loop to itself.
+const FAIR_SHARE: usize = 16;
 /// How long to wait before accepting again after the process ran out of descriptors.
 const ACCEPT_BACKOFF: Duration = Duration::from_millis(100);
 
@@ -360,6 +364,8 @@ impl Conn {
 enum Step {
     /// Wait for the next readiness event.
     Park,
+    /// Work is left, but the connection used its [`FAIR_SHARE`]: continue next round.
+    Yield,
     /// Close the connection now.
     Close,
 }
@@ -376,6 +382,8 @@ pub struct EventLoop {
     open: usize,
     next_generation: u64,
     deadlines: BTreeSet<(Instant, usize, u64)>,
+    /// Connections that used up their [`FAIR_SHARE`] with work left: (slot, generation).
+    ready: Vec<(usize, u64)>,
     scratch: Box<[u8]>,
     accept_paused_until: Option<Instant>,
     exiting: bool,
@@ -423,6 +431,7 @@ impl EventLoop {
             open: 0,
             next_generation: 0,
             deadlines: BTreeSet::new(),
+            ready: Vec::new(),
             scratch: vec![0u8; READ_CHUNK].into_boxed_slice(),
             accept_paused_until: None,
             exiting: false,
@@ -463,7 +472,11 @@ impl EventLoop {
             if let Some(at) = self.accept_paused_until {
                 wake_at = wake_at.min(at);
             }
-            let timeout = wake_at.saturating_duration_since(Instant::now());
+            let timeout = if self.ready.is_empty() {
+                wake_at.saturating_duration_since(Instant::now())
+            } else {
+                Duration::ZERO
+            };
             if let Err(e) = self.poll.poll(&mut events, Some(timeout)) {
                 if e.kind() == ErrorKind::Interrupted {
                     continue;
@@ -485,6 +498,12 @@ impl EventLoop {
                         self.apply(service, control);
                     }
                     Token(slot) => self.drive(service, slot),
+                }
+            }
+            // Connections that yielded their turn continue, after everyone else's.
+            for (slot, generation) in std::mem::take(&mut self.ready) {
+                if matches!(self.conns.get(slot), Some(Some(c)) if c.generation == generation) {
+                    self.drive(service, slot + FIRST_CONN);
                 }
             }
             self.expire(service);
@@ -740,18 +759,29 @@ impl EventLoop {
         match step {
             Step::Close => self.close(service, slot),
             Step::Park => self.refresh_deadline(slot),
+            Step::Yield => {
+                self.refresh_deadline(slot);
+                if let Some(Some(conn)) = self.conns.get(slot) {
+                    self.ready.push((slot, conn.generation));
+                }
+            }
         }
     }
 
     fn step<S: Service>(&mut self, service: &mut S, slot: usize) -> Step {
+        let mut share = FAIR_SHARE;
         loop {
             let Some(Some(conn)) = self.conns.get_mut(slot) else {
                 return Step::Close;
             };
             match conn.phase {
                 Phase::ReadingHead => {
+                    if share == 0 {
+                        return Step::Yield;
+                    }
                     match parse_head(&conn.inbuf) {
                         ParseOutcome::Complete(head, consumed) => {
+                            share -= 1;
                             conn.inbuf.drain(..consumed);
                             let announces_body = head.announces_body();
                             match service.on_head(
@@ -878,7 +908,12 @@ impl EventLoop {
                     self.refresh_deadline(slot);
                 }
                 Phase::Lingering => match read_some(&mut conn.stream, &mut self.scratch) {
-                    ReadOutcome::Data(_) => {}
+                    ReadOutcome::Data(_) => {
+                        share = share.saturating_sub(1);
+                        if share == 0 {
+                            return Step::Yield;
+                        }
+                    }
                     ReadOutcome::WouldBlock => return Step::Park,
                     ReadOutcome::Closed => return Step::Close,
                 },

@@ -632,3 +632,120 @@ fn bug_partial_bodies_on_many_connections_grew_rss_without_bound() {
     assert_success(&r, "target", &prompt, "maximal body after the flood");
     w.assert_alive("after partial bodies");
 }
+
+/// Runs `clients` connections that each pipeline `raw` as fast as they can while a
+/// second thread reads and discards every answer, for `duration`; meanwhile checks
+/// that health keeps answering. Returns the bytes the clients received.
+fn greedy_pipeliners(w: &mut Instance, raw: &[u8], clients: usize, duration: Duration) -> usize {
+    let stop = Arc::new(AtomicBool::new(false));
+    let blob = Arc::new(raw.repeat(1000));
+    let mut handles = Vec::new();
+    for _ in 0..clients {
+        let mut writer = connect(w.port);
+        let mut reader = writer.try_clone().unwrap();
+        reader
+            .set_read_timeout(Some(Duration::from_millis(200)))
+            .unwrap();
+        writer
+            .set_write_timeout(Some(Duration::from_millis(200)))
+            .unwrap();
+        let (stop_w, stop_r, blob) = (Arc::clone(&stop), Arc::clone(&stop), Arc::clone(&blob));
+        handles.push(thread::spawn(move || {
+            while !stop_w.load(Ordering::SeqCst) {
+                match writer.write(&blob) {
+                    Ok(_) => {}
+                    Err(e)
+                        if e.kind() == ErrorKind::WouldBlock || e.kind() == ErrorKind::TimedOut => {
+                    }
+                    Err(_) => break,
+                }
+            }
+            0
+        }));
+        handles.push(thread::spawn(move || {
+            let mut received = 0;
+            let mut buf = vec![0u8; 1 << 16];
+            while !stop_r.load(Ordering::SeqCst) {
+                match std::io::Read::read(&mut reader, &mut buf) {
+                    Ok(0) => break,
+                    Ok(n) => received += n,
+                    Err(e)
+                        if e.kind() == ErrorKind::WouldBlock || e.kind() == ErrorKind::TimedOut => {
+                    }
+                    Err(_) => break,
+                }
+            }
+            received
+        }));
+    }
+    let started = Instant::now();
+    let mut failure = None;
+    while started.elapsed() < duration && failure.is_none() {
+        if let Err(e) = health_within(w.port, LIVENESS_BOUND) {
+            failure = Some(e);
+        }
+        thread::sleep(Duration::from_millis(100));
+    }
+    stop.store(true, Ordering::SeqCst);
+    let received = handles.into_iter().map(|h| h.join().unwrap()).sum();
+    if let Some(e) = failure {
+        panic!(
+            "health stopped answering while {clients} client(s) pipelined: {e}\nstderr:\n{}",
+            w.stderr()
+        );
+    }
+    received
+}
+
+/// Regression: the loop served one connection until its socket would block, so a
+/// single client that pipelined requests and read the answers as fast as they came
+/// kept the loop to itself: `/api/health` never answered while it ran.
+#[test]
+fn bug_one_pipelining_client_starved_every_other_connection() {
+    let root = TestRoot::new("greedy");
+    let mut w = start(&root);
+    let not_found = Req::new("GET", "/nope")
+        .header("Host", &w.host())
+        .to_bytes();
+    let received = greedy_pipeliners(&mut w, &not_found, 1, Duration::from_secs(2));
+    assert!(received > 0, "the pipelining client got answers too");
+    let health = Req::health(&w).to_bytes();
+    greedy_pipeliners(&mut w, &health, 3, Duration::from_secs(2));
+    w.assert_alive("after greedy pipelining clients");
+}
+
+#[test]
+fn pipelined_floods_on_more_connections_than_the_cap() {
+    // 1,100 connections each pipeline 256 KiB of small requests and never read: the
+    // loop evicts past 1,024 connections and shares itself fairly among the rest.
+    let root = TestRoot::new("pipeflood");
+    let mut w = start(&root);
+    let one = Req::new("GET", "/nope")
+        .header("Host", &w.host())
+        .to_bytes();
+    let blob = one.repeat(256 * 1024 / one.len());
+    let addr = ([127, 0, 0, 1], w.port).into();
+    let mut conns = Vec::new();
+    for _ in 0..1100 {
+        if let Ok(stream) = TcpStream::connect_timeout(&addr, Duration::from_secs(3)) {
+            stream.set_nonblocking(true).unwrap();
+            conns.push((stream, 0usize));
+        }
+    }
+    let started = Instant::now();
+    while started.elapsed() < Duration::from_secs(3) {
+        for (stream, offset) in &mut conns {
+            while *offset < blob.len() {
+                match stream.write(&blob[*offset..]) {
+                    Ok(n) => *offset += n,
+                    Err(_) => break,
+                }
+            }
+        }
+        w.assert_alive("while 1,100 connections pipeline and never read");
+        thread::sleep(Duration::from_millis(100));
+    }
+    assert!(w.rss_kib() < RSS_LIMIT_KIB, "RSS {} KiB", w.rss_kib());
+    drop(conns);
+    w.assert_alive("after the pipelined floods");
+}
