@@ -946,6 +946,20 @@ enum ParseOutcome {
     Error(HttpError),
 }
 
+/// Whether `buf` contains the blank line that ends a head (`\n\n` or `\n\r\n`). One
+/// pass that stops at the first one, so a buffer of pipelined requests costs the length
+/// of the first head, not of the whole buffer.
+fn has_blank_line(buf: &[u8]) -> bool {
+    let mut rest = buf;
+    while let Some(i) = rest.iter().position(|&b| b == b'\n') {
+        rest = &rest[i + 1..];
+        if rest.starts_with(b"\n") || rest.starts_with(b"\r\n") {
+            return true;
+        }
+    }
+    false
+}
+
 /// Parses a request head from the start of `buf`, enforcing [`MAX_HEAD_BYTES`] and
 /// [`MAX_HEADERS`]. Pure: no I/O.
 fn parse_head(buf: &[u8]) -> ParseOutcome {
@@ -955,7 +969,7 @@ fn parse_head(buf: &[u8]) -> ParseOutcome {
     // Only run the parser once the end of a head could be in the buffer, so a client
     // sending one byte at a time costs a scan, not a parse, per byte.
     let window = &buf[..buf.len().min(MAX_HEAD_BYTES + 1)];
-    if !window.windows(2).any(|w| w == b"\n\n") && !window.windows(3).any(|w| w == b"\n\r\n") {
+    if !has_blank_line(window) {
         return if buf.len() > MAX_HEAD_BYTES {
             ParseOutcome::Error(HttpError::HeadTooLarge)
         } else {
@@ -1056,6 +1070,31 @@ mod tests {
                 want,
                 "input {:?}",
                 String::from_utf8_lossy(&input[..input.len().min(60)])
+            );
+        }
+    }
+
+    #[test]
+    fn blank_line_table() {
+        let pipelined = b"GET / HTTP/1.1\r\nHost: x\r\n\r\n".repeat(500);
+        let cases: [(&[u8], bool); 10] = [
+            (b"GET / HTTP/1.1\r\nHost: x\r\n\r\n", true),
+            (b"GET / HTTP/1.1\nHost: x\n\n", true),
+            (b"GET / HTTP/1.1\r\n\r\n", true),
+            (b"\n\n", true),
+            (b"\n\r\n", true),
+            (&pipelined, true),
+            (b"GET / HTTP/1.1\r\nHost: x\r\n", false),
+            (b"GET / HTTP/1.1\r\nHost: x\r\n\r", false),
+            (b"GET / HTTP/1.1\r\r\n", false),
+            (b"", false),
+        ];
+        for (input, want) in cases {
+            assert_eq!(
+                has_blank_line(input),
+                want,
+                "{:?}",
+                String::from_utf8_lossy(&input[..input.len().min(40)])
             );
         }
     }
