@@ -32,8 +32,13 @@ pub const IDLE_TIMEOUT: Duration = Duration::from_secs(5);
 /// Time allowed for writing one response.
 pub const WRITE_TIMEOUT: Duration = Duration::from_secs(10);
 /// Open connections at most; when full, the least recently active connection with no
-/// request being handled is closed to admit the new one.
+/// request being handled is closed to admit the new one. Lower when the open-files
+/// limit (`ulimit -n`) leaves less room; see [`RESERVED_FDS`].
 pub const MAX_CONNECTIONS: usize = 1024;
+/// Descriptors kept free for everything that is not a connection (listener, poll,
+/// waker, signal pipe, stdio, config and registry files, engine pipes) when the
+/// open-files limit caps the number of connections.
+pub const RESERVED_FDS: usize = 64;
 /// Body bytes all connections together may be reading at once (declared lengths). A
 /// head whose body would go past it is answered 503 and the connection closes, so that
 /// many connections each sending a large body slowly can't grow memory without bound.
@@ -380,6 +385,8 @@ pub struct EventLoop {
     conns: Vec<Option<Conn>>,
     free: Vec<usize>,
     open: usize,
+    /// [`MAX_CONNECTIONS`], or fewer if the open-files limit is lower.
+    max_connections: usize,
     next_generation: u64,
     deadlines: BTreeSet<(Instant, usize, u64)>,
     /// Connections that used up their [`FAIR_SHARE`] with work left: (slot, generation).
@@ -429,6 +436,7 @@ impl EventLoop {
             conns: Vec::new(),
             free: Vec::new(),
             open: 0,
+            max_connections: connection_cap(),
             next_generation: 0,
             deadlines: BTreeSet::new(),
             ready: Vec::new(),
@@ -614,7 +622,7 @@ impl EventLoop {
     }
 
     fn admit<S: Service>(&mut self, service: &mut S, mut stream: TcpStream) {
-        if self.open >= MAX_CONNECTIONS {
+        if self.open >= self.max_connections {
             match self.least_recently_active() {
                 Some(slot) => self.close(service, slot),
                 None => {
@@ -919,6 +927,30 @@ impl EventLoop {
                 },
             }
         }
+    }
+}
+
+/// The connection cap this process can honour: [`MAX_CONNECTIONS`], or the soft limit
+/// on open files minus [`RESERVED_FDS`] if that is lower. Otherwise accept would run out
+/// of descriptors first, and new connections (health checks included) would wait behind
+/// the backlog instead of evicting idle ones. Linux only; elsewhere the full cap.
+fn connection_cap() -> usize {
+    let soft = std::fs::read_to_string("/proc/self/limits")
+        .ok()
+        .and_then(|limits| {
+            let line = limits.lines().find(|l| l.starts_with("Max open files"))?;
+            line.split_whitespace().nth(3)?.parse::<usize>().ok()
+        });
+    match soft {
+        Some(soft) if soft < MAX_CONNECTIONS + RESERVED_FDS => {
+            let cap = soft.saturating_sub(RESERVED_FDS).max(8);
+            log::warn!(
+                "the open-files limit is {soft}: serving at most {cap} connections \
+                 instead of {MAX_CONNECTIONS} (raise it with `ulimit -n`)"
+            );
+            cap
+        }
+        _ => MAX_CONNECTIONS,
     }
 }
 

@@ -749,3 +749,36 @@ fn pipelined_floods_on_more_connections_than_the_cap() {
     drop(conns);
     w.assert_alive("after the pipelined floods");
 }
+
+/// Regression: the connection cap was 1,024 whatever `ulimit -n` allowed. Under the
+/// common soft limit of 1,024 (or lower) the process ran out of descriptors first;
+/// accept then failed and new connections were admitted one per 100 ms backoff, so
+/// health waited seconds behind the backlog of a connection flood.
+#[test]
+fn bug_a_low_open_files_limit_left_health_behind_the_backlog() {
+    let root = TestRoot::new("fdlimit");
+    root.write_config("target", &open_config("robust-secret"));
+    let mut w = Instance::spawn_with_fd_limit(&root, "target", 256);
+    let addr = ([127, 0, 0, 1], w.port).into();
+    let mut conns = Vec::new();
+    for _ in 0..700 {
+        if let Ok(stream) = TcpStream::connect_timeout(&addr, Duration::from_secs(3)) {
+            conns.push(stream);
+        }
+    }
+    for i in 0..5 {
+        w.assert_alive(&format!(
+            "health {i} with 700 idle connections, ulimit -n 256"
+        ));
+    }
+    let fds = open_fds(w.pid());
+    assert!(fds <= 256, "the server holds {fds} descriptors");
+    assert!(
+        w.stderr().contains("256"),
+        "the reduced cap is logged\nstderr:\n{}",
+        w.stderr()
+    );
+    drop(conns);
+    let r = Req::talk(&w).send(w.port);
+    assert_success(&r, "target", "hi", "talk after the flood");
+}

@@ -95,10 +95,31 @@ impl Instance {
         extra_args: &[&str],
         env: &[(&str, &str)],
     ) -> Instance {
+        Self::spawn_via(root, name, Command::new(bin()), extra_args, env)
+    }
+
+    /// Like [`Instance::spawn`], with the open-files limit (`ulimit -n`) set to `limit`.
+    pub fn spawn_with_fd_limit(root: &TestRoot, name: &str, limit: u32) -> Instance {
+        let mut shell = Command::new("sh");
+        shell
+            .arg("-c")
+            .arg(format!("ulimit -n {limit} && exec \"$0\" \"$@\""))
+            .arg(bin());
+        Self::spawn_via(root, name, shell, &[], &[])
+    }
+
+    /// Runs `command` with `serve --state-dir DIR` and `extra_args` appended, and waits
+    /// until it is registered. `command` must end up exec'ing the binary (same pid).
+    fn spawn_via(
+        root: &TestRoot,
+        name: &str,
+        mut command: Command,
+        extra_args: &[&str],
+        env: &[(&str, &str)],
+    ) -> Instance {
         let state_dir = root.state_dir(name);
         let stderr_path = root.path.join(format!("{name}.stderr"));
         let stderr = std::fs::File::create(&stderr_path).unwrap();
-        let mut command = Command::new(bin());
         command
             .arg("serve")
             .arg("--state-dir")
