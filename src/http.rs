@@ -739,6 +739,11 @@ impl EventLoop {
         let close = response.close || !keep_alive || conn.linger_after || self.exiting;
         conn.close_after = close;
         conn.outbuf = response.serialize(close);
+        // An answer to HEAD has the full answer's headers and no body (RFC 9110, 9.3.2).
+        if conn.head.as_ref().is_some_and(|h| h.method == "HEAD") {
+            conn.outbuf
+                .truncate(conn.outbuf.len() - response.body.len());
+        }
         conn.written = 0;
         conn.phase = Phase::Writing;
         conn.phase_started = Instant::now();

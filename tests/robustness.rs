@@ -782,3 +782,53 @@ fn bug_a_low_open_files_limit_left_health_behind_the_backlog() {
     let r = Req::talk(&w).send(w.port);
     assert_success(&r, "target", "hi", "talk after the flood");
 }
+
+/// Reads a response head (through the blank line) and nothing more.
+fn read_head_only(stream: &mut TcpStream) -> String {
+    let mut head = Vec::new();
+    let mut byte = [0u8; 1];
+    while !head.ends_with(b"\r\n\r\n") {
+        assert_eq!(
+            std::io::Read::read(stream, &mut byte).unwrap(),
+            1,
+            "EOF in a head"
+        );
+        head.push(byte[0]);
+    }
+    String::from_utf8(head).unwrap()
+}
+
+/// Regression: answers to `HEAD` carried a body, which HTTP forbids; on a keep-alive
+/// connection the client then read that body as the start of the next response.
+#[test]
+fn bug_head_responses_carried_a_body() {
+    let root = TestRoot::new("head");
+    let mut w = start(&root);
+    let mut stream = connect(w.port);
+    for (path, status, allow) in [
+        ("/api/health", "405", Some("Allow: GET")),
+        ("/api/talk", "405", Some("Allow: POST")),
+        ("/nope", "404", None),
+    ] {
+        let pair = [
+            Req::new("HEAD", path).header("Host", &w.host()).to_bytes(),
+            Req::health(&w).to_bytes(),
+        ]
+        .concat();
+        stream.write_all(&pair).unwrap();
+        let head = read_head_only(&mut stream);
+        assert!(
+            head.starts_with(&format!("HTTP/1.1 {status} ")),
+            "HEAD {path}: {head}"
+        );
+        assert!(head.contains("Content-Length: "), "HEAD {path}: {head}");
+        if let Some(allow) = allow {
+            assert!(head.contains(allow), "HEAD {path}: {head}");
+        }
+        // The very next bytes are the answer to the GET that followed.
+        let next = read_response(&mut stream).expect("the GET's answer");
+        assert_eq!(next.status, 200, "after HEAD {path}: {next:?}");
+        assert_eq!(next.json()["instance"], "target");
+    }
+    w.assert_alive("after HEAD requests");
+}
