@@ -352,3 +352,39 @@ fn bug_init_created_a_missing_channel_root_with_the_umask_mode() {
     assert!(init(&existing.join("inst"), &[]).status.success());
     assert_eq!(file_mode(&existing), before);
 }
+
+#[test]
+fn sigterm_with_many_open_connections_exits_0_promptly() {
+    use std::io::Write;
+    let root = TestRoot::new("term-busy");
+    let mut w = root.start("worker", &open_config("s"));
+    let mut conns = Vec::new();
+    // Idle, mid-head, mid-body and keep-alive connections.
+    for _ in 0..300 {
+        conns.push(connect(w.port));
+    }
+    for _ in 0..50 {
+        let mut s = connect(w.port);
+        s.write_all(b"GET /api/health HTTP/1.1\r\nHost: ").unwrap();
+        conns.push(s);
+    }
+    for _ in 0..5 {
+        let mut s = connect(w.port);
+        let head = Req::talk(&w).body(Vec::new()).set("Content-Length", "1000");
+        s.write_all(&head.to_bytes()).unwrap();
+        s.write_all(b"{\"fromInstance\"").unwrap();
+        conns.push(s);
+    }
+    let mut kept = connect(w.port);
+    kept.write_all(&Req::health(&w).to_bytes()).unwrap();
+    assert_eq!(read_response(&mut kept).expect("health").status, 200);
+    w.assert_alive("before SIGTERM");
+
+    let status = w.terminate(Duration::from_secs(15));
+    assert_eq!(status.code(), Some(0), "{status}\nstderr:\n{}", w.stderr());
+    assert!(root.registry()["instances"].get("worker").is_none());
+    assert!(
+        closed_within(&mut kept, Duration::from_secs(2)),
+        "keep-alive connection left open"
+    );
+}
