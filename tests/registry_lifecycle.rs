@@ -360,7 +360,7 @@ fn sigterm_with_many_open_connections_exits_0_promptly() {
     let mut w = root.start("worker", &open_config("s"));
     let mut conns = Vec::new();
     // Idle, mid-head, mid-body and keep-alive connections.
-    for _ in 0..300 {
+    for _ in 0..connections_to_open(300) {
         conns.push(connect(w.port));
     }
     for _ in 0..50 {

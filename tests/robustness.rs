@@ -201,16 +201,17 @@ fn two_thousand_connections_sending_one_byte_a_second() {
     let root = TestRoot::new("slowloris");
     let mut w = start(&root);
     let addr = ([127, 0, 0, 1], w.port).into();
-    let mut conns = Vec::with_capacity(2000);
-    for _ in 0..2000 {
+    let wanted = connections_to_open(2000);
+    let mut conns = Vec::with_capacity(wanted);
+    for _ in 0..wanted {
         if let Ok(stream) = TcpStream::connect_timeout(&addr, Duration::from_secs(3)) {
             stream.set_nonblocking(true).unwrap();
             conns.push(stream);
         }
     }
     assert!(
-        conns.len() >= 1900,
-        "only {} connections opened",
+        conns.len() >= wanted * 95 / 100,
+        "only {} of {wanted} connections opened",
         conns.len()
     );
     let request = format!("GET /api/health HTTP/1.1\r\nHost: {}\r\n\r\n", w.host());
@@ -601,7 +602,7 @@ fn bug_partial_bodies_on_many_connections_grew_rss_without_bound() {
         .to_bytes();
     let partial = vec![b' '; MAX_BODY - 1];
     let mut conns = Vec::new();
-    for _ in 0..400 {
+    for _ in 0..connections_to_open(400) {
         let mut stream = connect(w.port);
         stream
             .set_write_timeout(Some(Duration::from_secs(5)))
@@ -726,7 +727,7 @@ fn pipelined_floods_on_more_connections_than_the_cap() {
     let blob = one.repeat(256 * 1024 / one.len());
     let addr = ([127, 0, 0, 1], w.port).into();
     let mut conns = Vec::new();
-    for _ in 0..1100 {
+    for _ in 0..connections_to_open(1100) {
         if let Ok(stream) = TcpStream::connect_timeout(&addr, Duration::from_secs(3)) {
             stream.set_nonblocking(true).unwrap();
             conns.push((stream, 0usize));
@@ -761,7 +762,7 @@ fn bug_a_low_open_files_limit_left_health_behind_the_backlog() {
     let mut w = Instance::spawn_with_fd_limit(&root, "target", 256);
     let addr = ([127, 0, 0, 1], w.port).into();
     let mut conns = Vec::new();
-    for _ in 0..700 {
+    for _ in 0..connections_to_open(700) {
         if let Ok(stream) = TcpStream::connect_timeout(&addr, Duration::from_secs(3)) {
             conns.push(stream);
         }

@@ -117,6 +117,7 @@ impl Instance {
         extra_args: &[&str],
         env: &[(&str, &str)],
     ) -> Instance {
+        fd_limit(); // raise it first: the server inherits it
         let state_dir = root.state_dir(name);
         let stderr_path = root.path.join(format!("{name}.stderr"));
         let stderr = std::fs::File::create(&stderr_path).unwrap();
@@ -691,4 +692,54 @@ pub fn write_file_atomic(path: &Path, bytes: &[u8]) {
     std::fs::write(&tmp, bytes).unwrap();
     std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(0o600)).unwrap();
     std::fs::rename(&tmp, path).unwrap();
+}
+
+/// The (soft, hard) open-files limits of this process; `unlimited` is `u64::MAX`.
+fn fd_limits() -> (u64, u64) {
+    let limits = std::fs::read_to_string("/proc/self/limits").unwrap_or_default();
+    let line = limits
+        .lines()
+        .find(|l| l.starts_with("Max open files"))
+        .unwrap_or("");
+    let mut fields = line.split_whitespace().skip(3);
+    let mut next = || match fields.next() {
+        Some("unlimited") => u64::MAX,
+        Some(n) => n.parse().unwrap_or(1024),
+        None => 1024,
+    };
+    (next(), next())
+}
+
+/// The open-files soft limit of this test process. The first call raises it towards
+/// 16,384 (within the hard limit, with `prlimit` when it is installed), so that the
+/// connection-flood tests also run under a default `ulimit -n` of 1,024. Servers
+/// spawned afterwards inherit it.
+pub fn fd_limit() -> u64 {
+    static LIMIT: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
+    *LIMIT.get_or_init(|| {
+        let (soft, hard) = fd_limits();
+        let want = hard.min(16_384);
+        if soft < want {
+            let _ = Command::new("prlimit")
+                .arg(format!("--pid={}", std::process::id()))
+                .arg(format!("--nofile={want}:"))
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .status();
+        }
+        fd_limits().0
+    })
+}
+
+/// `wanted` connections, or fewer if this process's open-files limit can't hold that
+/// many next to another test running at the same time (with a note on stderr).
+pub fn connections_to_open(wanted: usize) -> usize {
+    let room = usize::try_from(fd_limit() / 3).unwrap_or(usize::MAX);
+    if room < wanted {
+        eprintln!(
+            "note: open-files limit {}: opening {room} connections instead of {wanted}",
+            fd_limit()
+        );
+    }
+    wanted.min(room)
 }
