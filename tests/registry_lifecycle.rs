@@ -388,3 +388,17 @@ fn sigterm_with_many_open_connections_exits_0_promptly() {
         "keep-alive connection left open"
     );
 }
+
+#[test]
+fn a_config_readable_by_others_is_warned_about() {
+    use std::os::unix::fs::PermissionsExt;
+    let root = TestRoot::new("wide-config");
+    let path = root.write_config("worker", &open_config("s"));
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o644)).unwrap();
+    let w = Instance::spawn(&root, "worker", &[]);
+    let stderr = w.stderr();
+    let warned = stderr
+        .lines()
+        .any(|l| l.contains("WARN") && l.contains("config.json") && l.contains("644"));
+    assert!(warned, "no warning about mode 644:\n{stderr}");
+}
