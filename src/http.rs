@@ -52,7 +52,8 @@ const READ_CHUNK: usize = 64 * 1024;
 /// Requests (or discarded read chunks) one connection may take in a row before the
 /// loop serves every other connection; it then resumes where it stopped. Without it a
 /// client that pipelines and reads as fast as it can would keep the loop to itself.
-const FAIR_SHARE: usize = 16;
+/// Small, so that a round over every busy connection stays short.
+const FAIR_SHARE: usize = 4;
 /// How long to wait before accepting again after the process ran out of descriptors.
 const ACCEPT_BACKOFF: Duration = Duration::from_millis(100);
 
@@ -491,9 +492,14 @@ impl EventLoop {
                 }
                 return Err(e);
             }
+            // New connections first, so that a health check is not accepted only after
+            // a round over every busy connection.
+            if events.iter().any(|e| e.token() == LISTENER) {
+                self.accept_all(service);
+            }
             for event in events.iter() {
                 match event.token() {
-                    LISTENER => self.accept_all(service),
+                    LISTENER => {}
                     WAKER => {
                         let mut control = Control::default();
                         service.on_wake(&mut control);
