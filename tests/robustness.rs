@@ -19,6 +19,16 @@ use std::time::{Duration, Instant};
 /// The RSS ceiling of the acceptance check.
 const RSS_LIMIT_KIB: u64 = 64 * 1024;
 
+/// CPU-heavy tests take turns. On a small machine two of them at once starve each
+/// other's server of CPU, and the liveness bound would measure the test machine rather
+/// than loopbus. Light tests still run beside them.
+fn heavy() -> std::sync::MutexGuard<'static, ()> {
+    static HEAVY: Mutex<()> = Mutex::new(());
+    HEAVY
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
 fn start(root: &TestRoot) -> Instance {
     root.start("target", &open_config("robust-secret"))
 }
@@ -118,6 +128,7 @@ fn stream_header_line(w: &Instance, total: usize) -> (Option<HttpResponse>, usiz
 
 #[test]
 fn header_line_of_200_mb() {
+    let _heavy = heavy();
     let root = TestRoot::new("bighead");
     let mut w = start(&root);
     let total = 200 * 1024 * 1024;
@@ -154,6 +165,7 @@ fn flood(mut stream: TcpStream, duration: Duration) -> usize {
 
 #[test]
 fn flood_after_an_error_answer_does_not_stall_the_loop() {
+    let _heavy = heavy();
     // After answering a request whose body it will not read, the server keeps reading
     // and discarding for a while so the client sees the answer. Clients that keep
     // sending at full speed must not keep the loop from everything else.
@@ -198,6 +210,7 @@ fn open_fds(pid: u32) -> usize {
 
 #[test]
 fn two_thousand_connections_sending_one_byte_a_second() {
+    let _heavy = heavy();
     let root = TestRoot::new("slowloris");
     let mut w = start(&root);
     let addr = ([127, 0, 0, 1], w.port).into();
@@ -236,6 +249,7 @@ fn two_thousand_connections_sending_one_byte_a_second() {
 
 #[test]
 fn clients_that_never_read_their_responses() {
+    let _heavy = heavy();
     let root = TestRoot::new("noread");
     let mut w = start(&root);
     // Each request's answer echoes a 200 KB prompt; pipeline many, never read.
@@ -594,6 +608,7 @@ fn too_many_headers_and_oversized_heads() {
 /// budget; a head past it is answered 503 `server_busy`.
 #[test]
 fn bug_partial_bodies_on_many_connections_grew_rss_without_bound() {
+    let _heavy = heavy();
     let root = TestRoot::new("bodies");
     let mut w = start(&root);
     let head = Req::talk(&w)
@@ -703,6 +718,7 @@ fn greedy_pipeliners(w: &mut Instance, raw: &[u8], clients: usize, duration: Dur
 /// kept the loop to itself: `/api/health` never answered while it ran.
 #[test]
 fn bug_one_pipelining_client_starved_every_other_connection() {
+    let _heavy = heavy();
     let root = TestRoot::new("greedy");
     let mut w = start(&root);
     let not_found = Req::new("GET", "/nope")
@@ -717,6 +733,7 @@ fn bug_one_pipelining_client_starved_every_other_connection() {
 
 #[test]
 fn pipelined_floods_on_more_connections_than_the_cap() {
+    let _heavy = heavy();
     // 1,100 connections each pipeline 256 KiB of small requests and never read: the
     // loop evicts past 1,024 connections and shares itself fairly among the rest.
     let root = TestRoot::new("pipeflood");
@@ -757,6 +774,7 @@ fn pipelined_floods_on_more_connections_than_the_cap() {
 /// health waited seconds behind the backlog of a connection flood.
 #[test]
 fn bug_a_low_open_files_limit_left_health_behind_the_backlog() {
+    let _heavy = heavy();
     let root = TestRoot::new("fdlimit");
     root.write_config("target", &open_config("robust-secret"));
     let mut w = Instance::spawn_with_fd_limit(&root, "target", 256);
