@@ -13,7 +13,7 @@
 
 use mio::net::{TcpListener, TcpStream, UnixStream};
 use mio::{Events, Interest, Poll, Token, Waker};
-use std::collections::BTreeSet;
+use std::collections::{BTreeSet, VecDeque};
 use std::io::{self, ErrorKind, Read, Write};
 use std::net::{Shutdown, SocketAddr};
 use std::sync::Arc;
@@ -32,8 +32,17 @@ pub const IDLE_TIMEOUT: Duration = Duration::from_secs(5);
 /// Time allowed for writing one response.
 pub const WRITE_TIMEOUT: Duration = Duration::from_secs(10);
 /// Open connections at most; when full, the least recently active connection with no
-/// request being handled is closed to admit the new one.
+/// request being handled is closed to admit the new one. Lower when the open-files
+/// limit (`ulimit -n`) leaves less room; see [`RESERVED_FDS`].
 pub const MAX_CONNECTIONS: usize = 1024;
+/// Descriptors kept free for everything that is not a connection (listener, poll,
+/// waker, signal pipe, stdio, config and registry files, engine pipes) when the
+/// open-files limit caps the number of connections.
+pub const RESERVED_FDS: usize = 64;
+/// Body bytes all connections together may be reading at once (declared lengths). A
+/// head whose body would go past it is answered 503 and the connection closes, so that
+/// many connections each sending a large body slowly can't grow memory without bound.
+pub const MAX_BODY_BYTES_IN_FLIGHT: usize = 8 * 1024 * 1024;
 /// After answering a request whose body was never read, how long the loop keeps
 /// reading and discarding what the client still sends, so that the client gets to
 /// read the answer instead of a connection reset.
@@ -43,11 +52,15 @@ pub const LINGER_TIMEOUT: Duration = Duration::from_secs(2);
 pub const LISTEN_BACKLOG: i32 = 1024;
 /// Size of the loop's one read buffer, shared by every connection.
 const READ_CHUNK: usize = 64 * 1024;
-/// Most request heads one connection gets served per loop iteration, and most bytes
-/// read from it, before the others get their turn: a client pipelining without end
+/// Most request heads one connection gets served in a row, and most bytes read from
+/// it, before it goes to the back of the run queue: a client pipelining without end
 /// cannot monopolize the loop.
-const STEP_MAX_HEADS: usize = 16;
-const STEP_MAX_READ: usize = 4 * READ_CHUNK;
+pub const STEP_MAX_HEADS: usize = 8;
+/// See [`STEP_MAX_HEADS`].
+pub const STEP_MAX_READ: usize = 4 * READ_CHUNK;
+/// Longest stretch of connection work between two polls: new connections, timers and
+/// worker results wait at most about this long, however many clients are busy.
+pub const ROUND_BUDGET: Duration = Duration::from_millis(5);
 /// How long to wait before accepting again after the process ran out of descriptors.
 const ACCEPT_BACKOFF: Duration = Duration::from_millis(100);
 
@@ -199,6 +212,8 @@ pub enum HttpError {
     TooManyHeaders,
     /// The body did not arrive within [`BODY_TIMEOUT`] (408).
     BodyTimeout,
+    /// Reading the body would exceed [`MAX_BODY_BYTES_IN_FLIGHT`] (503).
+    Overloaded,
 }
 
 impl HttpError {
@@ -208,6 +223,7 @@ impl HttpError {
             HttpError::MalformedHead => 400,
             HttpError::HeadTooLarge | HttpError::TooManyHeaders => 431,
             HttpError::BodyTimeout => 408,
+            HttpError::Overloaded => 503,
         }
     }
 }
@@ -219,6 +235,7 @@ impl std::fmt::Display for HttpError {
             HttpError::HeadTooLarge => "request head too large",
             HttpError::TooManyHeaders => "too many request headers",
             HttpError::BodyTimeout => "request body not received in time",
+            HttpError::Overloaded => "too many request bodies in flight; try again shortly",
         })
     }
 }
@@ -329,6 +346,8 @@ struct Conn {
     inbuf: Vec<u8>,
     /// How many leading bytes of `inbuf` are known to hold no end of head.
     scanned: usize,
+    /// Whether the connection is on the run queue.
+    queued: bool,
     /// The head being served (between head and response).
     head: Option<Head>,
     /// Response bytes, and how many are written.
@@ -346,11 +365,12 @@ struct Conn {
 }
 
 impl Conn {
+    /// Whether the connection may be closed to admit a new one: anything but a request
+    /// whose turn is running. A response stuck behind a client that does not read is
+    /// fair game; its `last_active` stops at its last successful write, so the least
+    /// recently active choice finds such connections before a fresh one.
     fn evictable(&self) -> bool {
-        matches!(
-            self.phase,
-            Phase::ReadingHead | Phase::ReadingBody { .. } | Phase::Lingering
-        )
+        self.phase != Phase::Waiting
     }
 
     /// The deadline of the current phase, if it has one.
@@ -392,13 +412,17 @@ pub struct EventLoop {
     conns: Vec<Option<Conn>>,
     free: Vec<usize>,
     open: usize,
+    /// [`MAX_CONNECTIONS`], or fewer if the open-files limit is lower.
+    max_connections: usize,
+    /// Declared body bytes of the connections reading a body now.
+    body_bytes_in_flight: usize,
     next_generation: u64,
     deadlines: BTreeSet<(Instant, usize, u64)>,
     scratch: Box<[u8]>,
     accept_paused_until: Option<Instant>,
     exiting: bool,
-    /// Connections that yielded with work left, to be driven again this iteration.
-    ready: Vec<(usize, u64)>,
+    /// The run queue: connections with an event or with work left, in FIFO order.
+    ready: VecDeque<(usize, u64)>,
     /// When [`Service::on_tick`] is due.
     next_tick: Instant,
 }
@@ -460,12 +484,14 @@ impl EventLoop {
             conns: Vec::new(),
             free: Vec::new(),
             open: 0,
+            max_connections: connection_cap(),
+            body_bytes_in_flight: 0,
             next_generation: 0,
             deadlines: BTreeSet::new(),
             scratch: vec![0u8; READ_CHUNK].into_boxed_slice(),
             accept_paused_until: None,
             exiting: false,
-            ready: Vec::new(),
+            ready: VecDeque::new(),
             next_tick: Instant::now(),
         })
     }
@@ -514,9 +540,14 @@ impl EventLoop {
                 }
                 return Err(e);
             }
+            // New connections first, so that a health check is not accepted only after
+            // a round over every busy connection.
+            if events.iter().any(|e| e.token() == LISTENER) {
+                self.accept_all(service);
+            }
             for event in events.iter() {
                 match event.token() {
-                    LISTENER => self.accept_all(service),
+                    LISTENER => {}
                     WAKER => {
                         let mut control = Control::default();
                         service.on_wake(&mut control);
@@ -528,12 +559,20 @@ impl EventLoop {
                         service.on_interrupt(&mut control);
                         self.apply(service, control);
                     }
-                    Token(slot) => self.drive(service, slot),
+                    Token(token) => self.enqueue(token),
                 }
             }
-            for (slot, generation) in std::mem::take(&mut self.ready) {
-                if matches!(self.conns.get(slot), Some(Some(c)) if c.generation == generation) {
-                    self.drive(service, slot + FIRST_CONN);
+            // Serve the run queue for at most ROUND_BUDGET, then poll again, so that new
+            // connections and timers are seen promptly however many clients are busy.
+            let round_end = Instant::now() + ROUND_BUDGET;
+            while let Some((slot, generation)) = self.ready.pop_front() {
+                match self.conns.get_mut(slot) {
+                    Some(Some(conn)) if conn.generation == generation => conn.queued = false,
+                    _ => continue,
+                }
+                self.drive(service, slot + FIRST_CONN);
+                if Instant::now() >= round_end {
+                    break;
                 }
             }
             self.expire(service);
@@ -635,9 +674,12 @@ impl EventLoop {
     }
 
     fn admit<S: Service>(&mut self, service: &mut S, mut stream: TcpStream) {
-        if self.open >= MAX_CONNECTIONS {
+        if self.open >= self.max_connections {
             match self.least_recently_active() {
-                Some(slot) => self.close(service, slot),
+                Some(slot) => {
+                    log::debug!("connection limit reached: closing the least recently active");
+                    self.close(service, slot);
+                }
                 None => {
                     log::warn!(
                         "connection limit reached and every connection is busy; refusing one"
@@ -668,6 +710,7 @@ impl EventLoop {
             phase: Phase::ReadingHead,
             inbuf: Vec::new(),
             scanned: 0,
+            queued: false,
             head: None,
             outbuf: Vec::new(),
             written: 0,
@@ -693,6 +736,9 @@ impl EventLoop {
             self.deadlines.remove(&(deadline, slot, conn.generation));
         }
         let _ = self.poll.registry().deregister(&mut conn.stream);
+        if let Phase::ReadingBody { len } = conn.phase {
+            self.body_bytes_in_flight = self.body_bytes_in_flight.saturating_sub(len);
+        }
         if conn.phase == Phase::Waiting {
             service.on_abandoned(ConnId {
                 slot,
@@ -749,10 +795,19 @@ impl EventLoop {
         let Some(Some(conn)) = self.conns.get_mut(slot) else {
             return;
         };
+        if let Phase::ReadingBody { len } = conn.phase {
+            // A body timeout answers before the body is complete.
+            self.body_bytes_in_flight = self.body_bytes_in_flight.saturating_sub(len);
+        }
         let keep_alive = conn.head.as_ref().is_some_and(Head::wants_keep_alive);
         let close = response.close || !keep_alive || conn.linger_after || self.exiting;
         conn.close_after = close;
         conn.outbuf = response.serialize(close);
+        // An answer to HEAD has the full answer's headers and no body (RFC 9110, 9.3.2).
+        if conn.head.as_ref().is_some_and(|h| h.method == "HEAD") {
+            conn.outbuf
+                .truncate(conn.outbuf.len() - response.body.len());
+        }
         conn.written = 0;
         conn.phase = Phase::Writing;
         conn.phase_started = Instant::now();
@@ -783,9 +838,20 @@ impl EventLoop {
             Step::Park => self.refresh_deadline(slot),
             Step::Yield => {
                 self.refresh_deadline(slot);
-                if let Some(Some(conn)) = self.conns.get(slot) {
-                    self.ready.push((slot, conn.generation));
-                }
+                self.enqueue(token);
+            }
+        }
+    }
+
+    /// Puts a connection on the run queue (once, however many events it has).
+    fn enqueue(&mut self, token: usize) {
+        let Some(slot) = token.checked_sub(FIRST_CONN) else {
+            return;
+        };
+        if let Some(Some(conn)) = self.conns.get_mut(slot) {
+            if !conn.queued {
+                conn.queued = true;
+                self.ready.push_back((slot, conn.generation));
             }
         }
     }
@@ -832,9 +898,18 @@ impl EventLoop {
                                         }
                                     }
                                     conn.head = Some(head);
-                                    conn.phase = Phase::ReadingBody { len };
-                                    conn.phase_started = Instant::now();
-                                    self.refresh_deadline(slot);
+                                    if self.body_bytes_in_flight.saturating_add(len)
+                                        > MAX_BODY_BYTES_IN_FLIGHT
+                                    {
+                                        let response =
+                                            service.error_response(HttpError::Overloaded);
+                                        self.start_error(slot, response);
+                                    } else if let Some(Some(conn)) = self.conns.get_mut(slot) {
+                                        self.body_bytes_in_flight += len;
+                                        conn.phase = Phase::ReadingBody { len };
+                                        conn.phase_started = Instant::now();
+                                        self.refresh_deadline(slot);
+                                    }
                                 }
                             }
                             continue;
@@ -864,6 +939,8 @@ impl EventLoop {
                 }
                 Phase::ReadingBody { len } => {
                     if conn.inbuf.len() >= len {
+                        self.body_bytes_in_flight = self.body_bytes_in_flight.saturating_sub(len);
+                        conn.phase = Phase::Waiting;
                         let rest = conn.inbuf.split_off(len);
                         let body = std::mem::replace(&mut conn.inbuf, rest);
                         let id = ConnId {
@@ -942,6 +1019,30 @@ impl EventLoop {
                 },
             }
         }
+    }
+}
+
+/// The connection cap this process can honour: [`MAX_CONNECTIONS`], or the soft limit
+/// on open files minus [`RESERVED_FDS`] if that is lower. Otherwise accept would run out
+/// of descriptors first, and new connections (health checks included) would wait behind
+/// the backlog instead of evicting idle ones. Linux only; elsewhere the full cap.
+fn connection_cap() -> usize {
+    let soft = std::fs::read_to_string("/proc/self/limits")
+        .ok()
+        .and_then(|limits| {
+            let line = limits.lines().find(|l| l.starts_with("Max open files"))?;
+            line.split_whitespace().nth(3)?.parse::<usize>().ok()
+        });
+    match soft {
+        Some(soft) if soft < MAX_CONNECTIONS + RESERVED_FDS => {
+            let cap = soft.saturating_sub(RESERVED_FDS).max(8);
+            log::warn!(
+                "the open-files limit is {soft}: serving at most {cap} connections \
+                 instead of {MAX_CONNECTIONS} (raise it with `ulimit -n`)"
+            );
+            cap
+        }
+        _ => MAX_CONNECTIONS,
     }
 }
 

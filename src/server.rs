@@ -119,6 +119,7 @@ impl Refusal {
                 (431, ErrorCode::RequestTooLarge)
             }
             Refusal::Http(HttpError::BodyTimeout) => (408, ErrorCode::Timeout),
+            Refusal::Http(HttpError::Overloaded) => (503, ErrorCode::ServerBusy),
         }
     }
 
@@ -781,6 +782,7 @@ mod tests {
                 "request_too_large",
             ),
             (Refusal::Http(HttpError::BodyTimeout), 408, "timeout"),
+            (Refusal::Http(HttpError::Overloaded), 503, "server_busy"),
         ];
         for (refusal, status, code) in cases {
             let (s, c) = refusal.status_and_code();

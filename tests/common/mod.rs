@@ -95,10 +95,32 @@ impl Instance {
         extra_args: &[&str],
         env: &[(&str, &str)],
     ) -> Instance {
+        Self::spawn_via(root, name, Command::new(bin()), extra_args, env)
+    }
+
+    /// Like [`Instance::spawn`], with the open-files limit (`ulimit -n`) set to `limit`.
+    pub fn spawn_with_fd_limit(root: &TestRoot, name: &str, limit: u32) -> Instance {
+        let mut shell = Command::new("sh");
+        shell
+            .arg("-c")
+            .arg(format!("ulimit -n {limit} && exec \"$0\" \"$@\""))
+            .arg(bin());
+        Self::spawn_via(root, name, shell, &[], &[])
+    }
+
+    /// Runs `command` with `serve --state-dir DIR` and `extra_args` appended, and waits
+    /// until it is registered. `command` must end up exec'ing the binary (same pid).
+    fn spawn_via(
+        root: &TestRoot,
+        name: &str,
+        mut command: Command,
+        extra_args: &[&str],
+        env: &[(&str, &str)],
+    ) -> Instance {
+        fd_limit(); // raise it first: the server inherits it
         let state_dir = root.state_dir(name);
         let stderr_path = root.path.join(format!("{name}.stderr"));
         let stderr = std::fs::File::create(&stderr_path).unwrap();
-        let mut command = Command::new(bin());
         command
             .arg("serve")
             .arg("--state-dir")
@@ -379,4 +401,345 @@ pub fn eventually(limit: Duration, mut f: impl FnMut() -> bool) -> bool {
 pub fn file_mode(path: &Path) -> u32 {
     use std::os::unix::fs::PermissionsExt;
     std::fs::metadata(path).unwrap().permissions().mode() & 0o777
+}
+
+// ---------------------------------------------------------------------------------------
+// Expectations written from the spec, independent of src/.
+
+/// The capabilities every v1 answer advertises (bus-protocol.md, contract section 4).
+pub const CAPABILITIES: [&str; 2] = ["structured-errors", "retryable-errors"];
+
+/// The largest accepted `/api/talk` body (contract section 3, check 4).
+pub const MAX_BODY: usize = 262_144;
+
+/// How long `/api/health` may take to answer in liveness checks. Generous on purpose:
+/// tests run in parallel on small machines; this is "still answering", not a benchmark.
+pub const LIVENESS_BOUND: Duration = Duration::from_secs(2);
+
+/// The retry table of bus-protocol.md plus contract section 4.
+pub fn expected_retryable(code: &str) -> bool {
+    match code {
+        "invalid_request" | "request_too_large" | "bus_disabled" | "auth_failed"
+        | "peer_not_allowed" | "max_depth_exceeded" | "budget_exhausted" | "auth"
+        | "write_permission" | "file_workflow" | "workflow_state" | "session_state" => false,
+        "invalid_handler_response"
+        | "internal_error"
+        | "instance_unavailable"
+        | "invalid_response"
+        | "timeout"
+        | "telegram_conflict"
+        | "telegram_delivery"
+        | "engine_cli"
+        | "unknown"
+        | "server_busy" => true,
+        other => panic!("no retry expectation for error code {other:?}"),
+    }
+}
+
+/// Asserts the headers every response carries (contract section 3).
+pub fn assert_standard_headers(r: &HttpResponse, context: &str) {
+    assert_eq!(
+        r.header("content-type"),
+        Some("application/json"),
+        "{context}: Content-Type: {r:?}"
+    );
+    let length = r
+        .header("content-length")
+        .unwrap_or_else(|| panic!("{context}: no Content-Length: {r:?}"));
+    assert_eq!(
+        length.parse::<usize>().ok(),
+        Some(r.body.len()),
+        "{context}: Content-Length: {r:?}"
+    );
+    assert_eq!(
+        r.header("cache-control"),
+        Some("no-store"),
+        "{context}: Cache-Control: {r:?}"
+    );
+    assert_eq!(
+        r.header("x-content-type-options"),
+        Some("nosniff"),
+        "{context}: X-Content-Type-Options: {r:?}"
+    );
+    for (name, _) in &r.headers {
+        assert!(
+            !name.to_ascii_lowercase().starts_with("access-control-"),
+            "{context}: CORS header {name}: {r:?}"
+        );
+    }
+}
+
+/// Asserts the v1 fields shared by success and failure envelopes.
+fn assert_v1_common(v: &Value, instance: &str, context: &str) {
+    assert_eq!(v["fromInstance"], instance, "{context}: fromInstance: {v}");
+    assert_eq!(v["protocolVersion"], 1, "{context}: protocolVersion: {v}");
+    assert_eq!(
+        v["capabilities"],
+        serde_json::json!(CAPABILITIES),
+        "{context}: capabilities: {v}"
+    );
+    assert!(v["durationMs"].is_u64(), "{context}: durationMs: {v}");
+}
+
+/// Asserts `r` is a v1 failure envelope from `instance` with `status` and `code`, the
+/// retryable flag of the retry table, and the standard headers.
+pub fn assert_failure(r: &HttpResponse, instance: &str, status: u16, code: &str, context: &str) {
+    assert_eq!(r.status, status, "{context}: status: {r:?}");
+    assert_standard_headers(r, context);
+    let v = r.json();
+    assert_eq!(v["success"], false, "{context}: success: {v}");
+    assert_eq!(v["text"], "", "{context}: text: {v}");
+    assert_eq!(v["errorCode"], code, "{context}: errorCode: {v}");
+    assert_eq!(
+        v["retryable"],
+        expected_retryable(code),
+        "{context}: retryable: {v}"
+    );
+    assert!(
+        v["error"].as_str().is_some_and(|e| !e.is_empty()),
+        "{context}: error text: {v}"
+    );
+    assert_v1_common(&v, instance, context);
+}
+
+/// Asserts `r` is a 200 v1 success envelope from `instance` whose text is `text`.
+pub fn assert_success(r: &HttpResponse, instance: &str, text: &str, context: &str) {
+    assert_eq!(r.status, 200, "{context}: status: {r:?}");
+    assert_standard_headers(r, context);
+    let v = r.json();
+    assert_eq!(v["success"], true, "{context}: success: {v}");
+    assert_eq!(v["text"], text, "{context}: text: {v}");
+    assert!(v.get("errorCode").is_none(), "{context}: errorCode: {v}");
+    assert_v1_common(&v, instance, context);
+}
+
+// ---------------------------------------------------------------------------------------
+// Building raw requests.
+
+/// A raw HTTP/1.1 request. `Content-Length` is computed from the body unless a test set
+/// or removed it explicitly.
+#[derive(Debug, Clone)]
+pub struct Req {
+    pub method: String,
+    pub path: String,
+    pub headers: Vec<(String, String)>,
+    pub body: Vec<u8>,
+    pub auto_length: bool,
+}
+
+impl Req {
+    pub fn new(method: &str, path: &str) -> Req {
+        Req {
+            method: method.to_owned(),
+            path: path.to_owned(),
+            headers: Vec::new(),
+            body: Vec::new(),
+            auto_length: false,
+        }
+    }
+
+    /// A well-formed, authorized talk to `instance` from `alice` at depth 0.
+    pub fn talk(instance: &Instance) -> Req {
+        Req::new("POST", "/api/talk")
+            .header("Host", &instance.host())
+            .header("Authorization", &format!("Bearer {}", instance.secret))
+            .header("Content-Type", "application/json")
+            .json(&serde_json::json!({
+                "fromInstance": "alice", "prompt": "hi", "depth": 0,
+                "protocolVersion": 1, "capabilities": CAPABILITIES
+            }))
+    }
+
+    /// `GET /api/health` to `instance`.
+    pub fn health(instance: &Instance) -> Req {
+        Req::new("GET", "/api/health").header("Host", &instance.host())
+    }
+
+    /// Adds a header (even if one with that name exists).
+    pub fn header(mut self, name: &str, value: &str) -> Req {
+        if name.eq_ignore_ascii_case("content-length") {
+            self.auto_length = false;
+        }
+        self.headers.push((name.to_owned(), value.to_owned()));
+        self
+    }
+
+    /// Replaces every header `name` with one `name: value`.
+    pub fn set(self, name: &str, value: &str) -> Req {
+        self.without(name).header(name, value)
+    }
+
+    /// Removes every header `name` (for `Content-Length`: sends none at all).
+    pub fn without(mut self, name: &str) -> Req {
+        if name.eq_ignore_ascii_case("content-length") {
+            self.auto_length = false;
+        }
+        self.headers.retain(|(n, _)| !n.eq_ignore_ascii_case(name));
+        self
+    }
+
+    /// Sets the body; `Content-Length` follows it.
+    pub fn body(mut self, body: impl Into<Vec<u8>>) -> Req {
+        self.headers
+            .retain(|(n, _)| !n.eq_ignore_ascii_case("content-length"));
+        self.auto_length = true;
+        self.body = body.into();
+        self
+    }
+
+    pub fn json(self, body: &Value) -> Req {
+        self.body(body.to_string())
+    }
+
+    pub fn to_bytes(&self) -> Vec<u8> {
+        let mut out = format!("{} {} HTTP/1.1\r\n", self.method, self.path).into_bytes();
+        for (name, value) in &self.headers {
+            out.extend_from_slice(format!("{name}: {value}\r\n").as_bytes());
+        }
+        if self.auto_length {
+            out.extend_from_slice(format!("Content-Length: {}\r\n", self.body.len()).as_bytes());
+        }
+        out.extend_from_slice(b"\r\n");
+        out.extend_from_slice(&self.body);
+        out
+    }
+
+    /// Sends the request on a new connection and reads one response.
+    pub fn send(&self, port: u16) -> HttpResponse {
+        request_bytes(port, &self.to_bytes())
+    }
+}
+
+/// Reads until EOF (or `limit`); true when the peer closed the connection in time.
+pub fn closed_within(stream: &mut TcpStream, limit: Duration) -> bool {
+    let deadline = Instant::now() + limit;
+    let mut buf = [0u8; 4096];
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return false;
+        }
+        stream.set_read_timeout(Some(left)).unwrap();
+        match stream.read(&mut buf) {
+            Ok(0) => return true,
+            Ok(_) => {}
+            Err(e)
+                if e.kind() == std::io::ErrorKind::WouldBlock
+                    || e.kind() == std::io::ErrorKind::TimedOut =>
+            {
+                return false
+            }
+            // A reset is a close too.
+            Err(_) => return true,
+        }
+    }
+}
+
+/// `GET /api/health` on a fresh connection, failing unless it answers 200 within `bound`.
+pub fn health_within(port: u16, bound: Duration) -> Result<Duration, String> {
+    let started = Instant::now();
+    let mut stream = TcpStream::connect_timeout(&([127, 0, 0, 1], port).into(), bound)
+        .map_err(|e| format!("connect: {e}"))?;
+    stream.set_read_timeout(Some(bound)).unwrap();
+    stream.set_write_timeout(Some(bound)).unwrap();
+    stream
+        .write_all(format!("GET /api/health HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n\r\n").as_bytes())
+        .map_err(|e| format!("write: {e}"))?;
+    let response = read_response(&mut stream).ok_or("no response")?;
+    let took = started.elapsed();
+    if response.status != 200 {
+        return Err(format!("status {}", response.status));
+    }
+    if took > bound {
+        return Err(format!("answered after {took:?}"));
+    }
+    Ok(took)
+}
+
+impl Instance {
+    /// Asserts the process is still running and `/api/health` answers 200 within
+    /// [`LIVENESS_BOUND`].
+    pub fn assert_alive(&mut self, context: &str) {
+        if let Some(status) = self.child.as_mut().unwrap().try_wait().unwrap() {
+            panic!(
+                "{context}: loopbus exited with {status}\nstderr:\n{}",
+                self.stderr()
+            );
+        }
+        if let Err(e) = health_within(self.port, LIVENESS_BOUND) {
+            panic!("{context}: health failed: {e}\nstderr:\n{}", self.stderr());
+        }
+    }
+
+    /// Replaces config.json atomically (temp file + rename), as an editor would.
+    pub fn write_config(&self, config: &Value) {
+        write_file_atomic(
+            &self.state_dir.join("config.json"),
+            &serde_json::to_vec_pretty(config).unwrap(),
+        );
+    }
+
+    /// Waits until stderr contains `needle`.
+    pub fn wait_for_log(&self, needle: &str, limit: Duration) -> bool {
+        eventually(limit, || self.stderr().contains(needle))
+    }
+}
+
+/// Writes `bytes` to `path` through a temp file and a rename, mode 0600.
+pub fn write_file_atomic(path: &Path, bytes: &[u8]) {
+    use std::os::unix::fs::PermissionsExt;
+    let tmp = path.with_extension("tmp-test");
+    std::fs::write(&tmp, bytes).unwrap();
+    std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(0o600)).unwrap();
+    std::fs::rename(&tmp, path).unwrap();
+}
+
+/// The (soft, hard) open-files limits of this process; `unlimited` is `u64::MAX`.
+fn fd_limits() -> (u64, u64) {
+    let limits = std::fs::read_to_string("/proc/self/limits").unwrap_or_default();
+    let line = limits
+        .lines()
+        .find(|l| l.starts_with("Max open files"))
+        .unwrap_or("");
+    let mut fields = line.split_whitespace().skip(3);
+    let mut next = || match fields.next() {
+        Some("unlimited") => u64::MAX,
+        Some(n) => n.parse().unwrap_or(1024),
+        None => 1024,
+    };
+    (next(), next())
+}
+
+/// The open-files soft limit of this test process. The first call raises it towards
+/// 16,384 (within the hard limit, with `prlimit` when it is installed), so that the
+/// connection-flood tests also run under a default `ulimit -n` of 1,024. Servers
+/// spawned afterwards inherit it.
+pub fn fd_limit() -> u64 {
+    static LIMIT: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
+    *LIMIT.get_or_init(|| {
+        let (soft, hard) = fd_limits();
+        let want = hard.min(16_384);
+        if soft < want {
+            let _ = Command::new("prlimit")
+                .arg(format!("--pid={}", std::process::id()))
+                .arg(format!("--nofile={want}:"))
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .status();
+        }
+        fd_limits().0
+    })
+}
+
+/// `wanted` connections, or fewer if this process's open-files limit can't hold that
+/// many next to another test running at the same time (with a note on stderr).
+pub fn connections_to_open(wanted: usize) -> usize {
+    let room = usize::try_from(fd_limit() / 3).unwrap_or(usize::MAX);
+    if room < wanted {
+        eprintln!(
+            "note: open-files limit {}: opening {room} connections instead of {wanted}",
+            fd_limit()
+        );
+    }
+    wanted.min(room)
 }

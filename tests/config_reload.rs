@@ -1,0 +1,346 @@
+//! config.json (contract section 2): edits take effect without a restart, a bad edit
+//! keeps the last good config and is logged, and a bad config or address at startup is
+//! a clear one-line error with a non-zero exit.
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    reason = "tests fail loudly on purpose"
+)]
+mod common;
+use common::*;
+use serde_json::{json, Value};
+use std::time::Duration;
+
+/// How long an edit may take to show. The contract says within a second; this is a
+/// liveness bound with room for a loaded machine.
+const RELOAD_BOUND: Duration = Duration::from_secs(3);
+
+fn talk_from(w: &Instance, from: &str, depth: u64) -> HttpResponse {
+    Req::talk(w)
+        .json(&json!({"fromInstance": from, "prompt": "p", "depth": depth}))
+        .send(w.port)
+}
+
+/// Polls until a talk from `from` at `depth` answers `status`.
+fn becomes(w: &Instance, from: &str, depth: u64, status: u16) -> bool {
+    eventually(RELOAD_BOUND, || talk_from(w, from, depth).status == status)
+}
+
+fn bus(fields: Value) -> Value {
+    let mut bus = json!({"peers": "*", "maxDepth": 3, "secret": "reload-secret"});
+    for (k, v) in fields.as_object().unwrap() {
+        bus[k] = v.clone();
+    }
+    json!({ "bus": bus })
+}
+
+#[test]
+fn peers_edit_takes_effect_without_restart() {
+    let root = TestRoot::new("reload-peers");
+    let mut w = root.start("worker", &bus(json!({})));
+    let pid = w.pid();
+    assert_success(&talk_from(&w, "mallory", 0), "worker", "p", "peers *");
+
+    w.write_config(&bus(json!({"peers": ["alice"]})));
+    assert!(becomes(&w, "mallory", 0, 403), "peers edit not applied");
+    let r = talk_from(&w, "mallory", 0);
+    assert_failure(&r, "worker", 403, "peer_not_allowed", "after peers edit");
+    assert_success(&talk_from(&w, "alice", 0), "worker", "p", "alice allowed");
+
+    w.write_config(&bus(json!({"peers": ["alice", "mallory"]})));
+    assert!(
+        becomes(&w, "mallory", 0, 200),
+        "second peers edit not applied"
+    );
+    w.write_config(&bus(json!({"peers": true})));
+    assert!(becomes(&w, "anyone", 0, 200), "peers true not applied");
+
+    assert_eq!(w.health()["pid"], u64::from(pid), "no restart");
+    w.assert_alive("after peers edits");
+}
+
+#[test]
+fn max_depth_edit_takes_effect_without_restart() {
+    let root = TestRoot::new("reload-depth");
+    let w = root.start("worker", &bus(json!({"maxDepth": 3})));
+    assert_eq!(talk_from(&w, "alice", 2).status, 200);
+
+    w.write_config(&bus(json!({"maxDepth": 2})));
+    assert!(becomes(&w, "alice", 2, 429), "maxDepth 2 not applied");
+    assert_failure(
+        &talk_from(&w, "alice", 2),
+        "worker",
+        429,
+        "max_depth_exceeded",
+        "after maxDepth edit",
+    );
+    assert_eq!(talk_from(&w, "alice", 1).status, 200);
+
+    w.write_config(&bus(json!({"maxDepth": 6})));
+    assert!(becomes(&w, "alice", 5, 200), "maxDepth 6 not applied");
+    assert_eq!(talk_from(&w, "alice", 6).status, 429);
+
+    // Removing the field restores the default of 3.
+    w.write_config(&json!({"bus": {"peers": "*", "secret": "reload-secret"}}));
+    assert!(
+        becomes(&w, "alice", 3, 429),
+        "default maxDepth not restored"
+    );
+    assert_eq!(talk_from(&w, "alice", 2).status, 200);
+}
+
+#[test]
+fn disabling_and_enabling_the_bus_without_restart() {
+    let root = TestRoot::new("reload-bus");
+    let w = root.start("worker", &bus(json!({})));
+    let disabled = [
+        json!({"bus": false}),
+        json!({"bus": null}),
+        json!({}),
+        json!({"bus": "yes"}),
+        bus(json!({"peers": []})),
+        bus(json!({"peers": false})),
+    ];
+    for config in disabled {
+        w.write_config(&config);
+        assert!(becomes(&w, "alice", 0, 403), "not disabled by {config}");
+        assert_failure(
+            &talk_from(&w, "alice", 0),
+            "worker",
+            403,
+            "bus_disabled",
+            &config.to_string(),
+        );
+        assert_eq!(w.health()["status"], "ok", "health while disabled");
+        // Enabled again; `"bus": true` has no secret: the one in force stays.
+        w.write_config(&json!({"bus": true}));
+        assert!(
+            becomes(&w, "alice", 0, 200),
+            "not re-enabled after {config}"
+        );
+    }
+}
+
+#[test]
+fn secret_and_port_are_fixed_for_the_process_lifetime() {
+    let root = TestRoot::new("reload-secret");
+    let w = root.start("worker", &bus(json!({})));
+    assert_eq!(w.secret, "reload-secret");
+    // Change the secret and the port, plus maxDepth so we can see the reload happen.
+    w.write_config(&bus(
+        json!({"secret": "new-secret", "port": 1, "maxDepth": 1}),
+    ));
+    assert!(becomes(&w, "alice", 1, 429), "edit not applied");
+    assert_eq!(
+        talk_from(&w, "alice", 0).status,
+        200,
+        "old secret still works"
+    );
+    let r = Req::talk(&w)
+        .set("Authorization", "Bearer new-secret")
+        .send(w.port);
+    assert_failure(
+        &r,
+        "worker",
+        401,
+        "auth_failed",
+        "new secret before restart",
+    );
+    assert_eq!(
+        root.registry()["instances"]["worker"]["secret"],
+        "reload-secret"
+    );
+}
+
+#[test]
+fn invalid_edits_keep_the_last_good_config_and_are_logged() {
+    let root = TestRoot::new("reload-invalid");
+    let mut w = root.start("worker", &bus(json!({"peers": ["alice"], "maxDepth": 2})));
+    let config_path = w.state_dir.join("config.json");
+    let cases: Vec<(&str, Vec<u8>, &str)> = vec![
+        (
+            "maxDepth a string",
+            bus(json!({"peers": "*", "maxDepth": "three"}))
+                .to_string()
+                .into_bytes(),
+            "bus.maxDepth",
+        ),
+        (
+            "maxDepth zero",
+            bus(json!({"peers": "*", "maxDepth": 0}))
+                .to_string()
+                .into_bytes(),
+            "bus.maxDepth",
+        ),
+        (
+            "peers a bare name",
+            bus(json!({"peers": "mallory"})).to_string().into_bytes(),
+            "bus.peers",
+        ),
+        (
+            "peers with a number",
+            bus(json!({"peers": ["alice", 5]})).to_string().into_bytes(),
+            "bus.peers[1]",
+        ),
+        (
+            "budget negative",
+            json!({"bus": {"peers": "*"}, "budgetUsd": -1})
+                .to_string()
+                .into_bytes(),
+            "budgetUsd",
+        ),
+        (
+            "truncated JSON",
+            br#"{"bus": {"peers": "*""#.to_vec(),
+            "config.json",
+        ),
+        ("not an object", b"[]".to_vec(), "config.json"),
+    ];
+    for (context, bytes, field) in cases {
+        let before = w.stderr().len();
+        write_file_atomic(&config_path, &bytes);
+        let logged = eventually(RELOAD_BOUND, || {
+            let stderr = w.stderr();
+            stderr[before..]
+                .lines()
+                .any(|l| l.contains("config.json") && l.contains(field))
+        });
+        assert!(
+            logged,
+            "{context}: no log line naming config.json and {field}\nstderr:\n{}",
+            w.stderr()
+        );
+        // The last good config is still in force: peers [alice], maxDepth 2.
+        let r = talk_from(&w, "mallory", 0);
+        assert_failure(&r, "worker", 403, "peer_not_allowed", context);
+        assert_eq!(talk_from(&w, "alice", 1).status, 200, "{context}");
+        assert_eq!(talk_from(&w, "alice", 2).status, 429, "{context}");
+    }
+
+    // A deleted config.json is logged and changes nothing either.
+    let before = w.stderr().len();
+    std::fs::remove_file(&config_path).unwrap();
+    assert!(
+        eventually(RELOAD_BOUND, || w.stderr()[before..]
+            .contains("config.json")),
+        "deleting config.json is not logged\nstderr:\n{}",
+        w.stderr()
+    );
+    assert_eq!(talk_from(&w, "mallory", 0).status, 403);
+    assert_eq!(talk_from(&w, "alice", 0).status, 200);
+
+    // A valid edit after all that applies.
+    w.write_config(&bus(json!({"peers": "*", "maxDepth": 4})));
+    assert!(becomes(&w, "mallory", 3, 200), "valid edit not applied");
+    w.assert_alive("after invalid edits");
+}
+
+/// Runs `serve` expecting a startup failure: non-zero exit, one line on stderr
+/// containing each of `needles`, and no registry entry.
+fn assert_startup_error(root: &TestRoot, args: &[&str], needles: &[&str]) {
+    let output = run(args, &[("RUST_LOG", "info")], None);
+    let context = describe(args, &output);
+    assert!(!output.status.success(), "{context}");
+    assert_eq!(output.status.code(), Some(2), "{context}");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(stderr.trim_end().lines().count(), 1, "one line: {context}");
+    for needle in needles {
+        assert!(stderr.contains(needle), "{needle:?} missing: {context}");
+    }
+    assert!(
+        root.registry()["instances"].get("bad").is_none(),
+        "registered anyway: {context}"
+    );
+}
+
+#[test]
+fn startup_with_a_missing_or_invalid_config_is_a_clear_error() {
+    let root = TestRoot::new("startup");
+    let dir = root.state_dir("bad");
+    let dir_s = dir.to_str().unwrap().to_owned();
+    let config = dir.join("config.json");
+    let config_s = config.to_str().unwrap().to_owned();
+    let args = ["serve", "--state-dir", dir_s.as_str()];
+
+    std::fs::create_dir_all(&dir).unwrap();
+    assert_startup_error(&root, &args, &[&config_s]);
+
+    #[rustfmt::skip]
+    let cases: Vec<(&str, &str)> = vec![
+        (r#"{"bus": {"peers": "*", "maxDepth": 0}}"#, "bus.maxDepth"),
+        (r#"{"bus": {"peers": "*", "maxDepth": 1.5}}"#, "bus.maxDepth"),
+        (r#"{"bus": {"peers": "*", "port": 70000}}"#, "bus.port"),
+        (r#"{"bus": {"peers": "alice"}}"#, "bus.peers"),
+        (r#"{"bus": {"peers": ["alice", ""]}}"#, "bus.peers[1]"),
+        (r#"{"bus": {"peers": "*", "secret": 42}}"#, "bus.secret"),
+        (r#"{"bus": {"peers": "*", "maxConcurrentTurns": 0}}"#, "bus.maxConcurrentTurns"),
+        (r#"{"bus": {"peers": "*"}, "budgetUsd": "1"}"#, "budgetUsd"),
+        (r#"{"bus": {"peers": "*"}, "engine": {"command": []}}"#, "engine.command"),
+        (r#"{"bus": {"peers": "*""#, "JSON"),
+        ("", "JSON"),
+        ("[1, 2]", "object"),
+    ];
+    for (content, field) in cases {
+        write_file_atomic(&config, content.as_bytes());
+        assert_startup_error(&root, &args, &[&config_s, field]);
+    }
+    // The secret never shows up in a config error.
+    write_file_atomic(
+        &config,
+        br#"{"bus": {"peers": "*", "secret": "TOPSECRET-VALUE", "maxDepth": -1}}"#,
+    );
+    let output = run(&args, &[], None);
+    assert!(!String::from_utf8_lossy(&output.stderr).contains("TOPSECRET-VALUE"));
+}
+
+#[test]
+fn non_loopback_bind_is_refused() {
+    let root = TestRoot::new("bind");
+    root.write_config("bad", &open_config("s"));
+    let dir = root.state_dir("bad");
+    let dir = dir.to_str().unwrap();
+    for addr in ["0.0.0.0", "::", "192.0.2.1", "10.0.0.1"] {
+        assert_startup_error(
+            &root,
+            &["serve", "--state-dir", dir, "--bind", addr],
+            &["loopback"],
+        );
+    }
+    assert_startup_error(
+        &root,
+        &["serve", "--state-dir", dir, "--bind", "not-an-ip"],
+        &["--bind"],
+    );
+}
+
+#[test]
+fn port_already_in_use_is_a_clear_error() {
+    let root = TestRoot::new("inuse");
+    let first = root.start("first", &open_config("s"));
+    let port = first.port.to_string();
+    root.write_config("bad", &open_config("s"));
+    let dir = root.state_dir("bad");
+    assert_startup_error(
+        &root,
+        &[
+            "serve",
+            "--state-dir",
+            dir.to_str().unwrap(),
+            "--port",
+            &port,
+        ],
+        &[&port, "in use"],
+    );
+    // The same through bus.port in config.json.
+    root.write_config(
+        "bad",
+        &json!({"bus": {"peers": "*", "port": first.port, "secret": "s"}}),
+    );
+    assert_startup_error(
+        &root,
+        &["serve", "--state-dir", dir.to_str().unwrap()],
+        &[&port, "in use"],
+    );
+    // The first instance is untouched.
+    assert_eq!(first.health()["instance"], "first");
+}

@@ -1,0 +1,405 @@
+//! The registry (contract section 6), file modes (section 1), `loopbus init`, signals,
+//! and what the log must never contain (section 7).
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    reason = "tests fail loudly on purpose"
+)]
+mod common;
+use common::*;
+use serde_json::{json, Value};
+use std::path::Path;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+/// Seconds since the epoch of `YYYY-MM-DDTHH:MM:SS[.fraction]Z`, or `None` if `s` is
+/// not in that form.
+fn parse_iso8601_utc(s: &str) -> Option<i64> {
+    let b = s.as_bytes();
+    let num = |r: std::ops::Range<usize>| -> Option<i64> {
+        let part = s.get(r)?;
+        part.bytes()
+            .all(|c| c.is_ascii_digit())
+            .then(|| part.parse().ok())?
+    };
+    if b.len() < 20
+        || b[4] != b'-'
+        || b[7] != b'-'
+        || b[10] != b'T'
+        || b[13] != b':'
+        || b[16] != b':'
+    {
+        return None;
+    }
+    let (y, m, d) = (num(0..4)?, num(5..7)?, num(8..10)?);
+    let (hh, mm, ss) = (num(11..13)?, num(14..16)?, num(17..19)?);
+    let rest = &s[19..];
+    let rest = match rest.strip_prefix('.') {
+        Some(frac) => {
+            let digits = frac.bytes().take_while(u8::is_ascii_digit).count();
+            if digits == 0 {
+                return None;
+            }
+            &frac[digits..]
+        }
+        None => rest,
+    };
+    if rest != "Z"
+        || !(1..=12).contains(&m)
+        || !(1..=31).contains(&d)
+        || hh > 23
+        || mm > 59
+        || ss > 60
+    {
+        return None;
+    }
+    // Days from civil (Howard Hinnant's algorithm).
+    let y = if m <= 2 { y - 1 } else { y };
+    let era = y.div_euclid(400);
+    let yoe = y - era * 400;
+    let mp = (m + 9) % 12;
+    let doy = (153 * mp + 2) / 5 + d - 1;
+    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
+    let days = era * 146_097 + doe - 719_468;
+    Some(days * 86_400 + hh * 3600 + mm * 60 + ss)
+}
+
+fn now_secs() -> i64 {
+    i64::try_from(
+        SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .unwrap()
+            .as_secs(),
+    )
+    .unwrap()
+}
+
+#[test]
+fn registry_entry_after_startup() {
+    let root = TestRoot::new("reg-entry");
+    let w = root.start("worker", &open_config("entry-secret"));
+    let registry = root.registry();
+    let entry = &registry["instances"]["worker"];
+    assert_eq!(entry["port"], u64::from(w.port), "{registry}");
+    assert!(w.port > 0);
+    assert_eq!(entry["pid"], u64::from(w.pid()), "{registry}");
+    assert_eq!(entry["secret"], "entry-secret", "{registry}");
+    let updated = entry["updatedAt"].as_str().expect("updatedAt is a string");
+    let at = parse_iso8601_utc(updated).unwrap_or_else(|| panic!("not ISO-8601: {updated}"));
+    assert!(
+        (now_secs() - at).abs() < 120,
+        "updatedAt {updated} is not now"
+    );
+    // The port in the registry is the one serving this instance.
+    let health = w.health();
+    assert_eq!(health["instance"], "worker");
+    assert_eq!(health["pid"], u64::from(w.pid()));
+    assert_eq!(file_mode(&root.path.join(".bus-registry.json")), 0o600);
+}
+
+#[test]
+fn generated_secret_is_published_only_in_the_registry() {
+    let root = TestRoot::new("reg-gen");
+    let mut w = root.start("worker", &json!({"bus": {"peers": "*"}}));
+    let secret = w.secret.clone();
+    assert_eq!(secret.len(), 64, "32 random bytes as hex: {secret}");
+    assert!(secret.bytes().all(|c| c.is_ascii_hexdigit()), "{secret}");
+    assert_success(
+        &Req::talk(&w).send(w.port),
+        "worker",
+        "hi",
+        "registry secret works",
+    );
+    let config = std::fs::read_to_string(w.state_dir.join("config.json")).unwrap();
+    assert!(!config.contains(&secret), "secret written to config.json");
+    // An empty secret is no secret: one is generated too.
+    let mut e = root.start("empty", &json!({"bus": {"peers": "*", "secret": ""}}));
+    assert_eq!(e.secret.len(), 64);
+    let r = Req::talk(&e).set("Authorization", "Bearer ").send(e.port);
+    assert_failure(&r, "empty", 401, "auth_failed", "empty bearer");
+    assert_eq!(w.terminate(Duration::from_secs(10)).code(), Some(0));
+    assert_eq!(e.terminate(Duration::from_secs(10)).code(), Some(0));
+    assert!(!w.stderr().contains(&secret), "secret in the log");
+}
+
+fn stops_on_signal(signal_name: &str) {
+    let root = TestRoot::new(&format!("reg-{signal_name}"));
+    let mut a = root.start("alpha", &open_config("a"));
+    let b = root.start("beta", &open_config("b"));
+    signal(a.pid(), signal_name);
+    let status = a.wait(Duration::from_secs(10));
+    assert_eq!(
+        status.code(),
+        Some(0),
+        "SIG{signal_name}: {status}\n{}",
+        a.stderr()
+    );
+    let registry = root.registry();
+    assert!(registry["instances"].get("alpha").is_none(), "{registry}");
+    assert_eq!(
+        registry["instances"]["beta"]["pid"],
+        u64::from(b.pid()),
+        "{registry}"
+    );
+    assert_eq!(file_mode(&root.path.join(".bus-registry.json")), 0o600);
+    assert_eq!(b.health()["instance"], "beta");
+}
+
+#[test]
+fn sigterm_deregisters_and_exits_0() {
+    stops_on_signal("TERM");
+}
+
+#[test]
+fn sigint_deregisters_and_exits_0() {
+    stops_on_signal("INT");
+}
+
+#[test]
+fn deregistration_leaves_an_entry_of_another_pid() {
+    let root = TestRoot::new("reg-other-pid");
+    let mut a = root.start("alpha", &open_config("a"));
+    // A successor with the same name registered meanwhile (here: faked in the file).
+    let path = root.path.join(".bus-registry.json");
+    let mut registry = root.registry();
+    let successor = u64::from(std::process::id());
+    registry["instances"]["alpha"]["pid"] = json!(successor);
+    registry["instances"]["alpha"]["port"] = json!(1);
+    write_file_atomic(&path, registry.to_string().as_bytes());
+    assert_eq!(a.terminate(Duration::from_secs(10)).code(), Some(0));
+    let after = root.registry();
+    assert_eq!(after["instances"]["alpha"]["pid"], successor, "{after}");
+    assert_eq!(after["instances"]["alpha"]["port"], 1, "{after}");
+}
+
+#[test]
+fn invalid_entries_are_dropped_on_the_next_write() {
+    let root = TestRoot::new("reg-invalid");
+    let path = root.path.join(".bus-registry.json");
+    // A valid entry must also be alive to survive: serve prunes dead entries at startup.
+    let _other = root.start("other", &open_config("x"));
+    let valid = root.registry()["instances"]["other"].clone();
+    let registry = json!({"instances": {
+        "other": valid,
+        "port-zero": {"port": 0, "pid": 5, "secret": "x", "updatedAt": "2026-01-01T00:00:00.000Z"},
+        "port-big": {"port": 70000, "pid": 5, "secret": "x", "updatedAt": "2026-01-01T00:00:00.000Z"},
+        "pid-negative": {"port": 5, "pid": -3, "secret": "x", "updatedAt": "2026-01-01T00:00:00.000Z"},
+        "secret-number": {"port": 5, "pid": 5, "secret": 7, "updatedAt": "2026-01-01T00:00:00.000Z"},
+        "bad-time": {"port": 5, "pid": 5, "secret": "x", "updatedAt": "yesterday"},
+        "-bad name": valid,
+        "not-an-object": 12,
+    }});
+    write_file_atomic(&path, registry.to_string().as_bytes());
+    let w = root.start("worker", &open_config("s"));
+    let after = root.registry();
+    let names: Vec<&String> = after["instances"].as_object().unwrap().keys().collect();
+    assert_eq!(names, ["other", "worker"], "{after}");
+    assert_eq!(after["instances"]["other"], valid);
+    assert_eq!(after["instances"]["worker"]["pid"], u64::from(w.pid()));
+}
+
+#[test]
+fn a_corrupt_registry_does_not_stop_serve() {
+    let root = TestRoot::new("reg-corrupt");
+    let path = root.path.join(".bus-registry.json");
+    for junk in [&b"{not json"[..], b"[]", b"{\"instances\": 5}", b""] {
+        write_file_atomic(&path, junk);
+        let mut w = root.start("worker", &open_config("s"));
+        assert_eq!(
+            root.registry()["instances"]["worker"]["pid"],
+            u64::from(w.pid())
+        );
+        assert_eq!(w.terminate(Duration::from_secs(10)).code(), Some(0));
+    }
+}
+
+#[test]
+fn concurrent_startups_all_register() {
+    let root = TestRoot::new("reg-concurrent");
+    let names = ["n1", "n2", "n3", "n4", "n5", "n6"];
+    let instances: Vec<Instance> = std::thread::scope(|s| {
+        let handles: Vec<_> = names
+            .iter()
+            .map(|name| {
+                let root = &root;
+                s.spawn(move || root.start(name, &open_config(name)))
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    let registry = root.registry();
+    for w in &instances {
+        let entry = &registry["instances"][w.name.as_str()];
+        assert_eq!(entry["pid"], u64::from(w.pid()), "{registry}");
+        assert_eq!(entry["port"], u64::from(w.port), "{registry}");
+        assert_eq!(entry["secret"], w.name.as_str(), "{registry}");
+    }
+}
+
+/// `loopbus init DIR`, then `serve`: no hand editing.
+fn init(dir: &Path, extra: &[&str]) -> std::process::Output {
+    let mut args = vec!["init", dir.to_str().unwrap()];
+    args.extend_from_slice(extra);
+    run(&args, &[], None)
+}
+
+#[test]
+fn init_then_serve_needs_no_hand_editing() {
+    let root = TestRoot::new("init");
+    // A channel root that does not exist yet: loopbus creates it.
+    let channel = root.path.join("fresh-root");
+    let dir = channel.join("inst");
+    let output = init(&dir, &[]);
+    assert!(output.status.success(), "{}", describe(&["init"], &output));
+    let config_path = dir.join("config.json");
+    assert_eq!(file_mode(&config_path), 0o600, "config.json mode");
+    assert_eq!(file_mode(&dir), 0o700, "state dir mode");
+    let config: Value = serde_json::from_slice(&std::fs::read(&config_path).unwrap()).unwrap();
+    assert_eq!(config["bus"]["peers"], "*", "{config}");
+    let secret = config["bus"]["secret"]
+        .as_str()
+        .expect("a secret")
+        .to_owned();
+    assert!(secret.len() >= 32, "{config}");
+    assert!(
+        !String::from_utf8_lossy(&output.stdout).contains(&secret),
+        "secret printed"
+    );
+
+    let instance_root = TestRoot {
+        path: channel.clone(),
+    };
+    let mut w = Instance::spawn(&instance_root, "inst", &[]);
+    assert_eq!(
+        w.secret, secret,
+        "the registry publishes the config's secret"
+    );
+    assert_success(&Req::talk(&w).send(w.port), "inst", "hi", "talk after init");
+    assert_eq!(file_mode(&channel.join(".bus-registry.json")), 0o600);
+    assert_eq!(
+        file_mode(&channel),
+        0o700,
+        "channel root created by loopbus"
+    );
+    assert_eq!(w.terminate(Duration::from_secs(10)).code(), Some(0));
+    std::mem::forget(instance_root); // `root` removes the whole tree
+
+    // A second init refuses to overwrite; --force writes a fresh secret.
+    let output = init(&dir, &[]);
+    assert_eq!(
+        output.status.code(),
+        Some(2),
+        "{}",
+        describe(&["init"], &output)
+    );
+    let unchanged: Value = serde_json::from_slice(&std::fs::read(&config_path).unwrap()).unwrap();
+    assert_eq!(unchanged, config);
+    let output = init(&dir, &["--force"]);
+    assert!(
+        output.status.success(),
+        "{}",
+        describe(&["init", "--force"], &output)
+    );
+    let forced: Value = serde_json::from_slice(&std::fs::read(&config_path).unwrap()).unwrap();
+    assert_ne!(forced["bus"]["secret"], config["bus"]["secret"]);
+    assert_eq!(file_mode(&config_path), 0o600);
+}
+
+#[test]
+fn logs_never_contain_secrets_or_prompts() {
+    let root = TestRoot::new("logs");
+    let mut w = root.start(
+        "worker",
+        &json!({"bus": {"peers": ["alice"], "secret": "LOG-SECRET-1f2e"}}),
+    );
+    let prompt = "PROMPT-TEXT-MARKER-9a8b";
+    let talk = |from: &str, depth: u64| {
+        Req::talk(&w).json(&json!({"fromInstance": from, "prompt": prompt, "depth": depth}))
+    };
+    let requests = [
+        talk("alice", 0),
+        talk("mallory", 0),
+        talk("alice", 9),
+        talk("alice", 0).set("Authorization", "Bearer WRONG-SECRET-7c6d"),
+        talk("alice", 0).set("Content-Type", "text/plain"),
+        Req::talk(&w).body(format!(
+            "{{\"fromInstance\": \"alice\", \"prompt\": \"{prompt}\""
+        )),
+    ];
+    for req in &requests {
+        let _ = req.send(w.port);
+    }
+    assert_eq!(w.terminate(Duration::from_secs(10)).code(), Some(0));
+    let stderr = w.stderr();
+    assert!(stderr.contains("worker"), "the log has content: {stderr}");
+    for needle in ["LOG-SECRET-1f2e", "WRONG-SECRET-7c6d", prompt, "Bearer"] {
+        assert!(!stderr.contains(needle), "{needle} in the log:\n{stderr}");
+    }
+}
+
+/// Regression: `loopbus init ROOT/NAME` created a missing channel root with the umask's
+/// mode (0755), while contract section 1 asks for 0700 (it holds the registry).
+#[test]
+fn bug_init_created_a_missing_channel_root_with_the_umask_mode() {
+    let root = TestRoot::new("init-root-mode");
+    let channel = root.path.join("parent").join("channel");
+    let output = init(&channel.join("inst"), &[]);
+    assert!(output.status.success(), "{}", describe(&["init"], &output));
+    assert_eq!(file_mode(&channel), 0o700, "channel root");
+    assert_eq!(file_mode(&channel.join("inst")), 0o700, "state dir");
+    // An existing root is the user's: left as it is.
+    let existing = root.path.join("existing");
+    std::fs::create_dir(&existing).unwrap();
+    let before = file_mode(&existing);
+    assert!(init(&existing.join("inst"), &[]).status.success());
+    assert_eq!(file_mode(&existing), before);
+}
+
+#[test]
+fn sigterm_with_many_open_connections_exits_0_promptly() {
+    use std::io::Write;
+    let root = TestRoot::new("term-busy");
+    let mut w = root.start("worker", &open_config("s"));
+    let mut conns = Vec::new();
+    // Idle, mid-head, mid-body and keep-alive connections.
+    for _ in 0..connections_to_open(300) {
+        conns.push(connect(w.port));
+    }
+    for _ in 0..50 {
+        let mut s = connect(w.port);
+        s.write_all(b"GET /api/health HTTP/1.1\r\nHost: ").unwrap();
+        conns.push(s);
+    }
+    for _ in 0..5 {
+        let mut s = connect(w.port);
+        let head = Req::talk(&w).body(Vec::new()).set("Content-Length", "1000");
+        s.write_all(&head.to_bytes()).unwrap();
+        s.write_all(b"{\"fromInstance\"").unwrap();
+        conns.push(s);
+    }
+    let mut kept = connect(w.port);
+    kept.write_all(&Req::health(&w).to_bytes()).unwrap();
+    assert_eq!(read_response(&mut kept).expect("health").status, 200);
+    w.assert_alive("before SIGTERM");
+
+    let status = w.terminate(Duration::from_secs(15));
+    assert_eq!(status.code(), Some(0), "{status}\nstderr:\n{}", w.stderr());
+    assert!(root.registry()["instances"].get("worker").is_none());
+    assert!(
+        closed_within(&mut kept, Duration::from_secs(2)),
+        "keep-alive connection left open"
+    );
+}
+
+#[test]
+fn a_config_readable_by_others_is_warned_about() {
+    use std::os::unix::fs::PermissionsExt;
+    let root = TestRoot::new("wide-config");
+    let path = root.write_config("worker", &open_config("s"));
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o644)).unwrap();
+    let w = Instance::spawn(&root, "worker", &[]);
+    let stderr = w.stderr();
+    let warned = stderr
+        .lines()
+        .any(|l| l.contains("WARN") && l.contains("config.json") && l.contains("644"));
+    assert!(warned, "no warning about mode 644:\n{stderr}");
+}
