@@ -7,7 +7,7 @@
 //! [`MAX_AUDIT_BYTES`], so a flood of refused requests cannot fill the disk.
 
 use crate::state;
-use serde_json::{json, Value};
+use serde_json::Value;
 use std::fs::{File, OpenOptions};
 use std::io::{self, Write};
 use std::os::unix::fs::OpenOptionsExt;
@@ -85,25 +85,30 @@ impl AuditLog {
     }
 
     fn line(&self, r: &Record<'_>) -> Vec<u8> {
-        let detail: String = r.detail.chars().take(MAX_DETAIL_CHARS).collect();
-        let value = json!({
-            "timestamp": state::now_iso8601(),
-            "type": "talk",
-            "instanceName": self.instance,
-            "outcome": r.outcome,
-            "detail": detail,
-            "metadata": {
-                "fromInstance": r.from_instance,
-                "depth": r.depth,
-                "durationMs": r.duration_ms,
-                "errorCode": r.error_code,
-                "promptChars": r.prompt_chars,
-                "status": r.status,
+        let detail = match r.detail.char_indices().nth(MAX_DETAIL_CHARS) {
+            Some((cut, _)) => &r.detail[..cut],
+            None => r.detail,
+        };
+        let timestamp = state::now_iso8601();
+        let line = Line {
+            timestamp: &timestamp,
+            kind: "talk",
+            instance_name: &self.instance,
+            outcome: r.outcome,
+            detail,
+            metadata: Metadata {
+                from_instance: r.from_instance,
+                depth: r.depth,
+                duration_ms: r.duration_ms,
+                error_code: r.error_code,
+                prompt_chars: r.prompt_chars,
+                status: r.status,
             },
-        });
-        let mut line = value.to_string().into_bytes();
-        line.push(b'\n');
-        line
+        };
+        // Serializing strings and integers into a Vec cannot fail.
+        let mut bytes = serde_json::to_vec(&line).unwrap_or_default();
+        bytes.push(b'\n');
+        bytes
     }
 
     fn append(&mut self, line: &[u8]) -> io::Result<()> {
@@ -135,6 +140,30 @@ impl AuditLog {
         self.size = 0;
         Ok(())
     }
+}
+
+/// One line of the log, in the contract's field order.
+#[derive(serde::Serialize)]
+#[serde(rename_all = "camelCase")]
+struct Line<'a> {
+    timestamp: &'a str,
+    #[serde(rename = "type")]
+    kind: &'a str,
+    instance_name: &'a str,
+    outcome: &'a str,
+    detail: &'a str,
+    metadata: Metadata<'a>,
+}
+
+#[derive(serde::Serialize)]
+#[serde(rename_all = "camelCase")]
+struct Metadata<'a> {
+    from_instance: Option<&'a str>,
+    depth: Option<u64>,
+    duration_ms: u64,
+    error_code: Option<&'a str>,
+    prompt_chars: Option<usize>,
+    status: u16,
 }
 
 /// Parses one audit line (for tests and tools).

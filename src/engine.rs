@@ -151,6 +151,19 @@ impl Engine {
     }
 }
 
+impl Engine {
+    /// The result of a turn that needs neither a process nor a file, so the event
+    /// loop can answer it at once instead of handing it to a worker: the built-in echo
+    /// engine when no budget is set. `None` for every other turn.
+    pub fn run_inline(turn: &Turn) -> Option<TurnResult> {
+        if turn.config.engine.is_none() && turn.config.budget_usd.is_none() {
+            Some(TurnResult::Reply(turn.request.prompt.clone()))
+        } else {
+            None
+        }
+    }
+}
+
 impl Runner<Turn, TurnResult> for Engine {
     fn run(&self, turn: &Turn) -> TurnResult {
         if let Some(budget) = turn.config.budget_usd {

@@ -386,38 +386,41 @@ impl Envelope {
         self.failure.is_none()
     }
 
-    /// The envelope as JSON (keys in alphabetical order: serde_json's map is sorted).
+    /// The envelope as JSON, fields in the order `bus-protocol.md` shows them.
     pub fn to_json(&self) -> Vec<u8> {
-        let mut object = Map::new();
-        object.insert("success".into(), Value::Bool(self.failure.is_none()));
-        object.insert("text".into(), Value::String(self.text.clone()));
-        object.insert(
-            "fromInstance".into(),
-            Value::String(self.from_instance.clone()),
-        );
-        if let Some(failure) = &self.failure {
-            object.insert("error".into(), Value::String(failure.error.clone()));
-            object.insert(
-                "errorCode".into(),
-                Value::String(failure.code.as_str().to_owned()),
-            );
-            object.insert("retryable".into(), Value::Bool(failure.retryable));
-        }
-        object.insert("durationMs".into(), Value::from(self.duration_ms));
-        if let Some(version) = self.protocol_version {
-            object.insert("protocolVersion".into(), Value::from(version));
-        }
-        object.insert(
-            "capabilities".into(),
-            Value::Array(
-                self.capabilities
-                    .iter()
-                    .map(|c| Value::String(c.clone()))
-                    .collect(),
-            ),
-        );
-        Value::Object(object).to_string().into_bytes()
+        let wire = WireEnvelope {
+            success: self.failure.is_none(),
+            text: &self.text,
+            from_instance: &self.from_instance,
+            error: self.failure.as_ref().map(|f| f.error.as_str()),
+            error_code: self.failure.as_ref().map(|f| f.code.as_str()),
+            retryable: self.failure.as_ref().map(|f| f.retryable),
+            duration_ms: self.duration_ms,
+            protocol_version: self.protocol_version,
+            capabilities: &self.capabilities,
+        };
+        // Serializing strings, numbers and booleans into a Vec cannot fail.
+        serde_json::to_vec(&wire).unwrap_or_default()
     }
+}
+
+/// The wire form of an [`Envelope`]: borrowed fields, in protocol order.
+#[derive(serde::Serialize)]
+#[serde(rename_all = "camelCase")]
+struct WireEnvelope<'a> {
+    success: bool,
+    text: &'a str,
+    from_instance: &'a str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    error: Option<&'a str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    error_code: Option<&'a str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    retryable: Option<bool>,
+    duration_ms: u64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    protocol_version: Option<u64>,
+    capabilities: &'a [String],
 }
 
 /// Why a peer's answer is not an envelope.

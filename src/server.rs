@@ -8,12 +8,12 @@
 
 use crate::audit::{self, AuditLog};
 use crate::config::{self, Config};
-use crate::engine::{RunningEngines, Turn, TurnResult};
+use crate::engine::{Engine, RunningEngines, Turn, TurnResult};
 use crate::http::{ConnId, Control, Head, HeadAction, HttpError, Response, Service};
 use crate::protocol::{self, Envelope, ErrorCode, Failure, RequestError, MAX_BODY_BYTES};
 use crate::secret::Secret;
 use crate::turns::{Busy, Done, Outcome, TurnPool};
-use serde_json::{json, Value};
+use serde_json::Value;
 use std::collections::HashMap;
 use std::io::Read;
 use std::path::PathBuf;
@@ -166,6 +166,19 @@ impl Refusal {
     }
 }
 
+/// The `/api/health` answer.
+#[derive(serde::Serialize)]
+#[serde(rename_all = "camelCase")]
+struct HealthBody<'a> {
+    kind: &'a str,
+    instance: &'a str,
+    status: &'a str,
+    pid: u32,
+    protocol_version: u64,
+    capabilities: &'a [&'a str],
+    turns: crate::turns::Load,
+}
+
 /// What the audit line of one talk outcome knows about the request.
 #[derive(Debug, Clone, Default)]
 struct TalkMeta {
@@ -290,7 +303,7 @@ impl Bus {
         meta: &TalkMeta,
     ) -> Response {
         let (status, code) = refusal.status_and_code();
-        log::info!(
+        log::debug!(
             "talk refused: {} {} (from {:?}, depth {:?}, prompt {:?} chars)",
             status,
             code,
@@ -389,16 +402,17 @@ impl Bus {
         } else {
             "ok"
         };
-        let body = json!({
-            "kind": self.config.bus.kind,
-            "instance": self.name,
-            "status": status,
-            "pid": std::process::id(),
-            "protocolVersion": protocol::PROTOCOL_VERSION,
-            "capabilities": protocol::CAPABILITIES,
-            "turns": {"running": load.running, "queued": load.queued, "max": load.max},
-        });
-        Bus::json(200, body.to_string().into_bytes())
+        let body = HealthBody {
+            kind: &self.config.bus.kind,
+            instance: &self.name,
+            status,
+            pid: std::process::id(),
+            protocol_version: protocol::PROTOCOL_VERSION,
+            capabilities: &protocol::CAPABILITIES,
+            turns: load,
+        };
+        // Serializing strings and integers into a Vec cannot fail.
+        Bus::json(200, serde_json::to_vec(&body).unwrap_or_default())
     }
 
     /// Turns a finished job into the response for its connection.
@@ -407,7 +421,7 @@ impl Bus {
         let took = elapsed_ms(pending.received_at);
         let response = match done.outcome {
             Outcome::Finished(TurnResult::Reply(text)) => {
-                log::info!(
+                log::debug!(
                     "talk answered: success (from {:?}, depth {:?}, {} ms)",
                     pending.meta.from_instance.as_deref().unwrap_or("?"),
                     pending.meta.depth,
@@ -418,7 +432,7 @@ impl Bus {
                 Bus::envelope_response(200, &envelope)
             }
             Outcome::Finished(TurnResult::Failed(failure)) => {
-                log::info!(
+                log::debug!(
                     "talk answered: failure {} (from {:?}, {} ms)",
                     failure.code,
                     pending.meta.from_instance.as_deref().unwrap_or("?"),
@@ -574,6 +588,16 @@ impl Service for Bus {
             request,
             config: Arc::clone(&self.config),
         };
+        if let Some(result) = Engine::run_inline(&turn) {
+            // Echo without a budget: no process, no file, nothing to wait for.
+            self.pending.insert(id, Pending { received_at, meta });
+            let done = Done {
+                conn: id,
+                job: turn,
+                outcome: Outcome::Finished(result),
+            };
+            return self.finish(done).map(|(_, response)| response);
+        }
         match self.pool.submit(id, turn) {
             Ok(()) => {
                 self.pending.insert(id, Pending { received_at, meta });

@@ -39,7 +39,7 @@ pub struct Done<J, R> {
 }
 
 /// Counters for `/api/health`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
 pub struct Load {
     /// Jobs being run now.
     pub running: usize,
