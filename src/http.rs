@@ -348,6 +348,8 @@ struct Conn {
     scanned: usize,
     /// Whether the connection is on the run queue.
     queued: bool,
+    /// Whether a read may find data (see [`read_some`]).
+    readable: bool,
     /// The head being served (between head and response).
     head: Option<Head>,
     /// Response bytes, and how many are written.
@@ -559,7 +561,12 @@ impl EventLoop {
                         service.on_interrupt(&mut control);
                         self.apply(service, control);
                     }
-                    Token(token) => self.enqueue(token),
+                    Token(token) => {
+                        if event.is_readable() || event.is_read_closed() || event.is_error() {
+                            self.mark_readable(token);
+                        }
+                        self.enqueue(token);
+                    }
                 }
             }
             // Serve the run queue for at most ROUND_BUDGET, then poll again, so that new
@@ -711,6 +718,7 @@ impl EventLoop {
             inbuf: Vec::new(),
             scanned: 0,
             queued: false,
+            readable: true,
             head: None,
             outbuf: Vec::new(),
             written: 0,
@@ -843,6 +851,16 @@ impl EventLoop {
         }
     }
 
+    /// Notes that a readiness event says the connection may have data (or EOF).
+    fn mark_readable(&mut self, token: usize) {
+        if let Some(Some(conn)) = token
+            .checked_sub(FIRST_CONN)
+            .and_then(|s| self.conns.get_mut(s))
+        {
+            conn.readable = true;
+        }
+    }
+
     /// Puts a connection on the run queue (once, however many events it has).
     fn enqueue(&mut self, token: usize) {
         let Some(slot) = token.checked_sub(FIRST_CONN) else {
@@ -922,7 +940,11 @@ impl EventLoop {
                         ParseOutcome::Partial => {}
                     }
                     let cap = MAX_HEAD_BYTES + 1 - conn.inbuf.len().min(MAX_HEAD_BYTES);
-                    match read_some(&mut conn.stream, &mut self.scratch[..cap]) {
+                    match read_some(
+                        &mut conn.stream,
+                        &mut conn.readable,
+                        &mut self.scratch[..cap],
+                    ) {
                         ReadOutcome::Data(n) => {
                             read += n;
                             conn.last_active = Instant::now();
@@ -966,7 +988,11 @@ impl EventLoop {
                         continue;
                     }
                     let cap = (len - conn.inbuf.len()).min(READ_CHUNK);
-                    match read_some(&mut conn.stream, &mut self.scratch[..cap]) {
+                    match read_some(
+                        &mut conn.stream,
+                        &mut conn.readable,
+                        &mut self.scratch[..cap],
+                    ) {
                         ReadOutcome::Data(n) => {
                             read += n;
                             conn.last_active = Instant::now();
@@ -1012,11 +1038,13 @@ impl EventLoop {
                     }
                     self.refresh_deadline(slot);
                 }
-                Phase::Lingering => match read_some(&mut conn.stream, &mut self.scratch) {
-                    ReadOutcome::Data(n) => read += n,
-                    ReadOutcome::WouldBlock => return Step::Park,
-                    ReadOutcome::Closed => return Step::Close,
-                },
+                Phase::Lingering => {
+                    match read_some(&mut conn.stream, &mut conn.readable, &mut self.scratch) {
+                        ReadOutcome::Data(n) => read += n,
+                        ReadOutcome::WouldBlock => return Step::Park,
+                        ReadOutcome::Closed => return Step::Close,
+                    }
+                }
             }
         }
     }
@@ -1052,12 +1080,26 @@ enum ReadOutcome {
     Closed,
 }
 
-fn read_some(stream: &mut TcpStream, buf: &mut [u8]) -> ReadOutcome {
+/// Reads once. `readable` is false when the last read already drained the socket and
+/// no readiness event came since: then there is nothing to read, and the syscall (which
+/// would only say `WouldBlock`) is skipped. With edge-triggered polling, any byte that
+/// arrives after a draining read brings a new event, which sets `readable` again.
+fn read_some(stream: &mut TcpStream, readable: &mut bool, buf: &mut [u8]) -> ReadOutcome {
+    if !*readable {
+        return ReadOutcome::WouldBlock;
+    }
     loop {
         match stream.read(buf) {
             Ok(0) => return ReadOutcome::Closed,
-            Ok(n) => return ReadOutcome::Data(n),
-            Err(e) if e.kind() == ErrorKind::WouldBlock => return ReadOutcome::WouldBlock,
+            Ok(n) => {
+                // A short read emptied the receive queue.
+                *readable = n == buf.len();
+                return ReadOutcome::Data(n);
+            }
+            Err(e) if e.kind() == ErrorKind::WouldBlock => {
+                *readable = false;
+                return ReadOutcome::WouldBlock;
+            }
             Err(e) if e.kind() == ErrorKind::Interrupted => {}
             Err(_) => return ReadOutcome::Closed,
         }

@@ -229,6 +229,8 @@ pub struct Bus {
     allowed_hosts: [String; 3],
     audit: AuditLog,
     running: RunningEngines,
+    /// This process's id, for health (asked once: it is a syscall).
+    pid: u32,
 }
 
 impl Bus {
@@ -237,6 +239,7 @@ impl Bus {
         let port = settings.port;
         let audit = AuditLog::new(&settings.state_dir, &settings.name);
         Bus {
+            pid: std::process::id(),
             audit,
             running: settings.running,
             engines_killed_at: None,
@@ -406,7 +409,7 @@ impl Bus {
             kind: &self.config.bus.kind,
             instance: &self.name,
             status,
-            pid: std::process::id(),
+            pid: self.pid,
             protocol_version: protocol::PROTOCOL_VERSION,
             capabilities: &protocol::CAPABILITIES,
             turns: load,
