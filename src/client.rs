@@ -343,7 +343,10 @@ pub fn delegate(options: &DelegateOptions) -> Result<Reply, DelegateError> {
 
     // The secret goes out on the connection whose probe matched. Only if the server
     // closed it after the health answer does a new connection to the same port follow.
-    let deadline = Instant::now() + options.timeout;
+    // A timeout too large for the clock means "no deadline worth the name": a year.
+    let deadline = Instant::now()
+        .checked_add(options.timeout)
+        .unwrap_or_else(|| Instant::now() + Duration::from_secs(365 * 24 * 3600));
     if !connection.is_reusable() {
         connection = Connection::open_local(entry.port, deadline)
             .map_err(|e| transport_error(target, options.timeout, e))?;

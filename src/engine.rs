@@ -30,6 +30,8 @@ pub const MAX_STDERR_KEPT: usize = 64 * 1024;
 /// After the engine exits (or is killed), how long its output pipes may stay open
 /// (held by a process that escaped the group) before the turn stops waiting for them.
 pub const PIPE_DRAIN_GRACE: Duration = Duration::from_secs(2);
+/// After killing an engine, how often the kill is repeated until its process is reaped.
+const KILL_RETRY: Duration = Duration::from_millis(100);
 /// Longest engine message carried into an envelope's `error`.
 pub const MAX_ENGINE_MESSAGE_CHARS: usize = 1_000;
 
@@ -343,9 +345,14 @@ fn run_command(engine: &EngineConfig, owner: &Engine, request: &TalkRequest) -> 
     let deadline = started.checked_add(Duration::from_secs(engine.timeout_secs));
     let mut stop: Option<(ErrorCode, String)> = None;
     let status = loop {
-        let event = match deadline {
-            Some(deadline) => rx.recv_timeout(deadline.saturating_duration_since(Instant::now())),
-            None => rx.recv().map_err(|_| RecvTimeoutError::Disconnected),
+        let event = match (deadline, &stop) {
+            // Killed already: wait for the reaper, killing again now and then in case
+            // the group gained a member since.
+            (_, Some(_)) => rx.recv_timeout(KILL_RETRY),
+            (Some(deadline), None) => {
+                rx.recv_timeout(deadline.saturating_duration_since(Instant::now()))
+            }
+            (None, None) => rx.recv().map_err(|_| RecvTimeoutError::Disconnected),
         };
         match event {
             Ok(Event::Exited(status)) => break status.ok(),
@@ -413,7 +420,7 @@ fn interpret(output: OutputMode, status: ExitStatus, stdout: &[u8], stderr: &[u8
     let stdout_text = String::from_utf8_lossy(stdout);
     let stderr_text = String::from_utf8_lossy(stderr);
     let json = match output {
-        OutputMode::Json => serde_json::from_slice::<Value>(stdout).ok(),
+        OutputMode::Json => json_object(&stdout_text),
         OutputMode::Text => None,
     };
     let usage = json.as_ref().map(usage_of);
@@ -449,7 +456,10 @@ fn interpret(output: OutputMode, status: ExitStatus, stdout: &[u8], stderr: &[u8
         OutputMode::Text => {
             let Ok(text) = String::from_utf8(stdout.to_vec()) else {
                 return CommandRun {
-                    result: TurnResult::Invalid("engine output is not UTF-8".into()),
+                    result: TurnResult::Failed(Failure::new(
+                        ErrorCode::EngineCli,
+                        "engine output is not UTF-8 (engine.output is \"text\")",
+                    )),
                     usage: Some(TurnUsage::default()),
                 };
             };
@@ -465,13 +475,19 @@ fn interpret(output: OutputMode, status: ExitStatus, stdout: &[u8], stderr: &[u8
         OutputMode::Json => {
             let Some(value) = json else {
                 return CommandRun {
-                    result: TurnResult::Invalid("engine output is not one JSON object".into()),
+                    result: TurnResult::Failed(Failure::new(
+                        ErrorCode::EngineCli,
+                        "engine output is not a JSON object (engine.output is \"json\")",
+                    )),
                     usage: Some(TurnUsage::default()),
                 };
             };
             let Some(result) = value.get("result").and_then(Value::as_str) else {
                 return CommandRun {
-                    result: TurnResult::Invalid("engine JSON has no string `result`".into()),
+                    result: TurnResult::Failed(Failure::new(
+                        ErrorCode::EngineCli,
+                        "engine JSON output has no string `result`",
+                    )),
                     usage,
                 };
             };
@@ -484,6 +500,20 @@ fn interpret(output: OutputMode, status: ExitStatus, stdout: &[u8], stderr: &[u8
             CommandRun { result, usage }
         }
     }
+}
+
+/// The engine's JSON object: the whole of stdout, or else its last non-empty line (an
+/// engine may print a warning before the object).
+fn json_object(stdout: &str) -> Option<Value> {
+    let whole = serde_json::from_str::<Value>(stdout)
+        .ok()
+        .filter(Value::is_object);
+    whole.or_else(|| {
+        let last = stdout.lines().rev().find(|l| !l.trim().is_empty())?;
+        serde_json::from_str::<Value>(last)
+            .ok()
+            .filter(Value::is_object)
+    })
 }
 
 /// Cost and tokens from a `claude -p --output-format json` object; absent or invalid
@@ -524,7 +554,12 @@ pub const CLASSIFICATION_RULES: [(ErrorCode, &[&str]); 3] = [
             "authentication failed",
             "authentication_error",
             "please run /login",
-            "401",
+            "401 unauthorized",
+            "status 401",
+            "status code 401",
+            "http 401",
+            "error 401",
+            "(401)",
         ],
     ),
     (
@@ -598,7 +633,9 @@ mod tests {
             ("Invalid API key · Please run /login", Some("auth")),
             ("Error: not logged in", Some("auth")),
             ("HTTP 401 from provider", Some("auth")),
-            ("401", Some("auth")),
+            ("request failed with status code 401", Some("auth")),
+            ("API Error (401) {...}", Some("auth")),
+            ("file.py:401: syntax error", None),
             ("Unauthorized", Some("auth")),
             ("error at line 4011", None),
             ("EROFS: read-only file system", Some("write_permission")),
@@ -688,20 +725,22 @@ mod tests {
                 "",
                 Err("auth"),
             ),
-            (
-                OutputMode::Json,
-                0,
-                "not json",
-                "",
-                Err("invalid_handler_response"),
-            ),
+            (OutputMode::Json, 0, "not json", "", Err("engine_cli")),
             (
                 OutputMode::Json,
                 0,
                 r#"{"text":"no result"}"#,
                 "",
-                Err("invalid_handler_response"),
+                Err("engine_cli"),
             ),
+            (
+                OutputMode::Json,
+                0,
+                "warning: old\n{\"result\":\"ok\"}\n",
+                "",
+                Ok("ok"),
+            ),
+            (OutputMode::Text, 0, "caf\u{e9}", "", Ok("caf\u{e9}")),
         ];
         for (mode, code, out, err, want) in rows {
             let run = interpret(*mode, exit(*code), out.as_bytes(), err.as_bytes());

@@ -308,8 +308,9 @@ pub trait Service {
     /// now, or `None` to answer later through [`Control::respond`].
     fn on_request(&mut self, id: ConnId, head: &Head, body: Vec<u8>) -> Option<Response>;
 
-    /// The body of an error the HTTP layer answers itself. `close` is forced on.
-    fn error_response(&mut self, error: HttpError) -> Response;
+    /// The body of an error the HTTP layer answers itself, with the request's head
+    /// when it got that far. `close` is forced on.
+    fn error_response(&mut self, error: HttpError, head: Option<&Head>) -> Response;
 
     /// The [`Waker`] was woken (for example, a turn finished).
     fn on_wake(&mut self, control: &mut Control);
@@ -789,7 +790,8 @@ impl EventLoop {
             };
             match phase {
                 Phase::ReadingBody { .. } => {
-                    let response = service.error_response(HttpError::BodyTimeout);
+                    let head = self.conns.get(slot).and_then(|c| c.as_ref()?.head.as_ref());
+                    let response = service.error_response(HttpError::BodyTimeout, head);
                     self.start_error(slot, response);
                     self.drive(service, slot + FIRST_CONN);
                 }
@@ -905,24 +907,25 @@ impl EventLoop {
                                     self.start_response(slot, response);
                                 }
                                 HeadAction::ReadBody(len) => {
-                                    if len > conn.inbuf.len() && head.expects_continue() {
-                                        // Tell a waiting client (curl, for one) to send
-                                        // the body now. A fresh socket's buffer takes
-                                        // these bytes whole; if not, give up on it.
-                                        let interim = b"HTTP/1.1 100 Continue\r\n\r\n";
-                                        if !matches!(conn.stream.write(interim), Ok(n) if n == interim.len())
-                                        {
-                                            return Step::Close;
-                                        }
-                                    }
-                                    conn.head = Some(head);
                                     if self.body_bytes_in_flight.saturating_add(len)
                                         > MAX_BODY_BYTES_IN_FLIGHT
                                     {
-                                        let response =
-                                            service.error_response(HttpError::Overloaded);
+                                        let response = service
+                                            .error_response(HttpError::Overloaded, Some(&head));
+                                        conn.head = Some(head);
                                         self.start_error(slot, response);
-                                    } else if let Some(Some(conn)) = self.conns.get_mut(slot) {
+                                    } else {
+                                        if len > conn.inbuf.len() && head.expects_continue() {
+                                            // Tell a waiting client (curl, for one) to send
+                                            // the body now. A fresh socket's buffer takes
+                                            // these bytes whole; if not, give up on it.
+                                            let interim = b"HTTP/1.1 100 Continue\r\n\r\n";
+                                            if !matches!(conn.stream.write(interim), Ok(n) if n == interim.len())
+                                            {
+                                                return Step::Close;
+                                            }
+                                        }
+                                        conn.head = Some(head);
                                         self.body_bytes_in_flight += len;
                                         conn.phase = Phase::ReadingBody { len };
                                         conn.phase_started = Instant::now();
@@ -933,7 +936,7 @@ impl EventLoop {
                             continue;
                         }
                         ParseOutcome::Error(error) => {
-                            let response = service.error_response(error);
+                            let response = service.error_response(error, None);
                             self.start_error(slot, response);
                             continue;
                         }

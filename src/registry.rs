@@ -120,6 +120,7 @@ pub fn register(root: &Path, name: &str, port: u16, pid: u32, secret: &Secret) -
     state::create_dir_private(root)?;
     let path = registry_path(root);
     state::with_lock(&path, || {
+        set_aside_if_torn(&path);
         let mut entries = read(root)?;
         entries.insert(
             name.to_owned(),
@@ -132,6 +133,57 @@ pub fn register(root: &Path, name: &str, port: u16, pid: u32, secret: &Secret) -
         );
         write(&path, &entries)
     })
+}
+
+/// Re-registers `name` if its entry is missing (the file was deleted, torn or
+/// rewritten without it). Returns whether it wrote. An entry of another process under
+/// the same name is left alone (and reported as `Ok(false)`): two live instances must
+/// not take turns overwriting each other.
+///
+/// # Errors
+///
+/// As [`register`].
+pub fn ensure_registered(
+    root: &Path,
+    name: &str,
+    port: u16,
+    pid: u32,
+    secret: &Secret,
+) -> io::Result<bool> {
+    if read(root)?.contains_key(name) {
+        return Ok(false);
+    }
+    register(root, name, port, pid, secret)?;
+    Ok(true)
+}
+
+/// A registry file that is not JSON at all (torn by something that did not write it
+/// atomically) is renamed to `.bus-registry.json.corrupt-<millis>` before it is
+/// rewritten, so nothing is destroyed without a trace. The caller holds the lock.
+fn set_aside_if_torn(path: &Path) {
+    let Ok(bytes) = std::fs::read(path) else {
+        return;
+    };
+    if parse(&bytes).is_ok() {
+        return;
+    }
+    let millis = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis())
+        .unwrap_or(0);
+    let mut aside = path.as_os_str().to_owned();
+    aside.push(format!(".corrupt-{millis}"));
+    match std::fs::rename(path, &aside) {
+        Ok(()) => log::warn!(
+            "{} was unreadable; moved to {}",
+            path.display(),
+            Path::new(&aside).display()
+        ),
+        Err(e) => log::warn!(
+            "{}: cannot set the unreadable file aside: {e}",
+            path.display()
+        ),
+    }
 }
 
 /// Removes `name`'s entry if, and only if, it was registered by process `pid` (so a

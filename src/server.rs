@@ -11,6 +11,7 @@ use crate::config::{self, Config};
 use crate::engine::{Engine, RunningEngines, Turn, TurnResult};
 use crate::http::{ConnId, Control, Head, HeadAction, HttpError, Response, Service};
 use crate::protocol::{self, Envelope, ErrorCode, Failure, RequestError, MAX_BODY_BYTES};
+use crate::registry;
 use crate::secret::Secret;
 use crate::turns::{Busy, Done, Outcome, TurnPool};
 use serde_json::Value;
@@ -26,6 +27,9 @@ pub const CONFIG_RELOAD_INTERVAL: Duration = Duration::from_millis(500);
 pub const MAX_CONFIG_BYTES: u64 = 1 << 20;
 /// How long running turns may finish after SIGTERM/SIGINT before the process exits.
 pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(30);
+/// How often the instance checks that its registry entry is still there (and writes it
+/// again if the file was deleted or torn).
+pub const REGISTRY_CHECK_INTERVAL: Duration = Duration::from_secs(2);
 /// How often shutdown progress is checked.
 const SHUTDOWN_POLL: Duration = Duration::from_millis(50);
 /// After killing the engines that outlived [`SHUTDOWN_GRACE`], how long their turns
@@ -211,6 +215,8 @@ pub struct ServerSettings {
     pub port: u16,
     /// The state directory (for the audit log).
     pub state_dir: PathBuf,
+    /// The channel root whose registry lists this instance.
+    pub root: PathBuf,
     /// The engines running now, killed if they outlive the shutdown grace.
     pub running: RunningEngines,
 }
@@ -231,6 +237,9 @@ pub struct Bus {
     running: RunningEngines,
     /// This process's id, for health (asked once: it is a syscall).
     pid: u32,
+    root: PathBuf,
+    port: u16,
+    registry_checked_at: Instant,
 }
 
 impl Bus {
@@ -239,6 +248,9 @@ impl Bus {
         let port = settings.port;
         let audit = AuditLog::new(&settings.state_dir, &settings.name);
         Bus {
+            root: settings.root,
+            port,
+            registry_checked_at: Instant::now(),
             pid: std::process::id(),
             audit,
             running: settings.running,
@@ -333,7 +345,7 @@ impl Bus {
     fn audit_answer(&mut self, pending: &Pending, envelope: &Envelope) {
         let (outcome, detail, code) = match &envelope.failure {
             None => ("success", "ok", None),
-            Some(f) => ("failure", f.error.as_str(), Some(f.code.as_str())),
+            Some(f) => ("failure", audit_detail(f), Some(f.code.as_str())),
         };
         self.audit.record(&audit::Record {
             outcome,
@@ -507,6 +519,19 @@ impl Bus {
         }
     }
 
+    /// Writes this instance's registry entry again if it went missing.
+    fn check_registration(&mut self) {
+        match registry::ensure_registered(&self.root, &self.name, self.port, self.pid, &self.secret)
+        {
+            Ok(true) => log::warn!(
+                "the registry entry of {} was missing; registered again",
+                self.name
+            ),
+            Ok(false) => {}
+            Err(e) => log::warn!("cannot check the registry: {e}"),
+        }
+    }
+
     fn begin_shutdown(&mut self, control: &mut Control) {
         if self.stopping_since.is_some() {
             return;
@@ -610,8 +635,15 @@ impl Service for Bus {
         }
     }
 
-    fn error_response(&mut self, error: HttpError) -> Response {
-        self.refusal_response(&Refusal::Http(error), Instant::now())
+    fn error_response(&mut self, error: HttpError, head: Option<&Head>) -> Response {
+        let refusal = Refusal::Http(error);
+        match head {
+            // A talk that got past its head is a talk outcome: it is audited.
+            Some(head) if head.path() == TALK_PATH => {
+                self.refuse_talk(&refusal, head.received_at, &TalkMeta::default())
+            }
+            _ => self.refusal_response(&refusal, Instant::now()),
+        }
     }
 
     fn on_wake(&mut self, control: &mut Control) {
@@ -632,6 +664,10 @@ impl Service for Bus {
         match self.stopping_since {
             None => {
                 self.reload_config();
+                if now.duration_since(self.registry_checked_at) >= REGISTRY_CHECK_INTERVAL {
+                    self.registry_checked_at = now;
+                    self.check_registration();
+                }
                 now + CONFIG_RELOAD_INTERVAL
             }
             Some(since) => {
@@ -664,6 +700,19 @@ impl Service for Bus {
                 pending.meta.from_instance.as_deref().unwrap_or("?")
             );
         }
+    }
+}
+
+/// What the audit log says of a failed turn. Messages built from the engine's own
+/// output may quote the prompt, so only the code is kept for those; the messages this
+/// crate writes itself (budget, timeout, output cap) are kept whole.
+fn audit_detail(failure: &Failure) -> &str {
+    match failure.code {
+        ErrorCode::BudgetExhausted | ErrorCode::Timeout | ErrorCode::InternalError => {
+            &failure.error
+        }
+        ErrorCode::EngineCli if failure.error.contains("engine.maxOutputBytes") => &failure.error,
+        _ => "the engine failed; its output is not logged here",
     }
 }
 

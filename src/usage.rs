@@ -78,10 +78,12 @@ impl Usage {
                 Some(v) => v.as_u64(),
             }
         };
-        let cost = match object.get("totalCostUsd") {
-            None => 0.0,
-            Some(v) => v.as_f64().filter(|c| c.is_finite() && *c >= 0.0)?,
-        };
+        // The two fields the budget rests on must be there: `{}` is not "no usage".
+        let cost = object
+            .get("totalCostUsd")?
+            .as_f64()
+            .filter(|c| c.is_finite() && *c >= 0.0)?;
+        object.get("requestCount")?;
         let last_updated_at = match object.get("lastUpdatedAt") {
             None | Some(Value::Null) => None,
             Some(Value::String(s)) => Some(s.clone()),
@@ -195,19 +197,14 @@ impl UsageStore {
     fn load(&self) -> Result<Usage, UsageError> {
         let bytes = match read_small(&self.path) {
             Ok(Some(bytes)) => bytes,
-            Ok(None) => return Ok(Usage::default()),
+            Ok(None) => return self.restore_missing(),
             Err(e) => return Err(UsageError::Io(e)),
         };
         if let Some(usage) = Usage::from_json(&bytes) {
             *self.cache() = Some(usage.clone());
             return Ok(usage);
         }
-        let good = self.cache().clone().or_else(|| {
-            read_small(&self.backup)
-                .ok()
-                .flatten()
-                .and_then(|b| Usage::from_json(&b))
-        });
+        let good = self.last_good();
         let Some(good) = good else {
             log::error!(
                 "{} is corrupt and no good copy exists; budgeted turns are refused until it is repaired or removed",
@@ -230,6 +227,34 @@ impl UsageStore {
             self.path.display(),
             aside.display(),
             good.total_cost_usd
+        );
+        Ok(good)
+    }
+
+    /// The last good totals: in memory, else the backup file.
+    fn last_good(&self) -> Option<Usage> {
+        self.cache().clone().or_else(|| {
+            read_small(&self.backup)
+                .ok()
+                .flatten()
+                .and_then(|b| Usage::from_json(&b))
+        })
+    }
+
+    /// `usage.json` is missing. A new instance starts from zero; one that had usage
+    /// (a last good copy exists) gets it back, loudly: deleting the file alone does
+    /// not reset the budget. Resetting takes removing both files while stopped.
+    fn restore_missing(&self) -> Result<Usage, UsageError> {
+        let Some(good) = self.last_good() else {
+            return Ok(Usage::default());
+        };
+        state::write_atomic(&self.path, &good.to_json(), state::PRIVATE_FILE_MODE)
+            .map_err(UsageError::Io)?;
+        log::error!(
+            "{} was missing: restored from the last good copy (${:.4} used); to reset usage, stop the instance and remove it and {}",
+            self.path.display(),
+            good.total_cost_usd,
+            self.backup.display()
         );
         Ok(good)
     }
@@ -354,14 +379,41 @@ mod tests {
     }
 
     #[test]
+    fn a_deleted_or_emptied_file_does_not_reset_the_budget() {
+        let dir = TestDir::new("usage-deleted");
+        UsageStore::new(dir.path()).record(&turn(2.5)).unwrap();
+        for damage in [None, Some(&b"{}"[..])] {
+            match damage {
+                None => std::fs::remove_file(dir.path().join(USAGE_FILE)).unwrap(),
+                Some(bytes) => std::fs::write(dir.path().join(USAGE_FILE), bytes).unwrap(),
+            }
+            // A fresh process: only the backup remembers.
+            let usage = UsageStore::new(dir.path()).current().unwrap();
+            assert!((usage.total_cost_usd - 2.5).abs() < 1e-12, "{damage:?}");
+        }
+        // Removing both (the documented reset) starts from zero.
+        std::fs::remove_file(dir.path().join(USAGE_FILE)).unwrap();
+        std::fs::remove_file(dir.path().join(USAGE_BACKUP_FILE)).unwrap();
+        assert_eq!(
+            UsageStore::new(dir.path()).current().unwrap(),
+            Usage::default()
+        );
+    }
+
+    #[test]
     fn parse_table() {
         let cases: &[(&[u8], bool)] = &[
             (br#"{"totalCostUsd":1.5,"requestCount":3}"#, true),
-            (br#"{}"#, true),
-            (br#"{"totalCostUsd":-1}"#, false),
-            (br#"{"totalCostUsd":"1"}"#, false),
-            (br#"{"requestCount":1.5}"#, false),
-            (br#"{"lastUpdatedAt":5}"#, false),
+            (br#"{}"#, false),
+            (br#"{"totalCostUsd":0.5}"#, false),
+            (br#"{"totalCostUsd":0,"requestCount":0}"#, true),
+            (br#"{"totalCostUsd":-1,"requestCount":1}"#, false),
+            (br#"{"totalCostUsd":"1","requestCount":1}"#, false),
+            (br#"{"totalCostUsd":1,"requestCount":1.5}"#, false),
+            (
+                br#"{"totalCostUsd":1,"requestCount":1,"lastUpdatedAt":5}"#,
+                false,
+            ),
             (b"null", false),
             (b"", false),
         ];

@@ -363,6 +363,18 @@ fn usage_errors_exit_2() {
                 me.to_str().unwrap(),
                 "w",
                 "hi",
+                "--timeout",
+                "1e19",
+            ],
+            vec![],
+        ),
+        (
+            vec![
+                "talk",
+                "--state-dir",
+                me.to_str().unwrap(),
+                "w",
+                "hi",
                 "extra",
             ],
             vec![],

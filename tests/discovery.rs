@@ -196,15 +196,34 @@ fn invalid_entries_and_a_torn_registry_do_not_break_lookup() {
         &bytes[..bytes.len() / 2],
     )
     .unwrap();
-    let t2 = talk(&me, &["beta", "hi", "--json"], &[], None);
+    let t2 = talk(&me, &["no-such-instance", "hi", "--json"], &[], None);
     t2.assert_failure(75, "instance_unavailable", true);
-    assert!(list_json(&root).is_empty());
 
-    // The next registration rewrites a valid file, and lookups work again.
+    // The next registration sets the torn file aside and rewrites a valid one, and
+    // lookups work again.
     let _gamma = root.start("gamma", &open_config("sc"));
     let t3 = talk(&me, &["gamma", "recovered"], &[], None);
     assert_eq!(t3.code(), Some(0), "{}", t3.describe());
     assert_eq!(t3.stdout(), "recovered");
+    let aside = std::fs::read_dir(&root.path)
+        .unwrap()
+        .flatten()
+        .filter(|e| {
+            e.file_name()
+                .to_string_lossy()
+                .starts_with(".bus-registry.json.corrupt-")
+        })
+        .count();
+    assert_eq!(aside, 1, "the torn registry was not set aside");
+
+    // Regression: a live instance whose entry was lost with the torn file stayed
+    // invisible until restarted. It now notices and registers again.
+    assert!(
+        eventually(Duration::from_secs(6), || {
+            talk(&me, &["beta", "back again"], &[], None).code() == Some(0)
+        }),
+        "beta did not re-register after its entry was lost"
+    );
     drop(beta);
 }
 

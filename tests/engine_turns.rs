@@ -355,7 +355,8 @@ fn sigterm_answers_running_and_queued_turns_then_exits_zero() {
 #[test]
 fn audit_lines_for_success_failure_and_each_refusal() {
     let root = TestRoot::new("audit");
-    let mut config = json!({"bus": {"peers": ["caller"], "secret": "s", "maxDepth": 2}});
+    let secret = "audit-test-secret-4f1c9e";
+    let mut config = json!({"bus": {"peers": ["caller"], "secret": secret, "maxDepth": 2}});
     let a = root.start("worker", &config);
     assert_eq!(a.talk("caller", "secret prompt text", 0).status, 200);
     assert_eq!(a.talk("stranger", "x", 0).status, 403);
@@ -372,6 +373,18 @@ fn audit_lines_for_success_failure_and_each_refusal() {
         .talk("caller", "x", 0)
         .json()["errorCode"]
         == "auth"));
+    // Regression: an engine that quotes the prompt in its error put the prompt's text
+    // into the audit log through the failure's message.
+    config["engine"] = json!({"command": ["sh", script("quote_prompt_fail.sh")]});
+    root.write_config("worker", &config);
+    assert!(eventually(Duration::from_secs(5), || {
+        a.talk("caller", "quoted secret prompt", 0).json()["errorCode"] == "engine_cli"
+    }));
+    config["bus"]["peers"] = json!(false);
+    root.write_config("worker", &config);
+    assert!(eventually(Duration::from_secs(5), || {
+        a.talk("caller", "x", 0).json()["errorCode"] == "bus_disabled"
+    }));
 
     let lines = audit_lines(&a);
     let find = |outcome: &str, code: Option<&str>| {
@@ -396,6 +409,7 @@ fn audit_lines_for_success_failure_and_each_refusal() {
         "max_depth_exceeded",
         "auth_failed",
         "invalid_request",
+        "bus_disabled",
     ] {
         assert!(
             find("refused", Some(code)).is_some(),
@@ -409,7 +423,11 @@ fn audit_lines_for_success_failure_and_each_refusal() {
         "the audit log must not hold prompt text"
     );
     assert!(
-        !text.contains("Bearer"),
+        !text.contains("quoted secret prompt"),
+        "the audit log must not hold prompt text quoted by an engine"
+    );
+    assert!(
+        !text.contains(secret),
         "the audit log must not hold the secret"
     );
     assert_eq!(file_mode(&a.state_dir.join("audit.log.jsonl")), 0o600);
@@ -429,4 +447,45 @@ fn no_zombies_after_many_turns() {
         a.pid()
     )
     .is_empty()));
+}
+
+/// Regression: serve kept a relative --state-dir as given, so an engine running in
+/// another `engine.cwd` could not find its own state through LOOPBUS_STATE_DIR.
+#[test]
+fn relative_state_dir_still_reaches_an_engine_in_another_cwd() {
+    let root = TestRoot::new("relcwd");
+    root.write_config(
+        "worker",
+        &engine_config(json!({
+            "command": ["sh", "-c", "test -f \"$LOOPBUS_STATE_DIR/config.json\" && echo found || echo missing"],
+            "cwd": "/",
+        })),
+    );
+    let stderr = std::fs::File::create(root.path.join("rel.stderr")).unwrap();
+    let child = std::process::Command::new(bin())
+        .args(["serve", "--state-dir", "worker"])
+        .current_dir(&root.path)
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(stderr)
+        .spawn()
+        .unwrap();
+    let mut instance = Instance {
+        name: "worker".into(),
+        port: 0,
+        secret: String::new(),
+        child: Some(child),
+        stderr_path: root.path.join("rel.stderr"),
+        state_dir: root.state_dir("worker"),
+    };
+    assert!(eventually(Duration::from_secs(10), || {
+        root.registry()["instances"]["worker"]["port"]
+            .as_u64()
+            .is_some()
+    }));
+    let entry = root.registry()["instances"]["worker"].clone();
+    instance.port = u16::try_from(entry["port"].as_u64().unwrap()).unwrap();
+    instance.secret = entry["secret"].as_str().unwrap().to_owned();
+    let r = instance.talk("caller", "x", 0);
+    assert_eq!(r.json()["text"], "found", "{r:?}");
 }

@@ -382,6 +382,14 @@ fn timeouts_body_head_idle_and_write() {
         "408 came after only {took:?}"
     );
     assert!(closed, "connection still open after the 408");
+    // The 408 came for a talk, so it is a talk outcome in the audit log.
+    let audit = std::fs::read_to_string(w.state_dir.join("audit.log.jsonl")).unwrap_or_default();
+    assert!(
+        audit
+            .lines()
+            .any(|l| l.contains("\"status\":408") && l.contains("\"refused\"")),
+        "no audit line for the 408: {audit}"
+    );
     assert!(partial.join().unwrap(), "a partial head was never closed");
     assert!(
         silent.join().unwrap(),

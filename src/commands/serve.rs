@@ -42,7 +42,10 @@ pub fn run(args: &[String]) -> Result<i32, UsageError> {
         return Ok(EXIT_OK);
     }
     args.at_most(0)?;
+    // Absolute, so that an engine running in another `engine.cwd` still finds it
+    // through LOOPBUS_STATE_DIR.
     let state_dir = super::state_dir_from(args.value("state-dir"))?;
+    let state_dir = std::path::absolute(&state_dir).unwrap_or(state_dir);
     let name = super::instance_name(&state_dir, args.value("name"))?;
     let root = super::channel_root(&state_dir);
     let config_path = state_dir.join(CONFIG_FILE);
@@ -137,6 +140,7 @@ pub fn run(args: &[String]) -> Result<i32, UsageError> {
         secret,
         port: addr.port(),
         state_dir,
+        root: root.clone(),
         running,
     };
     let mut bus = Bus::new(settings, pool);

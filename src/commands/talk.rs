@@ -149,6 +149,9 @@ fn depth(flag: Option<&str>) -> Result<u64, UsageError> {
         .map_err(|_| usage(format!("{source} must be a non-negative integer")))
 }
 
+/// The longest `--timeout` accepted: 30 days.
+const MAX_TIMEOUT_SECS: f64 = 30.0 * 24.0 * 3600.0;
+
 /// `--timeout SECS` (a positive number, fractions allowed), else the default.
 fn timeout(flag: Option<&str>) -> Result<Duration, UsageError> {
     let Some(text) = flag else {
@@ -156,9 +159,13 @@ fn timeout(flag: Option<&str>) -> Result<Duration, UsageError> {
     };
     text.parse::<f64>()
         .ok()
-        .filter(|secs| *secs > 0.0)
+        .filter(|secs| *secs > 0.0 && *secs <= MAX_TIMEOUT_SECS)
         .and_then(|secs| Duration::try_from_secs_f64(secs).ok())
-        .ok_or_else(|| usage("`--timeout` must be a positive number of seconds"))
+        .ok_or_else(|| {
+            usage(format!(
+                "`--timeout` must be a positive number of seconds, at most {MAX_TIMEOUT_SECS}"
+            ))
+        })
 }
 
 /// The prompt from stdin. Reading stops one byte past [`MAX_BODY_BYTES`]: a prompt
