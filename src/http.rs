@@ -435,10 +435,13 @@ pub struct EventLoop {
 /// # Errors
 /// `addr` is not loopback (`PermissionDenied`), or the bind failed (in use, ...).
 pub fn bind_loopback(addr: SocketAddr) -> io::Result<TcpListener> {
-    if !addr.ip().is_loopback() {
+    // Exactly the two addresses clients dial and the Host check accepts; 127.0.0.2
+    // is loopback too, but nobody would find the instance there.
+    let ip = addr.ip();
+    if ip != std::net::Ipv4Addr::LOCALHOST && ip != std::net::Ipv6Addr::LOCALHOST {
         return Err(io::Error::new(
             ErrorKind::PermissionDenied,
-            format!("refusing to listen on {addr}: loopbus binds loopback addresses only"),
+            format!("refusing to listen on {addr}: loopbus listens on 127.0.0.1 or [::1] only"),
         ));
     }
     use rustix::net::{AddressFamily, SocketFlags, SocketType};
@@ -563,6 +566,11 @@ impl EventLoop {
                         self.apply(service, control);
                     }
                     Token(token) => {
+                        if event.is_read_closed() || event.is_error() {
+                            // A caller that hangs up while its request waits for a turn
+                            // is gone: close now, so a queued turn can be dropped.
+                            self.close_if_waiting(service, token);
+                        }
                         if event.is_readable() || event.is_read_closed() || event.is_error() {
                             self.mark_readable(token);
                         }
@@ -850,6 +858,16 @@ impl EventLoop {
                 self.refresh_deadline(slot);
                 self.enqueue(token);
             }
+        }
+    }
+
+    /// Closes the connection if its request is waiting for a turn.
+    fn close_if_waiting<S: Service>(&mut self, service: &mut S, token: usize) {
+        let Some(slot) = token.checked_sub(FIRST_CONN) else {
+            return;
+        };
+        if matches!(self.conns.get(slot), Some(Some(c)) if c.phase == Phase::Waiting) {
+            self.close(service, slot);
         }
     }
 
@@ -1342,8 +1360,10 @@ mod tests {
 
     #[test]
     fn only_loopback_binds() {
-        let err = bind_loopback("0.0.0.0:0".parse().unwrap()).unwrap_err();
-        assert_eq!(err.kind(), ErrorKind::PermissionDenied);
+        for refused in ["0.0.0.0:0", "127.0.0.2:0", "[::]:0", "192.0.2.1:0"] {
+            let err = bind_loopback(refused.parse().unwrap()).unwrap_err();
+            assert_eq!(err.kind(), ErrorKind::PermissionDenied, "{refused}");
+        }
         assert!(bind_loopback("127.0.0.1:0".parse().unwrap()).is_ok());
     }
 }

@@ -30,6 +30,19 @@ use crate::state;
 /// The registry's file name inside the channel root.
 pub const REGISTRY_FILE: &str = ".bus-registry.json";
 
+/// A registry file larger than this is read as far as this only (and so is invalid).
+pub const MAX_REGISTRY_BYTES: u64 = 1 << 20;
+
+/// Reads at most [`MAX_REGISTRY_BYTES`] of the registry file.
+fn read_bounded(path: &Path) -> io::Result<Vec<u8>> {
+    use std::io::Read;
+    let mut bytes = Vec::new();
+    std::fs::File::open(path)?
+        .take(MAX_REGISTRY_BYTES)
+        .read_to_end(&mut bytes)?;
+    Ok(bytes)
+}
+
 /// Longest instance name, in bytes.
 pub const MAX_INSTANCE_NAME_LEN: usize = 64;
 
@@ -83,7 +96,7 @@ pub fn registry_path(root: &Path) -> PathBuf {
 /// The file exists but can't be read.
 pub fn read(root: &Path) -> io::Result<BTreeMap<String, Entry>> {
     let path = registry_path(root);
-    let bytes = match std::fs::read(&path) {
+    let bytes = match read_bounded(&path) {
         Ok(bytes) => bytes,
         Err(err) if err.kind() == io::ErrorKind::NotFound => return Ok(BTreeMap::new()),
         Err(err) => return Err(err),
@@ -119,26 +132,32 @@ pub fn register(root: &Path, name: &str, port: u16, pid: u32, secret: &Secret) -
     }
     state::create_dir_private(root)?;
     let path = registry_path(root);
-    state::with_lock(&path, || {
-        set_aside_if_torn(&path);
-        let mut entries = read(root)?;
-        entries.insert(
-            name.to_owned(),
-            Entry {
-                port,
-                pid,
-                secret: secret.clone(),
-                updated_at: state::now_iso8601(),
-            },
-        );
-        write(&path, &entries)
-    })
+    state::with_lock(&path, || insert_locked(root, name, port, pid, secret))
+}
+
+/// Inserts or replaces `name`'s entry; the caller holds the registry lock.
+fn insert_locked(root: &Path, name: &str, port: u16, pid: u32, secret: &Secret) -> io::Result<()> {
+    let path = registry_path(root);
+    set_aside_if_torn(&path);
+    let mut entries = read(root)?;
+    entries.insert(
+        name.to_owned(),
+        Entry {
+            port,
+            pid,
+            secret: secret.clone(),
+            updated_at: state::now_iso8601(),
+        },
+    );
+    write(&path, &entries)
 }
 
 /// Re-registers `name` if its entry is missing (the file was deleted, torn or
 /// rewritten without it). Returns whether it wrote. An entry of another process under
 /// the same name is left alone (and reported as `Ok(false)`): two live instances must
-/// not take turns overwriting each other.
+/// not take turns overwriting each other. Never waits for the lock: if another process
+/// holds it, nothing is written this time (`Ok(false)`), so the event loop can call
+/// this.
 ///
 /// # Errors
 ///
@@ -153,15 +172,27 @@ pub fn ensure_registered(
     if read(root)?.contains_key(name) {
         return Ok(false);
     }
-    register(root, name, port, pid, secret)?;
-    Ok(true)
+    if !is_valid_instance_name(name) || port == 0 || pid == 0 {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            "registry entries need a valid instance name, a non-zero port and a non-zero pid",
+        ));
+    }
+    let written = state::try_with_lock(&registry_path(root), || {
+        if read(root)?.contains_key(name) {
+            return Ok(false);
+        }
+        insert_locked(root, name, port, pid, secret)?;
+        Ok(true)
+    })?;
+    written.unwrap_or(Ok(false))
 }
 
 /// A registry file that is not JSON at all (torn by something that did not write it
 /// atomically) is renamed to `.bus-registry.json.corrupt-<millis>` before it is
 /// rewritten, so nothing is destroyed without a trace. The caller holds the lock.
 fn set_aside_if_torn(path: &Path) {
-    let Ok(bytes) = std::fs::read(path) else {
+    let Ok(bytes) = read_bounded(path) else {
         return;
     };
     if parse(&bytes).is_ok() {

@@ -693,11 +693,18 @@ impl Service for Bus {
     }
 
     fn on_abandoned(&mut self, id: ConnId) {
-        // The turn still runs to completion (its usage counts); its answer is dropped.
+        // A queued turn is dropped; a running one finishes (its usage counts) and its
+        // answer is discarded.
         if let Some(pending) = self.pending.remove(&id) {
+            let cancelled = self.pool.cancel(id).is_some();
             log::info!(
-                "caller {:?} went away before its turn finished",
-                pending.meta.from_instance.as_deref().unwrap_or("?")
+                "caller {:?} went away before its turn {}",
+                pending.meta.from_instance.as_deref().unwrap_or("?"),
+                if cancelled {
+                    "started; it will not run"
+                } else {
+                    "finished"
+                }
             );
         }
     }
@@ -738,10 +745,21 @@ fn content_length(head: &Head) -> Result<u64, Refusal> {
     length.ok_or(Refusal::LengthMissing)
 }
 
-/// Reads a regular file of at most [`MAX_CONFIG_BYTES`]; refuses FIFOs and devices so
-/// the loop can never block on them.
+/// Reads a regular file of at most [`MAX_CONFIG_BYTES`]. The file is opened without
+/// blocking and checked on the open handle, so a FIFO or device swapped in can never
+/// block the loop.
+///
+/// # Errors
+/// The file is missing or unreadable, not a regular file, or too large.
 pub fn read_bounded(path: &std::path::Path) -> std::io::Result<Vec<u8>> {
-    let metadata = std::fs::metadata(path)?;
+    use rustix::fs::{Mode, OFlags};
+    let fd = rustix::fs::open(
+        path,
+        OFlags::RDONLY | OFlags::NONBLOCK | OFlags::CLOEXEC,
+        Mode::empty(),
+    )?;
+    let file = std::fs::File::from(fd);
+    let metadata = file.metadata()?;
     if !metadata.is_file() {
         return Err(std::io::Error::other("not a regular file"));
     }
@@ -751,9 +769,7 @@ pub fn read_bounded(path: &std::path::Path) -> std::io::Result<Vec<u8>> {
         )));
     }
     let mut bytes = Vec::new();
-    std::fs::File::open(path)?
-        .take(MAX_CONFIG_BYTES + 1)
-        .read_to_end(&mut bytes)?;
+    file.take(MAX_CONFIG_BYTES + 1).read_to_end(&mut bytes)?;
     Ok(bytes)
 }
 

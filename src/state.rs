@@ -116,10 +116,51 @@ fn fill_temp(file: &mut File, bytes: &[u8], mode: u32) -> io::Result<()> {
 /// opens its own handle, so the lock serializes callers in other processes and in other
 /// threads of this one alike. It is released when `f` returns or panics.
 ///
+/// Waiting for the lock is bounded by [`LOCK_TIMEOUT`]: a process that holds it for
+/// longer (stuck, or hostile) makes this an error instead of a hang.
+///
 /// # Errors
 ///
-/// An error opening or locking the lock file, or whatever `f` returns.
+/// An error opening the lock file, `TimedOut` if the lock stayed taken for
+/// [`LOCK_TIMEOUT`], or whatever `f` returns.
 pub fn with_lock<T>(path: &Path, f: impl FnOnce() -> io::Result<T>) -> io::Result<T> {
+    match lock_within(path, LOCK_TIMEOUT, f)? {
+        Some(result) => result,
+        None => Err(io::Error::new(
+            io::ErrorKind::TimedOut,
+            format!(
+                "cannot lock {}.lock: another process has held it for {} s",
+                path.display(),
+                LOCK_TIMEOUT.as_secs()
+            ),
+        )),
+    }
+}
+
+/// Like [`with_lock`], but gives up at once if the lock is taken: `Ok(None)`. For
+/// callers that must not wait, such as the event loop.
+///
+/// # Errors
+///
+/// An error opening the lock file.
+pub fn try_with_lock<T>(
+    path: &Path,
+    f: impl FnOnce() -> io::Result<T>,
+) -> io::Result<Option<io::Result<T>>> {
+    lock_within(path, Duration::ZERO, f)
+}
+
+/// How long [`with_lock`] waits for a lock another process holds.
+pub const LOCK_TIMEOUT: Duration = Duration::from_secs(10);
+/// How often a taken lock is tried again.
+const LOCK_RETRY: Duration = Duration::from_millis(5);
+
+/// Runs `f` under the lock if it can be had within `patience`; `Ok(None)` if not.
+fn lock_within<T>(
+    path: &Path,
+    patience: Duration,
+    f: impl FnOnce() -> io::Result<T>,
+) -> io::Result<Option<io::Result<T>>> {
     let (dir, name) = split_path(path)?;
     let mut lock_name = name;
     lock_name.push(".lock");
@@ -130,12 +171,46 @@ pub fn with_lock<T>(path: &Path, f: impl FnOnce() -> io::Result<T>) -> io::Resul
         .truncate(false)
         .mode(PRIVATE_FILE_MODE)
         .open(dir.join(lock_name))?;
-    lock_file.lock()?;
+    let deadline = std::time::Instant::now() + patience;
+    loop {
+        match lock_file.try_lock() {
+            Ok(()) => break,
+            Err(fs::TryLockError::WouldBlock) => {
+                if std::time::Instant::now() >= deadline {
+                    return Ok(None);
+                }
+                std::thread::sleep(LOCK_RETRY);
+            }
+            Err(fs::TryLockError::Error(e)) => return Err(e),
+        }
+    }
     let result = f();
     // Closing the handle releases the lock; an explicit unlock could only fail in ways
     // that closing fixes anyway.
     drop(lock_file);
-    result
+    Ok(Some(result))
+}
+
+/// Holds an exclusive lock on `path` (created 0600) for as long as the returned file
+/// lives, or says who has it: `Ok(None)` when another process holds it. `serve` uses
+/// this so that two processes can never serve one state directory.
+///
+/// # Errors
+///
+/// An error opening the file or locking it.
+pub fn hold_lock(path: &Path) -> io::Result<Option<File>> {
+    let file = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .mode(PRIVATE_FILE_MODE)
+        .open(path)?;
+    match file.try_lock() {
+        Ok(()) => Ok(Some(file)),
+        Err(fs::TryLockError::WouldBlock) => Ok(None),
+        Err(fs::TryLockError::Error(e)) => Err(e),
+    }
 }
 
 // ---------------------------------------------------------------------------------------
@@ -477,6 +552,28 @@ mod tests {
         let total: usize = fs::read_to_string(&*counter).unwrap().parse().unwrap();
         assert_eq!(total, THREADS * ROUNDS);
         assert_eq!(mode_of(&dir.path().join("counter.lock")), 0o600);
+    }
+
+    #[test]
+    fn a_held_lock_is_waited_for_only_so_long() {
+        let dir = TestDir::new("lock-patience");
+        let path = dir.path().join("file.json");
+        let holder = File::create(dir.path().join("file.json.lock")).unwrap();
+        holder.lock().unwrap();
+        let started = std::time::Instant::now();
+        let got = lock_within(&path, Duration::from_millis(100), || Ok(1)).unwrap();
+        assert!(got.is_none(), "the lock was taken while held");
+        assert!(started.elapsed() >= Duration::from_millis(100));
+        assert!(try_with_lock(&path, || Ok(1)).unwrap().is_none());
+        drop(holder);
+        assert_eq!(try_with_lock(&path, || Ok(1)).unwrap().unwrap().unwrap(), 1);
+        // hold_lock: one holder at a time.
+        let serving = dir.path().join(".serve.lock");
+        let first = hold_lock(&serving).unwrap();
+        assert!(first.is_some());
+        assert!(hold_lock(&serving).unwrap().is_none());
+        drop(first);
+        assert!(hold_lock(&serving).unwrap().is_some());
     }
 
     #[test]

@@ -143,6 +143,14 @@ impl<J: Send + 'static, R: Send + 'static> TurnPool<J, R> {
         self.done_rx.try_iter()
     }
 
+    /// Takes a job that is still waiting (its caller went away) out of the queue, so
+    /// it never runs. `None` if it is already running or done.
+    pub fn cancel(&self, conn: ConnId) -> Option<J> {
+        let mut queue = self.shared.lock();
+        let index = queue.jobs.iter().position(|(c, _)| *c == conn)?;
+        queue.jobs.remove(index).map(|(_, job)| job)
+    }
+
     /// Current counters.
     pub fn load(&self) -> Load {
         let queue = self.shared.lock();

@@ -489,3 +489,64 @@ fn relative_state_dir_still_reaches_an_engine_in_another_cwd() {
     let r = instance.talk("caller", "x", 0);
     assert_eq!(r.json()["text"], "found", "{r:?}");
 }
+
+/// Regression: a caller that hung up while its turn was queued still had the turn run
+/// (spending a worker slot and budget).
+#[test]
+fn a_queued_turn_whose_caller_hangs_up_never_runs() {
+    use std::io::Write;
+    let root = TestRoot::new("abandon");
+    let calls = root.path.join("calls");
+    let mut config = engine_config(json!({
+        "command": ["sh", "-c", "echo call >> \"$CALLS_FILE\"; sleep 2; cat"],
+        "env": {"CALLS_FILE": calls.to_string_lossy()},
+    }));
+    config["bus"]["maxConcurrentTurns"] = json!(1);
+    let a = root.start("worker", &config);
+    let port = a.port;
+    let secret = a.secret.clone();
+    let first = thread::spawn(move || {
+        let body = json!({"fromInstance": "c", "prompt": "kept", "depth": 0}).to_string();
+        request(
+            port,
+            &format!(
+                "POST /api/talk HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nAuthorization: Bearer {secret}\r\nContent-Length: {}\r\n\r\n{body}",
+                body.len()
+            ),
+        )
+    });
+    assert!(eventually(Duration::from_secs(5), || a.health()["turns"]
+        ["running"]
+        == 1));
+    for i in 0..3 {
+        let body =
+            json!({"fromInstance": "c", "prompt": format!("dropped {i}"), "depth": 0}).to_string();
+        let mut stream = connect(a.port);
+        write!(
+            stream,
+            "POST /api/talk HTTP/1.1\r\nHost: {}\r\nAuthorization: Bearer {}\r\nContent-Length: {}\r\n\r\n{body}",
+            a.host(),
+            a.secret,
+            body.len()
+        )
+        .unwrap();
+        assert!(eventually(Duration::from_secs(5), || a.health()["turns"]
+            ["queued"]
+            == 1));
+        drop(stream);
+        assert!(
+            eventually(Duration::from_secs(5), || a.health()["turns"]["queued"]
+                == 0),
+            "the turn of hung-up caller {i} stayed queued"
+        );
+    }
+    assert!(
+        eventually(Duration::from_secs(5), || a.health()["turns"]["queued"]
+            == 0),
+        "the hung-up callers' turns stayed queued"
+    );
+    assert_eq!(first.join().unwrap().json()["text"], "kept");
+    thread::sleep(Duration::from_millis(300));
+    let runs = std::fs::read_to_string(&calls).unwrap().lines().count();
+    assert_eq!(runs, 1, "turns of callers that hung up were run");
+}

@@ -403,3 +403,57 @@ fn a_config_readable_by_others_is_warned_about() {
         .any(|l| l.contains("WARN") && l.contains("config.json") && l.contains("644"));
     assert!(warned, "no warning about mode 644:\n{stderr}");
 }
+
+/// Regression: two `serve` processes could serve one state directory (under different
+/// names, or racing under one).
+#[test]
+fn a_second_serve_for_the_same_state_dir_is_refused() {
+    let root = TestRoot::new("reg-twice");
+    let _first = root.start("alpha", &open_config("s"));
+    let dir = root.state_dir("alpha");
+    let args = [
+        "serve",
+        "--state-dir",
+        dir.to_str().unwrap(),
+        "--name",
+        "beta",
+    ];
+    let output = run(&args, &[], None);
+    assert_eq!(
+        output.status.code(),
+        Some(2),
+        "{}",
+        describe(&args, &output)
+    );
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(stderr.contains("already running"), "{stderr}");
+    assert_eq!(stderr.trim().lines().count(), 1, "{stderr}");
+}
+
+/// Regression: the check that re-registers a lost entry took the registry lock on the
+/// event loop, so another process holding that lock froze health.
+#[test]
+fn health_answers_while_another_process_holds_the_registry_lock() {
+    let root = TestRoot::new("reg-locked");
+    let mut a = root.start("alpha", &open_config("s"));
+    let lock = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(root.path.join(".bus-registry.json.lock"))
+        .unwrap();
+    lock.lock().unwrap();
+    std::fs::remove_file(root.path.join(".bus-registry.json")).unwrap();
+    let started = std::time::Instant::now();
+    while started.elapsed() < Duration::from_secs(5) {
+        a.assert_alive("while the registry lock is held elsewhere");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    drop(lock);
+    assert!(
+        eventually(Duration::from_secs(6), || root.registry()["instances"]
+            ["alpha"]["pid"]
+            == u64::from(a.pid())),
+        "the lost entry was not written again once the lock was free"
+    );
+}

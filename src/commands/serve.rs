@@ -11,6 +11,9 @@ use crate::{registry, state};
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::sync::Arc;
 
+/// Locked by the running `serve` of a state directory, for its whole lifetime.
+pub const SERVE_LOCK_FILE: &str = ".serve.lock";
+
 /// Help text.
 pub const HELP: &str = "\
 loopbus serve [--state-dir DIR] [--name NAME] [--port N] [--bind ADDR] [--print-curl]
@@ -78,6 +81,15 @@ pub fn run(args: &[String]) -> Result<i32, UsageError> {
             root.display()
         );
     }
+    // Held until the process exits: no second `serve` for this state directory.
+    let _serving = state::hold_lock(&state_dir.join(SERVE_LOCK_FILE))
+        .map_err(|e| usage(format!("{}: cannot lock: {e}", state_dir.display())))?
+        .ok_or_else(|| {
+            usage(format!(
+                "another loopbus serve is already running for {}",
+                state_dir.display()
+            ))
+        })?;
     claim_name(&root, &name)?;
 
     let port = match args.parsed::<u16>("port", "a port number (0-65535)")? {
