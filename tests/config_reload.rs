@@ -299,7 +299,7 @@ fn non_loopback_bind_is_refused() {
     root.write_config("bad", &open_config("s"));
     let dir = root.state_dir("bad");
     let dir = dir.to_str().unwrap();
-    for addr in ["0.0.0.0", "::", "192.0.2.1", "10.0.0.1"] {
+    for addr in ["0.0.0.0", "::", "192.0.2.1", "10.0.0.1", "127.0.0.2"] {
         assert_startup_error(
             &root,
             &["serve", "--state-dir", dir, "--bind", addr],
