@@ -1,0 +1,414 @@
+//! HTTP messages without I/O: request heads (parsed with `httparse` within the
+//! loop's limits), responses and their serialization, and the errors the HTTP layer
+//! answers itself. Everything here is tested with plain byte strings.
+
+use std::io::Write;
+use std::time::Instant;
+
+/// Largest request line plus headers; past it the answer is 431 and the connection closes.
+pub const MAX_HEAD_BYTES: usize = 16 * 1024;
+/// Most headers in one request; past it the answer is 431 and the connection closes.
+pub const MAX_HEADERS: usize = 64;
+
+/// A parsed request head.
+#[derive(Debug, Clone)]
+pub struct Head {
+    /// The method, as sent (`GET`, `POST`, ...).
+    pub method: String,
+    /// The request target, as sent (path and query).
+    pub target: String,
+    /// The minor HTTP version: 0 for HTTP/1.0, 1 for HTTP/1.1.
+    pub minor_version: u8,
+    /// The headers in order; names as sent, values as raw bytes.
+    pub headers: Vec<(String, Vec<u8>)>,
+    /// When the head became complete.
+    pub received_at: Instant,
+}
+
+impl Head {
+    /// The path part of the target (before any `?`).
+    pub fn path(&self) -> &str {
+        self.target.split('?').next().unwrap_or("")
+    }
+
+    /// Every value of the header `name` (case-insensitive), in order.
+    pub fn header_values<'a>(&'a self, name: &'a str) -> impl Iterator<Item = &'a [u8]> + 'a {
+        self.headers
+            .iter()
+            .filter(move |(n, _)| n.eq_ignore_ascii_case(name))
+            .map(|(_, v)| v.as_slice())
+    }
+
+    /// The first value of the header `name`, if any.
+    pub fn header(&self, name: &str) -> Option<&[u8]> {
+        self.headers
+            .iter()
+            .find(|(n, _)| n.eq_ignore_ascii_case(name))
+            .map(|(_, v)| v.as_slice())
+    }
+
+    /// Whether the header `name` is present at all.
+    pub fn has_header(&self, name: &str) -> bool {
+        self.header(name).is_some()
+    }
+
+    /// Whether the client asked to keep the connection open after this request.
+    pub(super) fn wants_keep_alive(&self) -> bool {
+        let close = self
+            .header_values("connection")
+            .any(|v| has_token(v, b"close"));
+        self.minor_version >= 1 && !close
+    }
+
+    /// Whether the client waits for `100 Continue` before sending its body.
+    pub(super) fn expects_continue(&self) -> bool {
+        self.minor_version >= 1
+            && self
+                .header_values("expect")
+                .any(|v| v.trim_ascii().eq_ignore_ascii_case(b"100-continue"))
+    }
+
+    /// Whether the head announces a body (so an unread one may follow).
+    pub(super) fn announces_body(&self) -> bool {
+        self.has_header("transfer-encoding")
+            || self
+                .header_values("content-length")
+                .any(|v| v.iter().any(|b| *b != b'0' && !b.is_ascii_whitespace()))
+    }
+}
+
+/// Whether a comma-separated header value contains `token` (case-insensitive).
+fn has_token(value: &[u8], token: &[u8]) -> bool {
+    value
+        .split(|b| *b == b',')
+        .any(|part| part.trim_ascii().eq_ignore_ascii_case(token))
+}
+
+/// A response for the loop to write. The loop adds `Content-Length` and, when it
+/// will close the connection afterwards, `Connection: close`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Response {
+    /// The status code.
+    pub status: u16,
+    /// Headers other than `Content-Length` and `Connection`.
+    pub headers: Vec<(&'static str, String)>,
+    /// The body.
+    pub body: Vec<u8>,
+    /// Close the connection after writing this response.
+    pub close: bool,
+}
+
+impl Response {
+    pub(super) fn serialize(&self, close: bool) -> Vec<u8> {
+        let mut out = Vec::with_capacity(192 + self.body.len());
+        // Writing into a Vec cannot fail.
+        let _ = write!(
+            out,
+            "HTTP/1.1 {} {}\r\n",
+            self.status,
+            reason_phrase(self.status)
+        );
+        for (name, value) in &self.headers {
+            let _ = write!(out, "{name}: {value}\r\n");
+        }
+        let _ = write!(out, "Content-Length: {}\r\n", self.body.len());
+        if close {
+            out.extend_from_slice(b"Connection: close\r\n");
+        }
+        out.extend_from_slice(b"\r\n");
+        out.extend_from_slice(&self.body);
+        out
+    }
+}
+
+/// The reason phrase for the status codes this crate uses.
+pub fn reason_phrase(status: u16) -> &'static str {
+    match status {
+        200 => "OK",
+        400 => "Bad Request",
+        401 => "Unauthorized",
+        403 => "Forbidden",
+        404 => "Not Found",
+        405 => "Method Not Allowed",
+        408 => "Request Timeout",
+        411 => "Length Required",
+        413 => "Content Too Large",
+        415 => "Unsupported Media Type",
+        429 => "Too Many Requests",
+        431 => "Request Header Fields Too Large",
+        500 => "Internal Server Error",
+        503 => "Service Unavailable",
+        _ => "Unknown",
+    }
+}
+
+/// Failures the HTTP layer answers itself; the service only chooses the body.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum HttpError {
+    /// The request head is not valid HTTP/1.x (400).
+    MalformedHead,
+    /// The head is longer than [`MAX_HEAD_BYTES`] (431).
+    HeadTooLarge,
+    /// The head has more than [`MAX_HEADERS`] headers (431).
+    TooManyHeaders,
+    /// The body did not arrive within [`super::BODY_TIMEOUT`] (408).
+    BodyTimeout,
+    /// Reading the body would exceed [`super::MAX_BODY_BYTES_IN_FLIGHT`] (503).
+    Overloaded,
+}
+
+impl HttpError {
+    /// The status code the loop answers with.
+    pub fn status(self) -> u16 {
+        match self {
+            HttpError::MalformedHead => 400,
+            HttpError::HeadTooLarge | HttpError::TooManyHeaders => 431,
+            HttpError::BodyTimeout => 408,
+            HttpError::Overloaded => 503,
+        }
+    }
+}
+
+impl std::fmt::Display for HttpError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            HttpError::MalformedHead => "malformed request head",
+            HttpError::HeadTooLarge => "request head too large",
+            HttpError::TooManyHeaders => "too many request headers",
+            HttpError::BodyTimeout => "request body not received in time",
+            HttpError::Overloaded => "too many request bodies in flight; try again shortly",
+        })
+    }
+}
+
+/// Parses a request head from the start of `buf` with the loop's limits: `Ok(None)`
+/// while incomplete, else the head and how many bytes it took. Pure; for fuzzing and
+/// tools.
+///
+/// # Errors
+/// The head is malformed, longer than [`MAX_HEAD_BYTES`] or has more than
+/// [`MAX_HEADERS`] headers.
+pub fn parse_request_head(buf: &[u8]) -> Result<Option<(Head, usize)>, HttpError> {
+    match parse_head(buf, &mut 0) {
+        ParseOutcome::Complete(head, consumed) => Ok(Some((head, consumed))),
+        ParseOutcome::Partial => Ok(None),
+        ParseOutcome::Error(error) => Err(error),
+    }
+}
+
+pub(super) enum ParseOutcome {
+    Complete(Head, usize),
+    Partial,
+    Error(HttpError),
+}
+
+/// Parses a request head from the start of `buf`, enforcing [`MAX_HEAD_BYTES`] and
+/// [`MAX_HEADERS`]. Pure: no I/O.
+///
+/// `scanned` is how many leading bytes of `buf` are already known to hold no end of
+/// head; it is advanced here, so a client sending one byte at a time costs a scan of
+/// that byte, not a parse of the whole buffer, per read.
+pub(super) fn parse_head(buf: &[u8], scanned: &mut usize) -> ParseOutcome {
+    let window = &buf[..buf.len().min(MAX_HEAD_BYTES + 1)];
+    // The end of a head is an empty line: "\n\n" or "\n\r\n". Re-scan the last two
+    // bytes already seen, since a terminator may straddle two reads.
+    let from = (*scanned).min(window.len()).saturating_sub(2);
+    let tail = &window[from..];
+    let terminated =
+        tail.windows(2).any(|w| w == b"\n\n") || tail.windows(3).any(|w| w == b"\n\r\n");
+    if !terminated {
+        *scanned = window.len();
+        return if buf.len() > MAX_HEAD_BYTES {
+            ParseOutcome::Error(HttpError::HeadTooLarge)
+        } else {
+            ParseOutcome::Partial
+        };
+    }
+    let mut headers = [httparse::EMPTY_HEADER; MAX_HEADERS];
+    let mut request = httparse::Request::new(&mut headers);
+    match request.parse(window) {
+        Ok(httparse::Status::Complete(consumed)) if consumed <= MAX_HEAD_BYTES => {
+            let head = Head {
+                method: request.method.unwrap_or("").to_owned(),
+                target: request.path.unwrap_or("").to_owned(),
+                minor_version: request.version.unwrap_or(0),
+                headers: request
+                    .headers
+                    .iter()
+                    .map(|h| (h.name.to_owned(), h.value.to_vec()))
+                    .collect(),
+                received_at: Instant::now(),
+            };
+            ParseOutcome::Complete(head, consumed)
+        }
+        Ok(httparse::Status::Complete(_)) => ParseOutcome::Error(HttpError::HeadTooLarge),
+        Ok(httparse::Status::Partial) if buf.len() > MAX_HEAD_BYTES => {
+            ParseOutcome::Error(HttpError::HeadTooLarge)
+        }
+        Ok(httparse::Status::Partial) => {
+            *scanned = window.len();
+            ParseOutcome::Partial
+        }
+        Err(httparse::Error::TooManyHeaders) => ParseOutcome::Error(HttpError::TooManyHeaders),
+        Err(_) => ParseOutcome::Error(HttpError::MalformedHead),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(buf: &[u8]) -> Result<Option<(Head, usize)>, HttpError> {
+        parse_request_head(buf)
+    }
+
+    #[test]
+    fn head_parsing_table() {
+        let many_headers: Vec<u8> = {
+            let mut v = b"GET / HTTP/1.1\r\n".to_vec();
+            for i in 0..=MAX_HEADERS {
+                v.extend_from_slice(format!("X-{i}: 1\r\n").as_bytes());
+            }
+            v.extend_from_slice(b"\r\n");
+            v
+        };
+        let exactly_max_headers: Vec<u8> = {
+            let mut v = b"GET / HTTP/1.1\r\n".to_vec();
+            for i in 0..MAX_HEADERS {
+                v.extend_from_slice(format!("X-{i}: 1\r\n").as_bytes());
+            }
+            v.extend_from_slice(b"\r\n");
+            v
+        };
+        let long_line = {
+            let mut v = b"GET / HTTP/1.1\r\nX: ".to_vec();
+            v.resize(MAX_HEAD_BYTES + 10, b'a');
+            v
+        };
+        let long_complete = {
+            let mut v = b"GET / HTTP/1.1\r\nX: ".to_vec();
+            v.resize(MAX_HEAD_BYTES, b'a');
+            v.extend_from_slice(b"\r\n\r\n");
+            v
+        };
+        // (input, Ok(Some(consumed)) | Ok(None) partial | Err)
+        type Row<'a> = (&'a [u8], Result<Option<usize>, HttpError>);
+        let cases: Vec<Row> = vec![
+            (b"GET /api/health HTTP/1.1\r\nHost: x\r\n\r\n", Ok(Some(37))),
+            (
+                b"GET / HTTP/1.1\r\n\r\nGET / HTTP/1.1\r\n\r\n",
+                Ok(Some(18)),
+            ),
+            (b"GET / HTTP/1.1\r\nHost: x\r\n", Ok(None)),
+            (b"GET / HTTP/1.1\r\nHost: x\r\n\r", Ok(None)),
+            (b"G", Ok(None)),
+            (b"", Ok(None)),
+            (b"\x00\x01garbage\r\n\r\n", Err(HttpError::MalformedHead)),
+            (b"GET / HTTP/2.0\r\n\r\n", Err(HttpError::MalformedHead)),
+            (&many_headers, Err(HttpError::TooManyHeaders)),
+            (&exactly_max_headers, Ok(Some(exactly_max_headers.len()))),
+            (&long_line, Err(HttpError::HeadTooLarge)),
+            (&long_complete, Err(HttpError::HeadTooLarge)),
+        ];
+        for (input, want) in cases {
+            let got = parse(input).map(|o| o.map(|(_, n)| n));
+            assert_eq!(
+                got,
+                want,
+                "input {:?}",
+                String::from_utf8_lossy(&input[..input.len().min(60)])
+            );
+        }
+    }
+
+    #[test]
+    fn byte_at_a_time_scanning_finds_the_end_exactly_once() {
+        for raw in [
+            &b"GET /api/health HTTP/1.1\r\nHost: a\r\n\r\n"[..],
+            &b"GET / HTTP/1.1\nHost: a\n\n"[..],
+        ] {
+            let mut scanned = 0;
+            let mut buf = Vec::new();
+            for (i, byte) in raw.iter().enumerate() {
+                buf.push(*byte);
+                let outcome = parse_head(&buf, &mut scanned);
+                let complete = matches!(outcome, ParseOutcome::Complete(_, n) if n == raw.len());
+                assert_eq!(complete, i == raw.len() - 1, "after byte {i} of {raw:?}");
+                assert!(scanned <= buf.len());
+            }
+        }
+    }
+
+    /// Random and mutated heads never panic the parser, and whatever it accepts
+    /// stays within the limits.
+    #[test]
+    fn head_parser_survives_random_input() {
+        let seed =
+            b"POST /api/talk HTTP/1.1\r\nHost: 127.0.0.1:1\r\nContent-Length: 5\r\n\r\nhello";
+        let alphabet = b"GETPOST /:\r\n\t\x00\xffaZ09-";
+        let mut state = 0x2545_f491_4f6c_dd1du64;
+        let mut next = || {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            state
+        };
+        for _ in 0..20_000 {
+            let mut input = seed.to_vec();
+            for _ in 0..(1 + next() % 6) {
+                let r = next();
+                let at = (r as usize >> 8) % (input.len() + 1);
+                let byte = alphabet[(r as usize) % alphabet.len()];
+                if r % 2 == 0 && at < input.len() {
+                    input[at] = byte;
+                } else {
+                    input.insert(at, byte);
+                }
+            }
+            if let ParseOutcome::Complete(head, consumed) = parse_head(&input, &mut 0) {
+                assert!(consumed <= MAX_HEAD_BYTES && consumed <= input.len());
+                assert!(head.headers.len() <= MAX_HEADERS);
+            }
+        }
+    }
+
+    #[test]
+    fn head_accessors() {
+        let (head, _) = parse(
+            b"POST /api/talk?x=1 HTTP/1.1\r\nHost: a\r\ncontent-length: 5\r\nConnection: keep-alive, Close\r\n\r\n",
+        )
+        .unwrap()
+        .unwrap();
+        assert_eq!(head.path(), "/api/talk");
+        assert_eq!(head.header("Content-Length"), Some(&b"5"[..]));
+        assert!(!head.wants_keep_alive());
+        assert!(head.announces_body());
+        let (head, _) = parse(b"GET / HTTP/1.0\r\nContent-Length: 0\r\n\r\n")
+            .unwrap()
+            .unwrap();
+        assert!(!head.wants_keep_alive());
+        assert!(!head.announces_body());
+        let (head, _) = parse(b"GET / HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n")
+            .unwrap()
+            .unwrap();
+        assert!(head.wants_keep_alive());
+        assert!(head.announces_body());
+    }
+
+    #[test]
+    fn response_serialization() {
+        let r = Response {
+            status: 404,
+            headers: vec![("Content-Type", "application/json".into())],
+            body: b"{}".to_vec(),
+            close: false,
+        };
+        assert_eq!(
+            r.serialize(false),
+            b"HTTP/1.1 404 Not Found\r\nContent-Type: application/json\r\nContent-Length: 2\r\n\r\n{}".to_vec()
+        );
+        assert!(String::from_utf8(r.serialize(true))
+            .unwrap()
+            .contains("Connection: close\r\n"));
+    }
+}
