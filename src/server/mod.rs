@@ -10,10 +10,13 @@ use crate::audit::{self, AuditLog};
 use crate::config::{self, Config};
 use crate::engine::{Engine, RunningEngines, Turn, TurnResult};
 use crate::http::{ConnId, Control, Head, HeadAction, HttpError, Response, Service};
-use crate::protocol::{self, Envelope, ErrorCode, Failure, RequestError, MAX_BODY_BYTES};
+use crate::protocol::{self, Envelope, ErrorCode, Failure, MAX_BODY_BYTES};
 use crate::registry;
 use crate::secret::Secret;
 use crate::turns::{Busy, Done, Outcome, TurnPool};
+
+mod refusal;
+pub use refusal::Refusal;
 use serde_json::Value;
 use std::collections::HashMap;
 use std::io::Read;
@@ -46,129 +49,6 @@ const BROWSER_FORM_TYPES: [&str; 3] = [
     "application/x-www-form-urlencoded",
     "multipart/form-data",
 ];
-
-/// Why a request was refused (or failed) before a turn produced an envelope.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Refusal {
-    /// `Host` is missing, repeated or not one of the loopback forms with our port.
-    BadHost,
-    /// An `Origin` or `Referer` header is present (a browser sent this).
-    BrowserOrigin,
-    /// `Content-Type` is a browser form type.
-    BrowserContentType,
-    /// `Transfer-Encoding` is present; only `Content-Length` framing is accepted.
-    TransferEncoding,
-    /// `Content-Length` is missing.
-    LengthMissing,
-    /// `Content-Length` is not all digits.
-    LengthInvalid,
-    /// `Content-Length` is repeated with different values.
-    LengthConflict,
-    /// The declared body is larger than [`MAX_BODY_BYTES`].
-    TooLarge,
-    /// The bus is disabled in config.json.
-    BusDisabled,
-    /// `Authorization` is not exactly `Bearer <secret>`.
-    Unauthorized,
-    /// The body failed validation.
-    Body(RequestError),
-    /// `fromInstance` is not in `peers`.
-    PeerNotAllowed,
-    /// `depth >= maxDepth`.
-    DepthExceeded {
-        /// The request's depth.
-        depth: u64,
-        /// The configured limit.
-        max: u64,
-    },
-    /// The turn queue is full.
-    Busy,
-    /// The instance is shutting down.
-    ShuttingDown,
-    /// The turn handler panicked.
-    HandlerPanicked,
-    /// The turn handler returned something that is not a result.
-    InvalidHandlerResponse,
-    /// Unknown path.
-    NotFound,
-    /// Known path, wrong method; the field is the `Allow` value.
-    MethodNotAllowed(&'static str),
-    /// A failure the HTTP layer answers itself.
-    Http(HttpError),
-}
-
-impl Refusal {
-    /// The one table of status codes and wire codes.
-    pub fn status_and_code(&self) -> (u16, ErrorCode) {
-        match self {
-            Refusal::BadHost | Refusal::BrowserOrigin => (403, ErrorCode::AuthFailed),
-            Refusal::BrowserContentType => (415, ErrorCode::InvalidRequest),
-            Refusal::TransferEncoding | Refusal::LengthInvalid | Refusal::LengthConflict => {
-                (400, ErrorCode::InvalidRequest)
-            }
-            Refusal::LengthMissing => (411, ErrorCode::InvalidRequest),
-            Refusal::TooLarge => (413, ErrorCode::RequestTooLarge),
-            Refusal::BusDisabled => (403, ErrorCode::BusDisabled),
-            Refusal::Unauthorized => (401, ErrorCode::AuthFailed),
-            Refusal::Body(_) => (400, ErrorCode::InvalidRequest),
-            Refusal::PeerNotAllowed => (403, ErrorCode::PeerNotAllowed),
-            Refusal::DepthExceeded { .. } => (429, ErrorCode::MaxDepthExceeded),
-            Refusal::Busy | Refusal::ShuttingDown => (503, ErrorCode::ServerBusy),
-            Refusal::HandlerPanicked => (500, ErrorCode::InternalError),
-            Refusal::InvalidHandlerResponse => (500, ErrorCode::InvalidHandlerResponse),
-            Refusal::NotFound => (404, ErrorCode::InvalidRequest),
-            Refusal::MethodNotAllowed(_) => (405, ErrorCode::InvalidRequest),
-            Refusal::Http(HttpError::MalformedHead) => (400, ErrorCode::InvalidRequest),
-            Refusal::Http(HttpError::HeadTooLarge | HttpError::TooManyHeaders) => {
-                (431, ErrorCode::RequestTooLarge)
-            }
-            Refusal::Http(HttpError::BodyTimeout) => (408, ErrorCode::Timeout),
-            Refusal::Http(HttpError::Overloaded) => (503, ErrorCode::ServerBusy),
-        }
-    }
-
-    /// The human-readable `error` text. Never echoes what the peer sent.
-    pub fn message(&self) -> String {
-        match self {
-            Refusal::BadHost => {
-                "Host must be 127.0.0.1:PORT, localhost:PORT or [::1]:PORT".to_owned()
-            }
-            Refusal::BrowserOrigin => {
-                "requests carrying Origin or Referer (browsers) are refused".to_owned()
-            }
-            Refusal::BrowserContentType => {
-                "Content-Type must be application/json (or absent)".to_owned()
-            }
-            Refusal::TransferEncoding => {
-                "Transfer-Encoding is not supported: send Content-Length".to_owned()
-            }
-            Refusal::LengthMissing => "Content-Length is required".to_owned(),
-            Refusal::LengthInvalid => "Content-Length must be all digits".to_owned(),
-            Refusal::LengthConflict => {
-                "Content-Length is repeated with different values".to_owned()
-            }
-            Refusal::TooLarge => format!("request body is larger than {MAX_BODY_BYTES} bytes"),
-            Refusal::BusDisabled => "the bus is disabled on this instance".to_owned(),
-            Refusal::Unauthorized => "missing or wrong bearer secret".to_owned(),
-            Refusal::Body(e) => e.to_string(),
-            Refusal::PeerNotAllowed => "caller is not in this instance's peers".to_owned(),
-            Refusal::DepthExceeded { depth, max } => {
-                format!("depth {depth} reaches this instance's maxDepth of {max}")
-            }
-            Refusal::Busy => "turn queue is full; try again shortly".to_owned(),
-            Refusal::ShuttingDown => "instance is shutting down".to_owned(),
-            Refusal::HandlerPanicked => "the turn handler failed unexpectedly".to_owned(),
-            Refusal::InvalidHandlerResponse => {
-                "the turn handler returned an invalid result".to_owned()
-            }
-            Refusal::NotFound => {
-                "no such endpoint; use POST /api/talk or GET /api/health".to_owned()
-            }
-            Refusal::MethodNotAllowed(allow) => format!("method not allowed; use {allow}"),
-            Refusal::Http(e) => e.to_string(),
-        }
-    }
-}
 
 /// The `/api/health` answer.
 #[derive(serde::Serialize)]
@@ -838,47 +718,6 @@ mod tests {
         ];
         for (headers, want) in cases {
             assert_eq!(&content_length(&head(headers)), want, "{headers:?}");
-        }
-    }
-
-    #[test]
-    fn status_table() {
-        let cases = [
-            (Refusal::BadHost, 403, "auth_failed"),
-            (Refusal::BrowserOrigin, 403, "auth_failed"),
-            (Refusal::BrowserContentType, 415, "invalid_request"),
-            (Refusal::TransferEncoding, 400, "invalid_request"),
-            (Refusal::LengthMissing, 411, "invalid_request"),
-            (Refusal::TooLarge, 413, "request_too_large"),
-            (Refusal::BusDisabled, 403, "bus_disabled"),
-            (Refusal::Unauthorized, 401, "auth_failed"),
-            (Refusal::Body(RequestError::Depth), 400, "invalid_request"),
-            (Refusal::PeerNotAllowed, 403, "peer_not_allowed"),
-            (
-                Refusal::DepthExceeded { depth: 3, max: 3 },
-                429,
-                "max_depth_exceeded",
-            ),
-            (Refusal::Busy, 503, "server_busy"),
-            (Refusal::HandlerPanicked, 500, "internal_error"),
-            (
-                Refusal::InvalidHandlerResponse,
-                500,
-                "invalid_handler_response",
-            ),
-            (Refusal::NotFound, 404, "invalid_request"),
-            (Refusal::MethodNotAllowed("GET"), 405, "invalid_request"),
-            (
-                Refusal::Http(HttpError::HeadTooLarge),
-                431,
-                "request_too_large",
-            ),
-            (Refusal::Http(HttpError::BodyTimeout), 408, "timeout"),
-            (Refusal::Http(HttpError::Overloaded), 503, "server_busy"),
-        ];
-        for (refusal, status, code) in cases {
-            let (s, c) = refusal.status_and_code();
-            assert_eq!((s, c.as_str()), (status, code), "{refusal:?}");
         }
     }
 }
