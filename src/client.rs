@@ -410,11 +410,6 @@ fn interpret(target: &str, response: transport::Response) -> Result<Reply, Deleg
 }
 
 #[cfg(test)]
-#[allow(
-    clippy::unwrap_used,
-    clippy::expect_used,
-    reason = "tests fail loudly on purpose"
-)]
 mod tests {
     use super::transport::{parse_head, ResponseHead};
     use super::*;

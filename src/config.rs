@@ -643,11 +643,6 @@ pub fn default_config_json(secret: &Secret) -> String {
 }
 
 #[cfg(test)]
-#[allow(
-    clippy::unwrap_used,
-    clippy::expect_used,
-    reason = "tests fail loudly on purpose"
-)]
 mod tests {
     use super::*;
 

@@ -607,11 +607,6 @@ fn integer(value: &Value) -> Option<u64> {
 }
 
 #[cfg(test)]
-#[allow(
-    clippy::unwrap_used,
-    clippy::expect_used,
-    reason = "tests fail loudly on purpose"
-)]
 mod tests {
     use super::*;
     use crate::state::test_support::TestDir;

@@ -459,11 +459,6 @@ pub(crate) mod test_support {
 }
 
 #[cfg(test)]
-#[allow(
-    clippy::unwrap_used,
-    clippy::expect_used,
-    reason = "tests fail loudly on purpose"
-)]
 mod tests {
     use super::test_support::TestDir;
     use super::*;
