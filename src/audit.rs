@@ -23,7 +23,8 @@ const MAX_DETAIL_CHARS: usize = 500;
 /// One `/api/talk` outcome.
 #[derive(Debug, Clone, Default)]
 pub struct Record<'a> {
-    /// `"success"`, `"failure"` (a turn failed) or `"refused"` (a check refused it).
+    /// `"success"`, `"failure"` (a turn failed), `"refused"` (a check refused it) or
+    /// `"abandoned"` (the caller went away before its answer).
     pub outcome: &'a str,
     /// Human-readable detail (the error message, or `"ok"`).
     pub detail: &'a str,
@@ -37,8 +38,8 @@ pub struct Record<'a> {
     pub error_code: Option<&'a str>,
     /// The prompt's length in characters, when known.
     pub prompt_chars: Option<usize>,
-    /// The HTTP status answered.
-    pub status: u16,
+    /// The HTTP status answered; `None` when no answer went out (the caller left).
+    pub status: Option<u16>,
 }
 
 /// The audit log of one instance.
@@ -163,7 +164,7 @@ struct Metadata<'a> {
     duration_ms: u64,
     error_code: Option<&'a str>,
     prompt_chars: Option<usize>,
-    status: u16,
+    status: Option<u16>,
 }
 
 /// Parses one audit line (for tests and tools).
@@ -184,7 +185,7 @@ mod tests {
             outcome: "refused",
             detail: "missing or wrong bearer secret",
             error_code: Some("auth_failed"),
-            status: 401,
+            status: Some(401),
             ..Record::default()
         });
         log.record(&Record {
@@ -194,7 +195,7 @@ mod tests {
             depth: Some(1),
             duration_ms: 12,
             prompt_chars: Some(5),
-            status: 200,
+            status: Some(200),
             ..Record::default()
         });
         let text = std::fs::read_to_string(log.path()).unwrap();

@@ -30,18 +30,8 @@ use crate::state;
 /// The registry's file name inside the channel root.
 pub const REGISTRY_FILE: &str = ".bus-registry.json";
 
-/// A registry file larger than this is read as far as this only (and so is invalid).
+/// A registry file larger than this is not read (it counts as unreadable).
 pub const MAX_REGISTRY_BYTES: u64 = 1 << 20;
-
-/// Reads at most [`MAX_REGISTRY_BYTES`] of the registry file.
-fn read_bounded(path: &Path) -> io::Result<Vec<u8>> {
-    use std::io::Read;
-    let mut bytes = Vec::new();
-    std::fs::File::open(path)?
-        .take(MAX_REGISTRY_BYTES)
-        .read_to_end(&mut bytes)?;
-    Ok(bytes)
-}
 
 /// Longest instance name, in bytes.
 pub const MAX_INSTANCE_NAME_LEN: usize = 64;
@@ -96,9 +86,13 @@ pub fn registry_path(root: &Path) -> PathBuf {
 /// The file exists but can't be read.
 pub fn read(root: &Path) -> io::Result<BTreeMap<String, Entry>> {
     let path = registry_path(root);
-    let bytes = match read_bounded(&path) {
+    let bytes = match state::read_regular_file(&path, MAX_REGISTRY_BYTES) {
         Ok(bytes) => bytes,
         Err(err) if err.kind() == io::ErrorKind::NotFound => return Ok(BTreeMap::new()),
+        Err(err) if err.kind() == io::ErrorKind::InvalidData => {
+            log::warn!("{}: {err}; treating it as empty", path.display());
+            return Ok(BTreeMap::new());
+        }
         Err(err) => return Err(err),
     };
     match parse(&bytes) {
@@ -192,11 +186,11 @@ pub fn ensure_registered(
 /// atomically) is renamed to `.bus-registry.json.corrupt-<millis>` before it is
 /// rewritten, so nothing is destroyed without a trace. The caller holds the lock.
 fn set_aside_if_torn(path: &Path) {
-    let Ok(bytes) = read_bounded(path) else {
-        return;
-    };
-    if parse(&bytes).is_ok() {
-        return;
+    match state::read_regular_file(path, MAX_REGISTRY_BYTES) {
+        Ok(bytes) if parse(&bytes).is_ok() => return,
+        Ok(_) => {}
+        Err(e) if e.kind() == io::ErrorKind::InvalidData => {}
+        Err(_) => return,
     }
     let millis = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)

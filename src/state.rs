@@ -214,6 +214,49 @@ pub fn hold_lock(path: &Path) -> io::Result<Option<File>> {
 }
 
 // ---------------------------------------------------------------------------------------
+// Reading
+
+/// Reads the regular file `path` whole, if it is at most `max` bytes. It is opened
+/// without blocking and checked on the open handle, so a FIFO or device put in its
+/// place can never block the caller (the event loop reads config and registry files).
+///
+/// # Errors
+///
+/// `NotFound` and other open errors as they are; `InvalidData` when it is not a
+/// regular file or is larger than `max`.
+pub fn read_regular_file(path: &Path, max: u64) -> io::Result<Vec<u8>> {
+    use rustix::fs::{Mode, OFlags};
+    let fd = rustix::fs::open(
+        path,
+        OFlags::RDONLY | OFlags::NONBLOCK | OFlags::CLOEXEC,
+        Mode::empty(),
+    )?;
+    let file = File::from(fd);
+    let metadata = file.metadata()?;
+    if !metadata.is_file() {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidData,
+            "not a regular file",
+        ));
+    }
+    if metadata.len() > max {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidData,
+            format!("larger than {max} bytes"),
+        ));
+    }
+    let mut bytes = Vec::new();
+    file.take(max + 1).read_to_end(&mut bytes)?;
+    if bytes.len() as u64 > max {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidData,
+            format!("larger than {max} bytes"),
+        ));
+    }
+    Ok(bytes)
+}
+
+// ---------------------------------------------------------------------------------------
 // Directories and modes
 
 /// Creates the directory `path` and any missing parents. If the last component does not

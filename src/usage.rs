@@ -262,19 +262,13 @@ impl UsageStore {
 
 /// Reads a small regular file; `None` if it does not exist.
 fn read_small(path: &Path) -> io::Result<Option<Vec<u8>>> {
-    use std::io::Read;
-    let file = match std::fs::File::open(path) {
-        Ok(file) => file,
-        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
-        Err(e) => return Err(e),
-    };
-    let mut bytes = Vec::new();
-    file.take(MAX_USAGE_BYTES + 1).read_to_end(&mut bytes)?;
-    if bytes.len() as u64 > MAX_USAGE_BYTES {
-        // Too large to be ours: treat as corrupt content.
-        bytes.clear();
+    match state::read_regular_file(path, MAX_USAGE_BYTES) {
+        Ok(bytes) => Ok(Some(bytes)),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
+        // Too large, or not a file: not ours, so corrupt content.
+        Err(e) if e.kind() == io::ErrorKind::InvalidData => Ok(Some(Vec::new())),
+        Err(e) => Err(e),
     }
-    Ok(Some(bytes))
 }
 
 #[cfg(test)]

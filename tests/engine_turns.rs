@@ -378,7 +378,9 @@ fn audit_lines_for_success_failure_and_each_refusal() {
     config["engine"] = json!({"command": ["sh", script("quote_prompt_fail.sh")]});
     root.write_config("worker", &config);
     assert!(eventually(Duration::from_secs(5), || {
-        a.talk("caller", "quoted secret prompt", 0).json()["errorCode"] == "engine_cli"
+        a.talk("caller", "quoted secret prompt (engine.maxOutputBytes)", 0)
+            .json()["errorCode"]
+            == "engine_cli"
     }));
     config["bus"]["peers"] = json!(false);
     root.write_config("worker", &config);
@@ -549,4 +551,45 @@ fn a_queued_turn_whose_caller_hangs_up_never_runs() {
     thread::sleep(Duration::from_millis(300));
     let runs = std::fs::read_to_string(&calls).unwrap().lines().count();
     assert_eq!(runs, 1, "turns of callers that hung up were run");
+    let abandoned = audit_lines(&a)
+        .iter()
+        .filter(|l| l["outcome"] == "abandoned" && l["metadata"]["status"].is_null())
+        .count();
+    assert_eq!(abandoned, 3, "one audit line per caller that hung up");
+}
+
+/// Regression: an event left over from a connection evicted in the same batch was
+/// applied to the new connection that took its slot, closing a caller whose turn was
+/// waiting.
+#[test]
+fn a_stale_event_of_an_evicted_connection_does_not_close_its_successor() {
+    use std::io::Write;
+    let root = TestRoot::new("stale-event");
+    root.write_config(
+        "worker",
+        &engine_config(json!({"command": ["sh", "-c", "sleep 1; cat"]})),
+    );
+    // 72 open files leave room for 8 connections (64 are kept for everything else).
+    let a = Instance::spawn_with_fd_limit(&root, "worker", 72);
+    let mut idle: Vec<_> = (0..8).map(|_| connect(a.port)).collect();
+    thread::sleep(Duration::from_millis(200));
+    signal(a.pid(), "STOP");
+    // The oldest connection hangs up, and a new caller arrives, both while the server
+    // is stopped: on waking, one poll reports both, and admitting the caller evicts the
+    // oldest slot, the one with the hang-up event pending.
+    drop(idle.remove(0));
+    let body = json!({"fromInstance": "c", "prompt": "still here", "depth": 0}).to_string();
+    let mut caller = connect(a.port);
+    write!(
+        caller,
+        "POST /api/talk HTTP/1.1\r\nHost: {}\r\nAuthorization: Bearer {}\r\nContent-Length: {}\r\n\r\n{body}",
+        a.host(),
+        a.secret,
+        body.len()
+    )
+    .unwrap();
+    thread::sleep(Duration::from_millis(200));
+    signal(a.pid(), "CONT");
+    let r = read_response(&mut caller).expect("the new caller lost its answer");
+    assert_eq!(r.json()["text"], "still here");
 }

@@ -457,3 +457,30 @@ fn health_answers_while_another_process_holds_the_registry_lock() {
         "the lost entry was not written again once the lock was free"
     );
 }
+
+/// Regression: the registry self-check opened `.bus-registry.json` on the event loop
+/// with a blocking open, so a FIFO put in its place froze the server.
+#[test]
+fn a_fifo_in_place_of_the_registry_does_not_stall_the_server() {
+    let root = TestRoot::new("reg-fifo");
+    let mut a = root.start("alpha", &open_config("s"));
+    let path = root.path.join(".bus-registry.json");
+    std::fs::remove_file(&path).unwrap();
+    let status = std::process::Command::new("mkfifo")
+        .arg(&path)
+        .status()
+        .unwrap();
+    assert!(status.success());
+    let started = std::time::Instant::now();
+    while started.elapsed() < Duration::from_secs(5) {
+        a.assert_alive("with a FIFO in place of the registry");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    // The FIFO is set aside and the entry written again.
+    assert!(
+        eventually(Duration::from_secs(6), || root.registry()["instances"]
+            ["alpha"]["pid"]
+            == u64::from(a.pid())),
+        "the entry was not written again"
+    );
+}

@@ -70,6 +70,17 @@ const LISTENER: Token = Token(0);
 const WAKER: Token = Token(1);
 const INTERRUPT: Token = Token(2);
 const FIRST_CONN: usize = 3;
+/// A connection's token carries its slot in the low bits and its generation above
+/// them, so a readiness event left over from a closed connection can never be applied
+/// to the one that took its slot.
+const SLOT_BITS: u32 = 24;
+const SLOT_MASK: usize = (1 << SLOT_BITS) - 1;
+
+fn conn_token(slot: usize, generation: u64) -> Token {
+    // Truncating the generation is fine: it only has to differ from the slot's
+    // previous occupants, and 2^40 connections is beyond any run.
+    Token(((generation as usize) << SLOT_BITS) | (slot + FIRST_CONN))
+}
 
 /// Identifies one connection for a deferred answer. A connection that closed is
 /// never confused with a later one that reused its slot.
@@ -182,6 +193,8 @@ struct Conn {
     queued: bool,
     /// Whether a read may find data (see [`read_some`]).
     readable: bool,
+    /// A readiness event said the peer hung up (or an error is pending).
+    peer_closed: bool,
     /// The head being served (between head and response).
     head: Option<Head>,
     /// Response bytes, and how many are written.
@@ -399,15 +412,25 @@ impl EventLoop {
                         self.apply(service, control);
                     }
                     Token(token) => {
+                        let Some(slot) = self.event_slot(token) else {
+                            continue; // left over from a connection that closed
+                        };
                         if event.is_read_closed() || event.is_error() {
                             // A caller that hangs up while its request waits for a turn
                             // is gone: close now, so a queued turn can be dropped.
-                            self.close_if_waiting(service, token);
+                            if self.close_if_waiting(service, slot) {
+                                continue;
+                            }
                         }
-                        if event.is_readable() || event.is_read_closed() || event.is_error() {
-                            self.mark_readable(token);
+                        if let Some(Some(conn)) = self.conns.get_mut(slot) {
+                            if event.is_readable() || event.is_read_closed() || event.is_error() {
+                                conn.readable = true;
+                            }
+                            if event.is_read_closed() || event.is_error() {
+                                conn.peer_closed = true;
+                            }
                         }
-                        self.enqueue(token);
+                        self.enqueue(slot);
                     }
                 }
             }
@@ -419,7 +442,7 @@ impl EventLoop {
                     Some(Some(conn)) if conn.generation == generation => conn.queued = false,
                     _ => continue,
                 }
-                self.drive(service, slot + FIRST_CONN);
+                self.drive(service, slot);
                 if Instant::now() >= round_end {
                     break;
                 }
@@ -456,7 +479,7 @@ impl EventLoop {
             );
             if live {
                 self.start_response(id.slot, response);
-                self.drive(service, id.slot + FIRST_CONN);
+                self.drive(service, id.slot);
             }
         }
         if control.stop_accepting {
@@ -544,7 +567,7 @@ impl EventLoop {
         });
         if let Err(e) = self.poll.registry().register(
             &mut stream,
-            Token(slot + FIRST_CONN),
+            conn_token(slot, self.next_generation + 1),
             Interest::READABLE | Interest::WRITABLE,
         ) {
             log::warn!("cannot register a connection: {e}");
@@ -561,6 +584,7 @@ impl EventLoop {
             scanned: 0,
             queued: false,
             readable: true,
+            peer_closed: false,
             head: None,
             outbuf: Vec::new(),
             written: 0,
@@ -575,7 +599,7 @@ impl EventLoop {
         self.refresh_deadline(slot);
         // The client may have sent its request already: an edge-triggered poll would
         // not report data that arrived before registration.
-        self.drive(service, slot + FIRST_CONN);
+        self.drive(service, slot);
     }
 
     fn close<S: Service>(&mut self, service: &mut S, slot: usize) {
@@ -634,7 +658,7 @@ impl EventLoop {
                     let head = self.conns.get(slot).and_then(|c| c.as_ref()?.head.as_ref());
                     let response = service.error_response(HttpError::BodyTimeout, head);
                     self.start_error(slot, response);
-                    self.drive(service, slot + FIRST_CONN);
+                    self.drive(service, slot);
                 }
                 _ => self.close(service, slot),
             }
@@ -676,10 +700,7 @@ impl EventLoop {
     }
 
     /// Runs one connection's state machine as far as it can go without blocking.
-    fn drive<S: Service>(&mut self, service: &mut S, token: usize) {
-        let Some(slot) = token.checked_sub(FIRST_CONN) else {
-            return;
-        };
+    fn drive<S: Service>(&mut self, service: &mut S, slot: usize) {
         if !matches!(self.conns.get(slot), Some(Some(_))) {
             return;
         }
@@ -689,36 +710,31 @@ impl EventLoop {
             Step::Park => self.refresh_deadline(slot),
             Step::Yield => {
                 self.refresh_deadline(slot);
-                self.enqueue(token);
+                self.enqueue(slot);
             }
         }
     }
 
-    /// Closes the connection if its request is waiting for a turn.
-    fn close_if_waiting<S: Service>(&mut self, service: &mut S, token: usize) {
-        let Some(slot) = token.checked_sub(FIRST_CONN) else {
-            return;
-        };
-        if matches!(self.conns.get(slot), Some(Some(c)) if c.phase == Phase::Waiting) {
-            self.close(service, slot);
+    /// The slot an event's token names, if that connection is still the one open there.
+    fn event_slot(&self, token: usize) -> Option<usize> {
+        let slot = (token & SLOT_MASK).checked_sub(FIRST_CONN)?;
+        match self.conns.get(slot) {
+            Some(Some(conn)) if conn_token(slot, conn.generation).0 == token => Some(slot),
+            _ => None,
         }
     }
 
-    /// Notes that a readiness event says the connection may have data (or EOF).
-    fn mark_readable(&mut self, token: usize) {
-        if let Some(Some(conn)) = token
-            .checked_sub(FIRST_CONN)
-            .and_then(|s| self.conns.get_mut(s))
-        {
-            conn.readable = true;
+    /// Closes the connection if its request is waiting for a turn; whether it did.
+    fn close_if_waiting<S: Service>(&mut self, service: &mut S, slot: usize) -> bool {
+        if matches!(self.conns.get(slot), Some(Some(c)) if c.phase == Phase::Waiting) {
+            self.close(service, slot);
+            return true;
         }
+        false
     }
 
     /// Puts a connection on the run queue (once, however many events it has).
-    fn enqueue(&mut self, token: usize) {
-        let Some(slot) = token.checked_sub(FIRST_CONN) else {
-            return;
-        };
+    fn enqueue(&mut self, slot: usize) {
         if let Some(Some(conn)) = self.conns.get_mut(slot) {
             if !conn.queued {
                 conn.queued = true;
@@ -797,6 +813,7 @@ impl EventLoop {
                     match read_some(
                         &mut conn.stream,
                         &mut conn.readable,
+                        conn.peer_closed,
                         &mut self.scratch[..cap],
                     ) {
                         ReadOutcome::Data(n) => {
@@ -845,6 +862,7 @@ impl EventLoop {
                     match read_some(
                         &mut conn.stream,
                         &mut conn.readable,
+                        conn.peer_closed,
                         &mut self.scratch[..cap],
                     ) {
                         ReadOutcome::Data(n) => {
@@ -893,7 +911,12 @@ impl EventLoop {
                     self.refresh_deadline(slot);
                 }
                 Phase::Lingering => {
-                    match read_some(&mut conn.stream, &mut conn.readable, &mut self.scratch) {
+                    match read_some(
+                        &mut conn.stream,
+                        &mut conn.readable,
+                        conn.peer_closed,
+                        &mut self.scratch,
+                    ) {
                         ReadOutcome::Data(n) => read += n,
                         ReadOutcome::WouldBlock => return Step::Park,
                         ReadOutcome::Closed => return Step::Close,
@@ -938,8 +961,14 @@ enum ReadOutcome {
 /// no readiness event came since: then there is nothing to read, and the syscall (which
 /// would only say `WouldBlock`) is skipped. With edge-triggered polling, any byte that
 /// arrives after a draining read brings a new event, which sets `readable` again.
-fn read_some(stream: &mut TcpStream, readable: &mut bool, buf: &mut [u8]) -> ReadOutcome {
-    if !*readable {
+fn read_some(
+    stream: &mut TcpStream,
+    readable: &mut bool,
+    peer_closed: bool,
+    buf: &mut [u8],
+) -> ReadOutcome {
+    // Once the peer has hung up, the read that finds the end must still happen.
+    if !*readable && !peer_closed {
         return ReadOutcome::WouldBlock;
     }
     loop {

@@ -19,7 +19,6 @@ mod refusal;
 pub use refusal::Refusal;
 use serde_json::Value;
 use std::collections::HashMap;
-use std::io::Read;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -216,7 +215,7 @@ impl Bus {
             duration_ms,
             error_code: Some(code.as_str()),
             prompt_chars: meta.prompt_chars,
-            status,
+            status: Some(status),
         });
         self.refusal_response(refusal, received_at)
     }
@@ -235,7 +234,7 @@ impl Bus {
             duration_ms: envelope.duration_ms,
             error_code: code,
             prompt_chars: pending.meta.prompt_chars,
-            status: 200,
+            status: Some(200),
         });
     }
 
@@ -577,28 +576,38 @@ impl Service for Bus {
         // answer is discarded.
         if let Some(pending) = self.pending.remove(&id) {
             let cancelled = self.pool.cancel(id).is_some();
+            let detail = if cancelled {
+                "the caller went away while its turn was queued; it will not run"
+            } else {
+                "the caller went away while its turn ran; the answer is dropped"
+            };
             log::info!(
-                "caller {:?} went away before its turn {}",
-                pending.meta.from_instance.as_deref().unwrap_or("?"),
-                if cancelled {
-                    "started; it will not run"
-                } else {
-                    "finished"
-                }
+                "caller {:?}: {detail}",
+                pending.meta.from_instance.as_deref().unwrap_or("?")
             );
+            self.audit.record(&audit::Record {
+                outcome: "abandoned",
+                detail,
+                from_instance: pending.meta.from_instance.as_deref(),
+                depth: pending.meta.depth,
+                duration_ms: elapsed_ms(pending.received_at),
+                error_code: None,
+                prompt_chars: pending.meta.prompt_chars,
+                status: None,
+            });
         }
     }
 }
 
 /// What the audit log says of a failed turn. Messages built from the engine's own
 /// output may quote the prompt, so only the code is kept for those; the messages this
-/// crate writes itself (budget, timeout, output cap) are kept whole.
+/// crate writes itself and that carry nothing of the engine's (budget, timeout, usage
+/// file) are kept whole.
 fn audit_detail(failure: &Failure) -> &str {
     match failure.code {
         ErrorCode::BudgetExhausted | ErrorCode::Timeout | ErrorCode::InternalError => {
             &failure.error
         }
-        ErrorCode::EngineCli if failure.error.contains("engine.maxOutputBytes") => &failure.error,
         _ => "the engine failed; its output is not logged here",
     }
 }
@@ -625,32 +634,13 @@ fn content_length(head: &Head) -> Result<u64, Refusal> {
     length.ok_or(Refusal::LengthMissing)
 }
 
-/// Reads a regular file of at most [`MAX_CONFIG_BYTES`]. The file is opened without
-/// blocking and checked on the open handle, so a FIFO or device swapped in can never
-/// block the loop.
+/// Reads config.json (a regular file of at most [`MAX_CONFIG_BYTES`]) without ever
+/// blocking on a FIFO or device put in its place.
 ///
 /// # Errors
 /// The file is missing or unreadable, not a regular file, or too large.
 pub fn read_bounded(path: &std::path::Path) -> std::io::Result<Vec<u8>> {
-    use rustix::fs::{Mode, OFlags};
-    let fd = rustix::fs::open(
-        path,
-        OFlags::RDONLY | OFlags::NONBLOCK | OFlags::CLOEXEC,
-        Mode::empty(),
-    )?;
-    let file = std::fs::File::from(fd);
-    let metadata = file.metadata()?;
-    if !metadata.is_file() {
-        return Err(std::io::Error::other("not a regular file"));
-    }
-    if metadata.len() > MAX_CONFIG_BYTES {
-        return Err(std::io::Error::other(format!(
-            "larger than {MAX_CONFIG_BYTES} bytes"
-        )));
-    }
-    let mut bytes = Vec::new();
-    file.take(MAX_CONFIG_BYTES + 1).read_to_end(&mut bytes)?;
-    Ok(bytes)
+    crate::state::read_regular_file(path, MAX_CONFIG_BYTES)
 }
 
 fn elapsed_ms(since: Instant) -> u64 {
