@@ -10,7 +10,7 @@ use common::*;
 use serde_json::{json, Value};
 use std::path::PathBuf;
 use std::thread;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 fn script(name: &str) -> String {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
@@ -262,23 +262,7 @@ fn health_answers_while_turns_run_and_a_full_queue_is_server_busy() {
     config["bus"]["maxConcurrentTurns"] = json!(2);
     config["bus"]["maxQueuedTurns"] = json!(1);
     let a = root.start("worker", &config);
-    let port = a.port;
-    let secret = a.secret.clone();
-    let callers: Vec<_> = (0..3)
-        .map(|i| {
-            let secret = secret.clone();
-            thread::spawn(move || {
-                let body = json!({"fromInstance": "c", "prompt": format!("p{i}"), "depth": 0}).to_string();
-                request(
-                    port,
-                    &format!(
-                        "POST /api/talk HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nAuthorization: Bearer {secret}\r\nContent-Length: {}\r\n\r\n{body}",
-                        body.len()
-                    ),
-                )
-            })
-        })
-        .collect();
+    let callers: Vec<_> = (0..3).map(|i| a.spawn_talk(&format!("p{i}"))).collect();
     assert!(
         eventually(Duration::from_secs(5), || {
             let h = a.health();
@@ -286,13 +270,8 @@ fn health_answers_while_turns_run_and_a_full_queue_is_server_busy() {
         }),
         "turns did not reach 2 running + 1 queued"
     );
-    let started = Instant::now();
-    let h = a.health();
-    assert!(
-        started.elapsed() < Duration::from_secs(1),
-        "health was slow while turns ran"
-    );
-    assert_eq!(h["turns"]["max"], 2);
+    health_within(a.port, LIVENESS_BOUND).expect("health answers while turns run");
+    assert_eq!(a.health()["turns"]["max"], 2);
     let busy = a.talk("c", "overflow", 0);
     assert_eq!(busy.status, 503);
     let (code, retryable, _) = failure(&busy);
@@ -317,27 +296,11 @@ fn sigterm_answers_running_and_queued_turns_then_exits_zero() {
     config["bus"]["maxConcurrentTurns"] = json!(1);
     config["bus"]["maxQueuedTurns"] = json!(4);
     let mut a = root.start("worker", &config);
-    let port = a.port;
-    let secret = a.secret.clone();
-    let call = move |prompt: &str| {
-        let secret = secret.clone();
-        let prompt = prompt.to_owned();
-        thread::spawn(move || {
-            let body = json!({"fromInstance": "c", "prompt": prompt, "depth": 0}).to_string();
-            request(
-                port,
-                &format!(
-                    "POST /api/talk HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nAuthorization: Bearer {secret}\r\nContent-Length: {}\r\n\r\n{body}",
-                    body.len()
-                ),
-            )
-        })
-    };
-    let running = call("first");
+    let running = a.spawn_talk("first");
     assert!(eventually(Duration::from_secs(5), || a.health()["turns"]
         ["running"]
         == 1));
-    let queued = call("second");
+    let queued = a.spawn_talk("second");
     assert!(eventually(Duration::from_secs(5), || a.health()["turns"]
         ["queued"]
         == 1));
@@ -505,33 +468,15 @@ fn a_queued_turn_whose_caller_hangs_up_never_runs() {
     }));
     config["bus"]["maxConcurrentTurns"] = json!(1);
     let a = root.start("worker", &config);
-    let port = a.port;
-    let secret = a.secret.clone();
-    let first = thread::spawn(move || {
-        let body = json!({"fromInstance": "c", "prompt": "kept", "depth": 0}).to_string();
-        request(
-            port,
-            &format!(
-                "POST /api/talk HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nAuthorization: Bearer {secret}\r\nContent-Length: {}\r\n\r\n{body}",
-                body.len()
-            ),
-        )
-    });
+    let first = a.spawn_talk("kept");
     assert!(eventually(Duration::from_secs(5), || a.health()["turns"]
         ["running"]
         == 1));
     for i in 0..3 {
-        let body =
-            json!({"fromInstance": "c", "prompt": format!("dropped {i}"), "depth": 0}).to_string();
         let mut stream = connect(a.port);
-        write!(
-            stream,
-            "POST /api/talk HTTP/1.1\r\nHost: {}\r\nAuthorization: Bearer {}\r\nContent-Length: {}\r\n\r\n{body}",
-            a.host(),
-            a.secret,
-            body.len()
-        )
-        .unwrap();
+        stream
+            .write_all(&a.talk_request("c", &format!("dropped {i}"), 0))
+            .unwrap();
         assert!(eventually(Duration::from_secs(5), || a.health()["turns"]
             ["queued"]
             == 1));
@@ -578,16 +523,10 @@ fn a_stale_event_of_an_evicted_connection_does_not_close_its_successor() {
     // is stopped: on waking, one poll reports both, and admitting the caller evicts the
     // oldest slot, the one with the hang-up event pending.
     drop(idle.remove(0));
-    let body = json!({"fromInstance": "c", "prompt": "still here", "depth": 0}).to_string();
     let mut caller = connect(a.port);
-    write!(
-        caller,
-        "POST /api/talk HTTP/1.1\r\nHost: {}\r\nAuthorization: Bearer {}\r\nContent-Length: {}\r\n\r\n{body}",
-        a.host(),
-        a.secret,
-        body.len()
-    )
-    .unwrap();
+    caller
+        .write_all(&a.talk_request("c", "still here", 0))
+        .unwrap();
     thread::sleep(Duration::from_millis(200));
     signal(a.pid(), "CONT");
     let r = read_response(&mut caller).expect("the new caller lost its answer");

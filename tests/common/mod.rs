@@ -238,6 +238,26 @@ impl Instance {
         request(self.port, &(head + &body))
     }
 
+    /// The raw bytes of a well-formed, authorized legacy (unversioned) talk.
+    pub fn talk_request(&self, from: &str, prompt: &str, depth: u64) -> Vec<u8> {
+        let body =
+            serde_json::json!({"fromInstance": from, "prompt": prompt, "depth": depth}).to_string();
+        format!(
+            "POST /api/talk HTTP/1.1\r\nHost: {}\r\nAuthorization: Bearer {}\r\nContent-Length: {}\r\n\r\n{body}",
+            self.host(),
+            self.secret,
+            body.len()
+        )
+        .into_bytes()
+    }
+
+    /// Sends a talk from another thread; join the handle for its answer.
+    pub fn spawn_talk(&self, prompt: &str) -> std::thread::JoinHandle<HttpResponse> {
+        let port = self.port;
+        let raw = self.talk_request("c", prompt, 0);
+        std::thread::spawn(move || request_bytes(port, &raw))
+    }
+
     pub fn talk(&self, from: &str, prompt: &str, depth: u64) -> HttpResponse {
         self.talk_body(&serde_json::json!({
             "fromInstance": from, "prompt": prompt, "depth": depth, "protocolVersion": 1,
