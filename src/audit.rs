@@ -6,7 +6,7 @@
 //! never interleave. The file is rotated to `audit.log.jsonl.1` once it passes
 //! [`MAX_AUDIT_BYTES`], so a flood of refused requests cannot fill the disk.
 
-use crate::state;
+use crate::{files, time};
 use serde_json::Value;
 use std::fs::{File, OpenOptions};
 use std::io::{self, Write};
@@ -90,7 +90,7 @@ impl AuditLog {
             Some((cut, _)) => &r.detail[..cut],
             None => r.detail,
         };
-        let timestamp = state::now_iso8601();
+        let timestamp = time::now_iso8601();
         let line = Line {
             timestamp: &timestamp,
             kind: "talk",
@@ -122,7 +122,7 @@ impl AuditLog {
                 let file = OpenOptions::new()
                     .create(true)
                     .append(true)
-                    .mode(state::PRIVATE_FILE_MODE)
+                    .mode(files::PRIVATE_FILE_MODE)
                     .open(&self.path)?;
                 self.size = file.metadata()?.len();
                 self.file.insert(file)
@@ -175,7 +175,7 @@ pub fn parse_line(line: &str) -> Option<Value> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::state::test_support::TestDir;
+    use crate::files::test_support::TestDir;
 
     #[test]
     fn lines_have_the_contract_fields_and_no_prompt() {
@@ -226,7 +226,7 @@ mod tests {
         assert_eq!(lines[0]["metadata"]["errorCode"], "auth_failed");
         assert_eq!(lines[1]["metadata"]["promptChars"], 5);
         assert_eq!(
-            crate::state::mode_is_wider(log.path(), 0o600).unwrap(),
+            crate::files::mode_is_wider(log.path(), 0o600).unwrap(),
             None
         );
     }

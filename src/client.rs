@@ -28,9 +28,8 @@
 //! }
 //! ```
 
-pub mod transport;
-
 use crate::config::BusConfig;
+use crate::http::client::{self as transport, Connection, HttpError};
 use crate::protocol::{
     self, encode_talk_request, Envelope, ErrorCode, Failure, TalkRequest, MAX_BODY_BYTES,
 };
@@ -38,7 +37,6 @@ use crate::registry::{self, ProbeError, PROBE_TIMEOUT};
 use std::fmt;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
-use transport::{Connection, HttpError};
 
 /// How long `loopbus talk` waits for an answer unless told otherwise (contract
 /// section 5).
@@ -411,8 +409,8 @@ fn interpret(target: &str, response: transport::Response) -> Result<Reply, Deleg
 
 #[cfg(test)]
 mod tests {
-    use super::transport::{parse_head, ResponseHead};
     use super::*;
+    use crate::http::client::{parse_head, ResponseHead};
 
     #[test]
     fn response_head_table() {

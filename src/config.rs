@@ -979,7 +979,7 @@ mod tests {
 
     #[test]
     fn load_names_the_file() {
-        let dir = crate::state::test_support::TestDir::new("config");
+        let dir = crate::files::test_support::TestDir::new("config");
         let path = dir.path().join(CONFIG_FILE);
 
         let err = load(&path).unwrap_err();

@@ -33,12 +33,13 @@ pub mod client;
 pub mod commands;
 pub mod config;
 pub mod engine;
+pub mod files;
 pub mod http;
 pub mod protocol;
 pub mod registry;
 pub mod secret;
 pub mod server;
-pub mod state;
+pub mod time;
 pub mod turns;
 pub mod usage;
 

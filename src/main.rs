@@ -77,7 +77,7 @@ fn init_logging() {
             writeln!(
                 out,
                 "{} {:5} {}",
-                loopbus::state::now_iso8601(),
+                loopbus::time::now_iso8601(),
                 record.level(),
                 record.args()
             )

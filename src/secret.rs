@@ -1,6 +1,11 @@
 //! The bus secret: a bearer token that never shows up in logs or `Debug` output.
 
 use std::fmt;
+use std::fs::File;
+use std::io::{self, Read};
+
+/// Bytes of OS randomness in a generated secret (written as twice as many hex digits).
+pub const SECRET_BYTES: usize = 32;
 
 /// A bus secret. `Debug` and `Display` print `[redacted]`; the only ways to see the
 /// value are [`Secret::expose`] (for writing the registry or an `Authorization`
@@ -18,6 +23,17 @@ impl Secret {
         } else {
             Some(Secret(value))
         }
+    }
+
+    /// A fresh random secret: [`SECRET_BYTES`] bytes from the OS, as lowercase hex.
+    ///
+    /// # Errors
+    ///
+    /// The OS's randomness could not be read.
+    pub fn generate() -> io::Result<Secret> {
+        let hex = random_hex(SECRET_BYTES)?;
+        // `random_hex` of a non-zero count is never empty.
+        Ok(Secret(hex))
     }
 
     /// The raw value, for the registry file and the client's `Authorization` header.
@@ -60,6 +76,24 @@ impl fmt::Display for Secret {
     }
 }
 
+/// `bytes` random bytes from the OS (`/dev/urandom`), as lowercase hex (`2 * bytes`
+/// characters).
+///
+/// # Errors
+///
+/// Any I/O error opening or reading `/dev/urandom`.
+pub(crate) fn random_hex(bytes: usize) -> io::Result<String> {
+    let mut buf = vec![0u8; bytes];
+    File::open("/dev/urandom")?.read_exact(&mut buf)?;
+    const DIGITS: &[u8; 16] = b"0123456789abcdef";
+    let mut hex = String::with_capacity(bytes * 2);
+    for byte in buf {
+        hex.push(char::from(DIGITS[usize::from(byte >> 4)]));
+        hex.push(char::from(DIGITS[usize::from(byte & 0x0f)]));
+    }
+    Ok(hex)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -99,5 +133,26 @@ mod tests {
                 String::from_utf8_lossy(header)
             );
         }
+    }
+
+    #[test]
+    fn random_hex_is_lowercase_hex_of_the_right_length() {
+        for len in [0, 1, 16, 32] {
+            let hex = random_hex(len).unwrap();
+            assert_eq!(hex.len(), len * 2);
+            assert!(
+                hex.bytes().all(|c| matches!(c, b'0'..=b'9' | b'a'..=b'f')),
+                "{hex}"
+            );
+        }
+        assert_ne!(random_hex(32).unwrap(), random_hex(32).unwrap());
+    }
+
+    #[test]
+    fn generated_secrets_are_fresh_hex() {
+        let a = Secret::generate().unwrap();
+        let b = Secret::generate().unwrap();
+        assert_eq!(a.expose().len(), 2 * SECRET_BYTES);
+        assert_ne!(a, b);
     }
 }

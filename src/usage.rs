@@ -7,7 +7,7 @@
 //! refused until an operator repairs or removes the file: the budget never resets
 //! silently.
 
-use crate::state;
+use crate::{files, time};
 use serde_json::{json, Value};
 use std::fmt;
 use std::io;
@@ -107,7 +107,7 @@ impl Usage {
             self.total_cost_usd += turn.cost_usd;
         }
         self.request_count = self.request_count.saturating_add(1);
-        self.last_updated_at = Some(state::now_iso8601());
+        self.last_updated_at = Some(time::now_iso8601());
     }
 }
 
@@ -163,7 +163,7 @@ impl UsageStore {
     /// # Errors
     /// The file is corrupt with no good copy, or can't be read.
     pub fn current(&self) -> Result<Usage, UsageError> {
-        state::with_lock(&self.path, || Ok(self.load())).map_err(UsageError::Io)?
+        files::with_lock(&self.path, || Ok(self.load())).map_err(UsageError::Io)?
     }
 
     /// Adds one turn's usage and writes the new totals.
@@ -171,15 +171,15 @@ impl UsageStore {
     /// # Errors
     /// The file is corrupt with no good copy, or can't be read or written.
     pub fn record(&self, turn: &TurnUsage) -> Result<Usage, UsageError> {
-        state::with_lock(&self.path, || {
+        files::with_lock(&self.path, || {
             let mut usage = match self.load() {
                 Ok(usage) => usage,
                 Err(e) => return Ok(Err(e)),
             };
             usage.add(turn);
             let bytes = usage.to_json();
-            state::write_atomic(&self.path, &bytes, state::PRIVATE_FILE_MODE)?;
-            state::write_atomic(&self.backup, &bytes, state::PRIVATE_FILE_MODE)?;
+            files::write_atomic(&self.path, &bytes, files::PRIVATE_FILE_MODE)?;
+            files::write_atomic(&self.backup, &bytes, files::PRIVATE_FILE_MODE)?;
             *self.cache() = Some(usage.clone());
             Ok(Ok(usage))
         })
@@ -220,7 +220,7 @@ impl UsageStore {
             .path
             .with_file_name(format!("{USAGE_FILE}.corrupt-{millis}"));
         std::fs::rename(&self.path, &aside).map_err(UsageError::Io)?;
-        state::write_atomic(&self.path, &good.to_json(), state::PRIVATE_FILE_MODE)
+        files::write_atomic(&self.path, &good.to_json(), files::PRIVATE_FILE_MODE)
             .map_err(UsageError::Io)?;
         log::error!(
             "{} was corrupt: moved to {} and restored from the last good copy (${:.4} used)",
@@ -248,7 +248,7 @@ impl UsageStore {
         let Some(good) = self.last_good() else {
             return Ok(Usage::default());
         };
-        state::write_atomic(&self.path, &good.to_json(), state::PRIVATE_FILE_MODE)
+        files::write_atomic(&self.path, &good.to_json(), files::PRIVATE_FILE_MODE)
             .map_err(UsageError::Io)?;
         log::error!(
             "{} was missing: restored from the last good copy (${:.4} used); to reset usage, stop the instance and remove it and {}",
@@ -262,7 +262,7 @@ impl UsageStore {
 
 /// Reads a small regular file; `None` if it does not exist.
 fn read_small(path: &Path) -> io::Result<Option<Vec<u8>>> {
-    match state::read_regular_file(path, MAX_USAGE_BYTES) {
+    match files::read_regular_file(path, MAX_USAGE_BYTES) {
         Ok(bytes) => Ok(Some(bytes)),
         Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
         // Too large, or not a file: not ours, so corrupt content.
@@ -274,7 +274,7 @@ fn read_small(path: &Path) -> io::Result<Option<Vec<u8>>> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::state::test_support::TestDir;
+    use crate::files::test_support::TestDir;
 
     fn turn(cost: f64) -> TurnUsage {
         TurnUsage {
@@ -325,7 +325,7 @@ mod tests {
             assert!(v.get(field).is_some(), "{field}");
         }
         assert_eq!(
-            crate::state::mode_is_wider(&dir.path().join(USAGE_FILE), 0o600).unwrap(),
+            crate::files::mode_is_wider(&dir.path().join(USAGE_FILE), 0o600).unwrap(),
             None
         );
     }

@@ -2,7 +2,7 @@
 //! health answers. Never panics; an accepted envelope round-trips.
 #![no_main]
 use libfuzzer_sys::fuzz_target;
-use loopbus::client::transport::parse_head;
+use loopbus::http::client::parse_head;
 use loopbus::protocol::{parse_health, parse_response};
 
 fuzz_target!(|data: &[u8]| {

@@ -1,7 +1,7 @@
 //! `loopbus health TARGET`: is an instance alive?
 
 use crate::cli::{usage, Args, UsageError, EXIT_OK, EXIT_RETRYABLE};
-use crate::client::transport::Connection;
+use crate::http::client::Connection;
 use crate::registry::{self, HealthAnswer, ProbeError, PROBE_TIMEOUT};
 use std::time::Instant;
 

@@ -2,8 +2,8 @@
 
 use crate::cli::{usage, Args, UsageError, EXIT_OK};
 use crate::config::{self, CONFIG_FILE};
+use crate::files;
 use crate::secret::Secret;
-use crate::state;
 
 /// Help text.
 pub const HELP: &str = "\
@@ -44,17 +44,15 @@ pub fn run(args: &[String]) -> Result<i32, UsageError> {
     // The channel root holds the registry (secrets): create it private too, if missing.
     let root = super::channel_root(&dir);
     for path in [&root, &dir] {
-        state::create_dir_private(path)
+        files::create_dir_private(path)
             .map_err(|e| usage(format!("{}: cannot create: {e}", path.display())))?;
     }
-    let secret = state::random_hex(32)
-        .ok()
-        .and_then(Secret::new)
-        .ok_or_else(|| usage("cannot read random bytes from the OS"))?;
-    state::write_atomic(
+    let secret = Secret::generate()
+        .map_err(|e| usage(format!("cannot read random bytes from the OS: {e}")))?;
+    files::write_atomic(
         &path,
         config::default_config_json(&secret).as_bytes(),
-        state::PRIVATE_FILE_MODE,
+        files::PRIVATE_FILE_MODE,
     )
     .map_err(|e| usage(format!("{}: cannot write: {e}", path.display())))?;
     println!("wrote {} for instance {name}", path.display());

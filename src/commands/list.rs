@@ -2,7 +2,7 @@
 
 use crate::cli::{usage, Args, UsageError, EXIT_OK};
 use crate::registry::{self, Listed};
-use crate::state;
+use crate::time;
 use serde_json::{json, Value};
 use std::time::{Duration, SystemTime};
 
@@ -56,7 +56,7 @@ pub fn run(args: &[String]) -> Result<i32, UsageError> {
 
 /// How long ago the entry registered, if its timestamp is in the past.
 fn age(listed: &Listed, now: SystemTime) -> Option<Duration> {
-    let since = state::parse_iso8601(&listed.entry.updated_at)?;
+    let since = time::parse_iso8601(&listed.entry.updated_at)?;
     Some(now.duration_since(since).unwrap_or(Duration::ZERO))
 }
 

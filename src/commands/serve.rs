@@ -7,7 +7,7 @@ use crate::http::{self, EventLoop};
 use crate::secret::Secret;
 use crate::server::{self, Bus, ServerSettings};
 use crate::turns::TurnPool;
-use crate::{registry, state};
+use crate::{files, registry};
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::sync::Arc;
 
@@ -68,21 +68,21 @@ pub fn run(args: &[String]) -> Result<i32, UsageError> {
             strip_file_prefix(&e.to_string())
         ))
     })?;
-    if let Ok(Some(mode)) = state::mode_is_wider(&config_path, state::PRIVATE_FILE_MODE) {
+    if let Ok(Some(mode)) = files::mode_is_wider(&config_path, files::PRIVATE_FILE_MODE) {
         log::warn!(
             "{} has mode {mode:o}; it holds the bus secret, so 600 is advised",
             config_path.display()
         );
     }
 
-    if let Ok(Some(mode)) = state::mode_is_wider(&root, 0o755) {
+    if let Ok(Some(mode)) = files::mode_is_wider(&root, 0o755) {
         log::warn!(
             "{} has mode {mode:o}: others can write to the channel root that holds the registry",
             root.display()
         );
     }
     // Held until the process exits: no second `serve` for this state directory.
-    let _serving = state::hold_lock(&state_dir.join(SERVE_LOCK_FILE))
+    let _serving = files::hold_lock(&state_dir.join(SERVE_LOCK_FILE))
         .map_err(|e| usage(format!("{}: cannot lock: {e}", state_dir.display())))?
         .ok_or_else(|| {
             usage(format!(
@@ -111,10 +111,8 @@ pub fn run(args: &[String]) -> Result<i32, UsageError> {
 
     let secret = match &config.bus.secret {
         Some(secret) => secret.clone(),
-        None => state::random_hex(32)
-            .ok()
-            .and_then(Secret::new)
-            .ok_or_else(|| usage("cannot read random bytes from the OS"))?,
+        None => Secret::generate()
+            .map_err(|e| usage(format!("cannot read random bytes from the OS: {e}")))?,
     };
     let (interrupt, _guards) = signal_pipe()?;
     let mut event_loop = EventLoop::new(listener, Some(interrupt))

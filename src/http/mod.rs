@@ -11,6 +11,7 @@
 //! bounded by [`MAX_HEAD_BYTES`] plus the body length the service agreed to read, and
 //! the number of connections by [`MAX_CONNECTIONS`].
 
+pub mod client;
 mod message;
 
 use message::{parse_head, ParseOutcome};

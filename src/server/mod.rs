@@ -640,7 +640,7 @@ fn content_length(head: &Head) -> Result<u64, Refusal> {
 /// # Errors
 /// The file is missing or unreadable, not a regular file, or too large.
 pub fn read_bounded(path: &std::path::Path) -> std::io::Result<Vec<u8>> {
-    crate::state::read_regular_file(path, MAX_CONFIG_BYTES)
+    crate::files::read_regular_file(path, MAX_CONFIG_BYTES)
 }
 
 fn elapsed_ms(since: Instant) -> u64 {

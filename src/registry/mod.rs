@@ -6,7 +6,7 @@
 //!
 //! Reading is forgiving: a missing, torn or malformed file is an empty registry, and
 //! entries that fail validation are skipped (and dropped on the next write). Writing is
-//! a read-modify-write under [`state::with_lock`], written with [`state::write_atomic`],
+//! a read-modify-write under [`files::with_lock`], written with [`files::write_atomic`],
 //! so concurrent `serve` processes never lose each other's entries.
 //!
 //! An entry says where an instance *was* listening; only a liveness probe ([`probe`])
@@ -22,10 +22,10 @@ use std::time::{Duration, Instant};
 
 use serde_json::{Map, Value};
 
-use crate::client::transport::{Connection, HttpError, Response};
+use crate::http::client::{Connection, HttpError, Response};
 use crate::protocol::{self, Health, ResponseError};
 use crate::secret::Secret;
-use crate::state;
+use crate::{files, time};
 
 /// The registry's file name inside the channel root.
 pub const REGISTRY_FILE: &str = ".bus-registry.json";
@@ -86,7 +86,7 @@ pub fn registry_path(root: &Path) -> PathBuf {
 /// The file exists but can't be read.
 pub fn read(root: &Path) -> io::Result<BTreeMap<String, Entry>> {
     let path = registry_path(root);
-    let bytes = match state::read_regular_file(&path, MAX_REGISTRY_BYTES) {
+    let bytes = match files::read_regular_file(&path, MAX_REGISTRY_BYTES) {
         Ok(bytes) => bytes,
         Err(err) if err.kind() == io::ErrorKind::NotFound => return Ok(BTreeMap::new()),
         Err(err) if err.kind() == io::ErrorKind::InvalidData => {
@@ -124,9 +124,9 @@ pub fn register(root: &Path, name: &str, port: u16, pid: u32, secret: &Secret) -
             "registry entries need a valid instance name, a non-zero port and a non-zero pid",
         ));
     }
-    state::create_dir_private(root)?;
+    files::create_dir_private(root)?;
     let path = registry_path(root);
-    state::with_lock(&path, || insert_locked(root, name, port, pid, secret))
+    files::with_lock(&path, || insert_locked(root, name, port, pid, secret))
 }
 
 /// Inserts or replaces `name`'s entry; the caller holds the registry lock.
@@ -140,7 +140,7 @@ fn insert_locked(root: &Path, name: &str, port: u16, pid: u32, secret: &Secret) 
             port,
             pid,
             secret: secret.clone(),
-            updated_at: state::now_iso8601(),
+            updated_at: time::now_iso8601(),
         },
     );
     write(&path, &entries)
@@ -172,7 +172,7 @@ pub fn ensure_registered(
             "registry entries need a valid instance name, a non-zero port and a non-zero pid",
         ));
     }
-    let written = state::try_with_lock(&registry_path(root), || {
+    let written = files::try_with_lock(&registry_path(root), || {
         if read(root)?.contains_key(name) {
             return Ok(false);
         }
@@ -186,7 +186,7 @@ pub fn ensure_registered(
 /// atomically) is renamed to `.bus-registry.json.corrupt-<millis>` before it is
 /// rewritten, so nothing is destroyed without a trace. The caller holds the lock.
 fn set_aside_if_torn(path: &Path) {
-    match state::read_regular_file(path, MAX_REGISTRY_BYTES) {
+    match files::read_regular_file(path, MAX_REGISTRY_BYTES) {
         Ok(bytes) if parse(&bytes).is_ok() => return,
         Ok(_) => {}
         Err(e) if e.kind() == io::ErrorKind::InvalidData => {}
@@ -223,7 +223,7 @@ pub fn deregister(root: &Path, name: &str, pid: u32) -> io::Result<bool> {
         return Ok(false);
     }
     let path = registry_path(root);
-    state::with_lock(&path, || {
+    files::with_lock(&path, || {
         let mut entries = read(root)?;
         if entries.get(name).is_none_or(|entry| entry.pid != pid) {
             return Ok(false);
@@ -476,7 +476,7 @@ pub fn prune(root: &Path) -> io::Result<Vec<String>> {
         return Ok(Vec::new());
     }
     let path = registry_path(root);
-    state::with_lock(&path, || {
+    files::with_lock(&path, || {
         let mut current = read(root)?;
         let mut removed = Vec::new();
         for listed in stale {
@@ -523,7 +523,7 @@ fn write(path: &Path, entries: &BTreeMap<String, Entry>) -> io::Result<()> {
     let mut bytes =
         serde_json::to_vec_pretty(&Value::Object(document)).map_err(io::Error::other)?;
     bytes.push(b'\n');
-    state::write_atomic(path, &bytes, state::PRIVATE_FILE_MODE)
+    files::write_atomic(path, &bytes, files::PRIVATE_FILE_MODE)
 }
 
 /// What a registry file holds.
@@ -578,7 +578,7 @@ fn parse_entry(value: &Value) -> Result<Entry, &'static str> {
     let updated_at = value
         .get("updatedAt")
         .and_then(Value::as_str)
-        .filter(|s| state::parse_iso8601(s).is_some())
+        .filter(|s| time::parse_iso8601(s).is_some())
         .ok_or("updatedAt must be an ISO-8601 time")?;
     Ok(Entry {
         port,
@@ -603,7 +603,7 @@ fn integer(value: &Value) -> Option<u64> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::state::test_support::TestDir;
+    use crate::files::test_support::TestDir;
     use std::os::unix::fs::PermissionsExt;
     use std::sync::Arc;
     use std::thread;
@@ -656,7 +656,7 @@ mod tests {
         let alpha = &entries["alpha"];
         assert_eq!((alpha.port, alpha.pid), (4101, 12));
         assert_eq!(alpha.secret.expose(), "s-alpha2");
-        assert!(state::parse_iso8601(&alpha.updated_at).is_some());
+        assert!(time::parse_iso8601(&alpha.updated_at).is_some());
         assert_eq!(entries["beta"].port, 4200);
 
         assert_eq!(mode_of(&root), 0o700);
