@@ -1,5 +1,5 @@
 //! Command-line parsing shared by every command: a small hand-written parser (no
-//! dependency) and the documented exit codes.
+//! dependency), the documented exit codes, and the errors a command ends with.
 
 use std::collections::HashMap;
 use std::fmt;
@@ -13,7 +13,7 @@ pub const EXIT_USAGE: i32 = 2;
 /// A failure that is retryable (sysexits' EX_TEMPFAIL).
 pub const EXIT_RETRYABLE: i32 = 75;
 
-/// A bad command line, or a local problem that stops a command before it starts.
+/// A bad command line: an unknown option, a missing or malformed argument.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct UsageError(pub String);
 
@@ -28,6 +28,50 @@ impl std::error::Error for UsageError {}
 /// Shorthand for building a [`UsageError`].
 pub fn usage(message: impl Into<String>) -> UsageError {
     UsageError(message.into())
+}
+
+/// Why a command stopped without doing its work. `main` maps each variant to an exit
+/// status in one `match`.
+#[derive(Debug)]
+#[non_exhaustive]
+pub enum CommandError {
+    /// A bad command line (exit 2).
+    Usage(UsageError),
+    /// A local configuration or state problem found before the command could act: no
+    /// state directory, an unreadable or invalid config.json, an unreadable registry,
+    /// a file that can't be written (exit 2).
+    Local(String),
+    /// An instance could not start, or failed while serving.
+    Serve(crate::server::ServeError),
+}
+
+impl fmt::Display for CommandError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            CommandError::Usage(e) => e.fmt(f),
+            CommandError::Local(message) => f.write_str(message),
+            CommandError::Serve(e) => e.fmt(f),
+        }
+    }
+}
+
+impl std::error::Error for CommandError {}
+
+impl From<UsageError> for CommandError {
+    fn from(e: UsageError) -> CommandError {
+        CommandError::Usage(e)
+    }
+}
+
+impl From<crate::server::ServeError> for CommandError {
+    fn from(e: crate::server::ServeError) -> CommandError {
+        CommandError::Serve(e)
+    }
+}
+
+/// Shorthand for building a [`CommandError::Local`].
+pub fn local(message: impl Into<String>) -> CommandError {
+    CommandError::Local(message.into())
 }
 
 /// A command's parsed arguments.

@@ -4,11 +4,15 @@
 //! to each other over loopback HTTP: `POST /api/talk` with a v1 envelope, and
 //! `GET /api/health`. See the README for the protocol, limits and security model.
 //!
-//! The embedder's API is re-exported at the crate root: the protocol's types
-//! ([`TalkRequest`], [`Envelope`], [`ErrorCode`]), one delegation as a library call
-//! ([`delegate`]), and the configuration and registry types it needs. The modules
-//! stay public for embedders who build their own server on [`http::EventLoop`];
-//! `cli` and `commands` exist for the `loopbus` binary and are hidden from the docs.
+//! This crate root is the whole public API:
+//! - start an instance in-process: [`Instance`], [`InstanceOptions`], [`ServeError`],
+//!   [`ShutdownHandle`], [`EngineOverride`];
+//! - delegate one prompt to a registered instance: [`delegate`], [`DelegateOptions`],
+//!   [`Reply`], [`DelegateError`];
+//! - the configuration an instance and a caller read: [`Config`], [`BusConfig`],
+//!   [`Peers`], [`EngineConfig`], [`load_config`], [`parse_config`], [`ConfigError`];
+//! - the wire protocol's types: [`TalkRequest`], [`Envelope`], [`Failure`],
+//!   [`ErrorCode`], their parsers and errors.
 //!
 //! ```
 //! use loopbus::{parse_talk_request, Envelope, ErrorCode, Failure};
@@ -25,28 +29,46 @@
 #![forbid(unsafe_code)]
 #![deny(missing_docs)]
 
-pub mod audit;
-#[doc(hidden)]
-pub mod cli;
-pub mod client;
-#[doc(hidden)]
-pub mod commands;
-pub mod config;
-pub mod engine;
-pub mod files;
-pub mod http;
-pub mod protocol;
-pub mod registry;
-pub mod secret;
-pub mod server;
-pub mod time;
-pub mod turns;
-pub mod usage;
+mod audit;
+mod cli;
+mod client;
+mod commands;
+mod config;
+mod engine;
+mod files;
+mod http;
+mod protocol;
+mod registry;
+mod secret;
+mod server;
+mod time;
+mod turns;
+mod usage;
 
-pub use client::{delegate, DelegateError, DelegateOptions, Reply};
-pub use config::{BusConfig, Config, Peers};
+pub use client::{delegate, DelegateError, DelegateOptions, Reply, DEFAULT_TIMEOUT};
+pub use config::{
+    load as load_config, parse as parse_config, BusConfig, Config, ConfigError, EngineConfig,
+    OutputMode, Peers, PromptMode,
+};
 pub use protocol::{
-    parse_response, parse_talk_request, Envelope, ErrorCode, Failure, TalkRequest, CAPABILITIES,
-    MAX_BODY_BYTES, PROTOCOL_VERSION,
+    encode_talk_request, parse_response, parse_talk_request, Envelope, ErrorCode, Failure,
+    RequestError, ResponseError, TalkRequest, CAPABILITIES, MAX_BODY_BYTES, PROTOCOL_VERSION,
 };
 pub use secret::Secret;
+pub use server::{EngineOverride, Instance, InstanceOptions, ServeError, ShutdownHandle};
+
+/// The `loopbus` binary's entry; not part of the API.
+#[doc(hidden)]
+pub mod __cli {
+    pub use crate::cli::{CommandError, EXIT_FAILURE, EXIT_USAGE};
+    pub use crate::commands::entry::run;
+}
+
+/// The parsers the fuzz targets and the benchmark drive; not part of the API.
+#[doc(hidden)]
+pub mod __internals {
+    pub use crate::http::client::parse_head as parse_response_head;
+    pub use crate::http::{parse_request_head, MAX_HEADERS, MAX_HEAD_BYTES};
+    pub use crate::protocol::parse_health;
+    pub use crate::time::now_iso8601;
+}

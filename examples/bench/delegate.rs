@@ -153,7 +153,7 @@ pub fn library_call(caller_dir: &Path, target: &str, samples: usize) -> Delegati
 /// The options `loopbus talk` would build for the instance at `caller_dir`.
 fn delegate_options(caller_dir: &Path, target: &str) -> Result<loopbus::DelegateOptions, String> {
     let config =
-        loopbus::config::load(&caller_dir.join("config.json")).map_err(|e| e.to_string())?;
+        loopbus::load_config(&caller_dir.join("config.json")).map_err(|e| e.to_string())?;
     let caller = caller_dir
         .file_name()
         .and_then(|n| n.to_str())
@@ -170,6 +170,6 @@ fn delegate_options(caller_dir: &Path, target: &str) -> Result<loopbus::Delegate
         target: target.to_owned(),
         prompt: PROMPT.to_owned(),
         depth: 0,
-        timeout: loopbus::client::DEFAULT_TIMEOUT,
+        timeout: loopbus::DEFAULT_TIMEOUT,
     })
 }

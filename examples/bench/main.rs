@@ -333,7 +333,7 @@ fn exchange(addr: SocketAddr, request: &str) -> Result<(usize, Value), String> {
 
 /// The talk request the load sends: the library's own encoding of a depth-1 request.
 fn talk(addr: SocketAddr, close: bool) -> String {
-    let body = loopbus::protocol::encode_talk_request(&loopbus::protocol::TalkRequest {
+    let body = loopbus::encode_talk_request(&loopbus::TalkRequest {
         from_instance: CALLER.to_owned(),
         prompt: delegate::PROMPT.to_owned(),
         depth: 1,

@@ -2,7 +2,7 @@
 //! it accepts again, unchanged.
 #![no_main]
 use libfuzzer_sys::fuzz_target;
-use loopbus::protocol::{encode_talk_request, parse_talk_request};
+use loopbus::{encode_talk_request, parse_talk_request};
 
 fuzz_target!(|data: &[u8]| {
     if let Ok(request) = parse_talk_request(data) {

@@ -2,7 +2,7 @@
 //! within the limits.
 #![no_main]
 use libfuzzer_sys::fuzz_target;
-use loopbus::http::{parse_request_head, MAX_HEADERS, MAX_HEAD_BYTES};
+use loopbus::__internals::{parse_request_head, MAX_HEADERS, MAX_HEAD_BYTES};
 
 fuzz_target!(|data: &[u8]| {
     if let Ok(Some((head, consumed))) = parse_request_head(data) {

@@ -2,8 +2,9 @@
 //! health answers. Never panics; an accepted envelope round-trips.
 #![no_main]
 use libfuzzer_sys::fuzz_target;
-use loopbus::http::client::parse_head;
-use loopbus::protocol::{parse_health, parse_response};
+use loopbus::__internals::parse_response_head as parse_head;
+use loopbus::__internals::parse_health;
+use loopbus::parse_response;
 
 fuzz_target!(|data: &[u8]| {
     let _ = parse_head(data);

@@ -1,5 +1,6 @@
 //! One function per `loopbus` command. Each returns the process's exit status.
 
+pub mod entry;
 pub mod health;
 pub mod init;
 pub mod list;

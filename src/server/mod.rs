@@ -10,14 +10,19 @@ use crate::audit::{self, AuditLog};
 use crate::config::{self, Config};
 use crate::engine::{Engine, RunningEngines, Turn, TurnResult};
 use crate::http::{ConnId, Control, Head, HeadAction, HttpError, Response, Service};
-use crate::protocol::{self, Envelope, ErrorCode, Failure, MAX_BODY_BYTES};
+use crate::protocol::{self, Envelope, ErrorCode, Failure};
 use crate::registry;
 use crate::secret::Secret;
 use crate::turns::{Busy, Done, Outcome, TurnPool};
 
+mod checks;
+mod error;
+mod instance;
 mod refusal;
+pub use error::ServeError;
+pub use instance::{EngineOverride, Instance, InstanceOptions, ShutdownHandle};
+
 pub use refusal::Refusal;
-use serde_json::Value;
 use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -41,13 +46,6 @@ const KILL_GRACE: Duration = Duration::from_secs(3);
 /// The only paths served.
 const TALK_PATH: &str = "/api/talk";
 const HEALTH_PATH: &str = "/api/health";
-
-/// Content types a browser can send cross-origin without a preflight.
-const BROWSER_FORM_TYPES: [&str; 3] = [
-    "text/plain",
-    "application/x-www-form-urlencoded",
-    "multipart/form-data",
-];
 
 /// The `/api/health` answer.
 #[derive(serde::Serialize)]
@@ -88,6 +86,8 @@ pub struct ServerSettings {
     pub config: Config,
     /// The raw bytes it was loaded from (to notice edits).
     pub config_bytes: Vec<u8>,
+    /// The engine that replaces config.json's, at startup and at every reload.
+    pub engine_override: Option<EngineOverride>,
     /// The secret in force for the process's lifetime.
     pub secret: Secret,
     /// The bound port.
@@ -107,6 +107,7 @@ pub struct Bus {
     config: Arc<Config>,
     config_path: PathBuf,
     config_bytes: Vec<u8>,
+    engine_override: Option<EngineOverride>,
     pool: TurnPool<Turn, TurnResult>,
     pending: HashMap<ConnId, Pending>,
     stopping_since: Option<Instant>,
@@ -139,14 +140,11 @@ impl Bus {
             config: Arc::new(settings.config),
             config_path: settings.config_path,
             config_bytes: settings.config_bytes,
+            engine_override: settings.engine_override,
             pool,
             pending: HashMap::new(),
             stopping_since: None,
-            allowed_hosts: [
-                format!("127.0.0.1:{port}"),
-                format!("localhost:{port}"),
-                format!("[::1]:{port}"),
-            ],
+            allowed_hosts: checks::allowed_hosts(port),
         }
     }
 
@@ -238,57 +236,6 @@ impl Bus {
         });
     }
 
-    /// Check 1, on every request: the request must come from a loopback client that is
-    /// not a browser page.
-    fn check_origin(&self, head: &Head) -> Result<(), Refusal> {
-        let mut hosts = head.header_values("host");
-        let host_ok = match (hosts.next(), hosts.next()) {
-            (Some(host), None) => self.allowed_hosts.iter().any(|h| h.as_bytes() == host),
-            _ => false,
-        };
-        if !host_ok {
-            return Err(Refusal::BadHost);
-        }
-        if head.has_header("origin") || head.has_header("referer") {
-            return Err(Refusal::BrowserOrigin);
-        }
-        Ok(())
-    }
-
-    /// Checks 2-6 on a talk head; on success, the body length to read.
-    fn check_talk_head(&self, head: &Head) -> Result<usize, Refusal> {
-        for value in head.header_values("content-type") {
-            let media = value
-                .split(|b| *b == b';')
-                .next()
-                .unwrap_or(&[])
-                .trim_ascii();
-            if BROWSER_FORM_TYPES
-                .iter()
-                .any(|t| t.as_bytes().eq_ignore_ascii_case(media))
-            {
-                return Err(Refusal::BrowserContentType);
-            }
-        }
-        let length = content_length(head)?;
-        if length > MAX_BODY_BYTES {
-            return Err(Refusal::TooLarge);
-        }
-        if !self.config.bus.enabled {
-            return Err(Refusal::BusDisabled);
-        }
-        let mut auth = head.header_values("authorization");
-        let authorized = match (auth.next(), auth.next()) {
-            (Some(value), None) => self.secret.matches_bearer(value),
-            _ => false,
-        };
-        if !authorized {
-            return Err(Refusal::Unauthorized);
-        }
-        // `length` is at most MAX_BODY_BYTES, which fits in usize.
-        Ok(usize::try_from(length).unwrap_or(usize::MAX))
-    }
-
     fn health(&self) -> Response {
         let load = self.pool.load();
         let status = if self.stopping_since.is_some() {
@@ -376,7 +323,10 @@ impl Bus {
         }
         self.config_bytes = bytes;
         match config::parse(&self.config_bytes) {
-            Ok(new) => {
+            Ok(mut new) => {
+                if let Some(engine) = &self.engine_override {
+                    engine.apply(&mut new);
+                }
                 if new.bus.port != self.config.bus.port || new.bus.secret != self.config.bus.secret
                 {
                     log::warn!(
@@ -433,7 +383,7 @@ impl Service for Bus {
         let received_at = head.received_at;
         let path = head.path();
         let is_talk = path == TALK_PATH;
-        if let Err(refusal) = self.check_origin(head) {
+        if let Err(refusal) = checks::check_origin(head, &self.allowed_hosts) {
             let response = if is_talk {
                 self.refuse_talk(&refusal, received_at, &TalkMeta::default())
             } else {
@@ -446,14 +396,16 @@ impl Service for Bus {
             (HEALTH_PATH, _) => HeadAction::Respond(
                 self.refusal_response(&Refusal::MethodNotAllowed("GET"), received_at),
             ),
-            (TALK_PATH, "POST") => match self.check_talk_head(head) {
-                Ok(length) => HeadAction::ReadBody(length),
-                Err(refusal) => HeadAction::Respond(self.refuse_talk(
-                    &refusal,
-                    received_at,
-                    &TalkMeta::default(),
-                )),
-            },
+            (TALK_PATH, "POST") => {
+                match checks::check_talk_head(head, self.config.bus.enabled, &self.secret) {
+                    Ok(length) => HeadAction::ReadBody(length),
+                    Err(refusal) => HeadAction::Respond(self.refuse_talk(
+                        &refusal,
+                        received_at,
+                        &TalkMeta::default(),
+                    )),
+                }
+            }
             (TALK_PATH, _) => HeadAction::Respond(self.refuse_talk(
                 &Refusal::MethodNotAllowed("POST"),
                 received_at,
@@ -612,28 +564,6 @@ fn audit_detail(failure: &Failure) -> &str {
     }
 }
 
-/// Check 3: the body length from `Content-Length`, refusing every other framing.
-fn content_length(head: &Head) -> Result<u64, Refusal> {
-    if head.has_header("transfer-encoding") {
-        return Err(Refusal::TransferEncoding);
-    }
-    let mut length: Option<u64> = None;
-    for value in head.header_values("content-length") {
-        if value.is_empty() || !value.iter().all(u8::is_ascii_digit) {
-            return Err(Refusal::LengthInvalid);
-        }
-        // Saturate: an absurd length is still a length, and is refused as too large.
-        let parsed = value.iter().fold(0u64, |n, d| {
-            n.saturating_mul(10).saturating_add(u64::from(d - b'0'))
-        });
-        match length {
-            Some(previous) if previous != parsed => return Err(Refusal::LengthConflict),
-            _ => length = Some(parsed),
-        }
-    }
-    length.ok_or(Refusal::LengthMissing)
-}
-
 /// Reads config.json (a regular file of at most [`MAX_CONFIG_BYTES`]) without ever
 /// blocking on a FIFO or device put in its place.
 ///
@@ -645,69 +575,4 @@ pub fn read_bounded(path: &std::path::Path) -> std::io::Result<Vec<u8>> {
 
 fn elapsed_ms(since: Instant) -> u64 {
     u64::try_from(since.elapsed().as_millis()).unwrap_or(u64::MAX)
-}
-
-/// A health body for tests and tools: the fields every health answer has.
-pub fn health_fields(body: &Value) -> Option<(&str, &str, &str)> {
-    Some((
-        body.get("kind")?.as_str()?,
-        body.get("instance")?.as_str()?,
-        body.get("status")?.as_str()?,
-    ))
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn head(headers: &[(&str, &str)]) -> Head {
-        Head {
-            method: "POST".into(),
-            target: "/api/talk".into(),
-            minor_version: 1,
-            headers: headers
-                .iter()
-                .map(|(n, v)| ((*n).to_owned(), v.as_bytes().to_vec()))
-                .collect(),
-            received_at: Instant::now(),
-        }
-    }
-
-    #[test]
-    fn content_length_table() {
-        type Row<'a> = (&'a [(&'a str, &'a str)], Result<u64, Refusal>);
-        let cases: &[Row] = &[
-            (&[("Content-Length", "10")], Ok(10)),
-            (&[("Content-Length", "0")], Ok(0)),
-            (&[("Content-Length", "007")], Ok(7)),
-            (&[("Content-Length", "5"), ("content-length", "5")], Ok(5)),
-            (&[("Content-Length", "5"), ("content-length", "005")], Ok(5)),
-            (
-                &[("Content-Length", "99999999999999999999999")],
-                Ok(u64::MAX),
-            ),
-            (&[], Err(Refusal::LengthMissing)),
-            (&[("Content-Length", "")], Err(Refusal::LengthInvalid)),
-            (&[("Content-Length", "-1")], Err(Refusal::LengthInvalid)),
-            (&[("Content-Length", "+1")], Err(Refusal::LengthInvalid)),
-            (&[("Content-Length", "1 ")], Err(Refusal::LengthInvalid)),
-            (&[("Content-Length", "1,1")], Err(Refusal::LengthInvalid)),
-            (&[("Content-Length", "0x10")], Err(Refusal::LengthInvalid)),
-            (
-                &[("Content-Length", "5"), ("Content-Length", "6")],
-                Err(Refusal::LengthConflict),
-            ),
-            (
-                &[("Transfer-Encoding", "chunked")],
-                Err(Refusal::TransferEncoding),
-            ),
-            (
-                &[("Transfer-Encoding", "identity"), ("Content-Length", "5")],
-                Err(Refusal::TransferEncoding),
-            ),
-        ];
-        for (headers, want) in cases {
-            assert_eq!(&content_length(&head(headers)), want, "{headers:?}");
-        }
-    }
 }

@@ -1,0 +1,256 @@
+//! Checks 1-6 of the contract's table (section 3), decided from a request head alone:
+//! pure functions of the head and the settings they need, so that an unauthorized
+//! body is never read and every rule is tested with plain values.
+
+use super::Refusal;
+use crate::http::Head;
+use crate::protocol::MAX_BODY_BYTES;
+use crate::secret::Secret;
+
+/// Content types a browser can send cross-origin without a preflight.
+const BROWSER_FORM_TYPES: [&str; 3] = [
+    "text/plain",
+    "application/x-www-form-urlencoded",
+    "multipart/form-data",
+];
+
+/// The `Host` values this instance answers to: `127.0.0.1:PORT`, `localhost:PORT` and
+/// `[::1]:PORT`.
+pub(crate) fn allowed_hosts(port: u16) -> [String; 3] {
+    [
+        format!("127.0.0.1:{port}"),
+        format!("localhost:{port}"),
+        format!("[::1]:{port}"),
+    ]
+}
+
+/// Check 1, on every request: exactly one `Host`, one of `allowed`, and no `Origin` or
+/// `Referer` (the request does not come from a browser page).
+pub(crate) fn check_origin(head: &Head, allowed: &[String]) -> Result<(), Refusal> {
+    let mut hosts = head.header_values("host");
+    let host_ok = match (hosts.next(), hosts.next()) {
+        (Some(host), None) => allowed.iter().any(|h| h.as_bytes() == host),
+        _ => false,
+    };
+    if !host_ok {
+        return Err(Refusal::BadHost);
+    }
+    if head.has_header("origin") || head.has_header("referer") {
+        return Err(Refusal::BrowserOrigin);
+    }
+    Ok(())
+}
+
+/// Checks 2-6 on a talk head, in order: content type, framing, size, bus enabled,
+/// bearer secret. On success, the body length to read.
+pub(crate) fn check_talk_head(
+    head: &Head,
+    bus_enabled: bool,
+    secret: &Secret,
+) -> Result<usize, Refusal> {
+    for value in head.header_values("content-type") {
+        let media = value
+            .split(|b| *b == b';')
+            .next()
+            .unwrap_or(&[])
+            .trim_ascii();
+        if BROWSER_FORM_TYPES
+            .iter()
+            .any(|t| t.as_bytes().eq_ignore_ascii_case(media))
+        {
+            return Err(Refusal::BrowserContentType);
+        }
+    }
+    let length = content_length(head)?;
+    if length > MAX_BODY_BYTES {
+        return Err(Refusal::TooLarge);
+    }
+    if !bus_enabled {
+        return Err(Refusal::BusDisabled);
+    }
+    let mut auth = head.header_values("authorization");
+    let authorized = match (auth.next(), auth.next()) {
+        (Some(value), None) => secret.matches_bearer(value),
+        _ => false,
+    };
+    if !authorized {
+        return Err(Refusal::Unauthorized);
+    }
+    // `length` is at most MAX_BODY_BYTES, which fits in usize.
+    Ok(usize::try_from(length).unwrap_or(usize::MAX))
+}
+
+/// Check 3: the body length from `Content-Length`, refusing every other framing.
+pub(crate) fn content_length(head: &Head) -> Result<u64, Refusal> {
+    if head.has_header("transfer-encoding") {
+        return Err(Refusal::TransferEncoding);
+    }
+    let mut length: Option<u64> = None;
+    for value in head.header_values("content-length") {
+        if value.is_empty() || !value.iter().all(u8::is_ascii_digit) {
+            return Err(Refusal::LengthInvalid);
+        }
+        // Saturate: an absurd length is still a length, and is refused as too large.
+        let parsed = value.iter().fold(0u64, |n, d| {
+            n.saturating_mul(10).saturating_add(u64::from(d - b'0'))
+        });
+        match length {
+            Some(previous) if previous != parsed => return Err(Refusal::LengthConflict),
+            _ => length = Some(parsed),
+        }
+    }
+    length.ok_or(Refusal::LengthMissing)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Instant;
+
+    fn head(headers: &[(&str, &str)]) -> Head {
+        Head {
+            method: "POST".into(),
+            target: "/api/talk".into(),
+            minor_version: 1,
+            headers: headers
+                .iter()
+                .map(|(n, v)| ((*n).to_owned(), v.as_bytes().to_vec()))
+                .collect(),
+            received_at: Instant::now(),
+        }
+    }
+
+    #[test]
+    fn content_length_table() {
+        type Row<'a> = (&'a [(&'a str, &'a str)], Result<u64, Refusal>);
+        let cases: &[Row] = &[
+            (&[("Content-Length", "10")], Ok(10)),
+            (&[("Content-Length", "0")], Ok(0)),
+            (&[("Content-Length", "007")], Ok(7)),
+            (&[("Content-Length", "5"), ("content-length", "5")], Ok(5)),
+            (&[("Content-Length", "5"), ("content-length", "005")], Ok(5)),
+            (
+                &[("Content-Length", "99999999999999999999999")],
+                Ok(u64::MAX),
+            ),
+            (&[], Err(Refusal::LengthMissing)),
+            (&[("Content-Length", "")], Err(Refusal::LengthInvalid)),
+            (&[("Content-Length", "-1")], Err(Refusal::LengthInvalid)),
+            (&[("Content-Length", "+1")], Err(Refusal::LengthInvalid)),
+            (&[("Content-Length", "1 ")], Err(Refusal::LengthInvalid)),
+            (&[("Content-Length", "1,1")], Err(Refusal::LengthInvalid)),
+            (&[("Content-Length", "0x10")], Err(Refusal::LengthInvalid)),
+            (
+                &[("Content-Length", "5"), ("Content-Length", "6")],
+                Err(Refusal::LengthConflict),
+            ),
+            (
+                &[("Transfer-Encoding", "chunked")],
+                Err(Refusal::TransferEncoding),
+            ),
+            (
+                &[("Transfer-Encoding", "identity"), ("Content-Length", "5")],
+                Err(Refusal::TransferEncoding),
+            ),
+        ];
+        for (headers, want) in cases {
+            assert_eq!(&content_length(&head(headers)), want, "{headers:?}");
+        }
+    }
+
+    #[test]
+    fn origin_table() {
+        let allowed = allowed_hosts(7701);
+        type Row<'a> = (&'a [(&'a str, &'a str)], Result<(), Refusal>);
+        let cases: &[Row] = &[
+            (&[("Host", "127.0.0.1:7701")], Ok(())),
+            (&[("Host", "localhost:7701")], Ok(())),
+            (&[("Host", "[::1]:7701")], Ok(())),
+            (&[], Err(Refusal::BadHost)),
+            (&[("Host", "127.0.0.1:7702")], Err(Refusal::BadHost)),
+            (&[("Host", "127.0.0.1")], Err(Refusal::BadHost)),
+            (&[("Host", "evil.example:7701")], Err(Refusal::BadHost)),
+            (
+                &[("Host", "127.0.0.1:7701"), ("Host", "127.0.0.1:7701")],
+                Err(Refusal::BadHost),
+            ),
+            (
+                &[("Host", "127.0.0.1:7701"), ("Origin", "null")],
+                Err(Refusal::BrowserOrigin),
+            ),
+            (
+                &[("Host", "127.0.0.1:7701"), ("Referer", "http://x/")],
+                Err(Refusal::BrowserOrigin),
+            ),
+        ];
+        for (headers, want) in cases {
+            assert_eq!(&check_origin(&head(headers), &allowed), want, "{headers:?}");
+        }
+    }
+
+    /// Checks 2-6 in the contract's order: each row breaks one rule and every rule
+    /// after it, and must be refused for the first.
+    #[test]
+    fn talk_head_checks_in_order() {
+        let secret = Secret::new("s3cret").unwrap();
+        let good: &[(&str, &str)] = &[
+            ("Content-Type", "application/json"),
+            ("Content-Length", "2"),
+            ("Authorization", "Bearer s3cret"),
+        ];
+        assert_eq!(check_talk_head(&head(good), true, &secret), Ok(2));
+        let too_long = (MAX_BODY_BYTES + 1).to_string();
+        type Row<'a> = (&'a [(&'a str, &'a str)], bool, Refusal);
+        let cases: &[Row] = &[
+            (
+                &[
+                    ("Content-Type", "text/plain; charset=utf-8"),
+                    ("Transfer-Encoding", "chunked"),
+                ],
+                false,
+                Refusal::BrowserContentType,
+            ),
+            (
+                &[
+                    ("Content-Type", "Multipart/Form-Data"),
+                    ("Content-Length", "2"),
+                ],
+                true,
+                Refusal::BrowserContentType,
+            ),
+            (
+                &[("Transfer-Encoding", "chunked")],
+                false,
+                Refusal::TransferEncoding,
+            ),
+            (
+                &[("Content-Length", too_long.as_str())],
+                false,
+                Refusal::TooLarge,
+            ),
+            (&[("Content-Length", "2")], false, Refusal::BusDisabled),
+            (&[("Content-Length", "2")], true, Refusal::Unauthorized),
+            (
+                &[("Content-Length", "2"), ("Authorization", "Bearer wrong")],
+                true,
+                Refusal::Unauthorized,
+            ),
+            (
+                &[
+                    ("Content-Length", "2"),
+                    ("Authorization", "Bearer s3cret"),
+                    ("Authorization", "Bearer s3cret"),
+                ],
+                true,
+                Refusal::Unauthorized,
+            ),
+        ];
+        for (headers, enabled, want) in cases {
+            assert_eq!(
+                check_talk_head(&head(headers), *enabled, &secret),
+                Err(want.clone()),
+                "{headers:?}"
+            );
+        }
+    }
+}

@@ -1,0 +1,151 @@
+//! [`ServeError`]: every way an instance can fail to start or stop serving, each with
+//! a message that names the file, address or name concerned, never a secret.
+
+use crate::config::{ConfigError, CONFIG_FILE};
+use std::fmt;
+use std::io;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+/// Why an instance could not start or stopped with a failure. Messages name the file,
+/// address or name concerned, never a secret.
+#[derive(Debug)]
+#[non_exhaustive]
+pub enum ServeError {
+    /// The instance name (given, or taken from the state directory) is not valid.
+    InvalidName(String),
+    /// config.json is missing or unreadable.
+    ConfigRead {
+        /// The state directory whose config.json it is.
+        state_dir: PathBuf,
+        /// The I/O error.
+        source: io::Error,
+    },
+    /// config.json is invalid.
+    Config {
+        /// The state directory whose config.json it is.
+        state_dir: PathBuf,
+        /// What is wrong with it.
+        error: ConfigError,
+    },
+    /// The state directory's serve lock could not be taken.
+    Lock {
+        /// The state directory.
+        state_dir: PathBuf,
+        /// The I/O error.
+        source: io::Error,
+    },
+    /// Another instance is already serving this state directory.
+    AlreadyServing(PathBuf),
+    /// An instance of this name is already running under the channel root.
+    NameTaken {
+        /// The name.
+        name: String,
+        /// The channel root.
+        root: PathBuf,
+        /// The running instance's pid.
+        pid: u32,
+        /// The running instance's port.
+        port: u16,
+    },
+    /// The listener could not be bound (in use, not a loopback address, ...).
+    Bind {
+        /// The address asked for.
+        addr: SocketAddr,
+        /// The I/O error.
+        source: io::Error,
+    },
+    /// The OS refused something the instance needs: randomness for the secret, the
+    /// event loop, signal handling, the turn workers.
+    Setup {
+        /// What was being set up.
+        what: &'static str,
+        /// The I/O error.
+        source: io::Error,
+    },
+    /// The instance could not register in the channel root's registry.
+    Register {
+        /// The registry file.
+        path: PathBuf,
+        /// The I/O error.
+        source: io::Error,
+    },
+    /// The event loop failed while serving.
+    Loop(io::Error),
+    /// The event loop panicked (a bug); the instance deregistered.
+    Panicked,
+}
+
+impl ServeError {
+    /// Whether the failure happened while serving, rather than while starting.
+    pub fn while_serving(&self) -> bool {
+        matches!(self, ServeError::Loop(_) | ServeError::Panicked)
+    }
+}
+
+impl fmt::Display for ServeError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            ServeError::InvalidName(why) => f.write_str(why),
+            ServeError::Config { state_dir, error } => {
+                let path = state_dir.join(CONFIG_FILE);
+                let message = error.to_string();
+                let message = message.strip_prefix("config.json: ").unwrap_or(&message);
+                write!(f, "{}: {message}", path.display())
+            }
+            ServeError::ConfigRead { state_dir, source } => {
+                let path = state_dir.join(CONFIG_FILE);
+                write!(f, "{}: cannot read: {source}", path.display())?;
+                if source.kind() == io::ErrorKind::NotFound {
+                    write!(
+                        f,
+                        " (create it with `loopbus init {}`)",
+                        state_dir.display()
+                    )?;
+                }
+                Ok(())
+            }
+            ServeError::Lock { state_dir, source } => {
+                write!(f, "{}: cannot lock: {source}", state_dir.display())
+            }
+            ServeError::AlreadyServing(dir) => write!(
+                f,
+                "another loopbus serve is already running for {}",
+                dir.display()
+            ),
+            ServeError::NameTaken {
+                name,
+                root,
+                pid,
+                port,
+            } => write!(
+                f,
+                "an instance named {name} is already running under {} (pid {pid}, port {port})",
+                root.display()
+            ),
+            ServeError::Bind { addr, source } => write!(f, "cannot listen on {addr}: {source}"),
+            ServeError::Setup { what, source } => write!(f, "cannot {what}: {source}"),
+            ServeError::Register { path, source } => {
+                write!(f, "cannot register in {}: {source}", path.display())
+            }
+            ServeError::Loop(e) => write!(f, "event loop failed: {e}"),
+            ServeError::Panicked => f.write_str("event loop panicked; deregistered"),
+        }
+    }
+}
+
+impl std::error::Error for ServeError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            ServeError::Config { error, .. } => Some(error),
+            ServeError::ConfigRead { source, .. }
+            | ServeError::Lock { source, .. }
+            | ServeError::Bind { source, .. }
+            | ServeError::Setup { source, .. }
+            | ServeError::Register { source, .. }
+            | ServeError::Loop(source) => Some(source),
+            _ => None,
+        }
+    }
+}
+

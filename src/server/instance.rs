@@ -1,0 +1,428 @@
+//! The composition root: one instance from start to stop. [`Instance::start`] reads the
+//! config, locks the state directory, claims the name, binds, and registers;
+//! [`Instance::run`] serves until a shutdown is asked for, then deregisters.
+
+use super::{Bus, ServeError, ServerSettings};
+use crate::config::{self, Config, EngineConfig, CONFIG_FILE};
+use crate::engine::Engine;
+use crate::files;
+use crate::http::{self, EventLoop};
+use crate::registry;
+use crate::secret::Secret;
+use crate::turns::TurnPool;
+use std::fmt;
+use std::fs::File;
+use std::io::{self, Write};
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::os::unix::net::UnixStream;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+/// Locked by the running instance of a state directory, for its whole lifetime.
+pub const SERVE_LOCK_FILE: &str = ".serve.lock";
+
+/// Widest mode of the channel root that is not warned about: others may read and
+/// enter it, but not write to it (the registry, which holds secrets, is 0600 itself).
+const ROOT_MODE_WARN_ABOVE: u32 = 0o755;
+
+/// Which engine an instance runs, in place of config.json's `engine` (which is then
+/// ignored, also at reloads).
+#[derive(Debug, Clone, PartialEq)]
+#[non_exhaustive]
+pub enum EngineOverride {
+    /// The built-in echo engine: the reply is the prompt, unchanged.
+    Echo,
+    /// This engine command.
+    Command(EngineConfig),
+}
+
+impl EngineOverride {
+    /// `config` with its `engine` replaced by this choice.
+    pub(crate) fn apply(&self, config: &mut Config) {
+        config.engine = match self {
+            EngineOverride::Echo => None,
+            EngineOverride::Command(engine) => Some(engine.clone()),
+        };
+    }
+}
+
+/// How to start an [`Instance`]. Only the state directory is required; the rest have
+/// the defaults of `loopbus serve`.
+///
+/// ```no_run
+/// use loopbus::{Instance, InstanceOptions};
+///
+/// let instance = Instance::start(InstanceOptions::new("/tmp/bus/worker").port(0))?;
+/// println!("{} listens on {}", instance.name(), instance.addr());
+/// let stop = instance.shutdown_handle();
+/// let serving = std::thread::spawn(move || instance.run());
+/// stop.shutdown();
+/// serving.join().expect("the instance thread")?;
+/// # Ok::<(), loopbus::ServeError>(())
+/// ```
+#[derive(Debug, Clone)]
+#[non_exhaustive]
+pub struct InstanceOptions {
+    state_dir: PathBuf,
+    name: Option<String>,
+    ip: IpAddr,
+    port: Option<u16>,
+    engine: Option<EngineOverride>,
+    handle_signals: bool,
+}
+
+impl InstanceOptions {
+    /// Options for the instance whose state directory is `state_dir` (which holds its
+    /// config.json; its parent is the channel root). The name defaults to the
+    /// directory's last component, the address to 127.0.0.1 and the port to
+    /// `bus.port`.
+    pub fn new(state_dir: impl Into<PathBuf>) -> InstanceOptions {
+        InstanceOptions {
+            state_dir: state_dir.into(),
+            name: None,
+            ip: IpAddr::V4(Ipv4Addr::LOCALHOST),
+            port: None,
+            engine: None,
+            handle_signals: false,
+        }
+    }
+
+    /// The instance's name, instead of the state directory's last component.
+    pub fn name(mut self, name: impl Into<String>) -> InstanceOptions {
+        self.name = Some(name.into());
+        self
+    }
+
+    /// The address to listen on: 127.0.0.1 (the default) or ::1.
+    pub fn bind(mut self, ip: IpAddr) -> InstanceOptions {
+        self.ip = ip;
+        self
+    }
+
+    /// The port to listen on, instead of `bus.port`; 0 lets the OS pick.
+    pub fn port(mut self, port: u16) -> InstanceOptions {
+        self.port = Some(port);
+        self
+    }
+
+    /// The engine to run, instead of config.json's `engine`.
+    pub fn engine(mut self, engine: EngineOverride) -> InstanceOptions {
+        self.engine = Some(engine);
+        self
+    }
+
+    /// Whether SIGTERM and SIGINT stop the instance (off by default:
+    /// an embedder's process keeps its own signal handling; `loopbus serve` turns it on).
+    pub fn handle_signals(mut self, on: bool) -> InstanceOptions {
+        self.handle_signals = on;
+        self
+    }
+}
+
+/// Asks a running [`Instance`] to stop, from any thread, the way SIGTERM does: no new
+/// connections, queued turns answered `server_busy`, running turns given their grace.
+/// Asking twice skips the grace.
+#[derive(Debug, Clone)]
+pub struct ShutdownHandle(Arc<UnixStream>);
+
+impl ShutdownHandle {
+    /// Asks the instance to stop; returns at once.
+    pub fn shutdown(&self) {
+        // Non-blocking: if the pipe is full, a stop is already pending.
+        let _ = (&*self.0).write(&[1]);
+    }
+}
+
+/// One running instance: bound, registered, and ready to [`run`](Instance::run).
+pub struct Instance {
+    name: String,
+    root: PathBuf,
+    addr: SocketAddr,
+    secret: Secret,
+    pid: u32,
+    event_loop: EventLoop,
+    bus: Bus,
+    shutdown: ShutdownHandle,
+    /// Held until the instance is dropped: no second serve for this state directory.
+    _serving: File,
+    /// Keep the signals routed to the loop while the instance lives.
+    _signals: Vec<signal_hook::SigId>,
+}
+
+impl fmt::Debug for Instance {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Instance")
+            .field("name", &self.name)
+            .field("root", &self.root)
+            .field("addr", &self.addr)
+            .field("pid", &self.pid)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Instance {
+    /// Starts an instance: reads and validates config.json, takes the state
+    /// directory's lock, refuses a name that is already running under the channel root
+    /// (after pruning stale registry entries), binds, and registers.
+    ///
+    /// # Errors
+    ///
+    /// Any [`ServeError`] but `Loop` and `Panicked`.
+    pub fn start(options: InstanceOptions) -> Result<Instance, ServeError> {
+        // Absolute, so that an engine running in another `engine.cwd` still finds it
+        // through LOOPBUS_STATE_DIR.
+        let state_dir =
+            std::path::absolute(&options.state_dir).unwrap_or(options.state_dir.clone());
+        let name = match options.name {
+            Some(name) => name,
+            None => name_from_dir(&state_dir)?,
+        };
+        if !registry::is_valid_instance_name(&name) {
+            return Err(ServeError::InvalidName(format!(
+                "invalid instance name {name:?}: it must match [A-Za-z0-9][A-Za-z0-9._-]{{0,63}}"
+            )));
+        }
+        let root = channel_root(&state_dir);
+        let config_path = state_dir.join(CONFIG_FILE);
+        let (mut config, config_bytes) = read_config(&state_dir)?;
+        if let Some(engine) = &options.engine {
+            engine.apply(&mut config);
+        }
+        warn_about_modes(&config_path, &root);
+
+        let serving = files::hold_lock(&state_dir.join(SERVE_LOCK_FILE))
+            .map_err(|source| ServeError::Lock {
+                state_dir: state_dir.clone(),
+                source,
+            })?
+            .ok_or_else(|| ServeError::AlreadyServing(state_dir.clone()))?;
+        claim_name(&root, &name)?;
+
+        let requested = SocketAddr::new(options.ip, options.port.unwrap_or(config.bus.port));
+        let listener = http::bind_loopback(requested).map_err(|source| ServeError::Bind {
+            addr: requested,
+            source,
+        })?;
+        let secret = match &config.bus.secret {
+            Some(secret) => secret.clone(),
+            None => Secret::generate().map_err(|source| ServeError::Setup {
+                what: "read random bytes from the OS",
+                source,
+            })?,
+        };
+        let setup = |what| move |source| ServeError::Setup { what, source };
+        let (interrupt, shutdown) = interrupt_pair().map_err(setup("set up the stop pipe"))?;
+        let signals = if options.handle_signals {
+            route_signals(&shutdown).map_err(setup("set up signal handling"))?
+        } else {
+            Vec::new()
+        };
+        let event_loop =
+            EventLoop::new(listener, Some(interrupt)).map_err(setup("start the event loop"))?;
+        let addr = event_loop.local_addr();
+
+        let engine = Engine::new(&name, state_dir.clone());
+        let running = engine.running.clone();
+        let pool = TurnPool::start(
+            config.bus.max_concurrent_turns,
+            config.bus.max_queued_turns,
+            Arc::new(engine),
+            event_loop.waker(),
+        )
+        .map_err(setup("start turn workers"))?;
+
+        let pid = std::process::id();
+        registry::register(&root, &name, addr.port(), pid, &secret).map_err(|source| {
+            ServeError::Register {
+                path: registry::registry_path(&root),
+                source,
+            }
+        })?;
+        log::info!("serving {name} on {addr} (pid {pid})");
+        let settings = ServerSettings {
+            name: name.clone(),
+            config_path,
+            config,
+            config_bytes,
+            engine_override: options.engine,
+            secret: secret.clone(),
+            port: addr.port(),
+            state_dir,
+            root: root.clone(),
+            running,
+        };
+        Ok(Instance {
+            name,
+            root,
+            addr,
+            secret,
+            pid,
+            event_loop,
+            bus: Bus::new(settings, pool),
+            shutdown: ShutdownHandle(Arc::new(shutdown)),
+            _serving: serving,
+            _signals: signals,
+        })
+    }
+
+    /// The instance's name.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// The address it listens on (with the port the OS picked, for port 0).
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// The channel root it is registered under.
+    pub fn root(&self) -> &Path {
+        &self.root
+    }
+
+    /// The bus secret in force (from config.json, or generated at this start).
+    pub fn secret(&self) -> &Secret {
+        &self.secret
+    }
+
+    /// A handle that stops [`run`](Instance::run) from any thread.
+    pub fn shutdown_handle(&self) -> ShutdownHandle {
+        self.shutdown.clone()
+    }
+
+    /// Serves until a shutdown is asked for (a [`ShutdownHandle`], or a signal when
+    /// [`InstanceOptions::handle_signals`] is on), then deregisters.
+    ///
+    /// # Errors
+    ///
+    /// [`ServeError::Loop`] if polling failed, [`ServeError::Panicked`] if the loop
+    /// panicked; the instance is deregistered either way.
+    pub fn run(self) -> Result<(), ServeError> {
+        let Instance {
+            name,
+            root,
+            pid,
+            mut event_loop,
+            mut bus,
+            _serving,
+            _signals,
+            ..
+        } = self;
+        // A bug that panics the loop must still take the instance out of the registry.
+        let result =
+            std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| event_loop.run(&mut bus)));
+        if let Err(e) = registry::deregister(&root, &name, pid) {
+            log::warn!("cannot deregister from the registry: {e}");
+        }
+        match result {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => return Err(ServeError::Loop(e)),
+            Err(_) => return Err(ServeError::Panicked),
+        }
+        let pool = bus.into_pool();
+        if pool.is_idle() {
+            pool.join();
+        }
+        log::info!("stopped {name}");
+        Ok(())
+    }
+}
+
+/// The channel root of a state directory: its parent.
+pub(crate) fn channel_root(state_dir: &Path) -> PathBuf {
+    let absolute = std::path::absolute(state_dir).unwrap_or_else(|_| state_dir.to_path_buf());
+    absolute
+        .parent()
+        .map(Path::to_path_buf)
+        .unwrap_or_else(|| PathBuf::from("/"))
+}
+
+fn name_from_dir(state_dir: &Path) -> Result<String, ServeError> {
+    state_dir
+        .file_name()
+        .and_then(|n| n.to_str())
+        .map(str::to_owned)
+        .ok_or_else(|| {
+            ServeError::InvalidName(format!(
+                "{}: cannot take an instance name from this path; pass --name",
+                state_dir.display()
+            ))
+        })
+}
+
+fn read_config(state_dir: &Path) -> Result<(Config, Vec<u8>), ServeError> {
+    let path = state_dir.join(CONFIG_FILE);
+    let bytes = super::read_bounded(&path).map_err(|source| ServeError::ConfigRead {
+        state_dir: state_dir.to_path_buf(),
+        source,
+    })?;
+    let config = config::parse(&bytes).map_err(|error| ServeError::Config {
+        state_dir: state_dir.to_path_buf(),
+        error,
+    })?;
+    Ok((config, bytes))
+}
+
+fn warn_about_modes(config_path: &Path, root: &Path) {
+    if let Ok(Some(mode)) = files::mode_is_wider(config_path, files::PRIVATE_FILE_MODE) {
+        log::warn!(
+            "{} has mode {mode:o}; it holds the bus secret, so 600 is advised",
+            config_path.display()
+        );
+    }
+    if let Ok(Some(mode)) = files::mode_is_wider(root, ROOT_MODE_WARN_ABOVE) {
+        log::warn!(
+            "{} has mode {mode:o}: others can write to the channel root that holds the registry",
+            root.display()
+        );
+    }
+}
+
+/// Refuses to start when an instance of the same name is already running under `root`
+/// (its registered port answers health as `name`), then prunes stale registry entries
+/// (contract section 6). A registry that can't be read or written here is only a
+/// warning; registering reports real trouble.
+fn claim_name(root: &Path, name: &str) -> Result<(), ServeError> {
+    match registry::running(root, name) {
+        Ok(Some(entry)) => {
+            return Err(ServeError::NameTaken {
+                name: name.to_owned(),
+                root: root.to_path_buf(),
+                pid: entry.pid,
+                port: entry.port,
+            })
+        }
+        Ok(None) => {}
+        Err(e) => log::warn!("cannot read the registry: {e}"),
+    }
+    match registry::prune(root) {
+        Ok(pruned) => {
+            for stale in pruned {
+                log::info!("removed the stale registry entry of {stale}");
+            }
+        }
+        Err(e) => log::warn!("cannot prune the registry: {e}"),
+    }
+    Ok(())
+}
+
+/// The loop's end of the stop pipe (readable when a stop is asked for) and the end
+/// that asks.
+fn interrupt_pair() -> io::Result<(mio::net::UnixStream, UnixStream)> {
+    let (read, write) = UnixStream::pair()?;
+    read.set_nonblocking(true)?;
+    write.set_nonblocking(true)?;
+    Ok((mio::net::UnixStream::from_std(read), write))
+}
+
+/// Routes SIGTERM and SIGINT to the stop pipe.
+fn route_signals(write: &UnixStream) -> io::Result<Vec<signal_hook::SigId>> {
+    let mut guards = Vec::new();
+    for signal in [signal_hook::consts::SIGTERM, signal_hook::consts::SIGINT] {
+        guards.push(signal_hook::low_level::pipe::register(
+            signal,
+            write.try_clone()?,
+        )?);
+    }
+    Ok(guards)
+}
