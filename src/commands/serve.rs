@@ -2,14 +2,13 @@
 
 use crate::cli::{usage, Args, UsageError, EXIT_OK};
 use crate::config::{self, CONFIG_FILE};
-use crate::engine::Engine;
+use crate::engine::{Engine, Turn};
 use crate::http::{self, EventLoop};
 use crate::secret::Secret;
 use crate::server::{self, Bus, ServerSettings};
 use crate::turns::TurnPool;
 use crate::{files, registry};
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
-use std::sync::Arc;
 
 /// Locked by the running `serve` of a state directory, for its whole lifetime.
 pub const SERVE_LOCK_FILE: &str = ".serve.lock";
@@ -121,12 +120,16 @@ pub fn run(args: &[String]) -> Result<i32, UsageError> {
 
     let engine = Engine::new(&name, state_dir.clone());
     let running = engine.running.clone();
-    let engine = Arc::new(engine);
+    let waker = event_loop.waker();
     let pool = TurnPool::start(
         config.bus.max_concurrent_turns,
         config.bus.max_queued_turns,
-        engine,
-        event_loop.waker(),
+        move |turn: &Turn| engine.run(turn),
+        // Waking fails only if the OS refuses the write to mio's eventfd; the result
+        // then waits for the next wake-up.
+        move || {
+            let _ = waker.wake();
+        },
     )
     .map_err(|e| usage(format!("cannot start turn workers: {e}")))?;
 
