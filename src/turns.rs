@@ -2,7 +2,7 @@
 //!
 //! The caller submits a job under a key (the server uses its connection id) and moves
 //! on; a worker runs it and sends the [`Done`] back through a channel, then calls the
-//! wake-up callback (the server's wakes its event loop), so the caller never blocks on
+//! wake-up callback (the server's callback wakes its event loop), so the caller never blocks on
 //! a job. The pool knows nothing of what a job or a key is.
 
 use std::collections::VecDeque;
@@ -13,10 +13,10 @@ use std::thread::{self, JoinHandle};
 
 /// Runs one job; shared by every worker. A panic is caught and reported as
 /// [`Outcome::Panicked`].
-pub type Runner<J, R> = Arc<dyn Fn(&J) -> R + Send + Sync>;
+type Runner<J, R> = Arc<dyn Fn(&J) -> R + Send + Sync>;
 
 /// Called by a worker after each [`Done`] is sent, so the receiver knows to look.
-pub type Wake = Arc<dyn Fn() + Send + Sync>;
+type Wake = Arc<dyn Fn() + Send + Sync>;
 
 /// How a job ended.
 #[derive(Debug)]
@@ -88,8 +88,9 @@ where
     R: Send + 'static,
 {
     /// Starts `max_concurrent` workers (at least one) that run jobs with `runner` and
-    /// call `wake` after each job is done. `max_queued` jobs may wait beyond those
-    /// running.
+    /// call `wake` after each job's [`Done`] is sent. `max_queued` jobs may wait
+    /// beyond those running. A panicking `runner` is caught and its job reported as
+    /// [`Outcome::Panicked`]; the worker goes on.
     ///
     /// # Errors
     /// The OS refused to start a thread.

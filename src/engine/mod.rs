@@ -1,13 +1,19 @@
 //! Running one turn (contract section 8): the budget check, then the built-in echo
 //! engine or the configured engine command, then the usage record.
 //!
-//! [`process`] supervises the command's process; [`outcome`] interprets what it wrote.
+//! `engine/process.rs` supervises the command's process (spawn, feed, drain, deadline,
+//! kill, reap); `engine/outcome.rs` interprets, without I/O, what it wrote and how it
+//! ended. Their limits are re-exported here.
 
-pub mod outcome;
-pub mod process;
+mod outcome;
+mod process;
 
-pub use outcome::{classify, TurnResult, CLASSIFICATION_RULES, MAX_ENGINE_MESSAGE_CHARS};
-pub use process::{RunningEngines, MAX_STDERR_KEPT, PIPE_DRAIN_GRACE};
+pub use outcome::{
+    classify, TurnResult, CLASSIFICATION_RULES, MAX_ENGINE_MESSAGE_CHARS, MESSAGE_LINES,
+};
+pub use process::{
+    RunningEngines, DRAIN_POLL, KILL_RETRY, MAX_STDERR_KEPT, PIPE_DRAIN_GRACE, READ_CHUNK_BYTES,
+};
 
 use crate::config::{Config, EngineConfig};
 use crate::protocol::{ErrorCode, Failure, TalkRequest};

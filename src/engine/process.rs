@@ -61,8 +61,9 @@ impl RunningEngines {
         self.lock().len()
     }
 
-    /// Kills every running engine's process group (SIGKILL). Their turns then end
-    /// with `engine_cli`.
+    /// Kills every running engine's process group (SIGKILL). Their turns then end as
+    /// failures ("engine was killed by signal 9"), classified from what the engine
+    /// wrote so far: `engine_cli` unless that matches a rule.
     pub fn kill_all(&self) {
         for pgid in self.lock().values() {
             kill_group(*pgid);
