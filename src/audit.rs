@@ -1,10 +1,19 @@
 //! `audit.log.jsonl`: one JSON object a line for every `/api/talk` outcome, refusals
 //! included. Never a secret, never a prompt's text (only its length).
 //!
-//! Only the event loop thread writes it (every answer leaves through the loop), and
-//! each line goes out in a single `write` on a file opened with `O_APPEND`, so lines
-//! never interleave. The file is rotated to `audit.log.jsonl.1` once it passes
-//! [`MAX_AUDIT_BYTES`], so a flood of refused requests cannot fill the disk.
+//! There is one writer: [`AuditLog::record`] takes `&mut self`, the server's event loop
+//! owns the instance's one `AuditLog` (every answer leaves through the loop), and the
+//! serve lock keeps a second process off the same state directory. So lines never
+//! interleave. A line is serialized whole, then appended with `write_all` to a file
+//! opened with `O_APPEND`: usually one `write(2)`, continued if the kernel takes less.
+//! A write that fails part-way can leave a torn last line; the file is then closed,
+//! and reopened (appending after it) at the next record.
+//!
+//! Before a line would take the open file past [`MAX_AUDIT_BYTES`], the file is renamed
+//! to `audit.log.jsonl.1` (replacing the previous one) and a new one begun, so a flood
+//! of refused requests cannot fill the disk. The size is learned when the file is
+//! opened and the first line after an open is not checked, so the file may pass the
+//! cap by one line.
 
 use crate::{files, time};
 use serde_json::Value;
@@ -17,8 +26,8 @@ use std::path::{Path, PathBuf};
 pub const AUDIT_FILE: &str = "audit.log.jsonl";
 /// Size past which the log is rotated (one previous file is kept).
 pub const MAX_AUDIT_BYTES: u64 = 64 * 1024 * 1024;
-/// Longest `detail` text kept in a line.
-const MAX_DETAIL_CHARS: usize = 500;
+/// Longest `detail` text kept in a line, in characters; the rest is cut.
+pub const MAX_DETAIL_CHARS: usize = 500;
 
 /// One `/api/talk` outcome.
 #[derive(Debug, Clone, Default)]
@@ -26,7 +35,8 @@ pub struct Record<'a> {
     /// `"success"`, `"failure"` (a turn failed), `"refused"` (a check refused it) or
     /// `"abandoned"` (the caller went away before its answer).
     pub outcome: &'a str,
-    /// Human-readable detail (the error message, or `"ok"`).
+    /// Human-readable detail (the error message, or `"ok"`); cut to
+    /// [`MAX_DETAIL_CHARS`].
     pub detail: &'a str,
     /// The caller's `fromInstance`, when the body got that far.
     pub from_instance: Option<&'a str>,
@@ -69,8 +79,10 @@ impl AuditLog {
         &self.path
     }
 
-    /// Appends one line. Failures are logged (once until the next success) and never
-    /// stop the server from answering.
+    /// Appends one line, opening the file (created with [`files::PRIVATE_FILE_MODE`]) on first use and
+    /// rotating it first if the line would pass [`MAX_AUDIT_BYTES`]. Failures are
+    /// logged (once until the next success) and never stop the server from answering;
+    /// after one, the file is reopened at the next record.
     pub fn record(&mut self, record: &Record<'_>) {
         let line = self.line(record);
         match self.append(&line) {
@@ -229,6 +241,22 @@ mod tests {
             crate::files::mode_is_wider(log.path(), 0o600).unwrap(),
             None
         );
+    }
+
+    #[test]
+    fn detail_is_cut_to_its_cap() {
+        let dir = TestDir::new("audit-detail");
+        let mut log = AuditLog::new(dir.path(), "w");
+        let long = "\u{e9}".repeat(MAX_DETAIL_CHARS + 10);
+        log.record(&Record {
+            outcome: "failure",
+            detail: &long,
+            ..Record::default()
+        });
+        let text = std::fs::read_to_string(log.path()).unwrap();
+        let line = parse_line(text.trim_end()).unwrap();
+        let detail = line["detail"].as_str().unwrap();
+        assert_eq!(detail.chars().count(), MAX_DETAIL_CHARS);
     }
 
     #[test]

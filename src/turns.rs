@@ -1,22 +1,22 @@
-//! The turn pool: a fixed set of worker threads and a bounded FIFO queue.
+//! The turn pool: a fixed set of worker threads and a bounded FIFO queue of keyed jobs.
 //!
-//! The event loop submits a job and moves on; a worker runs it and sends the
-//! [`Done`] back through a channel, then wakes the loop with its [`mio::Waker`], so the
-//! loop never blocks on a turn and `/api/health` answers while turns run.
+//! The caller submits a job under a key (the server uses its connection id) and moves
+//! on; a worker runs it and sends the [`Done`] back through a channel, then calls the
+//! wake-up callback (the server's callback wakes its event loop), so the caller never blocks on
+//! a job. The pool knows nothing of what a job or a key is.
 
-use crate::http::ConnId;
-use mio::Waker;
 use std::collections::VecDeque;
 use std::panic::{self, AssertUnwindSafe};
 use std::sync::mpsc::{self, Receiver, Sender};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 use std::thread::{self, JoinHandle};
 
-/// Runs one job; shared by every worker.
-pub trait Runner<J, R>: Send + Sync + 'static {
-    /// Runs `job` to completion. A panic is caught and reported as [`Outcome::Panicked`].
-    fn run(&self, job: &J) -> R;
-}
+/// Runs one job; shared by every worker. A panic is caught and reported as
+/// [`Outcome::Panicked`].
+type Runner<J, R> = Arc<dyn Fn(&J) -> R + Send + Sync>;
+
+/// Called by a worker after each [`Done`] is sent, so the receiver knows to look.
+type Wake = Arc<dyn Fn() + Send + Sync>;
 
 /// How a job ended.
 #[derive(Debug)]
@@ -27,11 +27,11 @@ pub enum Outcome<R> {
     Panicked,
 }
 
-/// A finished job, as the loop receives it.
+/// A finished job, as the caller receives it.
 #[derive(Debug)]
-pub struct Done<J, R> {
-    /// Which connection waits for it.
-    pub conn: ConnId,
+pub struct Done<K, J, R> {
+    /// The key the job was submitted under.
+    pub key: K,
     /// The job itself, handed back.
     pub job: J,
     /// What the runner produced.
@@ -49,19 +49,19 @@ pub struct Load {
     pub max: usize,
 }
 
-struct Queue<J> {
-    jobs: VecDeque<(ConnId, J)>,
+struct Queue<K, J> {
+    jobs: VecDeque<(K, J)>,
     running: usize,
     closed: bool,
 }
 
-struct Shared<J> {
-    queue: Mutex<Queue<J>>,
+struct Shared<K, J> {
+    queue: Mutex<Queue<K, J>>,
     ready: Condvar,
 }
 
-impl<J> Shared<J> {
-    fn lock(&self) -> MutexGuard<'_, Queue<J>> {
+impl<K, J> Shared<K, J> {
+    fn lock(&self) -> MutexGuard<'_, Queue<K, J>> {
         // A worker never panics while holding the lock (runner panics are caught
         // outside it), so a poisoned lock still holds consistent data.
         self.queue.lock().unwrap_or_else(PoisonError::into_inner)
@@ -69,29 +69,39 @@ impl<J> Shared<J> {
 }
 
 /// The pool. Dropping it does not stop the workers; call [`TurnPool::close`].
-pub struct TurnPool<J, R> {
-    shared: Arc<Shared<J>>,
-    done_rx: Receiver<Done<J, R>>,
+pub struct TurnPool<K, J, R> {
+    shared: Arc<Shared<K, J>>,
+    done_rx: Receiver<Done<K, J, R>>,
     workers: Vec<JoinHandle<()>>,
     max_concurrent: usize,
     max_queued: usize,
 }
 
-/// The queue is full; the loop answers 503 `server_busy`.
+/// The queue is full (or closed); the server answers 503 `server_busy`.
 #[derive(Debug)]
 pub struct Busy<J>(pub J);
 
-impl<J: Send + 'static, R: Send + 'static> TurnPool<J, R> {
-    /// Starts `max_concurrent` workers (at least one) that run jobs with `runner`.
+impl<K, J, R> TurnPool<K, J, R>
+where
+    K: Copy + Eq + Send + 'static,
+    J: Send + 'static,
+    R: Send + 'static,
+{
+    /// Starts `max_concurrent` workers (at least one) that run jobs with `runner` and
+    /// call `wake` after each job's [`Done`] is sent. `max_queued` jobs may wait
+    /// beyond those running. A panicking `runner` is caught and its job reported as
+    /// [`Outcome::Panicked`]; the worker goes on.
     ///
     /// # Errors
     /// The OS refused to start a thread.
     pub fn start(
         max_concurrent: usize,
         max_queued: usize,
-        runner: Arc<dyn Runner<J, R>>,
-        waker: Arc<Waker>,
-    ) -> std::io::Result<TurnPool<J, R>> {
+        runner: impl Fn(&J) -> R + Send + Sync + 'static,
+        wake: impl Fn() + Send + Sync + 'static,
+    ) -> std::io::Result<TurnPool<K, J, R>> {
+        let runner: Runner<J, R> = Arc::new(runner);
+        let wake: Wake = Arc::new(wake);
         let max_concurrent = max_concurrent.max(1);
         let shared = Arc::new(Shared {
             queue: Mutex::new(Queue {
@@ -106,11 +116,11 @@ impl<J: Send + 'static, R: Send + 'static> TurnPool<J, R> {
         for index in 0..max_concurrent {
             let shared = Arc::clone(&shared);
             let runner = Arc::clone(&runner);
-            let waker = Arc::clone(&waker);
-            let done_tx: Sender<Done<J, R>> = done_tx.clone();
+            let wake = Arc::clone(&wake);
+            let done_tx: Sender<Done<K, J, R>> = done_tx.clone();
             let handle = thread::Builder::new()
                 .name(format!("turn-{index}"))
-                .spawn(move || worker(&shared, runner.as_ref(), &waker, &done_tx))?;
+                .spawn(move || worker(&shared, runner.as_ref(), wake.as_ref(), &done_tx))?;
             workers.push(handle);
         }
         Ok(TurnPool {
@@ -122,32 +132,34 @@ impl<J: Send + 'static, R: Send + 'static> TurnPool<J, R> {
         })
     }
 
-    /// Queues a job unless `max_concurrent + max_queued` jobs are already admitted.
+    /// Queues `job` under `key` unless `max_concurrent + max_queued` jobs are already
+    /// admitted (running or waiting).
     ///
     /// # Errors
     /// [`Busy`] (with the job handed back) when the queue is full or the pool is closed.
-    pub fn submit(&self, conn: ConnId, job: J) -> Result<(), Busy<J>> {
+    pub fn submit(&self, key: K, job: J) -> Result<(), Busy<J>> {
         let mut queue = self.shared.lock();
         if queue.closed || queue.jobs.len() + queue.running >= self.max_concurrent + self.max_queued
         {
             return Err(Busy(job));
         }
-        queue.jobs.push_back((conn, job));
+        queue.jobs.push_back((key, job));
         drop(queue);
         self.shared.ready.notify_one();
         Ok(())
     }
 
     /// Finished jobs, without blocking.
-    pub fn finished(&self) -> impl Iterator<Item = Done<J, R>> + '_ {
+    pub fn finished(&self) -> impl Iterator<Item = Done<K, J, R>> + '_ {
         self.done_rx.try_iter()
     }
 
-    /// Takes a job that is still waiting (its caller went away) out of the queue, so
-    /// it never runs. `None` if it is already running or done.
-    pub fn cancel(&self, conn: ConnId) -> Option<J> {
+    /// Takes the job submitted under `key` out of the queue if it is still waiting
+    /// (its caller went away), so it never runs. `None` if it is already running or
+    /// done.
+    pub fn cancel(&self, key: K) -> Option<J> {
         let mut queue = self.shared.lock();
-        let index = queue.jobs.iter().position(|(c, _)| *c == conn)?;
+        let index = queue.jobs.iter().position(|(k, _)| *k == key)?;
         queue.jobs.remove(index).map(|(_, job)| job)
     }
 
@@ -162,9 +174,9 @@ impl<J: Send + 'static, R: Send + 'static> TurnPool<J, R> {
     }
 
     /// Closes the queue: no job is admitted any more, and the jobs still waiting are
-    /// handed back (the loop answers them `server_busy`). Running jobs go on; workers
-    /// exit once their job is done.
-    pub fn close(&self) -> Vec<(ConnId, J)> {
+    /// handed back with their keys (the server answers them `server_busy`). Running
+    /// jobs go on; workers exit once their job is done.
+    pub fn close(&self) -> Vec<(K, J)> {
         let mut queue = self.shared.lock();
         queue.closed = true;
         let waiting = queue.jobs.drain(..).collect();
@@ -173,7 +185,11 @@ impl<J: Send + 'static, R: Send + 'static> TurnPool<J, R> {
         waiting
     }
 
-    /// Whether every worker has exited (only after [`TurnPool::close`]).
+    /// Whether no job is running and none is waiting. A job counts as running until
+    /// its [`Done`] has been sent, so once this holds every result is in
+    /// [`TurnPool::finished`]. It says nothing about the worker threads: before
+    /// [`TurnPool::close`] they stay alive, waiting for work; after it, they exit
+    /// without taking another job.
     pub fn is_idle(&self) -> bool {
         let queue = self.shared.lock();
         queue.running == 0 && queue.jobs.is_empty()
@@ -188,15 +204,15 @@ impl<J: Send + 'static, R: Send + 'static> TurnPool<J, R> {
     }
 }
 
-fn worker<J: 'static, R: 'static>(
-    shared: &Shared<J>,
-    runner: &dyn Runner<J, R>,
-    waker: &Waker,
-    done_tx: &Sender<Done<J, R>>,
+fn worker<K, J, R>(
+    shared: &Shared<K, J>,
+    runner: &(dyn Fn(&J) -> R + Send + Sync),
+    wake: &(dyn Fn() + Send + Sync),
+    done_tx: &Sender<Done<K, J, R>>,
 ) {
     loop {
         let mut queue = shared.lock();
-        let (conn, job) = loop {
+        let (key, job) = loop {
             if let Some(next) = queue.jobs.pop_front() {
                 break next;
             }
@@ -210,14 +226,14 @@ fn worker<J: 'static, R: 'static>(
         };
         queue.running += 1;
         drop(queue);
-        let outcome = match panic::catch_unwind(AssertUnwindSafe(|| runner.run(&job))) {
+        let outcome = match panic::catch_unwind(AssertUnwindSafe(|| runner(&job))) {
             Ok(result) => Outcome::Finished(result),
             Err(_) => Outcome::Panicked,
         };
-        // Send before decrementing `running`, so the loop never sees a job that is
+        // Send before decrementing `running`, so the caller never sees a job that is
         // neither running nor finished.
-        let sent = done_tx.send(Done { conn, job, outcome });
-        let _ = waker.wake();
+        let sent = done_tx.send(Done { key, job, outcome });
+        wake();
         shared.lock().running -= 1;
         if sent.is_err() {
             return; // the pool is gone
@@ -228,17 +244,25 @@ fn worker<J: 'static, R: 'static>(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use mio::{Events, Poll, Token};
     use std::sync::atomic::{AtomicUsize, Ordering};
     use std::time::Duration;
 
+    /// A runner that waits for its gate to open, doubles its job, and panics on 13.
     struct Slow {
         started: AtomicUsize,
         gate: Mutex<bool>,
         open: Condvar,
     }
 
-    impl Runner<u32, u32> for Slow {
+    impl Slow {
+        fn new() -> Arc<Slow> {
+            Arc::new(Slow {
+                started: AtomicUsize::new(0),
+                gate: Mutex::new(false),
+                open: Condvar::new(),
+            })
+        }
+
         fn run(&self, job: &u32) -> u32 {
             self.started.fetch_add(1, Ordering::SeqCst);
             let mut open = self.gate.lock().unwrap();
@@ -251,32 +275,50 @@ mod tests {
             }
             job * 2
         }
+
+        fn open(&self) {
+            *self.gate.lock().unwrap() = true;
+            self.open.notify_all();
+        }
+
+        fn wait_started(&self, n: usize) {
+            while self.started.load(Ordering::SeqCst) < n {
+                thread::sleep(Duration::from_millis(5));
+            }
+        }
     }
 
-    fn conn(n: u64) -> ConnId {
-        // ConnId's fields are private to http; tests get distinct ids this way.
-        crate::http::test_conn_id(n)
+    /// A pool of `Slow` runners whose wake-ups arrive on the returned channel.
+    fn pool(
+        max_concurrent: usize,
+        max_queued: usize,
+    ) -> (TurnPool<u64, u32, u32>, Arc<Slow>, Receiver<()>) {
+        let runner = Slow::new();
+        let slow = Arc::clone(&runner);
+        let (wake_tx, wake_rx) = mpsc::channel();
+        let wake_tx = Mutex::new(wake_tx);
+        let pool = TurnPool::start(
+            max_concurrent,
+            max_queued,
+            move |job: &u32| slow.run(job),
+            move || {
+                let _ = wake_tx.lock().unwrap().send(());
+            },
+        )
+        .unwrap();
+        (pool, runner, wake_rx)
     }
 
     #[test]
     fn bounded_queue_fifo_and_panics() {
-        let poll = Poll::new().unwrap();
-        let waker = Arc::new(Waker::new(poll.registry(), Token(0)).unwrap());
-        let runner = Arc::new(Slow {
-            started: AtomicUsize::new(0),
-            gate: Mutex::new(false),
-            open: Condvar::new(),
-        });
-        let pool: TurnPool<u32, u32> = TurnPool::start(2, 2, runner.clone(), waker).unwrap();
-        for i in 0..4 {
-            pool.submit(conn(i), [1, 2, 13, 4][i as usize]).unwrap();
+        let (pool, runner, wakes) = pool(2, 2);
+        for (key, job) in [(0, 1), (1, 2), (2, 13), (3, 4)] {
+            pool.submit(key, job).unwrap();
         }
         // 2 running + 2 queued: the fifth is refused.
-        let Busy(job) = pool.submit(conn(9), 5).unwrap_err();
+        let Busy(job) = pool.submit(9, 5).unwrap_err();
         assert_eq!(job, 5);
-        while runner.started.load(Ordering::SeqCst) < 2 {
-            thread::sleep(Duration::from_millis(5));
-        }
+        runner.wait_started(2);
         assert_eq!(
             pool.load(),
             Load {
@@ -285,59 +327,68 @@ mod tests {
                 max: 2
             }
         );
-        *runner.gate.lock().unwrap() = true;
-        runner.open.notify_all();
+        runner.open();
         let mut done = Vec::new();
-        let mut events = Events::with_capacity(8);
-        let mut poll = poll;
         while done.len() < 4 {
-            poll.poll(&mut events, Some(Duration::from_millis(100)))
-                .unwrap();
+            // Every result is announced by a wake-up.
+            wakes.recv_timeout(Duration::from_secs(10)).unwrap();
             done.extend(pool.finished());
         }
-        let panicked: Vec<u32> = done
+        let panicked: Vec<(u64, u32)> = done
             .iter()
             .filter(|d| matches!(d.outcome, Outcome::Panicked))
-            .map(|d| d.job)
+            .map(|d| (d.key, d.job))
             .collect();
-        assert_eq!(panicked, vec![13]);
-        let mut results: Vec<u32> = done
+        assert_eq!(panicked, vec![(2, 13)]);
+        let mut results: Vec<(u64, u32)> = done
             .iter()
             .filter_map(|d| match d.outcome {
-                Outcome::Finished(r) => Some(r),
+                Outcome::Finished(r) => Some((d.key, r)),
                 Outcome::Panicked => None,
             })
             .collect();
         results.sort_unstable();
-        assert_eq!(results, vec![2, 4, 8]);
+        assert_eq!(results, vec![(0, 2), (1, 4), (3, 8)]);
+        assert!(pool.is_idle());
         assert!(pool.close().is_empty());
-        assert!(pool.submit(conn(10), 1).is_err());
+        assert!(pool.submit(10, 1).is_err());
         pool.join();
     }
 
     #[test]
     fn close_hands_back_queued_jobs() {
-        let poll = Poll::new().unwrap();
-        let waker = Arc::new(Waker::new(poll.registry(), Token(0)).unwrap());
-        let runner = Arc::new(Slow {
-            started: AtomicUsize::new(0),
-            gate: Mutex::new(false),
-            open: Condvar::new(),
-        });
-        let pool: TurnPool<u32, u32> = TurnPool::start(1, 3, runner.clone(), waker).unwrap();
-        for i in 0..3 {
-            pool.submit(conn(i), i as u32).unwrap();
+        let (pool, runner, _wakes) = pool(1, 3);
+        for key in 0..3 {
+            pool.submit(key, key as u32 + 100).unwrap();
         }
-        while runner.started.load(Ordering::SeqCst) < 1 {
-            thread::sleep(Duration::from_millis(5));
-        }
-        let handed_back: Vec<u32> = pool.close().into_iter().map(|(_, j)| j).collect();
-        assert_eq!(handed_back, vec![1, 2]);
-        *runner.gate.lock().unwrap() = true;
-        runner.open.notify_all();
+        runner.wait_started(1);
+        assert!(!pool.is_idle());
+        assert_eq!(pool.close(), vec![(1, 101), (2, 102)]);
+        runner.open();
         while !pool.is_idle() {
             thread::sleep(Duration::from_millis(5));
         }
+        pool.join();
+    }
+
+    #[test]
+    fn cancel_takes_only_a_waiting_job() {
+        let (pool, runner, _wakes) = pool(1, 2);
+        pool.submit(7, 1).unwrap();
+        runner.wait_started(1);
+        pool.submit(8, 2).unwrap();
+        // 7 is running: too late to cancel. 8 waits: it is taken out and never runs.
+        assert_eq!(pool.cancel(7), None);
+        assert_eq!(pool.cancel(8), Some(2));
+        assert_eq!(pool.cancel(8), None);
+        assert_eq!(pool.load().queued, 0);
+        runner.open();
+        while !pool.is_idle() {
+            thread::sleep(Duration::from_millis(5));
+        }
+        let keys: Vec<u64> = pool.finished().map(|d| d.key).collect();
+        assert_eq!(keys, vec![7]);
+        assert!(pool.close().is_empty());
         pool.join();
     }
 }

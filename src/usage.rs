@@ -1,11 +1,13 @@
 //! `usage.json`: accumulated engine usage, and the budget check built on it.
 //!
-//! Updates are read-modify-write under the file's advisory lock and written
-//! atomically, then mirrored to `usage.json.bak`. A corrupt `usage.json` is moved aside
-//! (renamed with a `.corrupt-<millis>` suffix) and the last good copy (in memory, else
-//! the backup) takes its place. When no good copy exists and a budget is set, turns are
-//! refused until an operator repairs or removes the file: the budget never resets
-//! silently.
+//! Every read and update runs under the file's advisory lock ([`files::with_lock`]);
+//! an update writes the new totals atomically, then mirrors them to `usage.json.bak`.
+//! A corrupt `usage.json` (unparsable, over [`MAX_USAGE_BYTES`], or not a regular
+//! file) is moved aside (renamed with a `.corrupt-<millis>` suffix) and the last good
+//! copy (in memory, else the backup) takes its place; a missing one is restored from
+//! the last good copy too. When no good copy exists, reads and updates fail with
+//! [`UsageError::Corrupt`] and the file is left for an operator to repair or remove; the
+//! engine then refuses budgeted turns: the budget never resets silently.
 
 use crate::{files, time};
 use serde_json::{json, Value};
@@ -20,7 +22,7 @@ pub const USAGE_FILE: &str = "usage.json";
 /// The last good copy, rewritten after every update.
 pub const USAGE_BACKUP_FILE: &str = "usage.json.bak";
 /// A usage file larger than this is treated as corrupt rather than read.
-const MAX_USAGE_BYTES: u64 = 64 * 1024;
+pub const MAX_USAGE_BYTES: u64 = 64 * 1024;
 
 /// Accumulated usage of one instance.
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -62,13 +64,16 @@ impl Usage {
             "requestCount": self.request_count,
             "lastUpdatedAt": self.last_updated_at,
         }))
+        // Serializing a `Value` of numbers, strings and null into a Vec cannot fail.
         .unwrap_or_default();
         bytes.push(b'\n');
         bytes
     }
 
-    /// Parses a usage file. Missing counters count as 0; wrong types, negative or
-    /// non-finite values make the whole file invalid.
+    /// Parses a usage file. `totalCostUsd` and `requestCount` must be present; other
+    /// missing counters count as 0, and a missing or null `lastUpdatedAt` is `None`.
+    /// A value of the wrong type (a counter that is not a non-negative integer, a cost
+    /// that is not a finite non-negative number) makes the whole file invalid.
     fn from_json(bytes: &[u8]) -> Option<Usage> {
         let value: Value = serde_json::from_slice(bytes).ok()?;
         let object = value.as_object()?;
@@ -158,7 +163,8 @@ impl UsageStore {
         }
     }
 
-    /// The current totals.
+    /// The current totals. Like every read, this may set a corrupt file aside or
+    /// restore a missing one from the last good copy.
     ///
     /// # Errors
     /// The file is corrupt with no good copy, or can't be read.
@@ -193,7 +199,8 @@ impl UsageStore {
             .unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// Reads the file (the caller holds the file lock).
+    /// Reads the file (the caller holds the file lock); a corrupt one is set aside and
+    /// replaced by the last good copy, if there is one.
     fn load(&self) -> Result<Usage, UsageError> {
         let bytes = match read_small(&self.path) {
             Ok(Some(bytes)) => bytes,
@@ -260,7 +267,8 @@ impl UsageStore {
     }
 }
 
-/// Reads a small regular file; `None` if it does not exist.
+/// Reads a usage file of at most [`MAX_USAGE_BYTES`]; `None` if it does not exist.
+/// One too large or not a regular file reads as empty, that is, as corrupt.
 fn read_small(path: &Path) -> io::Result<Option<Vec<u8>>> {
     match files::read_regular_file(path, MAX_USAGE_BYTES) {
         Ok(bytes) => Ok(Some(bytes)),

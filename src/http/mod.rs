@@ -91,15 +91,6 @@ pub struct ConnId {
     generation: u64,
 }
 
-/// A connection id for other modules' unit tests.
-#[cfg(test)]
-pub(crate) fn test_conn_id(n: u64) -> ConnId {
-    ConnId {
-        slot: n as usize,
-        generation: n,
-    }
-}
-
 /// What to do after a head.
 #[derive(Debug)]
 pub enum HeadAction {

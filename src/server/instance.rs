@@ -4,7 +4,7 @@
 
 use super::{Bus, ServeError, ServerSettings};
 use crate::config::{self, Config, EngineConfig, CONFIG_FILE};
-use crate::engine::Engine;
+use crate::engine::{Engine, Turn};
 use crate::files;
 use crate::http::{self, EventLoop};
 use crate::registry;
@@ -223,11 +223,17 @@ impl Instance {
 
         let engine = Engine::new(&name, state_dir.clone());
         let running = engine.running.clone();
+        let waker = event_loop.waker();
+        // The server glues the two: a worker runs a turn on the engine, then wakes the
+        // loop. Waking fails only if the OS refuses the write to mio's eventfd; the
+        // result then waits for the next wake-up.
         let pool = TurnPool::start(
             config.bus.max_concurrent_turns,
             config.bus.max_queued_turns,
-            Arc::new(engine),
-            event_loop.waker(),
+            move |turn: &Turn| engine.run(turn),
+            move || {
+                let _ = waker.wake();
+            },
         )
         .map_err(setup("start turn workers"))?;
 

@@ -108,7 +108,7 @@ pub struct Bus {
     config_path: PathBuf,
     config_bytes: Vec<u8>,
     engine_override: Option<EngineOverride>,
-    pool: TurnPool<Turn, TurnResult>,
+    pool: TurnPool<ConnId, Turn, TurnResult>,
     pending: HashMap<ConnId, Pending>,
     stopping_since: Option<Instant>,
     engines_killed_at: Option<Instant>,
@@ -124,7 +124,7 @@ pub struct Bus {
 
 impl Bus {
     /// A server for `settings`, running turns on `pool`.
-    pub fn new(settings: ServerSettings, pool: TurnPool<Turn, TurnResult>) -> Bus {
+    pub fn new(settings: ServerSettings, pool: TurnPool<ConnId, Turn, TurnResult>) -> Bus {
         let port = settings.port;
         let audit = AuditLog::new(&settings.state_dir, &settings.name);
         Bus {
@@ -149,7 +149,7 @@ impl Bus {
     }
 
     /// Hands back the pool after the loop ended, so its workers can be joined.
-    pub fn into_pool(self) -> TurnPool<Turn, TurnResult> {
+    pub fn into_pool(self) -> TurnPool<ConnId, Turn, TurnResult> {
         self.pool
     }
 
@@ -257,8 +257,8 @@ impl Bus {
     }
 
     /// Turns a finished job into the response for its connection.
-    fn finish(&mut self, done: Done<Turn, TurnResult>) -> Option<(ConnId, Response)> {
-        let pending = self.pending.remove(&done.conn)?;
+    fn finish(&mut self, done: Done<ConnId, Turn, TurnResult>) -> Option<(ConnId, Response)> {
+        let pending = self.pending.remove(&done.key)?;
         let took = elapsed_ms(pending.received_at);
         let response = match done.outcome {
             Outcome::Finished(TurnResult::Reply(text)) => {
@@ -300,7 +300,7 @@ impl Bus {
                 )
             }
         };
-        Some((done.conn, response))
+        Some((done.key, response))
     }
 
     /// Re-reads config.json if it changed; keeps the last good config on any problem.
@@ -451,7 +451,7 @@ impl Service for Bus {
             // Echo without a budget: no process, no file, nothing to wait for.
             self.pending.insert(id, Pending { received_at, meta });
             let done = Done {
-                conn: id,
+                key: id,
                 job: turn,
                 outcome: Outcome::Finished(result),
             };

@@ -1,0 +1,615 @@
+//! What an engine's exit and output mean (pure): the reply or the classified failure,
+//! and the usage the engine reported.
+//!
+//! Nothing here touches a process or a file, so every rule is tested with plain values.
+
+use crate::config::OutputMode;
+use crate::protocol::{ErrorCode, Failure};
+use crate::usage::TurnUsage;
+use serde_json::Value;
+use std::os::unix::process::ExitStatusExt;
+use std::process::ExitStatus;
+
+/// Longest engine message carried into an envelope's `error`.
+pub const MAX_ENGINE_MESSAGE_CHARS: usize = 1_000;
+/// How many of the last non-empty lines of stderr (or stdout) a failure message quotes.
+pub const MESSAGE_LINES: usize = 3;
+
+/// What a turn produced.
+#[derive(Debug, Clone, PartialEq)]
+pub enum TurnResult {
+    /// The reply text (200, success envelope).
+    Reply(String),
+    /// A classified failure (200, failure envelope).
+    Failed(Failure),
+    /// The handler produced something that is not a result (500,
+    /// `invalid_handler_response`); the text says what, for the log only.
+    Invalid(String),
+}
+
+/// How an engine process ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Exit {
+    /// It exited with this status code (0 is success).
+    Code(i32),
+    /// A signal killed it.
+    Signal(i32),
+    /// Neither is known.
+    Unknown,
+}
+
+impl From<ExitStatus> for Exit {
+    fn from(status: ExitStatus) -> Exit {
+        match (status.code(), status.signal()) {
+            (Some(code), _) => Exit::Code(code),
+            (None, Some(signal)) => Exit::Signal(signal),
+            (None, None) => Exit::Unknown,
+        }
+    }
+}
+
+/// The result of one engine run, and the usage to record (`None`: nothing to record).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Interpreted {
+    /// What the turn answers.
+    pub result: TurnResult,
+    /// The usage to add to `usage.json`, if the run counts as an engine turn.
+    pub usage: Option<TurnUsage>,
+}
+
+impl Interpreted {
+    /// A failure with nothing to record.
+    pub fn failed(code: ErrorCode, message: impl Into<String>) -> Interpreted {
+        Interpreted {
+            result: TurnResult::Failed(Failure::new(code, message)),
+            usage: None,
+        }
+    }
+}
+
+/// Turns an engine's exit and output (`stdout` as configured by `output`) into a result.
+///
+/// A failed exit is classified from stderr and stdout, and its message is the engine's
+/// JSON `result`, else the last lines of stderr, else of stdout. A successful exit
+/// replies with stdout (text, one trailing newline dropped) or the JSON `result`,
+/// unless the JSON says `is_error`.
+pub fn interpret(output: OutputMode, exit: Exit, stdout: &[u8], stderr: &[u8]) -> Interpreted {
+    let stdout_text = String::from_utf8_lossy(stdout);
+    let stderr_text = String::from_utf8_lossy(stderr);
+    let json = match output {
+        OutputMode::Json => json_object(&stdout_text),
+        OutputMode::Text => None,
+    };
+    let usage = json.as_ref().map(usage_of);
+    if exit != Exit::Code(0) {
+        // Prefer the engine's structured message, then stderr, then stdout.
+        let json_message = json
+            .as_ref()
+            .and_then(|v| v.get("result"))
+            .and_then(Value::as_str)
+            .map(str::to_owned);
+        let message = json_message
+            .or_else(|| last_lines(&stderr_text))
+            .or_else(|| last_lines(&stdout_text))
+            .unwrap_or_default();
+        let code =
+            classify(&format!("{stderr_text}\n{stdout_text}")).unwrap_or(ErrorCode::EngineCli);
+        let how = match exit {
+            Exit::Code(code) => format!("engine exited with status {code}"),
+            Exit::Signal(signal) => format!("engine was killed by signal {signal}"),
+            Exit::Unknown => "engine failed".to_owned(),
+        };
+        let text = if message.is_empty() {
+            how
+        } else {
+            format!("{how}: {message}")
+        };
+        return Interpreted {
+            result: TurnResult::Failed(Failure::new(code, bounded(&text))),
+            usage,
+        };
+    }
+    match output {
+        OutputMode::Text => {
+            let result = match std::str::from_utf8(stdout) {
+                Ok(text) => {
+                    let text = text
+                        .strip_suffix('\n')
+                        .map(|t| t.strip_suffix('\r').unwrap_or(t))
+                        .unwrap_or(text);
+                    TurnResult::Reply(text.to_owned())
+                }
+                Err(_) => TurnResult::Failed(Failure::new(
+                    ErrorCode::EngineCli,
+                    "engine output is not UTF-8 (engine.output is \"text\")",
+                )),
+            };
+            // A text engine reports no usage; the turn still counts.
+            Interpreted {
+                result,
+                usage: Some(TurnUsage::default()),
+            }
+        }
+        OutputMode::Json => {
+            let Some(value) = json else {
+                return Interpreted {
+                    result: TurnResult::Failed(Failure::new(
+                        ErrorCode::EngineCli,
+                        "engine output is not a JSON object (engine.output is \"json\")",
+                    )),
+                    usage: Some(TurnUsage::default()),
+                };
+            };
+            let Some(result) = value.get("result").and_then(Value::as_str) else {
+                return Interpreted {
+                    result: TurnResult::Failed(Failure::new(
+                        ErrorCode::EngineCli,
+                        "engine JSON output has no string `result`",
+                    )),
+                    usage,
+                };
+            };
+            let result = if value.get("is_error").and_then(Value::as_bool) == Some(true) {
+                let code = classify(result).unwrap_or(ErrorCode::Unknown);
+                TurnResult::Failed(Failure::new(code, bounded(result)))
+            } else {
+                TurnResult::Reply(result.to_owned())
+            };
+            Interpreted { result, usage }
+        }
+    }
+}
+
+/// The engine's JSON object: the whole of stdout, or else its last non-empty line (an
+/// engine may print a warning before the object).
+fn json_object(stdout: &str) -> Option<Value> {
+    let whole = serde_json::from_str::<Value>(stdout)
+        .ok()
+        .filter(Value::is_object);
+    whole.or_else(|| {
+        let last = stdout.lines().rev().find(|l| !l.trim().is_empty())?;
+        serde_json::from_str::<Value>(last)
+            .ok()
+            .filter(Value::is_object)
+    })
+}
+
+/// Cost and tokens from a `claude -p --output-format json` object; absent or invalid
+/// fields count as 0.
+fn usage_of(value: &Value) -> TurnUsage {
+    let tokens = |field: &str| {
+        value
+            .get("usage")
+            .and_then(|u| u.get(field))
+            .and_then(Value::as_u64)
+            .unwrap_or(0)
+    };
+    let cost = value
+        .get("total_cost_usd")
+        .and_then(Value::as_f64)
+        .filter(|c| c.is_finite() && *c >= 0.0)
+        .unwrap_or(0.0);
+    TurnUsage {
+        input_tokens: tokens("input_tokens"),
+        output_tokens: tokens("output_tokens"),
+        cached_tokens: tokens("cache_read_input_tokens"),
+        cost_usd: cost,
+    }
+}
+
+/// The classification rules, in the order they are tried: the first rule with a
+/// phrase found in the engine's output (case-insensitive) gives the code. Output that
+/// matches no rule is `engine_cli` for a failed exit and `unknown` for an engine that
+/// reported an error itself.
+pub const CLASSIFICATION_RULES: [(ErrorCode, &[&str]); 3] = [
+    (
+        ErrorCode::Auth,
+        &[
+            "not logged in",
+            "unauthorized",
+            "invalid api key",
+            "invalid x-api-key",
+            "authentication failed",
+            "authentication_error",
+            "please run /login",
+            "401 unauthorized",
+            "status 401",
+            "status code 401",
+            "http 401",
+            "error 401",
+            "(401)",
+        ],
+    ),
+    (
+        ErrorCode::WritePermission,
+        &[
+            "read-only",
+            "read only file system",
+            "permission denied",
+            "operation not permitted",
+            "eacces",
+            "not allowed to write",
+        ],
+    ),
+    (
+        ErrorCode::SessionState,
+        &[
+            "no conversation found",
+            "no such session",
+            "session not found",
+        ],
+    ),
+];
+
+/// The code of the first rule that matches `text`, if any.
+pub fn classify(text: &str) -> Option<ErrorCode> {
+    let lower = text.to_lowercase();
+    CLASSIFICATION_RULES
+        .iter()
+        .find(|(_, phrases)| phrases.iter().any(|p| contains_phrase(&lower, p)))
+        .map(|(code, _)| code.clone())
+}
+
+/// Whether `phrase` occurs in `text`; a numeric phrase (like `401`) must not be part of
+/// a longer number.
+fn contains_phrase(text: &str, phrase: &str) -> bool {
+    if !phrase.bytes().all(|b| b.is_ascii_digit()) {
+        return text.contains(phrase);
+    }
+    text.match_indices(phrase).any(|(i, _)| {
+        let before = text[..i].bytes().next_back();
+        let after = text[i + phrase.len()..].bytes().next();
+        !before.is_some_and(|b| b.is_ascii_digit()) && !after.is_some_and(|b| b.is_ascii_digit())
+    })
+}
+
+/// The last [`MESSAGE_LINES`] non-empty lines of `text`, joined and bounded.
+fn last_lines(text: &str) -> Option<String> {
+    let lines: Vec<&str> = text
+        .lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty())
+        .collect();
+    if lines.is_empty() {
+        return None;
+    }
+    let start = lines.len().saturating_sub(MESSAGE_LINES);
+    Some(bounded(&lines[start..].join(" | ")))
+}
+
+/// `text` trimmed and cut to [`MAX_ENGINE_MESSAGE_CHARS`].
+fn bounded(text: &str) -> String {
+    crate::protocol::truncate_chars(text.trim().to_owned(), MAX_ENGINE_MESSAGE_CHARS)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn classification_table() {
+        let cases: &[(&str, Option<&str>)] = &[
+            ("Invalid API key · Please run /login", Some("auth")),
+            ("Error: not logged in", Some("auth")),
+            ("HTTP 401 from provider", Some("auth")),
+            ("request failed with status code 401", Some("auth")),
+            ("API Error (401) {...}", Some("auth")),
+            ("file.py:401: syntax error", None),
+            ("Unauthorized", Some("auth")),
+            ("error at line 4011", None),
+            ("EROFS: read-only file system", Some("write_permission")),
+            ("open /x: Permission denied", Some("write_permission")),
+            ("Operation not permitted", Some("write_permission")),
+            (
+                "No conversation found with session ID abc",
+                Some("session_state"),
+            ),
+            ("error: no such session", Some("session_state")),
+            // The first matching rule wins.
+            ("unauthorized: permission denied", Some("auth")),
+            ("segfault", None),
+            ("", None),
+        ];
+        for (text, want) in cases {
+            assert_eq!(
+                classify(text).as_ref().map(ErrorCode::as_str),
+                *want,
+                "{text:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn interpret_table() {
+        // (mode, exit, stdout, stderr, expected: Ok(reply) | Err(code))
+        type Row = (
+            OutputMode,
+            Exit,
+            &'static [u8],
+            &'static str,
+            Result<&'static str, &'static str>,
+        );
+        let rows: &[Row] = &[
+            (OutputMode::Text, Exit::Code(0), b"hello\n", "", Ok("hello")),
+            (OutputMode::Text, Exit::Code(0), b"crlf\r\n", "", Ok("crlf")),
+            (
+                OutputMode::Text,
+                Exit::Code(0),
+                b"two\nlines\n\n",
+                "",
+                Ok("two\nlines\n"),
+            ),
+            (OutputMode::Text, Exit::Code(0), b"", "noise", Ok("")),
+            (
+                OutputMode::Text,
+                Exit::Code(0),
+                b"caf\xc3\xa9",
+                "",
+                Ok("caf\u{e9}"),
+            ),
+            (
+                OutputMode::Text,
+                Exit::Code(0),
+                b"caf\xe9",
+                "",
+                Err("engine_cli"),
+            ),
+            (
+                OutputMode::Text,
+                Exit::Code(1),
+                b"",
+                "Invalid API key · Please run /login",
+                Err("auth"),
+            ),
+            (
+                OutputMode::Text,
+                Exit::Code(2),
+                b"",
+                "boom",
+                Err("engine_cli"),
+            ),
+            (
+                OutputMode::Text,
+                Exit::Signal(9),
+                b"",
+                "",
+                Err("engine_cli"),
+            ),
+            (OutputMode::Text, Exit::Unknown, b"", "", Err("engine_cli")),
+            (
+                OutputMode::Text,
+                Exit::Code(1),
+                b"",
+                "rm: Permission denied",
+                Err("write_permission"),
+            ),
+            (
+                OutputMode::Json,
+                Exit::Code(0),
+                br#"{"result":"ok","total_cost_usd":0.5}"#,
+                "",
+                Ok("ok"),
+            ),
+            (
+                OutputMode::Json,
+                Exit::Code(0),
+                br#"{"result":"No conversation found","is_error":true}"#,
+                "",
+                Err("session_state"),
+            ),
+            (
+                OutputMode::Json,
+                Exit::Code(0),
+                br#"{"result":"weird","is_error":true}"#,
+                "",
+                Err("unknown"),
+            ),
+            (
+                OutputMode::Json,
+                Exit::Code(0),
+                br#"{"result":"fine","is_error":false}"#,
+                "",
+                Ok("fine"),
+            ),
+            (
+                OutputMode::Json,
+                Exit::Code(1),
+                br#"{"result":"Invalid API key","is_error":true}"#,
+                "",
+                Err("auth"),
+            ),
+            (
+                OutputMode::Json,
+                Exit::Code(0),
+                b"not json",
+                "",
+                Err("engine_cli"),
+            ),
+            (
+                OutputMode::Json,
+                Exit::Code(0),
+                b"[1]",
+                "",
+                Err("engine_cli"),
+            ),
+            (
+                OutputMode::Json,
+                Exit::Code(0),
+                br#"{"text":"no result"}"#,
+                "",
+                Err("engine_cli"),
+            ),
+            (
+                OutputMode::Json,
+                Exit::Code(0),
+                br#"{"result":7}"#,
+                "",
+                Err("engine_cli"),
+            ),
+            (
+                OutputMode::Json,
+                Exit::Code(0),
+                b"warning: old\n{\"result\":\"ok\"}\n",
+                "",
+                Ok("ok"),
+            ),
+        ];
+        for (mode, exit, out, err, want) in rows {
+            let run = interpret(*mode, *exit, out, err.as_bytes());
+            let got = match &run.result {
+                TurnResult::Reply(text) => Ok(text.as_str()),
+                TurnResult::Failed(f) => Err(f.code.as_str()),
+                TurnResult::Invalid(_) => Err("invalid_handler_response"),
+            };
+            assert_eq!(got, *want, "{mode:?} {exit:?} {out:?} {err:?}");
+        }
+    }
+
+    #[test]
+    fn failure_message_table() {
+        // (mode, exit, stdout, stderr, the envelope's `error`)
+        type Row = (OutputMode, Exit, &'static str, &'static str, &'static str);
+        let rows: &[Row] = &[
+            (
+                OutputMode::Text,
+                Exit::Code(1),
+                "",
+                "Invalid API key \u{b7} Please run /login\n",
+                "engine exited with status 1: Invalid API key · Please run /login",
+            ),
+            // Only the last lines of stderr, joined.
+            (
+                OutputMode::Text,
+                Exit::Code(3),
+                "out",
+                "a\n\nb\nc\nd\n",
+                "engine exited with status 3: b | c | d",
+            ),
+            // Stdout when stderr is empty.
+            (
+                OutputMode::Text,
+                Exit::Code(1),
+                "only stdout\n",
+                "  \n",
+                "engine exited with status 1: only stdout",
+            ),
+            (
+                OutputMode::Text,
+                Exit::Signal(9),
+                "",
+                "",
+                "engine was killed by signal 9",
+            ),
+            (OutputMode::Text, Exit::Unknown, "", "", "engine failed"),
+            // The engine's JSON `result` before stderr.
+            (
+                OutputMode::Json,
+                Exit::Code(1),
+                r#"{"result":"structured","is_error":true}"#,
+                "stderr text",
+                "engine exited with status 1: structured",
+            ),
+            (
+                OutputMode::Json,
+                Exit::Code(0),
+                r#"{"result":"  said so  ","is_error":true}"#,
+                "",
+                "said so",
+            ),
+        ];
+        for (mode, exit, out, err, want) in rows {
+            let run = interpret(*mode, *exit, out.as_bytes(), err.as_bytes());
+            let TurnResult::Failed(f) = run.result else {
+                panic!("not a failure: {out:?} {err:?}")
+            };
+            assert_eq!(f.error, *want);
+            // The envelope's retry hint follows the code's row of the retry table.
+            assert_eq!(f.retryable, f.code.retryable(), "{want}");
+        }
+    }
+
+    #[test]
+    fn an_auth_failure_is_not_retryable() {
+        let run = interpret(
+            OutputMode::Text,
+            Exit::Code(1),
+            b"",
+            b"Error: not logged in",
+        );
+        let TurnResult::Failed(f) = run.result else {
+            panic!("not a failure")
+        };
+        assert_eq!(f.code, ErrorCode::Auth);
+        assert!(!f.retryable);
+    }
+
+    #[test]
+    fn failure_message_is_bounded() {
+        let long = "x".repeat(MAX_ENGINE_MESSAGE_CHARS * 2);
+        let run = interpret(OutputMode::Text, Exit::Code(1), b"", long.as_bytes());
+        let TurnResult::Failed(f) = run.result else {
+            panic!("not a failure")
+        };
+        assert!(f.error.chars().count() <= MAX_ENGINE_MESSAGE_CHARS, "{f:?}");
+    }
+
+    #[test]
+    fn usage_table() {
+        let full = TurnUsage {
+            input_tokens: 3,
+            output_tokens: 4,
+            cached_tokens: 5,
+            cost_usd: 0.25,
+        };
+        // (mode, exit, stdout, the usage to record)
+        let rows: &[(OutputMode, Exit, &str, Option<TurnUsage>)] = &[
+            (
+                OutputMode::Json,
+                Exit::Code(0),
+                r#"{"result":"x","total_cost_usd":0.25,"usage":{"input_tokens":3,"output_tokens":4,"cache_read_input_tokens":5}}"#,
+                Some(full),
+            ),
+            // Negative cost and non-integer tokens count as 0.
+            (
+                OutputMode::Json,
+                Exit::Code(0),
+                r#"{"result":"x","total_cost_usd":-1,"usage":{"input_tokens":-2,"output_tokens":1.5}}"#,
+                Some(TurnUsage::default()),
+            ),
+            // A failed JSON engine that still reported its cost: it counts.
+            (
+                OutputMode::Json,
+                Exit::Code(1),
+                r#"{"result":"x","total_cost_usd":0.25,"usage":{"input_tokens":3,"output_tokens":4,"cache_read_input_tokens":5}}"#,
+                Some(full),
+            ),
+            // A failed exit without JSON: nothing to record.
+            (OutputMode::Json, Exit::Code(1), "crash", None),
+            (OutputMode::Text, Exit::Code(1), "crash", None),
+            // A successful text or malformed JSON turn counts, at zero cost.
+            (
+                OutputMode::Text,
+                Exit::Code(0),
+                "ok",
+                Some(TurnUsage::default()),
+            ),
+            (
+                OutputMode::Json,
+                Exit::Code(0),
+                "not json",
+                Some(TurnUsage::default()),
+            ),
+        ];
+        for (mode, exit, out, want) in rows {
+            let run = interpret(*mode, *exit, out.as_bytes(), b"");
+            assert_eq!(run.usage, *want, "{mode:?} {exit:?} {out:?}");
+        }
+    }
+
+    #[test]
+    fn exit_status_conversion() {
+        assert_eq!(Exit::from(ExitStatus::from_raw(0)), Exit::Code(0));
+        assert_eq!(Exit::from(ExitStatus::from_raw(2 << 8)), Exit::Code(2));
+        assert_eq!(Exit::from(ExitStatus::from_raw(9)), Exit::Signal(9));
+    }
+}
