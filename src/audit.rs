@@ -16,7 +16,6 @@
 //! cap by one line.
 
 use crate::{files, time};
-use serde_json::Value;
 use std::fs::{File, OpenOptions};
 use std::io::{self, Write};
 use std::os::unix::fs::OpenOptionsExt;
@@ -75,6 +74,7 @@ impl AuditLog {
     }
 
     /// The log file's path.
+    #[cfg(test)]
     pub fn path(&self) -> &Path {
         &self.path
     }
@@ -179,8 +179,9 @@ struct Metadata<'a> {
     status: Option<u16>,
 }
 
-/// Parses one audit line (for tests and tools).
-pub fn parse_line(line: &str) -> Option<Value> {
+/// Parses one audit line (for tests).
+#[cfg(test)]
+pub fn parse_line(line: &str) -> Option<serde_json::Value> {
     serde_json::from_str(line).ok()
 }
 

@@ -29,11 +29,9 @@ pub enum Outcome<R> {
 
 /// A finished job, as the caller receives it.
 #[derive(Debug)]
-pub struct Done<K, J, R> {
+pub struct Done<K, R> {
     /// The key the job was submitted under.
     pub key: K,
-    /// The job itself, handed back.
-    pub job: J,
     /// What the runner produced.
     pub outcome: Outcome<R>,
 }
@@ -71,7 +69,7 @@ impl<K, J> Shared<K, J> {
 /// The pool. Dropping it does not stop the workers; call [`TurnPool::close`].
 pub struct TurnPool<K, J, R> {
     shared: Arc<Shared<K, J>>,
-    done_rx: Receiver<Done<K, J, R>>,
+    done_rx: Receiver<Done<K, R>>,
     workers: Vec<JoinHandle<()>>,
     max_concurrent: usize,
     max_queued: usize,
@@ -117,7 +115,7 @@ where
             let shared = Arc::clone(&shared);
             let runner = Arc::clone(&runner);
             let wake = Arc::clone(&wake);
-            let done_tx: Sender<Done<K, J, R>> = done_tx.clone();
+            let done_tx: Sender<Done<K, R>> = done_tx.clone();
             let handle = thread::Builder::new()
                 .name(format!("turn-{index}"))
                 .spawn(move || worker(&shared, runner.as_ref(), wake.as_ref(), &done_tx))?;
@@ -150,7 +148,7 @@ where
     }
 
     /// Finished jobs, without blocking.
-    pub fn finished(&self) -> impl Iterator<Item = Done<K, J, R>> + '_ {
+    pub fn finished(&self) -> impl Iterator<Item = Done<K, R>> + '_ {
         self.done_rx.try_iter()
     }
 
@@ -208,7 +206,7 @@ fn worker<K, J, R>(
     shared: &Shared<K, J>,
     runner: &(dyn Fn(&J) -> R + Send + Sync),
     wake: &(dyn Fn() + Send + Sync),
-    done_tx: &Sender<Done<K, J, R>>,
+    done_tx: &Sender<Done<K, R>>,
 ) {
     loop {
         let mut queue = shared.lock();
@@ -232,7 +230,7 @@ fn worker<K, J, R>(
         };
         // Send before decrementing `running`, so the caller never sees a job that is
         // neither running nor finished.
-        let sent = done_tx.send(Done { key, job, outcome });
+        let sent = done_tx.send(Done { key, outcome });
         wake();
         shared.lock().running -= 1;
         if sent.is_err() {
@@ -334,12 +332,12 @@ mod tests {
             wakes.recv_timeout(Duration::from_secs(10)).unwrap();
             done.extend(pool.finished());
         }
-        let panicked: Vec<(u64, u32)> = done
+        let panicked: Vec<u64> = done
             .iter()
             .filter(|d| matches!(d.outcome, Outcome::Panicked))
-            .map(|d| (d.key, d.job))
+            .map(|d| d.key)
             .collect();
-        assert_eq!(panicked, vec![(2, 13)]);
+        assert_eq!(panicked, vec![2], "the job 13 was submitted under key 2");
         let mut results: Vec<(u64, u32)> = done
             .iter()
             .filter_map(|d| match d.outcome {

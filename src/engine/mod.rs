@@ -3,17 +3,13 @@
 //!
 //! `engine/process.rs` supervises the command's process (spawn, feed, drain, deadline,
 //! kill, reap); `engine/outcome.rs` interprets, without I/O, what it wrote and how it
-//! ended. Their limits are re-exported here.
+//! ended. Their limits are named constants there.
 
 mod outcome;
 mod process;
 
-pub use outcome::{
-    classify, TurnResult, CLASSIFICATION_RULES, MAX_ENGINE_MESSAGE_CHARS, MESSAGE_LINES,
-};
-pub use process::{
-    RunningEngines, DRAIN_POLL, KILL_RETRY, MAX_STDERR_KEPT, PIPE_DRAIN_GRACE, READ_CHUNK_BYTES,
-};
+pub use outcome::TurnResult;
+pub use process::RunningEngines;
 
 use crate::config::{Config, EngineConfig};
 use crate::protocol::{ErrorCode, Failure, TalkRequest};

@@ -20,11 +20,9 @@ pub const MESSAGE_LINES: usize = 3;
 pub enum TurnResult {
     /// The reply text (200, success envelope).
     Reply(String),
-    /// A classified failure (200, failure envelope).
+    /// A classified failure (200, failure envelope). Output the engine was not meant
+    /// to write is one too (`engine_cli`), never a 500.
     Failed(Failure),
-    /// The handler produced something that is not a result (500,
-    /// `invalid_handler_response`); the text says what, for the log only.
-    Invalid(String),
 }
 
 /// How an engine process ended.
@@ -459,7 +457,6 @@ mod tests {
             let got = match &run.result {
                 TurnResult::Reply(text) => Ok(text.as_str()),
                 TurnResult::Failed(f) => Err(f.code.as_str()),
-                TurnResult::Invalid(_) => Err("invalid_handler_response"),
             };
             assert_eq!(got, *want, "{mode:?} {exit:?} {out:?} {err:?}");
         }

@@ -257,7 +257,7 @@ impl Bus {
     }
 
     /// Turns a finished job into the response for its connection.
-    fn finish(&mut self, done: Done<ConnId, Turn, TurnResult>) -> Option<(ConnId, Response)> {
+    fn finish(&mut self, done: Done<ConnId, TurnResult>) -> Option<(ConnId, Response)> {
         let pending = self.pending.remove(&done.key)?;
         let took = elapsed_ms(pending.received_at);
         let response = match done.outcome {
@@ -282,14 +282,6 @@ impl Bus {
                 let envelope = Envelope::failure(&self.name, failure, took);
                 self.audit_answer(&pending, &envelope);
                 Bus::envelope_response(200, &envelope)
-            }
-            Outcome::Finished(TurnResult::Invalid(why)) => {
-                log::error!("turn handler returned an invalid result: {why}");
-                self.refuse_talk(
-                    &Refusal::InvalidHandlerResponse,
-                    pending.received_at,
-                    &pending.meta,
-                )
             }
             Outcome::Panicked => {
                 log::error!("turn handler panicked");
@@ -452,7 +444,6 @@ impl Service for Bus {
             self.pending.insert(id, Pending { received_at, meta });
             let done = Done {
                 key: id,
-                job: turn,
                 outcome: Outcome::Finished(result),
             };
             return self.finish(done).map(|(_, response)| response);

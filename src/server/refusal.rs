@@ -44,8 +44,6 @@ pub enum Refusal {
     ShuttingDown,
     /// The turn handler panicked.
     HandlerPanicked,
-    /// The turn handler returned something that is not a result.
-    InvalidHandlerResponse,
     /// Unknown path.
     NotFound,
     /// Known path, wrong method; the field is the `Allow` value.
@@ -72,7 +70,6 @@ impl Refusal {
             Refusal::DepthExceeded { .. } => (429, ErrorCode::MaxDepthExceeded),
             Refusal::Busy | Refusal::ShuttingDown => (503, ErrorCode::ServerBusy),
             Refusal::HandlerPanicked => (500, ErrorCode::InternalError),
-            Refusal::InvalidHandlerResponse => (500, ErrorCode::InvalidHandlerResponse),
             Refusal::NotFound => (404, ErrorCode::InvalidRequest),
             Refusal::MethodNotAllowed(_) => (405, ErrorCode::InvalidRequest),
             Refusal::Http(HttpError::MalformedHead) => (400, ErrorCode::InvalidRequest),
@@ -115,9 +112,6 @@ impl Refusal {
             Refusal::Busy => "turn queue is full; try again shortly".to_owned(),
             Refusal::ShuttingDown => "instance is shutting down".to_owned(),
             Refusal::HandlerPanicked => "the turn handler failed unexpectedly".to_owned(),
-            Refusal::InvalidHandlerResponse => {
-                "the turn handler returned an invalid result".to_owned()
-            }
             Refusal::NotFound => {
                 "no such endpoint; use POST /api/talk or GET /api/health".to_owned()
             }
@@ -151,11 +145,6 @@ mod tests {
             ),
             (Refusal::Busy, 503, "server_busy"),
             (Refusal::HandlerPanicked, 500, "internal_error"),
-            (
-                Refusal::InvalidHandlerResponse,
-                500,
-                "invalid_handler_response",
-            ),
             (Refusal::NotFound, 404, "invalid_request"),
             (Refusal::MethodNotAllowed("GET"), 405, "invalid_request"),
             (
