@@ -98,7 +98,7 @@ fn table(listed: &[Listed], now: SystemTime) -> String {
     ]];
     for l in listed {
         rows.push([
-            l.name.clone(),
+            l.name.to_string(),
             l.entry.port.to_string(),
             l.entry.pid.to_string(),
             if l.liveness.is_ok() { "yes" } else { "no" }.to_owned(),

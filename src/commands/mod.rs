@@ -7,7 +7,8 @@ pub mod serve;
 pub mod talk;
 
 use crate::cli::{usage, UsageError};
-use crate::config::{self, Config, CONFIG_FILE};
+use crate::config::{self, Config, ConfigError, CONFIG_FILE};
+use crate::protocol::InstanceName;
 use std::path::{Path, PathBuf};
 
 /// The state directory from `--state-dir`, else `$LOOPBUS_STATE_DIR`.
@@ -26,15 +27,15 @@ pub fn state_dir_from(flag: Option<&str>) -> Result<PathBuf, UsageError> {
     }
 }
 
-/// The instance name: `--name`, else the state directory's last component. Either way
-/// it must match `[A-Za-z0-9][A-Za-z0-9._-]{0,63}`.
+/// The instance name: `--name`, else the state directory's last component, parsed as
+/// an [`InstanceName`].
 ///
 /// # Errors
 /// The name is missing or invalid.
 pub fn instance_name(
     state_dir: &std::path::Path,
     flag: Option<&str>,
-) -> Result<String, UsageError> {
+) -> Result<InstanceName, UsageError> {
     let name = match flag {
         Some(name) => name.to_owned(),
         None => {
@@ -52,13 +53,15 @@ pub fn instance_name(
                 })?
         }
     };
-    if crate::registry::is_valid_instance_name(&name) {
-        Ok(name)
-    } else {
-        Err(usage(format!(
-            "invalid instance name {name:?}: it must match [A-Za-z0-9][A-Za-z0-9._-]{{0,63}}"
-        )))
-    }
+    parse_name(name)
+}
+
+/// `text` as an [`InstanceName`], its one error message as a usage error.
+///
+/// # Errors
+/// `text` is not a valid instance name.
+pub fn parse_name(text: impl Into<String>) -> Result<InstanceName, UsageError> {
+    InstanceName::new(text).map_err(|e| usage(e.to_string()))
 }
 
 /// The channel root: the state directory's parent.
@@ -71,29 +74,26 @@ pub fn channel_root(state_dir: &std::path::Path) -> PathBuf {
 }
 
 /// The config of the instance whose state directory is `state_dir`, read the way
-/// `serve` reads it (bounded, regular files only).
+/// `serve` reads it ([`config::load`]: bounded, regular files only).
 ///
 /// # Errors
 /// config.json is missing, unreadable or invalid; the message names the file and the
 /// field, never a value.
 pub fn own_config(state_dir: &Path) -> Result<Config, UsageError> {
-    let path = state_dir.join(CONFIG_FILE);
-    let bytes = crate::server::read_bounded(&path).map_err(|e| {
-        let hint = if e.kind() == std::io::ErrorKind::NotFound {
-            format!(" (create it with `loopbus init {}`)", state_dir.display())
-        } else {
-            String::new()
-        };
-        usage(format!("{}: cannot read: {e}{hint}", path.display()))
-    })?;
-    config::parse(&bytes).map_err(|e| {
-        let message = e.to_string();
-        let message = message
-            .strip_prefix("config.json: ")
-            .unwrap_or(&message)
-            .to_owned();
-        usage(format!("{}: {message}", path.display()))
-    })
+    config::load(&state_dir.join(CONFIG_FILE)).map_err(|e| config_usage_error(state_dir, &e))
+}
+
+/// A config error as a usage error, with a hint to run `loopbus init` when the file
+/// is missing.
+pub fn config_usage_error(state_dir: &Path, error: &ConfigError) -> UsageError {
+    if error.is_not_found() {
+        usage(format!(
+            "{error} (create it with `loopbus init {}`)",
+            state_dir.display()
+        ))
+    } else {
+        usage(error.to_string())
+    }
 }
 
 /// Where `health` and `list` find the registry: `--root DIR`, else the parent of

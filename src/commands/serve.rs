@@ -4,8 +4,9 @@ use crate::cli::{usage, Args, UsageError, EXIT_OK};
 use crate::config::{self, CONFIG_FILE};
 use crate::engine::Engine;
 use crate::http::{self, EventLoop};
+use crate::protocol::InstanceName;
 use crate::secret::Secret;
-use crate::server::{self, Bus, ServerSettings};
+use crate::server::{Bus, ServerSettings};
 use crate::turns::TurnPool;
 use crate::{files, registry};
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
@@ -53,21 +54,10 @@ pub fn run(args: &[String]) -> Result<i32, UsageError> {
     let root = super::channel_root(&state_dir);
     let config_path = state_dir.join(CONFIG_FILE);
 
-    let config_bytes = server::read_bounded(&config_path).map_err(|e| {
-        let hint = if e.kind() == std::io::ErrorKind::NotFound {
-            format!(" (create it with `loopbus init {}`)", state_dir.display())
-        } else {
-            String::new()
-        };
-        usage(format!("{}: cannot read: {e}{hint}", config_path.display()))
-    })?;
-    let config = config::parse(&config_bytes).map_err(|e| {
-        usage(format!(
-            "{}: {}",
-            config_path.display(),
-            strip_file_prefix(&e.to_string())
-        ))
-    })?;
+    let config_bytes = config::read_file(&config_path)
+        .and_then(|bytes| Ok((config::parse_file(&config_path, &bytes)?, bytes)));
+    let (config, config_bytes) =
+        config_bytes.map_err(|e| super::config_usage_error(&state_dir, &e))?;
     if let Ok(Some(mode)) = files::mode_is_wider(&config_path, files::PRIVATE_FILE_MODE) {
         log::warn!(
             "{} has mode {mode:o}; it holds the bus secret, so 600 is advised",
@@ -184,7 +174,7 @@ pub fn run(args: &[String]) -> Result<i32, UsageError> {
 /// running under `root` (its registered port answers health as `name`), then prunes
 /// stale registry entries (contract section 6). A registry that can't be read or
 /// written here is only a warning; `register` reports real trouble.
-fn claim_name(root: &std::path::Path, name: &str) -> Result<(), UsageError> {
+fn claim_name(root: &std::path::Path, name: &InstanceName) -> Result<(), UsageError> {
     match registry::running(root, name) {
         Ok(Some(entry)) => {
             return Err(usage(format!(
@@ -206,12 +196,6 @@ fn claim_name(root: &std::path::Path, name: &str) -> Result<(), UsageError> {
         Err(e) => log::warn!("cannot prune the registry: {e}"),
     }
     Ok(())
-}
-
-/// Config errors from `config::parse` start with "config.json: "; the caller names
-/// the full path instead.
-fn strip_file_prefix(message: &str) -> &str {
-    message.strip_prefix("config.json: ").unwrap_or(message)
 }
 
 /// A stream that becomes readable on SIGTERM or SIGINT, and the registrations that keep

@@ -3,7 +3,6 @@
 use crate::cli::{usage, Args, UsageError, EXIT_FAILURE, EXIT_OK, EXIT_RETRYABLE};
 use crate::client::{self, DelegateOptions, DEFAULT_TIMEOUT};
 use crate::protocol::MAX_BODY_BYTES;
-use crate::registry;
 use std::io::{IsTerminal, Read, Write};
 use std::time::{Duration, Instant};
 
@@ -55,13 +54,8 @@ pub fn run(args: &[String]) -> Result<i32, UsageError> {
     let target = args
         .positionals
         .first()
-        .ok_or_else(|| usage("missing TARGET; usage: loopbus talk TARGET [PROMPT]"))?
-        .clone();
-    if !registry::is_valid_instance_name(&target) {
-        return Err(usage(format!(
-            "invalid instance name {target:?}: it must match [A-Za-z0-9][A-Za-z0-9._-]{{0,63}}"
-        )));
-    }
+        .ok_or_else(|| usage("missing TARGET; usage: loopbus talk TARGET [PROMPT]"))
+        .and_then(super::parse_name)?;
     let state_dir = super::state_dir_from(args.value("state-dir"))?;
     let name_flag = match args.value("name") {
         Some(name) => Some(name.to_owned()),
@@ -80,15 +74,15 @@ pub fn run(args: &[String]) -> Result<i32, UsageError> {
         Some(prompt) => prompt.to_owned(),
     };
 
-    let options = DelegateOptions {
-        root: super::channel_root(&state_dir),
-        caller: caller.clone(),
-        bus: config.bus,
-        target: target.clone(),
+    let options = DelegateOptions::new(
+        super::channel_root(&state_dir),
+        caller.clone(),
+        config.bus,
+        target.clone(),
         prompt,
-        depth,
-        timeout,
-    };
+    )
+    .with_depth(depth)
+    .with_timeout(timeout);
     let started = Instant::now();
     let outcome = client::delegate(&options);
     let mut stdout = std::io::stdout().lock();
