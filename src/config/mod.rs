@@ -110,6 +110,7 @@ impl Default for BusConfig {
 
 /// `bus.peers`: which callers (by `fromInstance`) are allowed.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum Peers {
     /// `"*"` or `true`: every caller.
     Any,
@@ -164,6 +165,7 @@ impl fmt::Debug for EngineConfig {
 
 /// `engine.prompt`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
 pub enum PromptMode {
     /// `"stdin"` (default): the prompt is written to the command's stdin.
     #[default]
@@ -174,6 +176,7 @@ pub enum PromptMode {
 
 /// `engine.output`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
 pub enum OutputMode {
     /// `"text"` (default): stdout is the reply.
     #[default]

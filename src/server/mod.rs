@@ -19,7 +19,6 @@ use crate::turns::{Busy, Done, Outcome, TurnPool};
 
 mod refusal;
 pub use refusal::Refusal;
-use serde_json::Value;
 use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -616,15 +615,6 @@ fn content_length(head: &Head) -> Result<u64, Refusal> {
 
 fn elapsed_ms(since: Instant) -> u64 {
     u64::try_from(since.elapsed().as_millis()).unwrap_or(u64::MAX)
-}
-
-/// A health body for tests and tools: the fields every health answer has.
-pub fn health_fields(body: &Value) -> Option<(&str, &str, &str)> {
-    Some((
-        body.get("kind")?.as_str()?,
-        body.get("instance")?.as_str()?,
-        body.get("status")?.as_str()?,
-    ))
 }
 
 #[cfg(test)]
