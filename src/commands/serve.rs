@@ -54,10 +54,9 @@ pub fn run(args: &[String]) -> Result<i32, UsageError> {
     let root = super::channel_root(&state_dir);
     let config_path = state_dir.join(CONFIG_FILE);
 
-    let config_bytes = config::read_file(&config_path)
+    let loaded = config::read_file(&config_path)
         .and_then(|bytes| Ok((config::parse_file(&config_path, &bytes)?, bytes)));
-    let (config, config_bytes) =
-        config_bytes.map_err(|e| super::config_usage_error(&state_dir, &e))?;
+    let (config, config_bytes) = loaded.map_err(|e| super::config_usage_error(&state_dir, &e))?;
     if let Ok(Some(mode)) = files::mode_is_wider(&config_path, files::PRIVATE_FILE_MODE) {
         log::warn!(
             "{} has mode {mode:o}; it holds the bus secret, so 600 is advised",
