@@ -212,7 +212,7 @@ mod tests {
             ..Record::default()
         });
         let text = std::fs::read_to_string(log.path()).unwrap();
-        let lines: Vec<Value> = text.lines().map(|l| parse_line(l).unwrap()).collect();
+        let lines: Vec<serde_json::Value> = text.lines().map(|l| parse_line(l).unwrap()).collect();
         assert_eq!(lines.len(), 2);
         for line in &lines {
             for field in [

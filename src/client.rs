@@ -9,31 +9,34 @@
 //! one place where client failures get their wire code.
 //!
 //! ```no_run
-//! use loopbus::client::{delegate, DelegateOptions};
-//! use loopbus::config::BusConfig;
+//! use loopbus::{delegate, BusConfig, DelegateOptions, InstanceName};
 //! use std::time::Duration;
 //!
-//! let options = DelegateOptions {
-//!     root: "/home/me/.loopbus".into(),
-//!     caller: "reviewer".into(),
-//!     bus: BusConfig { enabled: true, ..BusConfig::default() },
-//!     target: "worker".into(),
-//!     prompt: "Please verify this answer".into(),
-//!     depth: 0,
-//!     timeout: Duration::from_secs(60),
-//! };
+//! # fn main() -> Result<(), loopbus::InvalidInstanceName> {
+//! let bus = BusConfig::open();
+//! let options = DelegateOptions::new(
+//!     "/home/me/.loopbus",
+//!     InstanceName::new("reviewer")?,
+//!     bus,
+//!     InstanceName::new("worker")?,
+//!     "Please verify this answer",
+//! )
+//! .with_timeout(Duration::from_secs(60));
 //! match delegate(&options) {
 //!     Ok(reply) => println!("{}", reply.text),
 //!     Err(e) => eprintln!("{} (retryable: {}): {e}", e.code(), e.retryable()),
 //! }
+//! # Ok(())
+//! # }
 //! ```
 
 use crate::config::BusConfig;
 use crate::http::client::{self as transport, Connection, HttpError};
 use crate::protocol::{
-    self, encode_talk_request, Envelope, ErrorCode, Failure, TalkRequest, MAX_BODY_BYTES,
+    self, encode_talk_request, Envelope, ErrorCode, Failure, InstanceName, TalkRequest,
+    MAX_BODY_BYTES,
 };
-use crate::registry::{self, ProbeError, PROBE_TIMEOUT};
+use crate::registry::{self, ProbeError};
 use std::fmt;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
@@ -42,23 +45,58 @@ use std::time::{Duration, Instant};
 /// section 5).
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(1800);
 
-/// One delegation. `Debug` shows the prompt's length, never its text.
+/// One delegation, built with [`DelegateOptions::new`] and the `with_` setters.
+/// `Debug` shows the prompt's length, never its text.
 #[derive(Clone)]
+#[non_exhaustive]
 pub struct DelegateOptions {
     /// The channel root whose registry names the target.
     pub root: PathBuf,
     /// The calling instance's name, sent as `fromInstance`.
-    pub caller: String,
+    pub caller: InstanceName,
     /// The caller's own `bus` config: `enabled`, `peers`, `maxDepth`, `acceptKinds`.
     pub bus: BusConfig,
     /// The instance to ask.
-    pub target: String,
+    pub target: InstanceName,
     /// The prompt.
     pub prompt: String,
     /// The caller's current depth; the request carries `depth + 1`.
     pub depth: u64,
     /// How long to wait for the answer once the request is sent.
     pub timeout: Duration,
+}
+
+impl DelegateOptions {
+    /// A delegation of `prompt` from `caller` to `target`, found in the registry of
+    /// the channel root `root`, checked against the caller's own `bus` config; at
+    /// depth 0 and with [`DEFAULT_TIMEOUT`] until set otherwise.
+    pub fn new(
+        root: impl Into<PathBuf>,
+        caller: InstanceName,
+        bus: BusConfig,
+        target: InstanceName,
+        prompt: impl Into<String>,
+    ) -> DelegateOptions {
+        DelegateOptions {
+            root: root.into(),
+            caller,
+            bus,
+            target,
+            prompt: prompt.into(),
+            depth: 0,
+            timeout: DEFAULT_TIMEOUT,
+        }
+    }
+
+    /// The caller's current delegation depth (the request carries `depth + 1`).
+    pub fn with_depth(self, depth: u64) -> DelegateOptions {
+        DelegateOptions { depth, ..self }
+    }
+
+    /// How long to wait for the answer once the request is sent.
+    pub fn with_timeout(self, timeout: Duration) -> DelegateOptions {
+        DelegateOptions { timeout, ..self }
+    }
 }
 
 impl fmt::Debug for DelegateOptions {
@@ -96,6 +134,7 @@ impl Reply {
 /// Why a delegation failed. Every variant has a wire code ([`DelegateError::code`]) and
 /// a `retryable` flag; messages never contain the secret or the prompt.
 #[derive(Debug)]
+#[non_exhaustive]
 pub enum DelegateError {
     /// The caller's own bus is disabled.
     BusDisabled,
@@ -285,13 +324,13 @@ impl std::error::Error for DelegateError {}
 /// `options.timeout`, an answer that is not an envelope, a failure envelope.
 pub fn delegate(options: &DelegateOptions) -> Result<Reply, DelegateError> {
     let bus = &options.bus;
-    let target = options.target.as_str();
+    let target = &options.target;
     if !bus.enabled {
         return Err(DelegateError::BusDisabled);
     }
     if !bus.peers.allows(target) {
         return Err(DelegateError::PeerNotAllowed {
-            target: target.to_owned(),
+            target: target.to_string(),
         });
     }
     if options.depth >= bus.max_depth {
@@ -301,7 +340,7 @@ pub fn delegate(options: &DelegateOptions) -> Result<Reply, DelegateError> {
         });
     }
     let body = encode_talk_request(&TalkRequest {
-        from_instance: options.caller.clone(),
+        from_instance: options.caller.to_string(),
         prompt: options.prompt.clone(),
         // `depth < max_depth <= u64::MAX`, so this cannot overflow.
         depth: options.depth.saturating_add(1),
@@ -316,22 +355,15 @@ pub fn delegate(options: &DelegateOptions) -> Result<Reply, DelegateError> {
             error,
         })?
         .ok_or_else(|| DelegateError::NotRegistered {
-            target: target.to_owned(),
+            target: target.to_string(),
         })?;
-    let probe_failed = |reason| DelegateError::ProbeFailed {
-        target: target.to_owned(),
-        reason,
-    };
-    let probe_deadline = Instant::now() + PROBE_TIMEOUT;
-    let mut connection = Connection::open_local(entry.port, probe_deadline)
-        .map_err(|e| probe_failed(ProbeError::Http(e)))?;
-    registry::probe_on(
-        &mut connection,
-        target,
-        Some(&bus.accept_kinds),
-        probe_deadline,
-    )
-    .map_err(probe_failed)?;
+    let probed = registry::probe_port(entry.port, Some(target), Some(&bus.accept_kinds)).map_err(
+        |reason| DelegateError::ProbeFailed {
+            target: target.to_string(),
+            reason,
+        },
+    )?;
+    let mut connection = probed.connection;
     log::debug!(
         "delegating to {target} on port {} ({} prompt chars, depth {})",
         entry.port,
@@ -512,12 +544,7 @@ mod tests {
     }
 
     fn health(instance: &str) -> crate::protocol::Health {
-        crate::protocol::Health {
-            kind: "loopbus".into(),
-            instance: instance.into(),
-            status: "ok".into(),
-            pid: 1,
-        }
+        crate::protocol::Health::new("loopbus", instance, "ok", 1)
     }
 
     #[test]
@@ -573,7 +600,7 @@ mod tests {
             (
                 DelegateError::ProbeFailed {
                     target: t(),
-                    reason: ProbeError::OtherInstance(health("impostor")),
+                    reason: ProbeError::OtherInstance(Box::new(health("impostor"))),
                 },
                 "instance_unavailable",
                 true,
@@ -749,19 +776,16 @@ mod tests {
     #[test]
     fn local_checks_come_first_in_table_order() {
         use crate::config::Peers;
-        let base = DelegateOptions {
-            // Nothing is registered here; no check below gets as far as the registry.
-            root: std::env::temp_dir().join("loopbus-no-such-root"),
-            caller: "me".into(),
-            bus: BusConfig {
-                enabled: true,
-                ..BusConfig::default()
-            },
-            target: "worker".into(),
-            prompt: "p".into(),
-            depth: 0,
-            timeout: Duration::from_secs(1),
+        let name = |s: &str| InstanceName::new(s).unwrap();
+        let bus = BusConfig {
+            enabled: true,
+            ..BusConfig::default()
         };
+        // Nothing is registered here; no check below gets as far as the registry.
+        let root = std::env::temp_dir().join("loopbus-no-such-root");
+        let base = DelegateOptions::new(root, name("me"), bus, name("worker"), "p")
+            .with_timeout(Duration::from_secs(1));
+        assert_eq!((base.depth, base.prompt.as_str()), (0, "p"));
         let disabled = DelegateOptions {
             bus: BusConfig {
                 enabled: false,
@@ -843,15 +867,15 @@ mod tests {
 
     #[test]
     fn debug_and_errors_never_show_the_prompt() {
-        let options = DelegateOptions {
-            root: "/r".into(),
-            caller: "me".into(),
-            bus: BusConfig::default(),
-            target: "w".into(),
-            prompt: "TOP-SECRET-PROMPT".into(),
-            depth: 0,
-            timeout: DEFAULT_TIMEOUT,
-        };
+        let name = |s: &str| InstanceName::new(s).unwrap();
+        let options = DelegateOptions::new(
+            "/r",
+            name("me"),
+            BusConfig::default(),
+            name("w"),
+            "TOP-SECRET-PROMPT",
+        );
+        assert_eq!(options.timeout, DEFAULT_TIMEOUT);
         let shown = format!("{options:?}");
         assert!(!shown.contains("TOP-SECRET-PROMPT"), "{shown}");
         assert!(shown.contains("prompt_chars: 17"), "{shown}");

@@ -1,5 +1,5 @@
-//! Files on disk: atomic writes, advisory locks, bounded non-blocking reads and
-//! private directories. The modules that own a state file (audit, usage, registry,
+//! Files on disk: atomic writes, advisory locks, bounded non-blocking reads, setting a
+//! corrupt file aside, and private directories. The modules that own a state file (audit, usage, registry,
 //! config) do their file I/O through these helpers.
 //!
 //! Every JSON state file goes through
@@ -257,6 +257,25 @@ pub fn read_regular_file(path: &Path, max: u64) -> io::Result<Vec<u8>> {
     Ok(bytes)
 }
 
+/// Sets a corrupt file aside: renames `path` to `<path>.<suffix>-<millis since the
+/// epoch>` in the same directory, so nothing is destroyed without a trace, and returns
+/// the new path. The caller holds whatever lock guards `path`.
+///
+/// # Errors
+///
+/// Any I/O error from the rename (`NotFound` when `path` is gone).
+pub fn set_aside(path: &Path, suffix: &str) -> io::Result<PathBuf> {
+    let millis = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis())
+        .unwrap_or(0);
+    let mut aside = path.as_os_str().to_owned();
+    aside.push(format!(".{suffix}-{millis}"));
+    let aside = PathBuf::from(aside);
+    fs::rename(path, &aside)?;
+    Ok(aside)
+}
+
 // ---------------------------------------------------------------------------------------
 // Directories and modes
 
@@ -471,6 +490,21 @@ mod tests {
         // A second handle can take the lock again at once.
         let value = with_lock(&path, || Ok(7)).unwrap();
         assert_eq!(value, 7);
+    }
+
+    #[test]
+    fn set_aside_renames_next_to_the_file() {
+        let dir = TestDir::new("files-aside");
+        let path = dir.path().join("state.json");
+        fs::write(&path, b"torn").unwrap();
+        let aside = set_aside(&path, "corrupt").unwrap();
+        assert!(!path.exists());
+        assert_eq!(aside.parent(), Some(dir.path()));
+        let name = aside.file_name().unwrap().to_str().unwrap().to_owned();
+        assert!(name.starts_with("state.json.corrupt-"), "{name}");
+        assert_eq!(fs::read(&aside).unwrap(), b"torn");
+        let err = set_aside(&path, "corrupt").unwrap_err();
+        assert_eq!(err.kind(), io::ErrorKind::NotFound);
     }
 
     #[test]

@@ -12,7 +12,7 @@
 //! - the configuration an instance and a caller read: [`Config`], [`BusConfig`],
 //!   [`Peers`], [`EngineConfig`], [`load_config`], [`parse_config`], [`ConfigError`];
 //! - the wire protocol's types: [`TalkRequest`], [`Envelope`], [`Failure`],
-//!   [`ErrorCode`], their parsers and errors.
+//!   [`ErrorCode`], [`InstanceName`], their parsers and errors.
 //!
 //! ```
 //! use loopbus::{parse_talk_request, Envelope, ErrorCode, Failure};
@@ -52,8 +52,10 @@ pub use config::{
 };
 pub use protocol::{
     encode_talk_request, parse_response, parse_talk_request, Envelope, ErrorCode, Failure,
-    RequestError, ResponseError, TalkRequest, CAPABILITIES, MAX_BODY_BYTES, PROTOCOL_VERSION,
+    InstanceName, InvalidInstanceName, RequestError, ResponseError, TalkRequest, CAPABILITIES,
+    MAX_BODY_BYTES, MAX_INSTANCE_NAME_LEN, PROTOCOL_VERSION,
 };
+pub use registry::ProbeError;
 pub use secret::Secret;
 pub use server::{EngineOverride, Instance, InstanceOptions, ServeError, ShutdownHandle};
 

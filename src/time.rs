@@ -3,9 +3,6 @@
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-// ---------------------------------------------------------------------------------------
-// Time: ISO-8601 in UTC with milliseconds, by hand (no date crate)
-
 const MILLIS_PER_DAY: i128 = 86_400_000;
 
 /// Days since 1970-01-01 of the proleptic Gregorian date `year-month-day`.

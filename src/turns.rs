@@ -229,10 +229,11 @@ fn worker<K, J, R>(
             Err(_) => Outcome::Panicked,
         };
         // Send before decrementing `running`, so the caller never sees a job that is
-        // neither running nor finished.
+        // neither running nor finished; wake after it, so that a caller woken for this
+        // result already sees the pool idle if this was the last job.
         let sent = done_tx.send(Done { key, outcome });
-        wake();
         shared.lock().running -= 1;
+        wake();
         if sent.is_err() {
             return; // the pool is gone
         }

@@ -2,7 +2,7 @@
 //! re-exports only, delegating to each other with `delegate`, then stopped.
 
 use loopbus::{
-    delegate, load_config, DelegateOptions, EngineOverride, ErrorCode, Instance,
+    delegate, load_config, DelegateOptions, EngineOverride, ErrorCode, Instance, InstanceName,
     InstanceOptions, ServeError,
 };
 use std::fs;
@@ -47,15 +47,14 @@ impl Drop for Root {
 
 fn options(root: &Path, caller_dir: &Path, caller: &str, target: &str) -> DelegateOptions {
     let config = load_config(&caller_dir.join("config.json")).unwrap();
-    DelegateOptions {
-        root: root.to_path_buf(),
-        caller: caller.to_owned(),
-        bus: config.bus,
-        target: target.to_owned(),
-        prompt: format!("hello {target}, from {caller}"),
-        depth: 0,
-        timeout: Duration::from_secs(30),
-    }
+    DelegateOptions::new(
+        root,
+        caller.parse::<InstanceName>().unwrap(),
+        config.bus,
+        target.parse::<InstanceName>().unwrap(),
+        format!("hello {target}, from {caller}"),
+    )
+    .with_timeout(Duration::from_secs(30))
 }
 
 #[test]
@@ -70,7 +69,11 @@ fn two_instances_in_one_process_delegate_to_each_other() {
     assert_eq!(alpha.name(), "alpha");
     assert_eq!(beta.name(), "beta");
     assert!(alpha.addr().ip().is_loopback());
-    assert_ne!(alpha.addr().port(), 0, "port 0 is replaced by the one bound");
+    assert_ne!(
+        alpha.addr().port(),
+        0,
+        "port 0 is replaced by the one bound"
+    );
     let stops = [alpha.shutdown_handle(), beta.shutdown_handle()];
     let serving: Vec<_> = [alpha, beta]
         .into_iter()
@@ -85,8 +88,7 @@ fn two_instances_in_one_process_delegate_to_each_other() {
     assert_eq!(reply.from_instance, "alpha");
 
     // alpha's peers are ["beta"]: a third caller is refused by alpha itself.
-    let mut stranger = options(&root.0, &beta_dir, "gamma", "alpha");
-    stranger.prompt = "let me in".to_owned();
+    let stranger = options(&root.0, &beta_dir, "gamma", "alpha");
     let refused = delegate(&stranger).unwrap_err();
     assert_eq!(refused.code(), ErrorCode::PeerNotAllowed);
     assert!(!refused.retryable());
@@ -115,7 +117,7 @@ fn a_second_instance_for_one_state_dir_is_refused_with_a_typed_error() {
     let missing = root.0.join("nobody-here");
     fs::create_dir_all(&missing).unwrap();
     match Instance::start(InstanceOptions::new(&missing)) {
-        Err(e @ ServeError::ConfigRead { .. }) => {
+        Err(e @ ServeError::Config { .. }) => {
             assert!(e.to_string().contains("loopbus init"), "{e}");
             assert!(!e.while_serving());
         }

@@ -158,18 +158,16 @@ fn delegate_options(caller_dir: &Path, target: &str) -> Result<loopbus::Delegate
         .file_name()
         .and_then(|n| n.to_str())
         .ok_or("caller directory has no name")?
-        .to_owned();
+        .parse::<loopbus::InstanceName>()
+        .map_err(|e| e.to_string())?;
+    let target = target
+        .parse::<loopbus::InstanceName>()
+        .map_err(|e| e.to_string())?;
     let root = caller_dir
         .parent()
         .ok_or("caller directory has no parent")?
         .to_path_buf();
-    Ok(loopbus::DelegateOptions {
-        root,
-        caller,
-        bus: config.bus,
-        target: target.to_owned(),
-        prompt: PROMPT.to_owned(),
-        depth: 0,
-        timeout: loopbus::DEFAULT_TIMEOUT,
-    })
+    Ok(loopbus::DelegateOptions::new(
+        root, caller, config.bus, target, PROMPT,
+    ))
 }

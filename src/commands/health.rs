@@ -1,9 +1,7 @@
 //! `loopbus health TARGET`: is an instance alive?
 
-use crate::cli::{usage, Args, UsageError, EXIT_OK, EXIT_RETRYABLE};
-use crate::http::client::Connection;
-use crate::registry::{self, HealthAnswer, ProbeError, PROBE_TIMEOUT};
-use std::time::Instant;
+use crate::cli::{local, usage, Args, CommandError, EXIT_OK, EXIT_RETRYABLE};
+use crate::registry::{self, Probed};
 
 /// Help text.
 pub const HELP: &str = "\
@@ -30,21 +28,18 @@ Examples:
 ///
 /// # Errors
 /// Bad arguments, no way to find the registry, or an invalid config.json.
-pub fn run(args: &[String]) -> Result<i32, UsageError> {
+pub fn run(args: &[String]) -> Result<i32, CommandError> {
     let args = Args::parse(args, &["root", "state-dir", "port"], &[])?;
     if args.help {
         print!("{HELP}");
         return Ok(EXIT_OK);
     }
     args.at_most(1)?;
-    let target = args.positionals.first().map(String::as_str);
-    if let Some(name) = target {
-        if !registry::is_valid_instance_name(name) {
-            return Err(usage(format!(
-                "invalid instance name {name:?}: it must match [A-Za-z0-9][A-Za-z0-9._-]{{0,63}}"
-            )));
-        }
-    }
+    let target = args
+        .positionals
+        .first()
+        .map(super::parse_name)
+        .transpose()?;
     let port = args
         .parsed::<u16>("port", "a port number (1-65535)")?
         .map(|port| {
@@ -56,7 +51,7 @@ pub fn run(args: &[String]) -> Result<i32, UsageError> {
         })
         .transpose()?;
 
-    let (port, state_dir, shown) = match (port, target) {
+    let (port, state_dir, shown) = match (port, &target) {
         (Some(port), _) => {
             let state_dir = super::state_dir_from(args.value("state-dir")).ok();
             (port, state_dir, format!("port {port}"))
@@ -65,7 +60,7 @@ pub fn run(args: &[String]) -> Result<i32, UsageError> {
             let (root, state_dir) =
                 super::registry_root(args.value("root"), args.value("state-dir"))?;
             let entry = registry::lookup(&root, name).map_err(|e| {
-                usage(format!(
+                local(format!(
                     "cannot read {}: {e}",
                     registry::registry_path(&root).display()
                 ))
@@ -86,12 +81,13 @@ pub fn run(args: &[String]) -> Result<i32, UsageError> {
         (None, None) => {
             return Err(usage(
                 "missing TARGET; usage: loopbus health TARGET, or loopbus health --port N",
-            ))
+            )
+            .into())
         }
     };
     let kinds = super::accept_kinds(state_dir.as_deref())?;
-    match probe(port, target, &kinds) {
-        Ok(answer) => {
+    match registry::probe_port(port, target.as_ref(), Some(&kinds)) {
+        Ok(Probed { answer, .. }) => {
             println!(
                 "{}",
                 serde_json::to_string_pretty(&answer.body).unwrap_or_default()
@@ -103,12 +99,4 @@ pub fn run(args: &[String]) -> Result<i32, UsageError> {
             Ok(EXIT_RETRYABLE)
         }
     }
-}
-
-/// One health check of `127.0.0.1:port` within [`PROBE_TIMEOUT`].
-fn probe(port: u16, name: Option<&str>, kinds: &[String]) -> Result<HealthAnswer, ProbeError> {
-    let deadline = Instant::now() + PROBE_TIMEOUT;
-    let mut connection = Connection::open_local(port, deadline).map_err(ProbeError::Http)?;
-    let response = connection.get_health(deadline).map_err(ProbeError::Http)?;
-    registry::check_health(&response, name, Some(kinds))
 }

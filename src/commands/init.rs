@@ -1,9 +1,9 @@
 //! `loopbus init DIR`: write a ready config.json.
 
-use crate::cli::{usage, Args, UsageError, EXIT_OK};
+use crate::cli::{local, usage, Args, CommandError, EXIT_OK};
 use crate::config::{self, CONFIG_FILE};
-use crate::files;
 use crate::secret::Secret;
+use crate::{files, registry};
 
 /// Help text.
 pub const HELP: &str = "\
@@ -21,7 +21,7 @@ Example:
 ///
 /// # Errors
 /// Bad arguments, an existing config without `--force`, or a file system error.
-pub fn run(args: &[String]) -> Result<i32, UsageError> {
+pub fn run(args: &[String]) -> Result<i32, CommandError> {
     let args = Args::parse(args, &[], &["force"])?;
     if args.help {
         print!("{HELP}");
@@ -36,25 +36,25 @@ pub fn run(args: &[String]) -> Result<i32, UsageError> {
     let name = super::instance_name(&dir, None)?;
     let path = dir.join(CONFIG_FILE);
     if path.exists() && !args.switch("force") {
-        return Err(usage(format!(
+        return Err(local(format!(
             "{}: already exists; pass --force to replace it",
             path.display()
         )));
     }
     // The channel root holds the registry (secrets): create it private too, if missing.
-    let root = super::channel_root(&dir);
+    let root = registry::channel_root(&dir);
     for path in [&root, &dir] {
         files::create_dir_private(path)
-            .map_err(|e| usage(format!("{}: cannot create: {e}", path.display())))?;
+            .map_err(|e| local(format!("{}: cannot create: {e}", path.display())))?;
     }
     let secret = Secret::generate()
-        .map_err(|e| usage(format!("cannot read random bytes from the OS: {e}")))?;
+        .map_err(|e| local(format!("cannot read random bytes from the OS: {e}")))?;
     files::write_atomic(
         &path,
         config::default_config_json(&secret).as_bytes(),
         files::PRIVATE_FILE_MODE,
     )
-    .map_err(|e| usage(format!("{}: cannot write: {e}", path.display())))?;
+    .map_err(|e| local(format!("{}: cannot write: {e}", path.display())))?;
     println!("wrote {} for instance {name}", path.display());
     println!("start it with: loopbus serve --state-dir {}", dir.display());
     Ok(EXIT_OK)

@@ -1,6 +1,6 @@
 //! `loopbus list`: the registry's instances, each probed for liveness.
 
-use crate::cli::{usage, Args, UsageError, EXIT_OK};
+use crate::cli::{local, Args, CommandError, EXIT_OK};
 use crate::registry::{self, Listed};
 use crate::time;
 use serde_json::{json, Value};
@@ -30,7 +30,7 @@ Examples:
 /// # Errors
 /// Bad arguments, no way to find the registry, an unreadable registry, or an invalid
 /// config.json.
-pub fn run(args: &[String]) -> Result<i32, UsageError> {
+pub fn run(args: &[String]) -> Result<i32, CommandError> {
     let args = Args::parse(args, &["root", "state-dir"], &["json"])?;
     if args.help {
         print!("{HELP}");
@@ -41,7 +41,7 @@ pub fn run(args: &[String]) -> Result<i32, UsageError> {
     let kinds = super::accept_kinds(state_dir.as_deref())?;
     let path = registry::registry_path(&root);
     let listed = registry::list(&root, Some(&kinds))
-        .map_err(|e| usage(format!("cannot read {}: {e}", path.display())))?;
+        .map_err(|e| local(format!("cannot read {}: {e}", path.display())))?;
     let now = SystemTime::now();
     if args.switch("json") {
         let instances: Vec<Value> = listed.iter().map(|l| as_json(l, now)).collect();
@@ -98,7 +98,7 @@ fn table(listed: &[Listed], now: SystemTime) -> String {
     ]];
     for l in listed {
         rows.push([
-            l.name.clone(),
+            l.name.to_string(),
             l.entry.port.to_string(),
             l.entry.pid.to_string(),
             if l.liveness.is_ok() { "yes" } else { "no" }.to_owned(),

@@ -7,8 +7,10 @@ pub mod list;
 pub mod serve;
 pub mod talk;
 
-use crate::cli::{usage, UsageError};
-use crate::config::{self, Config, CONFIG_FILE};
+use crate::cli::{local, usage, CommandError, UsageError};
+use crate::config::{self, Config, ConfigError, CONFIG_FILE};
+use crate::protocol::InstanceName;
+use crate::registry;
 use std::path::{Path, PathBuf};
 
 /// The state directory from `--state-dir`, else `$LOOPBUS_STATE_DIR`.
@@ -27,74 +29,53 @@ pub fn state_dir_from(flag: Option<&str>) -> Result<PathBuf, UsageError> {
     }
 }
 
-/// The instance name: `--name`, else the state directory's last component. Either way
-/// it must match `[A-Za-z0-9][A-Za-z0-9._-]{0,63}`.
+/// The instance name: `--name`, else the state directory's last component, parsed as
+/// an [`InstanceName`].
 ///
 /// # Errors
 /// The name is missing or invalid.
-pub fn instance_name(
-    state_dir: &std::path::Path,
-    flag: Option<&str>,
-) -> Result<String, UsageError> {
+pub fn instance_name(state_dir: &Path, flag: Option<&str>) -> Result<InstanceName, UsageError> {
     let name = match flag {
         Some(name) => name.to_owned(),
-        None => {
-            let absolute =
-                std::path::absolute(state_dir).unwrap_or_else(|_| state_dir.to_path_buf());
-            absolute
-                .file_name()
-                .and_then(|n| n.to_str())
-                .map(str::to_owned)
-                .ok_or_else(|| {
-                    usage(format!(
-                        "{}: cannot take an instance name from this path; pass --name",
-                        state_dir.display()
-                    ))
-                })?
-        }
+        None => registry::default_name(state_dir).ok_or_else(|| {
+            usage(format!(
+                "{}: cannot take an instance name from this path; pass --name",
+                state_dir.display()
+            ))
+        })?,
     };
-    if crate::registry::is_valid_instance_name(&name) {
-        Ok(name)
-    } else {
-        Err(usage(format!(
-            "invalid instance name {name:?}: it must match [A-Za-z0-9][A-Za-z0-9._-]{{0,63}}"
-        )))
-    }
+    parse_name(name)
 }
 
-/// The channel root: the state directory's parent.
-pub fn channel_root(state_dir: &std::path::Path) -> PathBuf {
-    let absolute = std::path::absolute(state_dir).unwrap_or_else(|_| state_dir.to_path_buf());
-    absolute
-        .parent()
-        .map(std::path::Path::to_path_buf)
-        .unwrap_or_else(|| PathBuf::from("/"))
+/// `text` as an [`InstanceName`], its one error message as a usage error.
+///
+/// # Errors
+/// `text` is not a valid instance name.
+pub fn parse_name(text: impl Into<String>) -> Result<InstanceName, UsageError> {
+    InstanceName::new(text).map_err(|e| usage(e.to_string()))
 }
 
 /// The config of the instance whose state directory is `state_dir`, read the way
-/// `serve` reads it (bounded, regular files only).
+/// `serve` reads it ([`config::load`]: bounded, regular files only).
 ///
 /// # Errors
 /// config.json is missing, unreadable or invalid; the message names the file and the
 /// field, never a value.
-pub fn own_config(state_dir: &Path) -> Result<Config, UsageError> {
-    let path = state_dir.join(CONFIG_FILE);
-    let bytes = crate::server::read_bounded(&path).map_err(|e| {
-        let hint = if e.kind() == std::io::ErrorKind::NotFound {
-            format!(" (create it with `loopbus init {}`)", state_dir.display())
-        } else {
-            String::new()
-        };
-        usage(format!("{}: cannot read: {e}{hint}", path.display()))
-    })?;
-    config::parse(&bytes).map_err(|e| {
-        let message = e.to_string();
-        let message = message
-            .strip_prefix("config.json: ")
-            .unwrap_or(&message)
-            .to_owned();
-        usage(format!("{}: {message}", path.display()))
-    })
+pub fn own_config(state_dir: &Path) -> Result<Config, CommandError> {
+    config::load(&state_dir.join(CONFIG_FILE)).map_err(|e| config_usage_error(state_dir, &e))
+}
+
+/// A config error as a local configuration error, with a hint to run `loopbus init`
+/// when the file is missing.
+pub fn config_usage_error(state_dir: &Path, error: &ConfigError) -> CommandError {
+    if error.is_not_found() {
+        local(format!(
+            "{error} (create it with `loopbus init {}`)",
+            state_dir.display()
+        ))
+    } else {
+        local(error.to_string())
+    }
 }
 
 /// Where `health` and `list` find the registry: `--root DIR`, else the parent of
@@ -110,7 +91,7 @@ pub fn registry_root(
     let state_dir = state_dir_from(state_dir_flag).ok();
     match (root_flag, state_dir) {
         (Some(root), state_dir) if !root.is_empty() => Ok((PathBuf::from(root), state_dir)),
-        (_, Some(state_dir)) => Ok((channel_root(&state_dir), Some(state_dir))),
+        (_, Some(state_dir)) => Ok((registry::channel_root(&state_dir), Some(state_dir))),
         _ => Err(usage(
             "no registry: pass --root DIR, or --state-dir DIR (or set LOOPBUS_STATE_DIR)",
         )),
@@ -122,7 +103,7 @@ pub fn registry_root(
 ///
 /// # Errors
 /// `state_dir` has a config.json that can't be read or is invalid.
-pub fn accept_kinds(state_dir: Option<&Path>) -> Result<Vec<String>, UsageError> {
+pub fn accept_kinds(state_dir: Option<&Path>) -> Result<Vec<String>, CommandError> {
     match state_dir {
         Some(dir) if dir.join(CONFIG_FILE).exists() => Ok(own_config(dir)?.bus.accept_kinds),
         _ => Ok(config::DEFAULT_ACCEPT_KINDS.map(str::to_owned).to_vec()),

@@ -1,6 +1,6 @@
 //! `loopbus talk TARGET [PROMPT]`: delegate one prompt to another instance.
 
-use crate::cli::{usage, Args, UsageError, EXIT_FAILURE, EXIT_OK, EXIT_RETRYABLE};
+use crate::cli::{usage, Args, CommandError, UsageError, EXIT_FAILURE, EXIT_OK, EXIT_RETRYABLE};
 use crate::client::{self, DelegateOptions, DEFAULT_TIMEOUT};
 use crate::protocol::MAX_BODY_BYTES;
 use crate::registry;
@@ -45,7 +45,7 @@ Examples:
 /// Bad arguments, no state directory, a missing or invalid config.json, or a
 /// prompt on stdin that is not UTF-8. Delegation failures are not errors: they map
 /// to exit statuses 1 and 75.
-pub fn run(args: &[String]) -> Result<i32, UsageError> {
+pub fn run(args: &[String]) -> Result<i32, CommandError> {
     let args = Args::parse(args, &["state-dir", "name", "depth", "timeout"], &["json"])?;
     if args.help {
         print!("{HELP}");
@@ -55,13 +55,8 @@ pub fn run(args: &[String]) -> Result<i32, UsageError> {
     let target = args
         .positionals
         .first()
-        .ok_or_else(|| usage("missing TARGET; usage: loopbus talk TARGET [PROMPT]"))?
-        .clone();
-    if !registry::is_valid_instance_name(&target) {
-        return Err(usage(format!(
-            "invalid instance name {target:?}: it must match [A-Za-z0-9][A-Za-z0-9._-]{{0,63}}"
-        )));
-    }
+        .ok_or_else(|| usage("missing TARGET; usage: loopbus talk TARGET [PROMPT]"))
+        .and_then(super::parse_name)?;
     let state_dir = super::state_dir_from(args.value("state-dir"))?;
     let name_flag = match args.value("name") {
         Some(name) => Some(name.to_owned()),
@@ -80,15 +75,15 @@ pub fn run(args: &[String]) -> Result<i32, UsageError> {
         Some(prompt) => prompt.to_owned(),
     };
 
-    let options = DelegateOptions {
-        root: super::channel_root(&state_dir),
-        caller: caller.clone(),
-        bus: config.bus,
-        target: target.clone(),
+    let options = DelegateOptions::new(
+        registry::channel_root(&state_dir),
+        caller.clone(),
+        config.bus,
+        target.clone(),
         prompt,
-        depth,
-        timeout,
-    };
+    )
+    .with_depth(depth)
+    .with_timeout(timeout);
     let started = Instant::now();
     let outcome = client::delegate(&options);
     let mut stdout = std::io::stdout().lock();

@@ -1,7 +1,7 @@
 //! [`ServeError`]: every way an instance can fail to start or stop serving, each with
 //! a message that names the file, address or name concerned, never a secret.
 
-use crate::config::{ConfigError, CONFIG_FILE};
+use crate::config::ConfigError;
 use std::fmt;
 use std::io;
 use std::net::SocketAddr;
@@ -14,14 +14,7 @@ use std::path::PathBuf;
 pub enum ServeError {
     /// The instance name (given, or taken from the state directory) is not valid.
     InvalidName(String),
-    /// config.json is missing or unreadable.
-    ConfigRead {
-        /// The state directory whose config.json it is.
-        state_dir: PathBuf,
-        /// The I/O error.
-        source: io::Error,
-    },
-    /// config.json is invalid.
+    /// config.json is missing, unreadable or invalid.
     Config {
         /// The state directory whose config.json it is.
         state_dir: PathBuf,
@@ -88,15 +81,9 @@ impl fmt::Display for ServeError {
         match self {
             ServeError::InvalidName(why) => f.write_str(why),
             ServeError::Config { state_dir, error } => {
-                let path = state_dir.join(CONFIG_FILE);
-                let message = error.to_string();
-                let message = message.strip_prefix("config.json: ").unwrap_or(&message);
-                write!(f, "{}: {message}", path.display())
-            }
-            ServeError::ConfigRead { state_dir, source } => {
-                let path = state_dir.join(CONFIG_FILE);
-                write!(f, "{}: cannot read: {source}", path.display())?;
-                if source.kind() == io::ErrorKind::NotFound {
+                // The error names the file and the field, never a value.
+                write!(f, "{error}")?;
+                if error.is_not_found() {
                     write!(
                         f,
                         " (create it with `loopbus init {}`)",
@@ -138,8 +125,7 @@ impl std::error::Error for ServeError {
     fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
         match self {
             ServeError::Config { error, .. } => Some(error),
-            ServeError::ConfigRead { source, .. }
-            | ServeError::Lock { source, .. }
+            ServeError::Lock { source, .. }
             | ServeError::Bind { source, .. }
             | ServeError::Setup { source, .. }
             | ServeError::Register { source, .. }
@@ -148,4 +134,3 @@ impl std::error::Error for ServeError {
         }
     }
 }
-

@@ -7,6 +7,7 @@ use crate::config::{self, Config, EngineConfig, CONFIG_FILE};
 use crate::engine::{Engine, Turn};
 use crate::files;
 use crate::http::{self, EventLoop};
+use crate::protocol::InstanceName;
 use crate::registry;
 use crate::secret::Secret;
 use crate::turns::TurnPool;
@@ -135,7 +136,7 @@ impl ShutdownHandle {
 
 /// One running instance: bound, registered, and ready to [`run`](Instance::run).
 pub struct Instance {
-    name: String,
+    name: InstanceName,
     root: PathBuf,
     addr: SocketAddr,
     secret: Secret,
@@ -175,14 +176,15 @@ impl Instance {
             std::path::absolute(&options.state_dir).unwrap_or(options.state_dir.clone());
         let name = match options.name {
             Some(name) => name,
-            None => name_from_dir(&state_dir)?,
+            None => registry::default_name(&state_dir).ok_or_else(|| {
+                ServeError::InvalidName(format!(
+                    "{}: cannot take an instance name from this path; pass --name",
+                    state_dir.display()
+                ))
+            })?,
         };
-        if !registry::is_valid_instance_name(&name) {
-            return Err(ServeError::InvalidName(format!(
-                "invalid instance name {name:?}: it must match [A-Za-z0-9][A-Za-z0-9._-]{{0,63}}"
-            )));
-        }
-        let root = channel_root(&state_dir);
+        let name = InstanceName::new(name).map_err(|e| ServeError::InvalidName(e.to_string()))?;
+        let root = registry::channel_root(&state_dir);
         let config_path = state_dir.join(CONFIG_FILE);
         let (mut config, config_bytes) = read_config(&state_dir)?;
         if let Some(engine) = &options.engine {
@@ -272,7 +274,7 @@ impl Instance {
     }
 
     /// The instance's name.
-    pub fn name(&self) -> &str {
+    pub fn name(&self) -> &InstanceName {
         &self.name
     }
 
@@ -334,38 +336,14 @@ impl Instance {
     }
 }
 
-/// The channel root of a state directory: its parent.
-pub(crate) fn channel_root(state_dir: &Path) -> PathBuf {
-    let absolute = std::path::absolute(state_dir).unwrap_or_else(|_| state_dir.to_path_buf());
-    absolute
-        .parent()
-        .map(Path::to_path_buf)
-        .unwrap_or_else(|| PathBuf::from("/"))
-}
-
-fn name_from_dir(state_dir: &Path) -> Result<String, ServeError> {
-    state_dir
-        .file_name()
-        .and_then(|n| n.to_str())
-        .map(str::to_owned)
-        .ok_or_else(|| {
-            ServeError::InvalidName(format!(
-                "{}: cannot take an instance name from this path; pass --name",
-                state_dir.display()
-            ))
-        })
-}
-
 fn read_config(state_dir: &Path) -> Result<(Config, Vec<u8>), ServeError> {
     let path = state_dir.join(CONFIG_FILE);
-    let bytes = super::read_bounded(&path).map_err(|source| ServeError::ConfigRead {
-        state_dir: state_dir.to_path_buf(),
-        source,
-    })?;
-    let config = config::parse(&bytes).map_err(|error| ServeError::Config {
+    let fail = |error| ServeError::Config {
         state_dir: state_dir.to_path_buf(),
         error,
-    })?;
+    };
+    let bytes = config::read_file(&path).map_err(fail)?;
+    let config = config::parse_file(&path, &bytes).map_err(fail)?;
     Ok((config, bytes))
 }
 
@@ -388,11 +366,11 @@ fn warn_about_modes(config_path: &Path, root: &Path) {
 /// (its registered port answers health as `name`), then prunes stale registry entries
 /// (contract section 6). A registry that can't be read or written here is only a
 /// warning; registering reports real trouble.
-fn claim_name(root: &Path, name: &str) -> Result<(), ServeError> {
+fn claim_name(root: &Path, name: &InstanceName) -> Result<(), ServeError> {
     match registry::running(root, name) {
         Ok(Some(entry)) => {
             return Err(ServeError::NameTaken {
-                name: name.to_owned(),
+                name: name.to_string(),
                 root: root.to_path_buf(),
                 pid: entry.pid,
                 port: entry.port,

@@ -10,7 +10,7 @@ use crate::audit::{self, AuditLog};
 use crate::config::{self, Config};
 use crate::engine::{Engine, RunningEngines, Turn, TurnResult};
 use crate::http::{ConnId, Control, Head, HeadAction, HttpError, Response, Service};
-use crate::protocol::{self, Envelope, ErrorCode, Failure};
+use crate::protocol::{self, Envelope, ErrorCode, Failure, Health, InstanceName, TurnLoad};
 use crate::registry;
 use crate::secret::Secret;
 use crate::turns::{Busy, Done, Outcome, TurnPool};
@@ -30,8 +30,6 @@ use std::time::{Duration, Instant};
 
 /// How often config.json is checked for edits (the contract asks for under a second).
 pub const CONFIG_RELOAD_INTERVAL: Duration = Duration::from_millis(500);
-/// A config.json larger than this is refused rather than read.
-pub const MAX_CONFIG_BYTES: u64 = 1 << 20;
 /// How long running turns may finish after SIGTERM/SIGINT before the process exits.
 pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(30);
 /// How often the instance checks that its registry entry is still there (and writes it
@@ -46,19 +44,6 @@ const KILL_GRACE: Duration = Duration::from_secs(3);
 /// The only paths served.
 const TALK_PATH: &str = "/api/talk";
 const HEALTH_PATH: &str = "/api/health";
-
-/// The `/api/health` answer.
-#[derive(serde::Serialize)]
-#[serde(rename_all = "camelCase")]
-struct HealthBody<'a> {
-    kind: &'a str,
-    instance: &'a str,
-    status: &'a str,
-    pid: u32,
-    protocol_version: u64,
-    capabilities: &'a [&'a str],
-    turns: crate::turns::Load,
-}
 
 /// What the audit line of one talk outcome knows about the request.
 #[derive(Debug, Clone, Default)]
@@ -79,7 +64,7 @@ struct Pending {
 #[derive(Debug)]
 pub struct ServerSettings {
     /// The instance's name.
-    pub name: String,
+    pub name: InstanceName,
     /// Path of config.json, re-read on change.
     pub config_path: PathBuf,
     /// The config loaded at startup.
@@ -102,7 +87,7 @@ pub struct ServerSettings {
 
 /// The bus server state, driven by the HTTP loop.
 pub struct Bus {
-    name: String,
+    name: InstanceName,
     secret: Secret,
     config: Arc<Config>,
     config_path: PathBuf,
@@ -239,21 +224,17 @@ impl Bus {
     fn health(&self) -> Response {
         let load = self.pool.load();
         let status = if self.stopping_since.is_some() {
-            "stopping"
+            Health::STOPPING
         } else {
-            "ok"
+            Health::OK
         };
-        let body = HealthBody {
-            kind: &self.config.bus.kind,
-            instance: &self.name,
-            status,
-            pid: self.pid,
-            protocol_version: protocol::PROTOCOL_VERSION,
-            capabilities: &protocol::CAPABILITIES,
-            turns: load,
+        let turns = TurnLoad {
+            running: load.running,
+            queued: load.queued,
+            max: load.max,
         };
-        // Serializing strings and integers into a Vec cannot fail.
-        Bus::json(200, serde_json::to_vec(&body).unwrap_or_default())
+        let body = Health::new(&self.config.bus.kind, &self.name, status, self.pid);
+        Bus::json(200, body.with_turns(turns).to_json())
     }
 
     /// Turns a finished job into the response for its connection.
@@ -297,14 +278,11 @@ impl Bus {
 
     /// Re-reads config.json if it changed; keeps the last good config on any problem.
     fn reload_config(&mut self) {
-        let bytes = match read_bounded(&self.config_path) {
+        let bytes = match config::read_file(&self.config_path) {
             Ok(bytes) => bytes,
             Err(e) => {
                 if !self.config_bytes.is_empty() {
-                    log::warn!(
-                        "{}: cannot read ({e}); keeping the last good config",
-                        self.config_path.display()
-                    );
+                    log::warn!("{e}; keeping the last good config");
                     self.config_bytes.clear();
                 }
                 return;
@@ -553,15 +531,6 @@ fn audit_detail(failure: &Failure) -> &str {
         }
         _ => "the engine failed; its output is not logged here",
     }
-}
-
-/// Reads config.json (a regular file of at most [`MAX_CONFIG_BYTES`]) without ever
-/// blocking on a FIFO or device put in its place.
-///
-/// # Errors
-/// The file is missing or unreadable, not a regular file, or too large.
-pub fn read_bounded(path: &std::path::Path) -> std::io::Result<Vec<u8>> {
-    crate::files::read_regular_file(path, MAX_CONFIG_BYTES)
 }
 
 fn elapsed_ms(since: Instant) -> u64 {

@@ -1,264 +1,17 @@
-//! `config.json`: parsing, validation and defaults (contract section 2).
-//!
-//! [`parse`] is pure: bytes in, a typed [`Config`] or a [`ConfigError`] naming the field
-//! out. [`load`] adds reading the file. Validation is written by hand over
-//! `serde_json::Value` so that every error carries the field's path and no error ever
-//! echoes a value (the secret lives in this file).
-//!
-//! Unknown fields are ignored, at every level, so that a newer config still loads.
+//! Parsing and validating the bytes of a `config.json` into a [`Config`]. No I/O.
 
 use std::collections::BTreeMap;
-use std::fmt;
-use std::io;
-use std::path::{Path, PathBuf};
 
 use serde_json::{Map, Value};
 
+use super::error::{ConfigError, Problem};
+use super::{
+    BusConfig, Config, EngineConfig, OutputMode, Peers, PromptMode, CONFIG_FILE,
+    DEFAULT_ENGINE_MAX_OUTPUT_BYTES, DEFAULT_ENGINE_TIMEOUT_SECS, MAX_CONCURRENT_TURNS_LIMIT,
+    MAX_QUEUED_TURNS_LIMIT,
+};
+use crate::protocol::non_negative_integer;
 use crate::secret::Secret;
-
-/// The config file's name inside an instance's state directory.
-pub const CONFIG_FILE: &str = "config.json";
-/// Default `bus.maxDepth`: how many hops a delegation chain may take.
-pub const DEFAULT_MAX_DEPTH: u64 = 3;
-/// Default `bus.maxConcurrentTurns`: worker threads running turns. Above the default
-/// max depth, so that a delegation cycle A→B→A can't deadlock.
-pub const DEFAULT_MAX_CONCURRENT_TURNS: usize = 4;
-/// Largest allowed `bus.maxConcurrentTurns`.
-pub const MAX_CONCURRENT_TURNS_LIMIT: usize = 64;
-/// Default `bus.maxQueuedTurns`: turns waiting for a worker before `server_busy`.
-pub const DEFAULT_MAX_QUEUED_TURNS: usize = 16;
-/// Largest allowed `bus.maxQueuedTurns`.
-pub const MAX_QUEUED_TURNS_LIMIT: usize = 1024;
-/// Default `engine.timeoutSecs`.
-pub const DEFAULT_ENGINE_TIMEOUT_SECS: u64 = 1800;
-/// Default `engine.maxOutputBytes` (1 MiB).
-pub const DEFAULT_ENGINE_MAX_OUTPUT_BYTES: u64 = 1 << 20;
-/// Default `bus.kind`: the fingerprint reported on `/api/health`.
-pub const DEFAULT_KIND: &str = "loopbus";
-/// Default `bus.acceptKinds`: the fingerprints the client accepts from a peer.
-pub const DEFAULT_ACCEPT_KINDS: [&str; 2] = ["loopbus", "cc-telegram-bridge"];
-
-/// A parsed, validated `config.json`.
-#[derive(Debug, Clone, PartialEq, Default)]
-pub struct Config {
-    /// The `bus` section. The default is a disabled bus.
-    pub bus: BusConfig,
-    /// `budgetUsd`: the spend after which turns are refused; `None` means no budget.
-    pub budget_usd: Option<f64>,
-    /// `engine`: `None` means the built-in echo engine.
-    pub engine: Option<EngineConfig>,
-}
-
-/// The `bus` section of `config.json`.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct BusConfig {
-    /// Whether the bus is on. Off when `bus` is missing, `null`, `false` or not an
-    /// object, or when `peers` is `false` or `[]`.
-    pub enabled: bool,
-    /// `peers`: who may call this instance.
-    pub peers: Peers,
-    /// `maxDepth`: a request with `depth >= max_depth` is refused.
-    pub max_depth: u64,
-    /// `port`: 0 lets the OS pick.
-    pub port: u16,
-    /// `secret`: `None` when missing or empty; then one is generated at startup.
-    pub secret: Option<Secret>,
-    /// `kind`: the fingerprint reported on `/api/health`.
-    pub kind: String,
-    /// `acceptKinds`: the fingerprints accepted when probing a peer.
-    pub accept_kinds: Vec<String>,
-    /// `maxConcurrentTurns`: worker threads, 1 to 64.
-    pub max_concurrent_turns: usize,
-    /// `maxQueuedTurns`: queued turns beyond the running ones, 0 to 1024.
-    pub max_queued_turns: usize,
-    /// `parallel`: instance names (kept as given).
-    pub parallel: Vec<String>,
-    /// `chain`: instance names (kept as given).
-    pub chain: Vec<String>,
-    /// `verifier`: an instance name, or `None`.
-    pub verifier: Option<String>,
-}
-
-impl Default for BusConfig {
-    /// A disabled bus with every other field at its default (`peers` is [`Peers::Any`]).
-    fn default() -> BusConfig {
-        BusConfig {
-            enabled: false,
-            peers: Peers::Any,
-            max_depth: DEFAULT_MAX_DEPTH,
-            port: 0,
-            secret: None,
-            kind: DEFAULT_KIND.to_owned(),
-            accept_kinds: DEFAULT_ACCEPT_KINDS.map(str::to_owned).to_vec(),
-            max_concurrent_turns: DEFAULT_MAX_CONCURRENT_TURNS,
-            max_queued_turns: DEFAULT_MAX_QUEUED_TURNS,
-            parallel: Vec::new(),
-            chain: Vec::new(),
-            verifier: None,
-        }
-    }
-}
-
-/// `bus.peers`: which callers (by `fromInstance`) are allowed.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Peers {
-    /// `"*"` or `true`: every caller.
-    Any,
-    /// A list: only these names (empty when the list was `[]` or `peers` was `false`).
-    Only(Vec<String>),
-}
-
-impl Peers {
-    /// Whether a caller named `name` is allowed.
-    pub fn allows(&self, name: &str) -> bool {
-        match self {
-            Peers::Any => true,
-            Peers::Only(names) => names.iter().any(|n| n == name),
-        }
-    }
-}
-
-/// The `engine` section: a command run once per turn.
-///
-/// `Debug` shows the names of `env` but not their values, which may be credentials.
-#[derive(Clone, PartialEq, Eq)]
-pub struct EngineConfig {
-    /// `command`: the argv, never empty, with a non-empty program name first.
-    pub command: Vec<String>,
-    /// `prompt`: how the prompt reaches the command.
-    pub prompt: PromptMode,
-    /// `output`: how stdout is read.
-    pub output: OutputMode,
-    /// `timeoutSecs`: after this the process group is killed.
-    pub timeout_secs: u64,
-    /// `maxOutputBytes`: output past this is cut and the turn fails.
-    pub max_output_bytes: u64,
-    /// `cwd`: the working directory, if set.
-    pub cwd: Option<PathBuf>,
-    /// `env`: variables added to the command's environment.
-    pub env: BTreeMap<String, String>,
-}
-
-impl fmt::Debug for EngineConfig {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("EngineConfig")
-            .field("command", &self.command)
-            .field("prompt", &self.prompt)
-            .field("output", &self.output)
-            .field("timeout_secs", &self.timeout_secs)
-            .field("max_output_bytes", &self.max_output_bytes)
-            .field("cwd", &self.cwd)
-            .field("env", &self.env.keys().collect::<Vec<_>>())
-            .finish()
-    }
-}
-
-/// `engine.prompt`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum PromptMode {
-    /// `"stdin"` (default): the prompt is written to the command's stdin.
-    #[default]
-    Stdin,
-    /// `"arg"`: the prompt is the command's last argument.
-    Arg,
-}
-
-/// `engine.output`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum OutputMode {
-    /// `"text"` (default): stdout is the reply.
-    #[default]
-    Text,
-    /// `"json"`: stdout is one JSON object in the shape of
-    /// `claude -p --output-format json`.
-    Json,
-}
-
-/// Why a config could not be used. `Display` names the file, then the field when there
-/// is one, then the problem; it never contains a value from the file.
-#[derive(Debug)]
-pub struct ConfigError {
-    file: String,
-    problem: Problem,
-}
-
-/// What went wrong, behind [`ConfigError`].
-#[derive(Debug)]
-enum Problem {
-    /// The file could not be read.
-    Read(io::Error),
-    /// The bytes are not JSON.
-    Syntax { line: usize, column: usize },
-    /// The JSON is not an object.
-    NotAnObject,
-    /// A field has a value it may not have.
-    Field { path: String, message: &'static str },
-}
-
-impl ConfigError {
-    /// The path of the offending field (`bus.maxDepth`, `bus.peers[1]`,
-    /// `engine.env.HOME`), or `None` when the problem is not one field's.
-    pub fn field(&self) -> Option<&str> {
-        match &self.problem {
-            Problem::Field { path, .. } => Some(path),
-            _ => None,
-        }
-    }
-
-    /// The file the error is about: `config.json` from [`parse`], the full path from
-    /// [`load`].
-    pub fn file(&self) -> &str {
-        &self.file
-    }
-
-    fn field_error(path: impl Into<String>, message: &'static str) -> ConfigError {
-        ConfigError {
-            file: CONFIG_FILE.to_owned(),
-            problem: Problem::Field {
-                path: path.into(),
-                message,
-            },
-        }
-    }
-}
-
-impl fmt::Display for ConfigError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match &self.problem {
-            Problem::Read(err) => write!(f, "{}: cannot read: {err}", self.file),
-            Problem::Syntax { line, column } => write!(
-                f,
-                "{}: not valid JSON at line {line} column {column}",
-                self.file
-            ),
-            Problem::NotAnObject => write!(f, "{}: must be a JSON object", self.file),
-            Problem::Field { path, message } => write!(f, "{}: {path}: {message}", self.file),
-        }
-    }
-}
-
-impl std::error::Error for ConfigError {
-    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
-        match &self.problem {
-            Problem::Read(err) => Some(err),
-            _ => None,
-        }
-    }
-}
-
-/// Reads and parses the config file at `path`. Errors name `path` in full.
-///
-/// # Errors
-///
-/// The file can't be read, or [`parse`] rejects it.
-pub fn load(path: &Path) -> Result<Config, ConfigError> {
-    let file = path.display().to_string();
-    let bytes = std::fs::read(path).map_err(|err| ConfigError {
-        file: file.clone(),
-        problem: Problem::Read(err),
-    })?;
-    parse(&bytes).map_err(|err| ConfigError { file, ..err })
-}
 
 /// Parses and validates the bytes of a `config.json`. No I/O.
 ///
@@ -281,10 +34,7 @@ pub fn parse(bytes: &[u8]) -> Result<Config, ConfigError> {
     };
 
     let bus = match top.get("bus") {
-        Some(Value::Bool(true)) => BusConfig {
-            enabled: true,
-            ..BusConfig::default()
-        },
+        Some(Value::Bool(true)) => BusConfig::open(),
         Some(Value::Object(section)) => parse_bus(section)?,
         // Missing, null, false, or any other non-object: the bus is off.
         _ => BusConfig::default(),
@@ -603,27 +353,16 @@ fn string_items(items: &[Value], path: &str, non_empty: bool) -> Result<Vec<Stri
         .collect()
 }
 
-/// `value` as an integer in `min..=max`. A float with no fractional part counts (`1.0`
-/// is 1); strings, fractions and out-of-range numbers do not.
+/// `value` as an integer in `min..=max`, read as [`non_negative_integer`] reads it
+/// (`1.0` is 1; strings, fractions and negative numbers are not integers), with one
+/// difference kept from before the readers were merged: a number beyond `u64::MAX`
+/// is refused here rather than saturated, so that a typo like `1e30` in a config is
+/// an error and not "unlimited".
 fn integer_in(value: &Value, min: u64, max: u64) -> Option<u64> {
-    let Value::Number(number) = value else {
+    if value.as_f64().is_some_and(|f| f > u64::MAX as f64) {
         return None;
-    };
-    let n = match number.as_u64() {
-        Some(n) => n,
-        // Negative integers are never in range (`min` is unsigned).
-        None if number.is_i64() => return None,
-        None => {
-            let f = number.as_f64()?;
-            // `f` is integral and at most u64::MAX (rounded up as a float) here, so the
-            // saturating cast is exact or lands on u64::MAX, which the range check sees.
-            if f.fract() != 0.0 || f < 0.0 || f > u64::MAX as f64 {
-                return None;
-            }
-            f as u64
-        }
-    };
-    (min..=max).contains(&n).then_some(n)
+    }
+    non_negative_integer(value).filter(|n| (min..=max).contains(n))
 }
 
 fn integer_usize_in(value: &Value, min: usize, max: usize) -> Option<usize> {
@@ -631,26 +370,14 @@ fn integer_usize_in(value: &Value, min: usize, max: usize) -> Option<usize> {
     usize::try_from(n).ok()
 }
 
-/// The `config.json` that `loopbus init` writes: the bus on, every peer allowed, the
-/// given secret, default depth, and an OS-chosen port.
-pub fn default_config_json(secret: &Secret) -> String {
-    // `Value`'s Display writes a properly escaped JSON string.
-    let secret = Value::String(secret.expose().to_owned());
-    format!(
-        "{{\n  \"bus\": {{\n    \"peers\": \"*\",\n    \"maxDepth\": {DEFAULT_MAX_DEPTH},\n    \
-         \"port\": 0,\n    \"secret\": {secret}\n  }}\n}}\n"
-    )
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::config::default_config_json;
+    use std::path::PathBuf;
 
     fn bus_defaults_enabled() -> BusConfig {
-        BusConfig {
-            enabled: true,
-            ..BusConfig::default()
-        }
+        BusConfig::open()
     }
 
     #[test]
@@ -975,49 +702,5 @@ mod tests {
             json.starts_with("{\n  \"bus\": {\n    \"peers\": \"*\",\n"),
             "{json}"
         );
-    }
-
-    #[test]
-    fn load_names_the_file() {
-        let dir = crate::files::test_support::TestDir::new("config");
-        let path = dir.path().join(CONFIG_FILE);
-
-        let err = load(&path).unwrap_err();
-        assert_eq!(err.file(), path.display().to_string());
-        assert!(
-            err.to_string()
-                .starts_with(&format!("{}: cannot read: ", path.display())),
-            "{err}"
-        );
-        assert!(std::error::Error::source(&err).is_some());
-
-        std::fs::write(&path, br#"{"bus": {"port": 99999}}"#).unwrap();
-        let err = load(&path).unwrap_err();
-        assert_eq!(
-            err.to_string(),
-            format!(
-                "{}: bus.port: must be an integer from 0 to 65535",
-                path.display()
-            )
-        );
-
-        std::fs::write(&path, br#"{"bus": {"port": 4242}}"#).unwrap();
-        assert_eq!(load(&path).unwrap().bus.port, 4242);
-    }
-
-    #[test]
-    fn peers_allows() {
-        let only = Peers::Only(vec!["a".into(), "b".into()]);
-        let cases = [
-            (&Peers::Any, "anyone", true),
-            (&only, "a", true),
-            (&only, "b", true),
-            (&only, "c", false),
-            (&only, "", false),
-            (&Peers::Only(Vec::new()), "a", false),
-        ];
-        for (peers, name, want) in cases {
-            assert_eq!(peers.allows(name), want, "{peers:?} {name}");
-        }
     }
 }

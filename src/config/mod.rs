@@ -1,0 +1,261 @@
+//! `config.json`: the typed configuration, its defaults, and the file `loopbus init`
+//! writes (contract section 2). Parsing and validation are in `parse`, reading the
+//! file in `read`, the one error type in `error`.
+//!
+//! [`parse`] is pure: bytes in, a typed [`Config`] or a [`ConfigError`] naming the field
+//! out. [`load`] adds reading the file (bounded, non-blocking, regular files only).
+//! Validation is written by hand over `serde_json::Value` so that every error carries
+//! the field's path and no error ever echoes a value (the secret lives in this file).
+//!
+//! Unknown fields are ignored, at every level, so that a newer config still loads.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::path::PathBuf;
+
+use serde_json::Value;
+
+use crate::secret::Secret;
+
+mod error;
+mod parse;
+mod read;
+
+pub use error::ConfigError;
+pub use parse::parse;
+pub use read::{load, parse_file, read_file};
+
+/// The config file's name inside an instance's state directory.
+pub const CONFIG_FILE: &str = "config.json";
+/// Default `bus.maxDepth`: how many hops a delegation chain may take.
+pub const DEFAULT_MAX_DEPTH: u64 = 3;
+/// Default `bus.maxConcurrentTurns`: worker threads running turns. Above the default
+/// max depth, so that a delegation cycle A→B→A can't deadlock.
+pub const DEFAULT_MAX_CONCURRENT_TURNS: usize = 4;
+/// Largest allowed `bus.maxConcurrentTurns`.
+pub const MAX_CONCURRENT_TURNS_LIMIT: usize = 64;
+/// Default `bus.maxQueuedTurns`: turns waiting for a worker before `server_busy`.
+pub const DEFAULT_MAX_QUEUED_TURNS: usize = 16;
+/// Largest allowed `bus.maxQueuedTurns`.
+pub const MAX_QUEUED_TURNS_LIMIT: usize = 1024;
+/// Default `engine.timeoutSecs`.
+pub const DEFAULT_ENGINE_TIMEOUT_SECS: u64 = 1800;
+/// Default `engine.maxOutputBytes` (1 MiB).
+pub const DEFAULT_ENGINE_MAX_OUTPUT_BYTES: u64 = 1 << 20;
+/// Default `bus.kind`: the fingerprint reported on `/api/health`.
+pub const DEFAULT_KIND: &str = "loopbus";
+/// Default `bus.acceptKinds`: the fingerprints the client accepts from a peer.
+pub const DEFAULT_ACCEPT_KINDS: [&str; 2] = ["loopbus", "cc-telegram-bridge"];
+
+/// A parsed, validated `config.json`. Fields may be added: build one from
+/// [`Config::default`] (a disabled bus, no budget, the echo engine) and set fields.
+#[derive(Debug, Clone, PartialEq, Default)]
+#[non_exhaustive]
+pub struct Config {
+    /// The `bus` section. The default is a disabled bus.
+    pub bus: BusConfig,
+    /// `budgetUsd`: the spend after which turns are refused; `None` means no budget.
+    pub budget_usd: Option<f64>,
+    /// `engine`: `None` means the built-in echo engine.
+    pub engine: Option<EngineConfig>,
+}
+
+/// The `bus` section of `config.json`. Fields may be added: build one with
+/// [`BusConfig::open`] or [`BusConfig::default`] and set fields.
+///
+/// ```
+/// use loopbus::{BusConfig, Peers};
+///
+/// let mut bus = BusConfig::open();
+/// bus.peers = Peers::Only(vec!["reviewer".to_owned()]);
+/// assert!(bus.enabled && bus.peers.allows("reviewer") && !bus.peers.allows("other"));
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct BusConfig {
+    /// Whether the bus is on. Off when `bus` is missing, `null`, `false` or not an
+    /// object, or when `peers` is `false` or `[]`.
+    pub enabled: bool,
+    /// `peers`: who may call this instance.
+    pub peers: Peers,
+    /// `maxDepth`: a request with `depth >= max_depth` is refused.
+    pub max_depth: u64,
+    /// `port`: 0 lets the OS pick.
+    pub port: u16,
+    /// `secret`: `None` when missing or empty; then one is generated at startup.
+    pub secret: Option<Secret>,
+    /// `kind`: the fingerprint reported on `/api/health`.
+    pub kind: String,
+    /// `acceptKinds`: the fingerprints accepted when probing a peer.
+    pub accept_kinds: Vec<String>,
+    /// `maxConcurrentTurns`: worker threads, 1 to 64.
+    pub max_concurrent_turns: usize,
+    /// `maxQueuedTurns`: queued turns beyond the running ones, 0 to 1024.
+    pub max_queued_turns: usize,
+    /// `parallel`: instance names (kept as given).
+    pub parallel: Vec<String>,
+    /// `chain`: instance names (kept as given).
+    pub chain: Vec<String>,
+    /// `verifier`: an instance name, or `None`.
+    pub verifier: Option<String>,
+}
+
+impl Default for BusConfig {
+    /// A disabled bus with every other field at its default (`peers` is [`Peers::Any`]).
+    fn default() -> BusConfig {
+        BusConfig {
+            enabled: false,
+            peers: Peers::Any,
+            max_depth: DEFAULT_MAX_DEPTH,
+            port: 0,
+            secret: None,
+            kind: DEFAULT_KIND.to_owned(),
+            accept_kinds: DEFAULT_ACCEPT_KINDS.map(str::to_owned).to_vec(),
+            max_concurrent_turns: DEFAULT_MAX_CONCURRENT_TURNS,
+            max_queued_turns: DEFAULT_MAX_QUEUED_TURNS,
+            parallel: Vec::new(),
+            chain: Vec::new(),
+            verifier: None,
+        }
+    }
+}
+
+impl BusConfig {
+    /// What `"bus": true` means: the bus on, every caller allowed, every other field at
+    /// its default.
+    pub fn open() -> BusConfig {
+        BusConfig {
+            enabled: true,
+            ..BusConfig::default()
+        }
+    }
+}
+
+/// `bus.peers`: which callers (by `fromInstance`) are allowed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Peers {
+    /// `"*"` or `true`: every caller.
+    Any,
+    /// A list: only these names (empty when the list was `[]` or `peers` was `false`).
+    Only(Vec<String>),
+}
+
+impl Peers {
+    /// Whether a caller named `name` is allowed.
+    pub fn allows(&self, name: &str) -> bool {
+        match self {
+            Peers::Any => true,
+            Peers::Only(names) => names.iter().any(|n| n == name),
+        }
+    }
+}
+
+/// The `engine` section: a command run once per turn.
+///
+/// `Debug` shows the names of `env` but not their values, which may be credentials.
+/// Fields may be added: build one with [`EngineConfig::new`] and set fields.
+#[derive(Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct EngineConfig {
+    /// `command`: the argv, never empty, with a non-empty program name first.
+    pub command: Vec<String>,
+    /// `prompt`: how the prompt reaches the command.
+    pub prompt: PromptMode,
+    /// `output`: how stdout is read.
+    pub output: OutputMode,
+    /// `timeoutSecs`: after this the process group is killed.
+    pub timeout_secs: u64,
+    /// `maxOutputBytes`: output past this is cut and the turn fails.
+    pub max_output_bytes: u64,
+    /// `cwd`: the working directory, if set.
+    pub cwd: Option<PathBuf>,
+    /// `env`: variables added to the command's environment.
+    pub env: BTreeMap<String, String>,
+}
+
+impl EngineConfig {
+    /// The engine `command` (an argv) with every other field at its default: prompt on
+    /// stdin, text output, [`DEFAULT_ENGINE_TIMEOUT_SECS`],
+    /// [`DEFAULT_ENGINE_MAX_OUTPUT_BYTES`], no `cwd`, no added `env`.
+    pub fn new(command: Vec<String>) -> EngineConfig {
+        EngineConfig {
+            command,
+            prompt: PromptMode::default(),
+            output: OutputMode::default(),
+            timeout_secs: DEFAULT_ENGINE_TIMEOUT_SECS,
+            max_output_bytes: DEFAULT_ENGINE_MAX_OUTPUT_BYTES,
+            cwd: None,
+            env: BTreeMap::new(),
+        }
+    }
+}
+
+impl fmt::Debug for EngineConfig {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("EngineConfig")
+            .field("command", &self.command)
+            .field("prompt", &self.prompt)
+            .field("output", &self.output)
+            .field("timeout_secs", &self.timeout_secs)
+            .field("max_output_bytes", &self.max_output_bytes)
+            .field("cwd", &self.cwd)
+            .field("env", &self.env.keys().collect::<Vec<_>>())
+            .finish()
+    }
+}
+
+/// `engine.prompt`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub enum PromptMode {
+    /// `"stdin"` (default): the prompt is written to the command's stdin.
+    #[default]
+    Stdin,
+    /// `"arg"`: the prompt is the command's last argument.
+    Arg,
+}
+
+/// `engine.output`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub enum OutputMode {
+    /// `"text"` (default): stdout is the reply.
+    #[default]
+    Text,
+    /// `"json"`: stdout is one JSON object in the shape of
+    /// `claude -p --output-format json`.
+    Json,
+}
+
+/// The `config.json` that `loopbus init` writes: the bus on, every peer allowed, the
+/// given secret, default depth, and an OS-chosen port.
+pub fn default_config_json(secret: &Secret) -> String {
+    // `Value`'s Display writes a properly escaped JSON string.
+    let secret = Value::String(secret.expose().to_owned());
+    format!(
+        "{{\n  \"bus\": {{\n    \"peers\": \"*\",\n    \"maxDepth\": {DEFAULT_MAX_DEPTH},\n    \
+         \"port\": 0,\n    \"secret\": {secret}\n  }}\n}}\n"
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn peers_allows() {
+        let only = Peers::Only(vec!["a".into(), "b".into()]);
+        let cases = [
+            (&Peers::Any, "anyone", true),
+            (&only, "a", true),
+            (&only, "b", true),
+            (&only, "c", false),
+            (&only, "", false),
+            (&Peers::Only(Vec::new()), "a", false),
+        ];
+        for (peers, name, want) in cases {
+            assert_eq!(peers.allows(name), want, "{peers:?} {name}");
+        }
+    }
+}

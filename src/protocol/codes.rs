@@ -1,0 +1,224 @@
+//! The stable error codes of the bus and the retry table that says which of them a
+//! caller may retry.
+
+use std::fmt;
+
+/// A stable, machine-readable error code. Codes are additive: new ones may appear,
+/// existing ones never change meaning. Codes this build does not know are kept as
+/// [`ErrorCode::Other`] rather than folded into `unknown`.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum ErrorCode {
+    /// The request was malformed or violated a rule.
+    InvalidRequest,
+    /// The request body was larger than [`MAX_BODY_BYTES`](super::MAX_BODY_BYTES) (or the head too large).
+    RequestTooLarge,
+    /// The bus is disabled in the instance's config.
+    BusDisabled,
+    /// The bearer secret or the request's origin was refused.
+    AuthFailed,
+    /// The caller is not in the instance's `peers`.
+    PeerNotAllowed,
+    /// The delegation depth reached `maxDepth`.
+    MaxDepthExceeded,
+    /// The turn handler returned something that is not a valid result.
+    InvalidHandlerResponse,
+    /// An unexpected failure inside the instance.
+    InternalError,
+    /// The target instance is not registered or not answering.
+    InstanceUnavailable,
+    /// The target answered with something that is not an envelope.
+    InvalidResponse,
+    /// Something took too long.
+    Timeout,
+    /// The target instance itself is over its budget.
+    BudgetExhausted,
+    /// The target's engine could not authenticate with its provider.
+    Auth,
+    /// The target's engine was refused a write.
+    WritePermission,
+    /// Telegram reported a conflict (kept for interop with the bridge).
+    TelegramConflict,
+    /// Telegram delivery failed (kept for interop with the bridge).
+    TelegramDelivery,
+    /// The engine command failed.
+    EngineCli,
+    /// A file-based workflow failed.
+    FileWorkflow,
+    /// A workflow is in a state that does not allow the request.
+    WorkflowState,
+    /// The engine's session state does not allow the request.
+    SessionState,
+    /// A failure nobody classified.
+    Unknown,
+    /// The instance's turn queue is full (loopbus addition, retryable).
+    ServerBusy,
+    /// A code this build does not know, kept exactly as received.
+    Other(String),
+}
+
+/// Every code this build knows, in the order `bus-protocol.md` lists them, then ours.
+pub const KNOWN_CODES: [ErrorCode; 22] = [
+    ErrorCode::InvalidRequest,
+    ErrorCode::RequestTooLarge,
+    ErrorCode::BusDisabled,
+    ErrorCode::AuthFailed,
+    ErrorCode::PeerNotAllowed,
+    ErrorCode::MaxDepthExceeded,
+    ErrorCode::InvalidHandlerResponse,
+    ErrorCode::InternalError,
+    ErrorCode::InstanceUnavailable,
+    ErrorCode::InvalidResponse,
+    ErrorCode::Timeout,
+    ErrorCode::BudgetExhausted,
+    ErrorCode::Auth,
+    ErrorCode::WritePermission,
+    ErrorCode::TelegramConflict,
+    ErrorCode::TelegramDelivery,
+    ErrorCode::EngineCli,
+    ErrorCode::FileWorkflow,
+    ErrorCode::WorkflowState,
+    ErrorCode::SessionState,
+    ErrorCode::Unknown,
+    ErrorCode::ServerBusy,
+];
+
+impl ErrorCode {
+    /// The wire string of this code.
+    pub fn as_str(&self) -> &str {
+        match self {
+            ErrorCode::InvalidRequest => "invalid_request",
+            ErrorCode::RequestTooLarge => "request_too_large",
+            ErrorCode::BusDisabled => "bus_disabled",
+            ErrorCode::AuthFailed => "auth_failed",
+            ErrorCode::PeerNotAllowed => "peer_not_allowed",
+            ErrorCode::MaxDepthExceeded => "max_depth_exceeded",
+            ErrorCode::InvalidHandlerResponse => "invalid_handler_response",
+            ErrorCode::InternalError => "internal_error",
+            ErrorCode::InstanceUnavailable => "instance_unavailable",
+            ErrorCode::InvalidResponse => "invalid_response",
+            ErrorCode::Timeout => "timeout",
+            ErrorCode::BudgetExhausted => "budget_exhausted",
+            ErrorCode::Auth => "auth",
+            ErrorCode::WritePermission => "write_permission",
+            ErrorCode::TelegramConflict => "telegram_conflict",
+            ErrorCode::TelegramDelivery => "telegram_delivery",
+            ErrorCode::EngineCli => "engine_cli",
+            ErrorCode::FileWorkflow => "file_workflow",
+            ErrorCode::WorkflowState => "workflow_state",
+            ErrorCode::SessionState => "session_state",
+            ErrorCode::Unknown => "unknown",
+            ErrorCode::ServerBusy => "server_busy",
+            ErrorCode::Other(code) => code,
+        }
+    }
+
+    /// The code for a wire string; strings this build does not know are kept as
+    /// [`ErrorCode::Other`].
+    pub fn from_wire(code: &str) -> ErrorCode {
+        KNOWN_CODES
+            .iter()
+            .find(|known| known.as_str() == code)
+            .cloned()
+            .unwrap_or_else(|| ErrorCode::Other(code.to_owned()))
+    }
+
+    /// The retry table: can the caller reasonably try the same delegation again
+    /// without local operator action? Codes this build does not know are treated
+    /// like `unknown` (retryable).
+    pub fn retryable(&self) -> bool {
+        match self {
+            ErrorCode::InvalidRequest
+            | ErrorCode::RequestTooLarge
+            | ErrorCode::BusDisabled
+            | ErrorCode::AuthFailed
+            | ErrorCode::PeerNotAllowed
+            | ErrorCode::MaxDepthExceeded
+            | ErrorCode::BudgetExhausted
+            | ErrorCode::Auth
+            | ErrorCode::WritePermission
+            | ErrorCode::FileWorkflow
+            | ErrorCode::WorkflowState
+            | ErrorCode::SessionState => false,
+            ErrorCode::InvalidHandlerResponse
+            | ErrorCode::InternalError
+            | ErrorCode::InstanceUnavailable
+            | ErrorCode::InvalidResponse
+            | ErrorCode::Timeout
+            | ErrorCode::TelegramConflict
+            | ErrorCode::TelegramDelivery
+            | ErrorCode::EngineCli
+            | ErrorCode::Unknown
+            | ErrorCode::ServerBusy
+            | ErrorCode::Other(_) => true,
+        }
+    }
+}
+
+impl fmt::Display for ErrorCode {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn retry_table() {
+        let not_retryable = [
+            "invalid_request",
+            "request_too_large",
+            "bus_disabled",
+            "auth_failed",
+            "peer_not_allowed",
+            "max_depth_exceeded",
+            "budget_exhausted",
+            "auth",
+            "write_permission",
+            "file_workflow",
+            "workflow_state",
+            "session_state",
+        ];
+        let retryable = [
+            "invalid_handler_response",
+            "internal_error",
+            "instance_unavailable",
+            "invalid_response",
+            "timeout",
+            "telegram_conflict",
+            "telegram_delivery",
+            "engine_cli",
+            "unknown",
+            "server_busy",
+            "some_future_code",
+        ];
+        for code in not_retryable {
+            assert!(!ErrorCode::from_wire(code).retryable(), "{code}");
+        }
+        for code in retryable {
+            assert!(ErrorCode::from_wire(code).retryable(), "{code}");
+        }
+        // Every known code is in exactly one of the two lists.
+        for code in KNOWN_CODES {
+            let s = code.as_str();
+            assert!(not_retryable.contains(&s) ^ retryable.contains(&s), "{s}");
+        }
+    }
+
+    #[test]
+    fn codes_round_trip_and_unknown_codes_are_kept() {
+        for code in KNOWN_CODES {
+            assert_eq!(ErrorCode::from_wire(code.as_str()), code);
+        }
+        assert_eq!(
+            ErrorCode::from_wire("rate_limited"),
+            ErrorCode::Other("rate_limited".into())
+        );
+        assert_eq!(
+            ErrorCode::from_wire("rate_limited").as_str(),
+            "rate_limited"
+        );
+    }
+}

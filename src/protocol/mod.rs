@@ -1,0 +1,134 @@
+//! The bus protocol's pure parts: request and response types, request validation,
+//! instance names, the health answer, error codes and the retry table. Nothing here
+//! touches a socket or a file, and nothing here imports another module of this crate.
+//!
+//! The source of truth is `bus-protocol.md`; `contract.md` pins what it leaves open.
+
+use serde_json::Value;
+
+mod codes;
+mod envelope;
+mod health;
+mod name;
+mod request;
+
+pub use codes::ErrorCode;
+pub use envelope::{parse_response, Envelope, Failure, ResponseError};
+pub use health::{parse_health, Health, TurnLoad};
+pub use name::{InstanceName, InvalidInstanceName, MAX_INSTANCE_NAME_LEN};
+pub use request::{encode_talk_request, parse_talk_request, RequestError, TalkRequest};
+
+/// The protocol version this build speaks and emits.
+pub const PROTOCOL_VERSION: u64 = 1;
+
+/// The capabilities this build implements, advertised on every envelope and on health.
+pub const CAPABILITIES: [&str; 2] = ["structured-errors", "retryable-errors"];
+
+/// The largest `/api/talk` request body accepted (and sent by the client), in bytes.
+pub const MAX_BODY_BYTES: u64 = 262_144;
+
+/// Longest `error` text carried in an envelope; longer messages are cut on a char
+/// boundary so a chatty engine can't bloat every response.
+pub const MAX_ERROR_CHARS: usize = 2_000;
+
+/// Reads a JSON number as a non-negative integer: `1` and `1.0` count, `1.5`, `-1`
+/// and `"1"` do not. Values past `u64::MAX` saturate (they are still integers).
+///
+/// The one reading of "a non-negative integer" for every JSON document this crate
+/// parses: requests, envelopes, health answers, the registry and `config.json`.
+pub fn non_negative_integer(value: &Value) -> Option<u64> {
+    if let Some(n) = value.as_u64() {
+        return Some(n);
+    }
+    let f = value.as_f64()?;
+    // `is_i64` catches negative integers; a float must be finite, whole and >= 0.
+    if value.is_i64() || !f.is_finite() || f < 0.0 || f.fract() != 0.0 {
+        return None;
+    }
+    // Saturating float-to-int conversion is what `as` does; the value is whole.
+    Some(f as u64)
+}
+
+/// Cuts `s` to at most `max` characters, on a char boundary.
+pub fn truncate_chars(mut s: String, max: usize) -> String {
+    if let Some((index, _)) = s.char_indices().nth(max) {
+        s.truncate(index);
+    }
+    s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A tiny deterministic generator, so these runs repeat exactly.
+    fn xorshift(state: &mut u64) -> u64 {
+        *state ^= *state << 13;
+        *state ^= *state >> 7;
+        *state ^= *state << 17;
+        *state
+    }
+
+    /// Random and mutated inputs never panic any parser.
+    #[test]
+    fn non_negative_integer_table() {
+        let cases: &[(&str, Option<u64>)] = &[
+            ("0", Some(0)),
+            ("1", Some(1)),
+            ("1.0", Some(1)),
+            ("-0.0", Some(0)),
+            ("1e3", Some(1000)),
+            ("18446744073709551615", Some(u64::MAX)),
+            ("18446744073709551616", Some(u64::MAX)),
+            ("1e300", Some(u64::MAX)),
+            ("1.5", None),
+            ("-1", None),
+            ("-1.0", None),
+            ("\"1\"", None),
+            ("null", None),
+            ("true", None),
+            ("[1]", None),
+        ];
+        for (json, want) in cases {
+            let value: Value = serde_json::from_str(json).unwrap();
+            assert_eq!(non_negative_integer(&value), *want, "{json}");
+        }
+    }
+
+    #[test]
+    fn parsers_survive_random_input() {
+        let seeds: [&[u8]; 3] = [
+            br#"{"fromInstance":"a","prompt":"p","depth":1,"protocolVersion":1,"capabilities":["x"]}"#,
+            br#"{"success":false,"error":"e","errorCode":"timeout","retryable":true,"durationMs":3}"#,
+            br#"{"kind":"loopbus","instance":"a","status":"ok","pid":1}"#,
+        ];
+        let alphabet = b"{}[]\":,0123456789.-+eE truefalsn\\u\xff";
+        let mut state = 0x9e37_79b9_7f4a_7c15u64;
+        for round in 0..20_000 {
+            let mut input = seeds[round % seeds.len()].to_vec();
+            let edits = 1 + xorshift(&mut state) % 8;
+            for _ in 0..edits {
+                let r = xorshift(&mut state);
+                let at = (r as usize >> 8) % (input.len() + 1);
+                let byte = alphabet[(r as usize) % alphabet.len()];
+                match r % 3 {
+                    0 if at < input.len() => input[at] = byte,
+                    1 => input.insert(at, byte),
+                    _ if at < input.len() => {
+                        input.remove(at);
+                    }
+                    _ => {}
+                }
+            }
+            let _ = parse_talk_request(&input);
+            let _ = parse_response(&input);
+            let _ = parse_health(&input);
+        }
+        // Deep nesting is refused, not a stack overflow.
+        let deep = "[".repeat(100_000);
+        assert_eq!(
+            parse_talk_request(deep.as_bytes()),
+            Err(RequestError::NotJson)
+        );
+    }
+}

@@ -1,0 +1,209 @@
+//! `/api/talk` requests: the typed [`TalkRequest`], its validation (contract section 3,
+//! check 7) and the client's encoding.
+
+use serde_json::{Map, Value};
+use std::fmt;
+
+use super::{non_negative_integer, CAPABILITIES, PROTOCOL_VERSION};
+
+/// A validated `/api/talk` request.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TalkRequest {
+    /// The calling instance's name (non-empty).
+    pub from_instance: String,
+    /// The delegated prompt body.
+    pub prompt: String,
+    /// The delegation depth, already incremented by the caller.
+    pub depth: u64,
+}
+
+/// Why a request body was refused. Messages name the field and the rule, and never
+/// echo the input back.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum RequestError {
+    /// The body is not valid UTF-8.
+    NotUtf8,
+    /// The body is not valid JSON.
+    NotJson,
+    /// The body is JSON but not an object.
+    NotObject,
+    /// `fromInstance` is missing, not a string, or empty.
+    FromInstance,
+    /// `prompt` is missing or not a string.
+    Prompt,
+    /// `depth` is missing or not a non-negative integer.
+    Depth,
+    /// `protocolVersion` is present and not 1.
+    ProtocolVersion,
+    /// `capabilities` is present and not an array of strings.
+    Capabilities,
+}
+
+impl fmt::Display for RequestError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            RequestError::NotUtf8 => "request body is not valid UTF-8",
+            RequestError::NotJson => "request body is not valid JSON",
+            RequestError::NotObject => "request body must be a JSON object",
+            RequestError::FromInstance => "`fromInstance` must be a non-empty string",
+            RequestError::Prompt => "`prompt` must be a string",
+            RequestError::Depth => "`depth` must be a non-negative integer",
+            RequestError::ProtocolVersion => "`protocolVersion` must be 1 when present",
+            RequestError::Capabilities => "`capabilities` must be an array of strings when present",
+        })
+    }
+}
+
+impl std::error::Error for RequestError {}
+
+/// Validates a `/api/talk` request body (contract section 3, check 7).
+///
+/// Unknown fields and unknown capability strings are ignored so newer clients can
+/// talk to this server.
+///
+/// # Errors
+/// The first rule the body breaks, checked in field order: encoding, JSON, object,
+/// `fromInstance`, `prompt`, `depth`, `protocolVersion`, `capabilities`.
+pub fn parse_talk_request(body: &[u8]) -> Result<TalkRequest, RequestError> {
+    let text = std::str::from_utf8(body).map_err(|_| RequestError::NotUtf8)?;
+    let value: Value = serde_json::from_str(text).map_err(|_| RequestError::NotJson)?;
+    let Value::Object(mut object) = value else {
+        return Err(RequestError::NotObject);
+    };
+    let from_instance = match object.remove("fromInstance") {
+        Some(Value::String(s)) if !s.is_empty() => s,
+        _ => return Err(RequestError::FromInstance),
+    };
+    let prompt = match object.remove("prompt") {
+        Some(Value::String(s)) => s,
+        _ => return Err(RequestError::Prompt),
+    };
+    let depth = object
+        .get("depth")
+        .and_then(non_negative_integer)
+        .ok_or(RequestError::Depth)?;
+    if let Some(version) = object.get("protocolVersion") {
+        if non_negative_integer(version) != Some(PROTOCOL_VERSION) {
+            return Err(RequestError::ProtocolVersion);
+        }
+    }
+    if let Some(capabilities) = object.get("capabilities") {
+        let all_strings = capabilities
+            .as_array()
+            .is_some_and(|items| items.iter().all(Value::is_string));
+        if !all_strings {
+            return Err(RequestError::Capabilities);
+        }
+    }
+    Ok(TalkRequest {
+        from_instance,
+        prompt,
+        depth,
+    })
+}
+
+/// Serializes a v1 request as the client sends it (`depth` as given: the caller
+/// increments it before calling).
+pub fn encode_talk_request(request: &TalkRequest) -> Vec<u8> {
+    let mut object = Map::new();
+    object.insert(
+        "fromInstance".into(),
+        Value::String(request.from_instance.clone()),
+    );
+    object.insert("prompt".into(), Value::String(request.prompt.clone()));
+    object.insert("depth".into(), Value::from(request.depth));
+    object.insert("protocolVersion".into(), Value::from(PROTOCOL_VERSION));
+    object.insert("capabilities".into(), capabilities_value());
+    Value::Object(object).to_string().into_bytes()
+}
+
+fn capabilities_value() -> Value {
+    Value::Array(
+        CAPABILITIES
+            .iter()
+            .map(|c| Value::String((*c).to_owned()))
+            .collect(),
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn request_validation_table() {
+        use RequestError::*;
+        let ok = |from: &str, prompt: &str, depth: u64| {
+            Ok(TalkRequest {
+                from_instance: from.into(),
+                prompt: prompt.into(),
+                depth,
+            })
+        };
+        let cases: Vec<(&[u8], Result<TalkRequest, RequestError>)> = vec![
+            (br#"{"fromInstance":"a","prompt":"hi","depth":0}"#, ok("a", "hi", 0)),
+            (br#"{"fromInstance":"a","prompt":"","depth":1,"protocolVersion":1}"#, ok("a", "", 1)),
+            (br#"{"fromInstance":"a","prompt":"p","depth":1.0}"#, ok("a", "p", 1)),
+            (br#"{"fromInstance":"a","prompt":"p","depth":2,"protocolVersion":1.0}"#, ok("a", "p", 2)),
+            (br#"{"fromInstance":"a","prompt":"p","depth":0,"capabilities":["x","structured-errors"]}"#, ok("a", "p", 0)),
+            (br#"{"fromInstance":"a","prompt":"p","depth":0,"capabilities":[]}"#, ok("a", "p", 0)),
+            (br#"{"fromInstance":"a","prompt":"p","depth":0,"newField":{"x":1}}"#, ok("a", "p", 0)),
+            (br#"{"fromInstance":"a","prompt":"p","depth":1e300}"#, ok("a", "p", u64::MAX)),
+            (br#"{"fromInstance":"a","prompt":"p","depth":99999999999999999999999}"#, ok("a", "p", u64::MAX)),
+            (b"\xff\xfe", Err(NotUtf8)),
+            (b"", Err(NotJson)),
+            (b"{", Err(NotJson)),
+            (b"[]", Err(NotObject)),
+            (b"\"x\"", Err(NotObject)),
+            (b"null", Err(NotObject)),
+            (br#"{"prompt":"p","depth":0}"#, Err(FromInstance)),
+            (br#"{"fromInstance":"","prompt":"p","depth":0}"#, Err(FromInstance)),
+            (br#"{"fromInstance":7,"prompt":"p","depth":0}"#, Err(FromInstance)),
+            (br#"{"fromInstance":null,"prompt":"p","depth":0}"#, Err(FromInstance)),
+            (br#"{"fromInstance":"a","depth":0}"#, Err(Prompt)),
+            (br#"{"fromInstance":"a","prompt":5,"depth":0}"#, Err(Prompt)),
+            (br#"{"fromInstance":"a","prompt":null,"depth":0}"#, Err(Prompt)),
+            (br#"{"fromInstance":"a","prompt":"p"}"#, Err(Depth)),
+            (br#"{"fromInstance":"a","prompt":"p","depth":1.5}"#, Err(Depth)),
+            (br#"{"fromInstance":"a","prompt":"p","depth":-1}"#, Err(Depth)),
+            (br#"{"fromInstance":"a","prompt":"p","depth":"1"}"#, Err(Depth)),
+            (br#"{"fromInstance":"a","prompt":"p","depth":null}"#, Err(Depth)),
+            (br#"{"fromInstance":"a","prompt":"p","depth":true}"#, Err(Depth)),
+            (br#"{"fromInstance":"a","prompt":"p","depth":0,"protocolVersion":2}"#, Err(ProtocolVersion)),
+            (br#"{"fromInstance":"a","prompt":"p","depth":0,"protocolVersion":"1"}"#, Err(ProtocolVersion)),
+            (br#"{"fromInstance":"a","prompt":"p","depth":0,"protocolVersion":null}"#, Err(ProtocolVersion)),
+            (br#"{"fromInstance":"a","prompt":"p","depth":0,"capabilities":"x"}"#, Err(Capabilities)),
+            (br#"{"fromInstance":"a","prompt":"p","depth":0,"capabilities":[1]}"#, Err(Capabilities)),
+            (br#"{"fromInstance":"a","prompt":"p","depth":0,"capabilities":null}"#, Err(Capabilities)),
+        ];
+        for (body, want) in cases {
+            assert_eq!(
+                parse_talk_request(body),
+                want,
+                "body {:?}",
+                String::from_utf8_lossy(body)
+            );
+        }
+    }
+
+    #[test]
+    fn request_errors_never_echo_input() {
+        let secret_like = br#"{"fromInstance":"a","prompt":"p","depth":"TOPSECRET"}"#;
+        let err = parse_talk_request(secret_like).unwrap_err();
+        assert!(!err.to_string().contains("TOPSECRET"));
+    }
+
+    #[test]
+    fn encoded_request_is_valid_v1() {
+        let req = TalkRequest {
+            from_instance: "a".into(),
+            prompt: "p".into(),
+            depth: 2,
+        };
+        let body = encode_talk_request(&req);
+        assert_eq!(parse_talk_request(&body).unwrap(), req);
+        let v: Value = serde_json::from_slice(&body).unwrap();
+        assert_eq!(v["protocolVersion"], 1);
+    }
+}

@@ -1,0 +1,427 @@
+//! The registry's liveness probe: `GET /api/health` over [`crate::http::client`], and
+//! the listing and pruning that probe every entry (contract section 6).
+//!
+//! An entry says where an instance *was* listening; only a probe says whether it still
+//! is. A caller sends an entry's secret only on the connection whose probe matched
+//! ([`probe_port`] hands that connection back).
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::io;
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+use super::store::{self, Entry};
+use crate::http::client::{Connection, HttpError, Response};
+use crate::protocol::{self, Health, InstanceName, ResponseError};
+
+/// How long a liveness probe may take, connect included (contract section 6).
+pub const PROBE_TIMEOUT: Duration = Duration::from_millis(500);
+
+/// Most probes run at once by [`list`] and [`prune`].
+pub const MAX_PARALLEL_PROBES: usize = 32;
+
+/// Longest peer-supplied string (instance name, kind, status) quoted in an error.
+const MAX_QUOTED_CHARS: usize = 80;
+
+/// A health answer that matched what the probe asked for.
+#[derive(Debug, Clone, PartialEq)]
+pub struct HealthAnswer {
+    /// The fields every health answer has.
+    pub health: Health,
+    /// The whole answer, for display (it may carry more fields).
+    pub body: Value,
+}
+
+/// Why an entry is not alive. Peer-supplied strings in the message are quoted and cut
+/// short; nothing here ever holds a secret.
+#[derive(Debug)]
+#[non_exhaustive]
+pub enum ProbeError {
+    /// No HTTP answer: refused, broken, timed out or not HTTP.
+    Http(HttpError),
+    /// An HTTP answer with a status other than 200.
+    Status(u16),
+    /// A 200 answer whose body is not a health object.
+    NotHealth(ResponseError),
+    /// A health answer from an instance with another name: the port changed hands.
+    OtherInstance(Box<Health>),
+    /// The instance answered but is not serving (`status` is not `"ok"`, e.g.
+    /// `"stopping"`).
+    NotReady(Box<Health>),
+    /// The instance answered, but its `kind` is not one the caller accepts.
+    KindNotAccepted(Box<Health>),
+}
+
+/// A peer-supplied string, quoted and cut to [`MAX_QUOTED_CHARS`].
+fn quoted(s: &str) -> String {
+    format!(
+        "{:?}",
+        protocol::truncate_chars(s.to_owned(), MAX_QUOTED_CHARS)
+    )
+}
+
+impl fmt::Display for ProbeError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            ProbeError::Http(e) => write!(f, "health check failed: {e}"),
+            ProbeError::Status(status) => write!(f, "health check answered HTTP {status}"),
+            ProbeError::NotHealth(e) => write!(f, "health check answer is not valid: {e}"),
+            ProbeError::OtherInstance(h) => write!(
+                f,
+                "the port is held by another instance ({})",
+                quoted(&h.instance)
+            ),
+            ProbeError::NotReady(h) => {
+                write!(
+                    f,
+                    "the instance is not serving (status {})",
+                    quoted(&h.status)
+                )
+            }
+            ProbeError::KindNotAccepted(h) => {
+                write!(f, "the instance's kind {} is not accepted", quoted(&h.kind))
+            }
+        }
+    }
+}
+
+impl std::error::Error for ProbeError {}
+
+impl ProbeError {
+    /// Whether the entry is certainly stale, so that [`prune`] may remove it: nothing
+    /// listens on its port, or whatever does is not that instance (not HTTP, not a
+    /// health endpoint, or another instance's). A timeout or a broken connection is
+    /// not proof (the instance may be overloaded), and an instance that answers as
+    /// itself but is stopping or of another kind is still there.
+    pub fn is_stale(&self) -> bool {
+        match self {
+            ProbeError::Http(HttpError::Connect(_) | HttpError::Malformed(_))
+            | ProbeError::Http(HttpError::Closed)
+            | ProbeError::Status(_)
+            | ProbeError::NotHealth(_)
+            | ProbeError::OtherInstance(_) => true,
+            ProbeError::Http(
+                HttpError::NotLoopback(_)
+                | HttpError::Timeout
+                | HttpError::Io(_)
+                | HttpError::UnsendableSecret,
+            )
+            | ProbeError::NotReady(_)
+            | ProbeError::KindNotAccepted(_) => false,
+        }
+    }
+}
+
+/// Checks a `GET /api/health` answer: 200, a health object, `instance` equal to `name`
+/// (unless `name` is `None`), `status: "ok"`, and (unless `accept_kinds` is `None`) a
+/// `kind` in `accept_kinds`.
+///
+/// # Errors
+///
+/// The first of those conditions that does not hold.
+pub fn check_health(
+    response: &Response,
+    name: Option<&str>,
+    accept_kinds: Option<&[String]>,
+) -> Result<HealthAnswer, ProbeError> {
+    if response.status != 200 {
+        return Err(ProbeError::Status(response.status));
+    }
+    let health = protocol::parse_health(&response.body).map_err(ProbeError::NotHealth)?;
+    let body: Value = serde_json::from_slice(&response.body)
+        .map_err(|_| ProbeError::NotHealth(ResponseError::NotJson))?;
+    if name.is_some_and(|name| health.instance != name) {
+        return Err(ProbeError::OtherInstance(Box::new(health)));
+    }
+    if !health.is_ok() {
+        return Err(ProbeError::NotReady(Box::new(health)));
+    }
+    if let Some(kinds) = accept_kinds {
+        if !kinds.contains(&health.kind) {
+            return Err(ProbeError::KindNotAccepted(Box::new(health)));
+        }
+    }
+    Ok(HealthAnswer { health, body })
+}
+
+/// A probe that matched, with the connection it ran on.
+#[derive(Debug)]
+pub struct Probed {
+    /// The connection the health answer came on. It stays usable for a following
+    /// request when the server kept it open ([`Connection::is_reusable`]).
+    pub connection: Connection,
+    /// The answer.
+    pub answer: HealthAnswer,
+}
+
+/// The one health probe: connects to `127.0.0.1:port` (or `[::1]`), asks `GET
+/// /api/health`, and checks the answer as [`check_health`] does, all within
+/// [`PROBE_TIMEOUT`].
+///
+/// # Errors
+///
+/// A failure to connect or to get an answer in time, or the first condition of
+/// [`check_health`] that does not hold.
+pub fn probe_port(
+    port: u16,
+    name: Option<&InstanceName>,
+    accept_kinds: Option<&[String]>,
+) -> Result<Probed, ProbeError> {
+    let deadline = Instant::now() + PROBE_TIMEOUT;
+    let mut connection = Connection::open_local(port, deadline).map_err(ProbeError::Http)?;
+    let response = connection.get_health(deadline).map_err(ProbeError::Http)?;
+    let answer = check_health(&response, name.map(InstanceName::as_str), accept_kinds)?;
+    Ok(Probed { connection, answer })
+}
+
+/// Probes whether the instance `name` answers on `127.0.0.1:port`; see [`probe_port`].
+///
+/// # Errors
+///
+/// As [`probe_port`].
+pub fn probe(
+    name: &InstanceName,
+    port: u16,
+    accept_kinds: Option<&[String]>,
+) -> Result<HealthAnswer, ProbeError> {
+    probe_port(port, Some(name), accept_kinds).map(|probed| probed.answer)
+}
+
+/// One registry entry with the outcome of its liveness probe.
+#[derive(Debug)]
+pub struct Listed {
+    /// The instance's name.
+    pub name: InstanceName,
+    /// Its registry entry.
+    pub entry: Entry,
+    /// Its health answer if it is alive, else why not.
+    pub liveness: Result<HealthAnswer, ProbeError>,
+}
+
+/// Probes every entry, [`MAX_PARALLEL_PROBES`] at a time, so that a registry full of
+/// unresponsive ports costs about one [`PROBE_TIMEOUT`], not one per entry.
+fn probe_all(
+    entries: BTreeMap<InstanceName, Entry>,
+    accept_kinds: Option<&[String]>,
+) -> Vec<Listed> {
+    let entries: Vec<(InstanceName, Entry)> = entries.into_iter().collect();
+    let mut listed = Vec::with_capacity(entries.len());
+    for batch in entries.chunks(MAX_PARALLEL_PROBES) {
+        std::thread::scope(|scope| {
+            let handles: Vec<_> = batch
+                .iter()
+                .map(|(name, entry)| {
+                    let spawned = std::thread::Builder::new()
+                        .name(format!("probe-{name}"))
+                        .spawn_scoped(scope, move || probe(name, entry.port, accept_kinds));
+                    (name, entry, spawned)
+                })
+                .collect();
+            for (name, entry, spawned) in handles {
+                let liveness = match spawned {
+                    // A probe never panics; if one did, the entry is not known to be
+                    // alive, nor known to be stale.
+                    Ok(handle) => handle.join().unwrap_or(Err(ProbeError::Http(HttpError::Io(
+                        io::Error::other("the probe failed unexpectedly"),
+                    )))),
+                    // No thread to spare: probe here instead.
+                    Err(_) => probe(name, entry.port, accept_kinds),
+                };
+                listed.push(Listed {
+                    name: name.clone(),
+                    entry: entry.clone(),
+                    liveness,
+                });
+            }
+        });
+    }
+    listed
+}
+
+/// Every valid entry under `root`, by name, each with its liveness probe (kinds
+/// checked against `accept_kinds` unless it is `None`).
+///
+/// # Errors
+///
+/// The registry file exists but can't be read.
+pub fn list(root: &Path, accept_kinds: Option<&[String]>) -> io::Result<Vec<Listed>> {
+    Ok(probe_all(store::read(root)?, accept_kinds))
+}
+
+/// Removes the entries whose probe shows they are stale ([`ProbeError::is_stale`]) and
+/// returns their names. Probes run without the lock; the removal then happens under
+/// it, and only for entries that did not change meanwhile
+/// ([`store::remove_unchanged`]), so an instance that re-registered in between is
+/// kept.
+///
+/// # Errors
+///
+/// Any I/O error reading, locking or writing the registry.
+pub fn prune(root: &Path) -> io::Result<Vec<InstanceName>> {
+    let entries = store::read(root)?;
+    if entries.is_empty() {
+        return Ok(Vec::new());
+    }
+    let stale: Vec<(InstanceName, Entry)> = probe_all(entries, None)
+        .into_iter()
+        .filter(|listed| listed.liveness.as_ref().is_err_and(ProbeError::is_stale))
+        .map(|listed| (listed.name, listed.entry))
+        .collect();
+    store::remove_unchanged(root, stale)
+}
+
+/// The entry of `name` if a process answers on its port as that instance with
+/// `status: "ok"`, of any kind: an instance of that name is running.
+///
+/// # Errors
+///
+/// The registry file exists but can't be read.
+pub fn running(root: &Path, name: &InstanceName) -> io::Result<Option<Entry>> {
+    let Some(entry) = store::lookup(root, name)? else {
+        return Ok(None);
+    };
+    Ok(probe(name, entry.port, None).is_ok().then_some(entry))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::files::test_support::TestDir;
+    use crate::registry::store::{lookup, read, register};
+    use crate::secret::Secret;
+
+    fn secret(s: &str) -> Secret {
+        Secret::new(s).unwrap()
+    }
+
+    fn name(s: &str) -> InstanceName {
+        InstanceName::new(s).unwrap()
+    }
+
+    fn health(kind: &str, instance: &str, status: &str) -> Box<Health> {
+        Box::new(Health::new(kind, instance, status, 1))
+    }
+
+    #[test]
+    fn health_check_table() {
+        let kinds = ["loopbus".to_owned(), "cc-telegram-bridge".to_owned()];
+        let answer = |status: u16, body: &str| Response {
+            status,
+            body: body.as_bytes().to_vec(),
+        };
+        let ok = r#"{"kind":"loopbus","instance":"w","status":"ok","pid":3,"extra":[1]}"#;
+        // (answer, expected name, kinds, Ok or the error's variant name)
+        type Row<'a> = (Response, Option<&'a str>, Option<&'a [String]>, &'a str);
+        let cases: Vec<Row> = vec![
+            (answer(200, ok), Some("w"), Some(&kinds), "ok"),
+            (answer(200, ok), None, Some(&kinds), "ok"),
+            (answer(200, ok), Some("w"), None, "ok"),
+            (
+                answer(
+                    200,
+                    r#"{"kind":"cc-telegram-bridge","instance":"w","status":"ok"}"#,
+                ),
+                Some("w"),
+                Some(&kinds),
+                "ok",
+            ),
+            (answer(200, ok), Some("v"), Some(&kinds), "OtherInstance"),
+            (answer(200, ok), Some("w"), Some(&[]), "KindNotAccepted"),
+            (
+                answer(
+                    200,
+                    r#"{"kind":"loopbus","instance":"w","status":"stopping"}"#,
+                ),
+                Some("w"),
+                Some(&kinds),
+                "NotReady",
+            ),
+            (answer(404, ok), Some("w"), Some(&kinds), "Status"),
+            (answer(200, "<html>"), Some("w"), Some(&kinds), "NotHealth"),
+            (
+                answer(200, r#"{"instance":"w","status":"ok"}"#),
+                Some("w"),
+                Some(&kinds),
+                "NotHealth",
+            ),
+        ];
+        for (response, name, kinds, want) in cases {
+            let got = match check_health(&response, name, kinds) {
+                Ok(answer) => {
+                    assert_eq!(
+                        answer.body["extra"].is_array(),
+                        response.body.ends_with(b"[1]}")
+                    );
+                    "ok".to_owned()
+                }
+                Err(e) => format!("{e:?}").split('(').next().unwrap_or("").to_owned(),
+            };
+            assert_eq!(got, want, "{:?}", String::from_utf8_lossy(&response.body));
+        }
+    }
+
+    #[test]
+    fn staleness_table() {
+        let refused = || io::Error::from(io::ErrorKind::ConnectionRefused);
+        let cases = [
+            (ProbeError::Http(HttpError::Connect(refused())), true),
+            (ProbeError::Http(HttpError::Malformed("x")), true),
+            (ProbeError::Http(HttpError::Closed), true),
+            (ProbeError::Status(404), true),
+            (ProbeError::NotHealth(ResponseError::NotJson), true),
+            (
+                ProbeError::OtherInstance(health("loopbus", "other", "ok")),
+                true,
+            ),
+            (ProbeError::Http(HttpError::Timeout), false),
+            (ProbeError::Http(HttpError::Io(refused())), false),
+            (
+                ProbeError::NotReady(health("loopbus", "w", "stopping")),
+                false,
+            ),
+            (
+                ProbeError::KindNotAccepted(health("other", "w", "ok")),
+                false,
+            ),
+        ];
+        for (error, stale) in cases {
+            assert_eq!(error.is_stale(), stale, "{error:?}");
+        }
+        let long = "x".repeat(500);
+        let shown = ProbeError::OtherInstance(health("loopbus", &long, "ok")).to_string();
+        assert!(shown.len() < 200, "peer strings are cut: {shown}");
+    }
+
+    /// A port nothing listens on.
+    fn closed_port() -> u16 {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        listener.local_addr().unwrap().port()
+    }
+
+    #[test]
+    fn lookup_probe_and_prune_of_dead_entries() {
+        let dir = TestDir::new("registry-prune");
+        let root = dir.path();
+        assert!(prune(&root.join("absent")).unwrap().is_empty());
+        assert!(lookup(root, &name("a")).unwrap().is_none());
+
+        register(root, &name("a"), closed_port(), 10, &secret("sa")).unwrap();
+        register(root, &name("b"), closed_port(), 11, &secret("sb")).unwrap();
+        assert_eq!(lookup(root, &name("a")).unwrap().map(|e| e.pid), Some(10));
+        assert!(lookup(root, &name("c")).unwrap().is_none());
+        assert!(running(root, &name("a")).unwrap().is_none());
+
+        let listed = list(root, None).unwrap();
+        assert_eq!(listed.len(), 2);
+        for l in &listed {
+            let err = l.liveness.as_ref().unwrap_err();
+            assert!(err.is_stale(), "{err}");
+        }
+        assert_eq!(prune(root).unwrap(), ["a", "b"]);
+        assert!(read(root).unwrap().is_empty());
+        assert!(prune(root).unwrap().is_empty());
+    }
+}

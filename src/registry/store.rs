@@ -1,0 +1,539 @@
+//! The registry store: reading, validating and rewriting `<root>/.bus-registry.json`
+//! under the registry lock (contract section 6). No network here; liveness is
+//! [`probe`](mod@super::probe)'s job.
+
+use std::collections::BTreeMap;
+use std::io;
+use std::path::{Path, PathBuf};
+
+use serde_json::{Map, Value};
+
+use crate::protocol::{non_negative_integer, InstanceName};
+use crate::secret::Secret;
+use crate::{files, time};
+
+/// The registry's file name inside the channel root.
+pub const REGISTRY_FILE: &str = ".bus-registry.json";
+
+/// A registry file larger than this is not read (it counts as unreadable).
+pub const MAX_REGISTRY_BYTES: u64 = 1 << 20;
+
+/// The suffix (before `-<millis>`) of a torn registry file that was set aside.
+const CORRUPT_SUFFIX: &str = "corrupt";
+
+/// One registered instance. `Debug` prints the secret as `[redacted]`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Entry {
+    /// The loopback port it listens on (1-65535).
+    pub port: u16,
+    /// The process id of its `serve` process.
+    pub pid: u32,
+    /// The bearer secret callers must present.
+    pub secret: Secret,
+    /// When it registered, as ISO-8601 (validated, kept as written).
+    pub updated_at: String,
+}
+
+/// The registry file of the channel root `root`.
+pub fn registry_path(root: &Path) -> PathBuf {
+    root.join(REGISTRY_FILE)
+}
+
+/// The valid entries of the registry under `root`. A missing file is an empty registry;
+/// so is a file that is not JSON or not `{"instances": {...}}` (with a warning). Invalid
+/// entries are skipped with a warning.
+///
+/// # Errors
+///
+/// The file exists but can't be read.
+pub fn read(root: &Path) -> io::Result<BTreeMap<InstanceName, Entry>> {
+    let path = registry_path(root);
+    let bytes = match files::read_regular_file(&path, MAX_REGISTRY_BYTES) {
+        Ok(bytes) => bytes,
+        Err(err) if err.kind() == io::ErrorKind::NotFound => return Ok(BTreeMap::new()),
+        Err(err) if err.kind() == io::ErrorKind::InvalidData => {
+            log::warn!("{}: {err}; treating it as empty", path.display());
+            return Ok(BTreeMap::new());
+        }
+        Err(err) => return Err(err),
+    };
+    match parse(&bytes) {
+        Ok(Parsed { entries, skipped }) => {
+            for reason in skipped {
+                log::warn!("{}: ignoring an entry: {reason}", path.display());
+            }
+            Ok(entries)
+        }
+        Err(reason) => {
+            log::warn!("{}: {reason}; treating it as empty", path.display());
+            Ok(BTreeMap::new())
+        }
+    }
+}
+
+/// Refuses what [`read`] would skip; the name is valid by its type.
+fn check_entry(port: u16, pid: u32) -> io::Result<()> {
+    if port == 0 || pid == 0 {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            "registry entries need a non-zero port and a non-zero pid",
+        ));
+    }
+    Ok(())
+}
+
+/// Registers (or re-registers) `name` as listening on `port` in process `pid`, stamped
+/// with the current time. Creates `root` (mode 0700) if it is missing. Invalid entries
+/// already in the file are dropped; the file is left with mode 0600.
+///
+/// # Errors
+///
+/// `InvalidInput` for port 0 or pid 0 (neither of which [`read`] would accept);
+/// otherwise any I/O error creating the root, locking, reading or writing.
+pub fn register(
+    root: &Path,
+    name: &InstanceName,
+    port: u16,
+    pid: u32,
+    secret: &Secret,
+) -> io::Result<()> {
+    check_entry(port, pid)?;
+    files::create_dir_private(root)?;
+    let path = registry_path(root);
+    files::with_lock(&path, || insert_locked(root, name, port, pid, secret))
+}
+
+/// Inserts or replaces `name`'s entry; the caller holds the registry lock.
+fn insert_locked(
+    root: &Path,
+    name: &InstanceName,
+    port: u16,
+    pid: u32,
+    secret: &Secret,
+) -> io::Result<()> {
+    let path = registry_path(root);
+    set_aside_if_torn(&path);
+    let mut entries = read(root)?;
+    entries.insert(
+        name.clone(),
+        Entry {
+            port,
+            pid,
+            secret: secret.clone(),
+            updated_at: time::now_iso8601(),
+        },
+    );
+    write(&path, &entries)
+}
+
+/// Re-registers `name` if its entry is missing (the file was deleted, torn or
+/// rewritten without it). Returns whether it wrote. An entry of another process under
+/// the same name is left alone (and reported as `Ok(false)`): two live instances must
+/// not take turns overwriting each other. Never waits for the lock: if another process
+/// holds it, nothing is written this time (`Ok(false)`), so the event loop can call
+/// this.
+///
+/// # Errors
+///
+/// As [`register`].
+pub fn ensure_registered(
+    root: &Path,
+    name: &InstanceName,
+    port: u16,
+    pid: u32,
+    secret: &Secret,
+) -> io::Result<bool> {
+    if read(root)?.contains_key(name) {
+        return Ok(false);
+    }
+    check_entry(port, pid)?;
+    let written = files::try_with_lock(&registry_path(root), || {
+        if read(root)?.contains_key(name) {
+            return Ok(false);
+        }
+        insert_locked(root, name, port, pid, secret)?;
+        Ok(true)
+    })?;
+    written.unwrap_or(Ok(false))
+}
+
+/// A registry file that is not JSON at all (torn by something that did not write it
+/// atomically) is set aside as `.bus-registry.json.corrupt-<millis>` before it is
+/// rewritten, so nothing is destroyed without a trace. The caller holds the lock.
+fn set_aside_if_torn(path: &Path) {
+    match files::read_regular_file(path, MAX_REGISTRY_BYTES) {
+        Ok(bytes) if parse(&bytes).is_ok() => return,
+        Ok(_) => {}
+        Err(e) if e.kind() == io::ErrorKind::InvalidData => {}
+        Err(_) => return,
+    }
+    match files::set_aside(path, CORRUPT_SUFFIX) {
+        Ok(aside) => log::warn!(
+            "{} was unreadable; moved to {}",
+            path.display(),
+            aside.display()
+        ),
+        Err(e) => log::warn!(
+            "{}: cannot set the unreadable file aside: {e}",
+            path.display()
+        ),
+    }
+}
+
+/// Removes `name`'s entry if, and only if, it was registered by process `pid` (so a
+/// stopping process never removes its successor's entry). Returns whether it removed
+/// one. A missing root or registry is not an error.
+///
+/// # Errors
+///
+/// Any I/O error locking, reading or writing the registry.
+pub fn deregister(root: &Path, name: &InstanceName, pid: u32) -> io::Result<bool> {
+    if !root.is_dir() {
+        return Ok(false);
+    }
+    let path = registry_path(root);
+    files::with_lock(&path, || {
+        let mut entries = read(root)?;
+        if entries.get(name).is_none_or(|entry| entry.pid != pid) {
+            return Ok(false);
+        }
+        entries.remove(name);
+        write(&path, &entries)?;
+        Ok(true)
+    })
+}
+
+/// The entry registered as `name` under `root`, if there is a valid one.
+///
+/// # Errors
+///
+/// The registry file exists but can't be read.
+pub fn lookup(root: &Path, name: &InstanceName) -> io::Result<Option<Entry>> {
+    Ok(read(root)?.remove(name))
+}
+
+/// Removes, under the lock, each of `stale` whose entry is still exactly as given (an
+/// instance that re-registered meanwhile is kept), and returns the names removed. The
+/// pruning half of [`super::prune`], which decides staleness by probing.
+///
+/// # Errors
+///
+/// Any I/O error locking, reading or writing the registry.
+pub fn remove_unchanged(
+    root: &Path,
+    stale: Vec<(InstanceName, Entry)>,
+) -> io::Result<Vec<InstanceName>> {
+    if stale.is_empty() {
+        return Ok(Vec::new());
+    }
+    let path = registry_path(root);
+    files::with_lock(&path, || {
+        let mut current = read(root)?;
+        let mut removed = Vec::new();
+        for (name, entry) in stale {
+            if current.get(&name) == Some(&entry) {
+                current.remove(&name);
+                removed.push(name);
+            }
+        }
+        if !removed.is_empty() {
+            write(&path, &current)?;
+        }
+        Ok(removed)
+    })
+}
+
+/// Writes `entries` as the whole registry.
+fn write(path: &Path, entries: &BTreeMap<InstanceName, Entry>) -> io::Result<()> {
+    let instances: Map<String, Value> = entries
+        .iter()
+        .map(|(name, entry)| {
+            let mut fields = Map::new();
+            fields.insert("port".into(), entry.port.into());
+            fields.insert("pid".into(), entry.pid.into());
+            fields.insert("secret".into(), entry.secret.expose().into());
+            fields.insert("updatedAt".into(), entry.updated_at.as_str().into());
+            (name.to_string(), Value::Object(fields))
+        })
+        .collect();
+    let mut document = Map::new();
+    document.insert("instances".into(), Value::Object(instances));
+    let mut bytes =
+        serde_json::to_vec_pretty(&Value::Object(document)).map_err(io::Error::other)?;
+    bytes.push(b'\n');
+    files::write_atomic(path, &bytes, files::PRIVATE_FILE_MODE)
+}
+
+/// What a registry file holds.
+struct Parsed {
+    /// The valid entries.
+    entries: BTreeMap<InstanceName, Entry>,
+    /// Why each invalid entry was skipped. Never contains a secret.
+    skipped: Vec<String>,
+}
+
+/// Parses a registry file, or says why the whole file is unusable.
+fn parse(bytes: &[u8]) -> Result<Parsed, &'static str> {
+    let document: Value = serde_json::from_slice(bytes).map_err(|_| "not valid JSON")?;
+    let Some(Value::Object(instances)) = document.get("instances") else {
+        return Err("not of the form {\"instances\": {...}}");
+    };
+    let mut entries = BTreeMap::new();
+    let mut skipped = Vec::new();
+    for (name, value) in instances {
+        let Ok(name) = InstanceName::new(name.as_str()) else {
+            skipped.push("invalid instance name".to_owned());
+            continue;
+        };
+        match parse_entry(value) {
+            Ok(entry) => {
+                entries.insert(name, entry);
+            }
+            Err(reason) => skipped.push(format!("{name}: {reason}")),
+        }
+    }
+    Ok(Parsed { entries, skipped })
+}
+
+fn parse_entry(value: &Value) -> Result<Entry, &'static str> {
+    let port = value
+        .get("port")
+        .and_then(non_negative_integer)
+        .and_then(|n| u16::try_from(n).ok())
+        .filter(|&port| port != 0)
+        .ok_or("port must be an integer from 1 to 65535")?;
+    let pid = value
+        .get("pid")
+        .and_then(non_negative_integer)
+        .and_then(|n| u32::try_from(n).ok())
+        .filter(|&pid| pid != 0)
+        .ok_or("pid must be a positive integer")?;
+    let secret = value
+        .get("secret")
+        .and_then(Value::as_str)
+        .and_then(Secret::new)
+        .ok_or("secret must be a non-empty string")?;
+    let updated_at = value
+        .get("updatedAt")
+        .and_then(Value::as_str)
+        .filter(|s| time::parse_iso8601(s).is_some())
+        .ok_or("updatedAt must be an ISO-8601 time")?;
+    Ok(Entry {
+        port,
+        pid,
+        secret,
+        updated_at: updated_at.to_owned(),
+    })
+}
+
+/// The channel root of a state directory (contract section 1): its parent, made
+/// absolute. Every instance under one root shares its registry.
+pub fn channel_root(state_dir: &Path) -> PathBuf {
+    absolute(state_dir)
+        .parent()
+        .map(Path::to_path_buf)
+        .unwrap_or_else(|| PathBuf::from("/"))
+}
+
+/// The name an instance takes by default: its state directory's last component (of
+/// the absolute path, so `.` works too). `None` when there is none or it is not UTF-8;
+/// the caller still parses it as an [`InstanceName`].
+pub fn default_name(state_dir: &Path) -> Option<String> {
+    absolute(state_dir)
+        .file_name()
+        .and_then(|n| n.to_str())
+        .map(str::to_owned)
+}
+
+fn absolute(path: &Path) -> PathBuf {
+    std::path::absolute(path).unwrap_or_else(|_| path.to_path_buf())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::files::test_support::TestDir;
+    use std::os::unix::fs::PermissionsExt;
+    use std::sync::Arc;
+    use std::thread;
+
+    fn secret(s: &str) -> Secret {
+        Secret::new(s).unwrap()
+    }
+
+    fn name(s: &str) -> InstanceName {
+        InstanceName::new(s).unwrap()
+    }
+
+    fn mode_of(path: &Path) -> u32 {
+        std::fs::metadata(path).unwrap().permissions().mode() & 0o7777
+    }
+
+    #[test]
+    fn register_read_round_trip_with_private_modes() {
+        let dir = TestDir::new("registry");
+        let root = dir.path().join("channel");
+
+        register(&root, &name("alpha"), 4100, 11, &secret("s-alpha")).unwrap();
+        register(&root, &name("beta"), 4200, 22, &secret("s-beta")).unwrap();
+        register(&root, &name("alpha"), 4101, 12, &secret("s-alpha2")).unwrap();
+
+        let entries = read(&root).unwrap();
+        assert_eq!(entries.keys().collect::<Vec<_>>(), ["alpha", "beta"]);
+        let alpha = &entries["alpha"];
+        assert_eq!((alpha.port, alpha.pid), (4101, 12));
+        assert_eq!(alpha.secret.expose(), "s-alpha2");
+        assert!(time::parse_iso8601(&alpha.updated_at).is_some());
+        assert_eq!(entries["beta"].port, 4200);
+
+        assert_eq!(mode_of(&root), 0o700);
+        assert_eq!(mode_of(&registry_path(&root)), 0o600);
+        let raw: Value =
+            serde_json::from_slice(&std::fs::read(registry_path(&root)).unwrap()).unwrap();
+        assert_eq!(raw["instances"]["beta"]["secret"], "s-beta");
+        assert_eq!(raw["instances"]["beta"]["pid"], 22);
+    }
+
+    #[test]
+    fn register_refuses_what_read_would_skip() {
+        let dir = TestDir::new("registry-refuse");
+        // A bad name can't reach `register`: it is not an `InstanceName`.
+        assert!(InstanceName::new("bad name").is_err());
+        let cases = [("ok", 0, 1), ("ok", 1, 0)];
+        for (text, port, pid) in cases {
+            let err = register(dir.path(), &name(text), port, pid, &secret("s")).unwrap_err();
+            assert_eq!(
+                err.kind(),
+                io::ErrorKind::InvalidInput,
+                "{text} {port} {pid}"
+            );
+        }
+        assert!(read(dir.path()).unwrap().is_empty());
+    }
+
+    #[test]
+    fn deregister_needs_the_matching_pid() {
+        let dir = TestDir::new("registry-dereg");
+        let root = dir.path();
+        assert!(!deregister(&root.join("absent"), &name("a"), 1).unwrap());
+        assert!(!deregister(root, &name("a"), 1).unwrap());
+
+        register(root, &name("a"), 5000, 100, &secret("x")).unwrap();
+        register(root, &name("b"), 5001, 200, &secret("y")).unwrap();
+        assert!(!deregister(root, &name("a"), 101).unwrap());
+        assert!(!deregister(root, &name("c"), 100).unwrap());
+        assert!(read(root).unwrap().contains_key("a"));
+
+        assert!(deregister(root, &name("a"), 100).unwrap());
+        let entries = read(root).unwrap();
+        assert_eq!(entries.keys().collect::<Vec<_>>(), ["b"]);
+        assert!(!deregister(root, &name("a"), 100).unwrap());
+    }
+
+    #[test]
+    fn invalid_entries_are_ignored_then_dropped() {
+        let dir = TestDir::new("registry-invalid");
+        let root = dir.path();
+        let t = "2026-01-01T00:00:00.000Z";
+        let raw = serde_json::json!({
+            "instances": {
+                "good": {"port": 4000, "pid": 1, "secret": "s", "updatedAt": t},
+                "float-ok": {"port": 4001.0, "pid": 2.0, "secret": "s", "updatedAt": t},
+                "port-zero": {"port": 0, "pid": 1, "secret": "s", "updatedAt": t},
+                "port-big": {"port": 65536, "pid": 1, "secret": "s", "updatedAt": t},
+                "port-string": {"port": "4000", "pid": 1, "secret": "s", "updatedAt": t},
+                "port-frac": {"port": 4000.5, "pid": 1, "secret": "s", "updatedAt": t},
+                "pid-zero": {"port": 4000, "pid": 0, "secret": "s", "updatedAt": t},
+                "pid-negative": {"port": 4000, "pid": -5, "secret": "s", "updatedAt": t},
+                "pid-big": {"port": 4000, "pid": 4_294_967_296u64, "secret": "s", "updatedAt": t},
+                "secret-empty": {"port": 4000, "pid": 1, "secret": "", "updatedAt": t},
+                "secret-number": {"port": 4000, "pid": 1, "secret": 7, "updatedAt": t},
+                "time-bad": {"port": 4000, "pid": 1, "secret": "s", "updatedAt": "yesterday"},
+                "time-missing": {"port": 4000, "pid": 1, "secret": "s"},
+                "not-object": 4000,
+                "-bad-name": {"port": 4000, "pid": 1, "secret": "s", "updatedAt": t},
+            },
+            "otherTopLevel": true
+        });
+        std::fs::write(registry_path(root), raw.to_string()).unwrap();
+
+        let entries = read(root).unwrap();
+        assert_eq!(entries.keys().collect::<Vec<_>>(), ["float-ok", "good"]);
+        assert_eq!(
+            (entries["float-ok"].port, entries["float-ok"].pid),
+            (4001, 2)
+        );
+        assert_eq!(entries["good"].updated_at, t);
+
+        register(root, &name("new"), 4500, 3, &secret("n")).unwrap();
+        let rewritten: Value =
+            serde_json::from_slice(&std::fs::read(registry_path(root)).unwrap()).unwrap();
+        let names: Vec<&String> = rewritten["instances"].as_object().unwrap().keys().collect();
+        assert_eq!(names, ["float-ok", "good", "new"]);
+        assert_eq!(rewritten["instances"]["float-ok"]["port"], 4001);
+    }
+
+    #[test]
+    fn garbage_registry_is_empty_and_register_recovers() {
+        let dir = TestDir::new("registry-garbage");
+        let root = dir.path();
+        let cases: &[&[u8]] = &[
+            b"{\"instances\": {\"a\": {\"port\": 1",
+            b"",
+            b"\x00\xff",
+            b"[]",
+            b"{\"instances\": []}",
+            b"{\"other\": {}}",
+        ];
+        for bytes in cases {
+            std::fs::write(registry_path(root), bytes).unwrap();
+            assert!(read(root).unwrap().is_empty(), "{bytes:?}");
+            register(root, &name("a"), 4000, 1, &secret("s")).unwrap();
+            assert_eq!(read(root).unwrap().len(), 1, "{bytes:?}");
+        }
+    }
+
+    #[test]
+    fn concurrent_registrations_lose_nothing() {
+        const THREADS: u16 = 20;
+        let dir = TestDir::new("registry-threads");
+        let root = Arc::new(dir.path().join("root"));
+        let workers: Vec<_> = (0..THREADS)
+            .map(|i| {
+                let root = Arc::clone(&root);
+                thread::spawn(move || {
+                    let text = format!("inst-{i}");
+                    register(
+                        &root,
+                        &name(&text),
+                        6000 + i,
+                        1000 + u32::from(i),
+                        &secret(&text),
+                    )
+                })
+            })
+            .collect();
+        for worker in workers {
+            worker.join().unwrap().unwrap();
+        }
+        let entries = read(&root).unwrap();
+        assert_eq!(entries.len(), usize::from(THREADS));
+        for i in 0..THREADS {
+            let entry = &entries[format!("inst-{i}").as_str()];
+            assert_eq!((entry.port, entry.pid), (6000 + i, 1000 + u32::from(i)));
+        }
+    }
+
+    #[test]
+    fn entry_debug_redacts_the_secret() {
+        let entry = Entry {
+            port: 1,
+            pid: 2,
+            secret: secret("top-secret-value"),
+            updated_at: "2026-01-01T00:00:00.000Z".into(),
+        };
+        let shown = format!("{entry:?}");
+        assert!(!shown.contains("top-secret-value"), "{shown}");
+        assert!(shown.contains("[redacted]"), "{shown}");
+    }
+}
