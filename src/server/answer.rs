@@ -1,0 +1,182 @@
+//! The answers the server writes: envelopes and refusals as HTTP responses, the health
+//! body, a finished turn's envelope, and the audit line of every talk outcome.
+
+use super::{Bus, Refusal};
+use crate::audit;
+use crate::engine::TurnResult;
+use crate::http::{ConnId, Response};
+use crate::protocol::{Envelope, ErrorCode, Failure, Health, TurnLoad};
+use crate::turns::{Done, Outcome};
+use std::time::Instant;
+
+/// What the audit line of one talk outcome knows about the request.
+#[derive(Debug, Clone, Default)]
+pub(super) struct TalkMeta {
+    pub(super) from_instance: Option<String>,
+    pub(super) depth: Option<u64>,
+    pub(super) prompt_chars: Option<usize>,
+}
+
+/// A request waiting for its turn.
+#[derive(Debug)]
+pub(super) struct Pending {
+    pub(super) received_at: Instant,
+    pub(super) meta: TalkMeta,
+}
+
+impl Bus {
+    pub(super) fn json(status: u16, body: Vec<u8>) -> Response {
+        Response {
+            status,
+            headers: vec![
+                ("Content-Type", "application/json".to_owned()),
+                ("Cache-Control", "no-store".to_owned()),
+                ("X-Content-Type-Options", "nosniff".to_owned()),
+            ],
+            body,
+            close: false,
+        }
+    }
+
+    pub(super) fn envelope_response(status: u16, envelope: &Envelope) -> Response {
+        Bus::json(status, envelope.to_json())
+    }
+
+    pub(super) fn refusal_response(&self, refusal: &Refusal, received_at: Instant) -> Response {
+        let (status, code) = refusal.status_and_code();
+        let envelope = Envelope::failure(
+            &self.name,
+            Failure::new(code, refusal.message()),
+            elapsed_ms(received_at),
+        );
+        let mut response = Bus::envelope_response(status, &envelope);
+        if let Refusal::MethodNotAllowed(allow) = refusal {
+            response.headers.push(("Allow", (*allow).to_owned()));
+        }
+        if matches!(refusal, Refusal::Http(_)) {
+            response.close = true;
+        }
+        response
+    }
+
+    /// Answers a talk with a refusal and records the outcome.
+    pub(super) fn refuse_talk(
+        &mut self,
+        refusal: &Refusal,
+        received_at: Instant,
+        meta: &TalkMeta,
+    ) -> Response {
+        let (status, code) = refusal.status_and_code();
+        log::debug!(
+            "talk refused: {} {} (from {:?}, depth {:?}, prompt {:?} chars)",
+            status,
+            code,
+            meta.from_instance.as_deref().unwrap_or("?"),
+            meta.depth,
+            meta.prompt_chars
+        );
+        let message = refusal.message();
+        let duration_ms = elapsed_ms(received_at);
+        self.audit.record(&audit::Record {
+            outcome: "refused",
+            detail: &message,
+            from_instance: meta.from_instance.as_deref(),
+            depth: meta.depth,
+            duration_ms,
+            error_code: Some(code.as_str()),
+            prompt_chars: meta.prompt_chars,
+            status: Some(status),
+        });
+        self.refusal_response(refusal, received_at)
+    }
+
+    /// Records a turn's answer in the audit log.
+    pub(super) fn audit_answer(&mut self, pending: &Pending, envelope: &Envelope) {
+        let (outcome, detail, code) = match &envelope.failure {
+            None => ("success", "ok", None),
+            Some(f) => ("failure", audit_detail(f), Some(f.code.as_str())),
+        };
+        self.audit.record(&audit::Record {
+            outcome,
+            detail,
+            from_instance: pending.meta.from_instance.as_deref(),
+            depth: pending.meta.depth,
+            duration_ms: envelope.duration_ms,
+            error_code: code,
+            prompt_chars: pending.meta.prompt_chars,
+            status: Some(200),
+        });
+    }
+
+    pub(super) fn health(&self) -> Response {
+        let load = self.pool.load();
+        let status = if self.stopping_since.is_some() {
+            Health::STOPPING
+        } else {
+            Health::OK
+        };
+        let turns = TurnLoad {
+            running: load.running,
+            queued: load.queued,
+            max: load.max,
+        };
+        let body = Health::new(&self.config.bus.kind, &self.name, status, self.pid);
+        Bus::json(200, body.with_turns(turns).to_json())
+    }
+
+    /// Turns a finished job into the response for its connection.
+    pub(super) fn finish(&mut self, done: Done<ConnId, TurnResult>) -> Option<(ConnId, Response)> {
+        let pending = self.pending.remove(&done.key)?;
+        let took = elapsed_ms(pending.received_at);
+        let response = match done.outcome {
+            Outcome::Finished(TurnResult::Reply(text)) => {
+                log::debug!(
+                    "talk answered: success (from {:?}, depth {:?}, {} ms)",
+                    pending.meta.from_instance.as_deref().unwrap_or("?"),
+                    pending.meta.depth,
+                    took
+                );
+                let envelope = Envelope::success(&self.name, text, took);
+                self.audit_answer(&pending, &envelope);
+                Bus::envelope_response(200, &envelope)
+            }
+            Outcome::Finished(TurnResult::Failed(failure)) => {
+                log::debug!(
+                    "talk answered: failure {} (from {:?}, {} ms)",
+                    failure.code,
+                    pending.meta.from_instance.as_deref().unwrap_or("?"),
+                    took
+                );
+                let envelope = Envelope::failure(&self.name, failure, took);
+                self.audit_answer(&pending, &envelope);
+                Bus::envelope_response(200, &envelope)
+            }
+            Outcome::Panicked => {
+                log::error!("turn handler panicked");
+                self.refuse_talk(
+                    &Refusal::HandlerPanicked,
+                    pending.received_at,
+                    &pending.meta,
+                )
+            }
+        };
+        Some((done.key, response))
+    }
+}
+
+/// What the audit log says of a failed turn. Messages built from the engine's own
+/// output may quote the prompt, so only the code is kept for those; the messages this
+/// crate writes itself and that carry nothing of the engine's (budget, timeout, usage
+/// file) are kept whole.
+fn audit_detail(failure: &Failure) -> &str {
+    match failure.code {
+        ErrorCode::BudgetExhausted | ErrorCode::Timeout | ErrorCode::InternalError => {
+            &failure.error
+        }
+        _ => "the engine failed; its output is not logged here",
+    }
+}
+
+pub(super) fn elapsed_ms(since: Instant) -> u64 {
+    u64::try_from(since.elapsed().as_millis()).unwrap_or(u64::MAX)
+}
