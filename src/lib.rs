@@ -74,3 +74,8 @@ pub mod __internals {
     pub use crate::protocol::parse_health;
     pub use crate::time::now_iso8601;
 }
+
+/// The README's Rust examples, compiled as doctests so that they stay true.
+#[doc = include_str!("../README.md")]
+#[cfg(doctest)]
+pub struct ReadmeDoctests;
