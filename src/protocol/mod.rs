@@ -10,13 +10,16 @@ mod codes;
 mod envelope;
 mod health;
 mod name;
+mod number;
 mod request;
 
 pub use codes::ErrorCode;
 pub use envelope::{parse_response, Envelope, Failure, ResponseError};
 pub use health::{parse_health, Health, TurnLoad};
 pub use name::{InstanceName, InvalidInstanceName, MAX_INSTANCE_NAME_LEN};
-pub use request::{encode_talk_request, parse_talk_request, RequestError, TalkRequest};
+pub use request::{
+    encode_talk_request, parse_talk_request, RequestError, TalkRequest, MAX_FROM_INSTANCE_BYTES,
+};
 
 /// The protocol version this build speaks and emits.
 pub const PROTOCOL_VERSION: u64 = 1;
@@ -35,7 +38,9 @@ pub const MAX_ERROR_CHARS: usize = 2_000;
 /// and `"1"` do not. Values past `u64::MAX` saturate (they are still integers).
 ///
 /// The one reading of "a non-negative integer" for every JSON document this crate
-/// parses: requests, envelopes, health answers, the registry and `config.json`.
+/// parses: requests, envelopes, health answers, the registry and `config.json`. It
+/// sees the parsed value, in which serde_json has rounded fractions and exponents
+/// (`1e-400` is 0.0); a request's `depth` is also checked in its text.
 pub fn non_negative_integer(value: &Value) -> Option<u64> {
     if let Some(n) = value.as_u64() {
         return Some(n);
