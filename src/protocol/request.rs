@@ -13,8 +13,8 @@ pub const MAX_FROM_INSTANCE_BYTES: usize = 1024;
 /// A validated `/api/talk` request.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct TalkRequest {
-    /// The calling instance's name: non-empty, at most [`MAX_FROM_INSTANCE_BYTES`],
-    /// without control characters.
+    /// The calling instance's name: non-empty, at most 1,024 bytes
+    /// (`MAX_FROM_INSTANCE_BYTES`), without control characters.
     pub from_instance: String,
     /// The delegated prompt body.
     pub prompt: String,
@@ -38,7 +38,7 @@ pub enum RequestError {
     /// `fromInstance` holds a control character (U+0000-U+001F or U+007F), which
     /// would garble a log line or an engine's environment.
     FromInstanceControl,
-    /// `fromInstance` is longer than [`MAX_FROM_INSTANCE_BYTES`].
+    /// `fromInstance` is longer than 1,024 bytes (`MAX_FROM_INSTANCE_BYTES`).
     FromInstanceTooLong,
     /// `prompt` is missing or not a string.
     Prompt,
