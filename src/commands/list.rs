@@ -13,9 +13,11 @@ loopbus list [--root DIR | --state-dir DIR] [--json]
 List the instances registered in the channel root DIR (--root), or in the parent
 of --state-dir / $LOOPBUS_STATE_DIR: name, port, pid, whether it is alive (its
 health check answered as that instance, status ok, an accepted kind, within
-500 ms; else why not), and the age of its registration. Secrets are never shown.
---json prints {\"instances\": [{\"name\", \"port\", \"pid\", \"alive\", \"problem\",
-\"updatedAt\", \"ageSecs\"}]} instead.
+500 ms; else why not), and the age of its registration. An alive instance whose
+bus is disabled in its config.json (it refuses every talk) is marked \"bus
+disabled\". Secrets are never shown. --json prints {\"instances\": [{\"name\",
+\"port\", \"pid\", \"alive\", \"problem\", \"updatedAt\", \"ageSecs\",
+\"busEnabled\"}]} instead (busEnabled: null when not alive, or not reported).
 
 Exit status: 0, whether or not the instances are alive; 2 usage or local
 configuration error.
@@ -74,6 +76,29 @@ fn short_age(age: Option<Duration>) -> String {
     }
 }
 
+/// What an alive instance's health said of its bus: `None` when it is not alive or
+/// did not say.
+fn bus_enabled(listed: &Listed) -> Option<bool> {
+    listed
+        .liveness
+        .as_ref()
+        .ok()
+        .and_then(|answer| answer.health.bus_enabled)
+}
+
+/// The last column of the table: why an instance is not alive, or that its bus is
+/// disabled.
+fn note(listed: &Listed) -> String {
+    match &listed.liveness {
+        Err(problem) => problem.to_string(),
+        Ok(_) if bus_enabled(listed) == Some(false) => DISABLED_NOTE.to_owned(),
+        Ok(_) => String::new(),
+    }
+}
+
+/// The note of an alive instance whose bus is disabled.
+const DISABLED_NOTE: &str = "bus disabled: every talk is refused";
+
 fn as_json(listed: &Listed, now: SystemTime) -> Value {
     json!({
         "name": listed.name,
@@ -83,6 +108,7 @@ fn as_json(listed: &Listed, now: SystemTime) -> Value {
         "problem": listed.liveness.as_ref().err().map(ToString::to_string),
         "updatedAt": listed.entry.updated_at,
         "ageSecs": age(listed, now).map(|a| a.as_secs()),
+        "busEnabled": bus_enabled(listed),
     })
 }
 
@@ -103,11 +129,7 @@ fn table(listed: &[Listed], now: SystemTime) -> String {
             l.entry.pid.to_string(),
             if l.liveness.is_ok() { "yes" } else { "no" }.to_owned(),
             short_age(age(l, now)),
-            l.liveness
-                .as_ref()
-                .err()
-                .map(ToString::to_string)
-                .unwrap_or_default(),
+            note(l),
         ]);
     }
     let mut widths = [0usize; 6];

@@ -24,14 +24,24 @@ pub(super) enum Problem {
     NotAnObject,
     /// A field has a value it may not have.
     Field { path: String, message: &'static str },
+    /// A key the config may not hold, with the path of the key probably meant.
+    UnknownKey {
+        path: String,
+        suggestion: Option<String>,
+    },
 }
+
+/// Longest key path shown in an error; a longer one is cut (its full text stays in
+/// [`ConfigError::field`]).
+pub const MAX_SHOWN_KEY_CHARS: usize = 64;
 
 impl ConfigError {
     /// The path of the offending field (`bus.maxDepth`, `bus.peers[1]`,
-    /// `engine.env.HOME`), or `None` when the problem is not one field's.
+    /// `engine.env.HOME`) or unknown key (`bus.peer`), or `None` when the problem is not
+    /// one field's.
     pub fn field(&self) -> Option<&str> {
         match &self.problem {
-            Problem::Field { path, .. } => Some(path),
+            Problem::Field { path, .. } | Problem::UnknownKey { path, .. } => Some(path),
             _ => None,
         }
     }
@@ -45,6 +55,13 @@ impl ConfigError {
     /// Whether the file does not exist (so that a command can suggest `loopbus init`).
     pub fn is_not_found(&self) -> bool {
         matches!(&self.problem, Problem::Read(err) if err.kind() == io::ErrorKind::NotFound)
+    }
+
+    pub(super) fn unknown_key(path: String, suggestion: Option<String>) -> ConfigError {
+        ConfigError {
+            file: CONFIG_FILE.to_owned(),
+            problem: Problem::UnknownKey { path, suggestion },
+        }
     }
 
     pub(super) fn field_error(path: impl Into<String>, message: &'static str) -> ConfigError {
@@ -69,8 +86,29 @@ impl fmt::Display for ConfigError {
             ),
             Problem::NotAnObject => write!(f, "{}: must be a JSON object", self.file),
             Problem::Field { path, message } => write!(f, "{}: {path}: {message}", self.file),
+            Problem::UnknownKey { path, suggestion } => {
+                write!(f, "{}: unknown key {}", self.file, shown_key(path))?;
+                match suggestion {
+                    Some(meant) => write!(f, "; did you mean {meant}?"),
+                    None => Ok(()),
+                }
+            }
         }
     }
+}
+
+/// A key path as an error shows it: as it is when it is short and printable, else
+/// quoted with escapes and cut to [`MAX_SHOWN_KEY_CHARS`], so that a key can't garble a
+/// terminal or flood a log.
+fn shown_key(path: &str) -> String {
+    let plain = path.chars().count() <= MAX_SHOWN_KEY_CHARS
+        && path.chars().all(|c| c.is_ascii_graphic() && c != '"');
+    if plain {
+        return path.to_owned();
+    }
+    let cut: String = path.chars().take(MAX_SHOWN_KEY_CHARS).collect();
+    let ellipsis = if cut.len() < path.len() { "..." } else { "" };
+    format!("{cut:?}{ellipsis}")
 }
 
 impl std::error::Error for ConfigError {

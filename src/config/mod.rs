@@ -7,7 +7,9 @@
 //! Validation is written by hand over `serde_json::Value` so that every error carries
 //! the field's path and no error ever echoes a value (the secret lives in this file).
 //!
-//! Unknown fields are ignored, at every level, so that a newer config still loads.
+//! Unknown keys are refused, at every level (`keys`): a typo must never widen access
+//! or drop a limit. `bus.crew`, written by the original implementation, is known and
+//! ignored.
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -18,6 +20,7 @@ use serde_json::Value;
 use crate::secret::Secret;
 
 mod error;
+mod keys;
 mod parse;
 mod read;
 
@@ -38,6 +41,12 @@ pub const MAX_CONCURRENT_TURNS_LIMIT: usize = 64;
 pub const DEFAULT_MAX_QUEUED_TURNS: usize = 16;
 /// Largest allowed `bus.maxQueuedTurns`.
 pub const MAX_QUEUED_TURNS_LIMIT: usize = 1024;
+/// Default `bus.reattachSecs`: how long a hung-up turn with an `ext.requestId` is kept
+/// for a retry to attach to (contract section 8.1).
+pub const DEFAULT_REATTACH_SECS: u64 = 15;
+/// Largest allowed `bus.reattachSecs` (10 minutes): a kept turn holds a worker and a
+/// connection slot's worth of state, so the wait is bounded.
+pub const MAX_REATTACH_SECS: u64 = 600;
 /// Default `engine.timeoutSecs`.
 pub const DEFAULT_ENGINE_TIMEOUT_SECS: u64 = 1800;
 /// Default `engine.maxOutputBytes` (1 MiB).
@@ -92,6 +101,11 @@ pub struct BusConfig {
     pub max_concurrent_turns: usize,
     /// `maxQueuedTurns`: queued turns beyond the running ones, 0 to 1024.
     pub max_queued_turns: usize,
+    /// `cancelOnHangup`: whether a turn whose caller hung up is cancelled (section 8.1).
+    pub cancel_on_hangup: bool,
+    /// `reattachSecs`: how long a hung-up turn with an `ext.requestId` is kept, 0 to
+    /// 600 (`config::MAX_REATTACH_SECS`).
+    pub reattach_secs: u64,
     /// `parallel`: instance names (kept as given).
     pub parallel: Vec<String>,
     /// `chain`: instance names (kept as given).
@@ -113,6 +127,8 @@ impl Default for BusConfig {
             accept_kinds: DEFAULT_ACCEPT_KINDS.map(str::to_owned).to_vec(),
             max_concurrent_turns: DEFAULT_MAX_CONCURRENT_TURNS,
             max_queued_turns: DEFAULT_MAX_QUEUED_TURNS,
+            cancel_on_hangup: true,
+            reattach_secs: DEFAULT_REATTACH_SECS,
             parallel: Vec::new(),
             chain: Vec::new(),
             verifier: None,
@@ -155,7 +171,7 @@ impl Peers {
 ///
 /// `Debug` shows the names of `env` but not their values, which may be credentials.
 /// Fields may be added: build one with [`EngineConfig::new`] and set fields.
-#[derive(Clone, PartialEq, Eq)]
+#[derive(Clone, PartialEq)]
 #[non_exhaustive]
 pub struct EngineConfig {
     /// `command`: the argv, never empty, with a non-empty program name first.
@@ -168,6 +184,9 @@ pub struct EngineConfig {
     pub timeout_secs: u64,
     /// `maxOutputBytes`: output past this is cut and the turn fails.
     pub max_output_bytes: u64,
+    /// `maxTurnCostUsd`: the most one turn is expected to cost, counted against the
+    /// budget while the turn runs; `None` when not set.
+    pub max_turn_cost_usd: Option<f64>,
     /// `cwd`: the working directory, if set.
     pub cwd: Option<PathBuf>,
     /// `env`: variables added to the command's environment.
@@ -176,8 +195,9 @@ pub struct EngineConfig {
 
 impl EngineConfig {
     /// The engine `command` (an argv) with every other field at its default: prompt on
-    /// stdin, text output, [`DEFAULT_ENGINE_TIMEOUT_SECS`],
-    /// [`DEFAULT_ENGINE_MAX_OUTPUT_BYTES`], no `cwd`, no added `env`.
+    /// stdin, text output, a timeout of 1,800 s (`config::DEFAULT_ENGINE_TIMEOUT_SECS`),
+    /// 1 MiB of output (`config::DEFAULT_ENGINE_MAX_OUTPUT_BYTES`), no `maxTurnCostUsd`,
+    /// no `cwd`, no added `env`.
     pub fn new(command: Vec<String>) -> EngineConfig {
         EngineConfig {
             command,
@@ -185,6 +205,7 @@ impl EngineConfig {
             output: OutputMode::default(),
             timeout_secs: DEFAULT_ENGINE_TIMEOUT_SECS,
             max_output_bytes: DEFAULT_ENGINE_MAX_OUTPUT_BYTES,
+            max_turn_cost_usd: None,
             cwd: None,
             env: BTreeMap::new(),
         }
@@ -199,6 +220,7 @@ impl fmt::Debug for EngineConfig {
             .field("output", &self.output)
             .field("timeout_secs", &self.timeout_secs)
             .field("max_output_bytes", &self.max_output_bytes)
+            .field("max_turn_cost_usd", &self.max_turn_cost_usd)
             .field("cwd", &self.cwd)
             .field("env", &self.env.keys().collect::<Vec<_>>())
             .finish()

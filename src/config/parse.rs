@@ -5,10 +5,11 @@ use std::collections::BTreeMap;
 use serde_json::{Map, Value};
 
 use super::error::{ConfigError, Problem};
+use super::keys::{self, Object};
 use super::{
     BusConfig, Config, EngineConfig, OutputMode, Peers, PromptMode, CONFIG_FILE,
     DEFAULT_ENGINE_MAX_OUTPUT_BYTES, DEFAULT_ENGINE_TIMEOUT_SECS, MAX_CONCURRENT_TURNS_LIMIT,
-    MAX_QUEUED_TURNS_LIMIT,
+    MAX_QUEUED_TURNS_LIMIT, MAX_REATTACH_SECS,
 };
 use crate::protocol::non_negative_integer;
 use crate::secret::Secret;
@@ -17,7 +18,8 @@ use crate::secret::Secret;
 ///
 /// # Errors
 ///
-/// The bytes are not JSON, not an object, or a known field has a value it may not have.
+/// The bytes are not JSON, not an object, an object holds a key the config may not
+/// have (checked first, object by object), or a field has a value it may not have.
 pub fn parse(bytes: &[u8]) -> Result<Config, ConfigError> {
     let value: Value = serde_json::from_slice(bytes).map_err(|err| ConfigError {
         file: CONFIG_FILE.to_owned(),
@@ -32,6 +34,7 @@ pub fn parse(bytes: &[u8]) -> Result<Config, ConfigError> {
             problem: Problem::NotAnObject,
         });
     };
+    keys::check(&top, Object::Top)?;
 
     let bus = match top.get("bus") {
         Some(Value::Bool(true)) => BusConfig::open(),
@@ -40,18 +43,7 @@ pub fn parse(bytes: &[u8]) -> Result<Config, ConfigError> {
         _ => BusConfig::default(),
     };
 
-    let budget_usd = match top.get("budgetUsd") {
-        None | Some(Value::Null) => None,
-        Some(value) => match value.as_f64() {
-            Some(usd) if usd.is_finite() && usd >= 0.0 => Some(usd),
-            _ => {
-                return Err(ConfigError::field_error(
-                    "budgetUsd",
-                    "must be a non-negative number",
-                ))
-            }
-        },
-    };
+    let budget_usd = optional_usd(top.get("budgetUsd"), "budgetUsd")?;
 
     let engine = match top.get("engine") {
         None | Some(Value::Null) => None,
@@ -114,6 +106,7 @@ impl Section<'_> {
 }
 
 fn parse_bus(fields: &Map<String, Value>) -> Result<BusConfig, ConfigError> {
+    keys::check(fields, Object::Bus)?;
     let bus = Section {
         fields,
         path: "bus",
@@ -162,6 +155,18 @@ fn parse_bus(fields: &Map<String, Value>) -> Result<BusConfig, ConfigError> {
             |v| integer_usize_in(v, 0, MAX_QUEUED_TURNS_LIMIT),
             "must be an integer from 0 to 1024",
         )?,
+        cancel_on_hangup: bus.get(
+            "cancelOnHangup",
+            defaults.cancel_on_hangup,
+            Value::as_bool,
+            "must be true or false",
+        )?,
+        reattach_secs: bus.get(
+            "reattachSecs",
+            defaults.reattach_secs,
+            |v| integer_in(v, 0, MAX_REATTACH_SECS),
+            "must be an integer from 0 to 600",
+        )?,
         parallel: bus.strings("parallel", Vec::new(), false)?,
         chain: bus.strings("chain", Vec::new(), false)?,
         verifier: bus.get(
@@ -195,6 +200,7 @@ fn parse_peers(value: Option<&Value>) -> Result<(bool, Peers), ConfigError> {
 }
 
 fn parse_engine(fields: &Map<String, Value>) -> Result<EngineConfig, ConfigError> {
+    keys::check(fields, Object::Engine)?;
     let engine = Section {
         fields,
         path: "engine",
@@ -233,6 +239,7 @@ fn parse_engine(fields: &Map<String, Value>) -> Result<EngineConfig, ConfigError
             positive,
             "must be a positive integer",
         )?,
+        max_turn_cost_usd: optional_usd(fields.get("maxTurnCostUsd"), "engine.maxTurnCostUsd")?,
         cwd: engine.get(
             "cwd",
             None,
@@ -311,6 +318,21 @@ fn parse_env(vars: &Map<String, Value>) -> Result<BTreeMap<String, String>, Conf
     Ok(env)
 }
 
+/// An amount of US dollars that may be left out: missing or `null` is `None`, else a
+/// finite number `>= 0`.
+fn optional_usd(value: Option<&Value>, path: &str) -> Result<Option<f64>, ConfigError> {
+    match value {
+        None | Some(Value::Null) => Ok(None),
+        Some(value) => match value.as_f64() {
+            Some(usd) if usd.is_finite() && usd >= 0.0 => Ok(Some(usd)),
+            _ => Err(ConfigError::field_error(
+                path,
+                "must be a non-negative number",
+            )),
+        },
+    }
+}
+
 fn non_empty_string(value: &Value) -> Option<String> {
     value.as_str().filter(|s| !s.is_empty()).map(str::to_owned)
 }
@@ -373,7 +395,7 @@ fn integer_usize_in(value: &Value, min: usize, max: usize) -> Option<usize> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::config::default_config_json;
+    use crate::config::{default_config_json, DEFAULT_REATTACH_SECS};
     use std::path::PathBuf;
 
     fn bus_defaults_enabled() -> BusConfig {
@@ -414,18 +436,18 @@ mod tests {
     fn valid_fields() {
         let full = parse(
             br#"{
-              "unknown": 1,
               "bus": {
                 "peers": ["reviewer"], "maxDepth": 5.0, "port": 65535, "secret": "s3cret",
                 "kind": "other", "acceptKinds": ["x"], "maxConcurrentTurns": 64,
-                "maxQueuedTurns": 0, "parallel": ["a", ""], "chain": ["b"], "verifier": "v",
-                "futureField": {"nested": true}
+                "maxQueuedTurns": 0, "cancelOnHangup": false, "reattachSecs": 600,
+                "parallel": ["a", ""], "chain": ["b"], "verifier": "v",
+                "crew": {"written": ["by the original implementation"]}
               },
               "budgetUsd": 1.5,
               "engine": {
                 "command": ["claude", "-p"], "prompt": "arg", "output": "json",
-                "timeoutSecs": 60, "maxOutputBytes": 10, "cwd": "/tmp",
-                "env": {"A": "1", "B": ""}
+                "timeoutSecs": 60, "maxOutputBytes": 10, "maxTurnCostUsd": 0.25,
+                "cwd": "/tmp", "env": {"A": "1", "B": "", "any name": "x"}
               }
             }"#,
         )
@@ -440,6 +462,8 @@ mod tests {
         assert_eq!(bus.accept_kinds, ["x"]);
         assert_eq!(bus.max_concurrent_turns, 64);
         assert_eq!(bus.max_queued_turns, 0);
+        assert!(!bus.cancel_on_hangup);
+        assert_eq!(bus.reattach_secs, MAX_REATTACH_SECS);
         assert_eq!(bus.parallel, ["a", ""]);
         assert_eq!(bus.chain, ["b"]);
         assert_eq!(bus.verifier.as_deref(), Some("v"));
@@ -450,6 +474,7 @@ mod tests {
         assert_eq!(engine.output, OutputMode::Json);
         assert_eq!(engine.timeout_secs, 60);
         assert_eq!(engine.max_output_bytes, 10);
+        assert_eq!(engine.max_turn_cost_usd, Some(0.25));
         assert_eq!(engine.cwd, Some(PathBuf::from("/tmp")));
         assert_eq!(engine.env.get("B").map(String::as_str), Some(""));
 
@@ -460,6 +485,7 @@ mod tests {
         assert_eq!(engine.output, OutputMode::Text);
         assert_eq!(engine.timeout_secs, DEFAULT_ENGINE_TIMEOUT_SECS);
         assert_eq!(engine.max_output_bytes, DEFAULT_ENGINE_MAX_OUTPUT_BYTES);
+        assert_eq!(engine.max_turn_cost_usd, None);
         assert_eq!(engine.cwd, None);
         assert!(engine.env.is_empty());
 
@@ -479,6 +505,27 @@ mod tests {
             (r#"{"bus": {"maxQueuedTurns": 1024}}"#, |c| {
                 c.bus.max_queued_turns == 1024
             }),
+            (r#"{"bus": {}}"#, |c| {
+                c.bus.cancel_on_hangup && c.bus.reattach_secs == DEFAULT_REATTACH_SECS
+            }),
+            (r#"{"bus": {"reattachSecs": 0}}"#, |c| {
+                c.bus.reattach_secs == 0
+            }),
+            (r#"{"bus": {"cancelOnHangup": true}}"#, |c| {
+                c.bus.cancel_on_hangup
+            }),
+            (
+                r#"{"engine": {"command": ["a"], "maxTurnCostUsd": 0}}"#,
+                |c| c.engine.as_ref().and_then(|e| e.max_turn_cost_usd) == Some(0.0),
+            ),
+            (
+                r#"{"engine": {"command": ["a"], "maxTurnCostUsd": null}}"#,
+                |c| {
+                    c.engine
+                        .as_ref()
+                        .is_some_and(|e| e.max_turn_cost_usd.is_none())
+                },
+            ),
             (r#"{"bus": {"verifier": null}}"#, |c| {
                 c.bus.verifier.is_none()
             }),
@@ -547,6 +594,20 @@ mod tests {
                 "bus.maxQueuedTurns",
                 "0 to 1024",
             ),
+            (
+                r#"{"cancelOnHangup": "yes"}"#,
+                "bus.cancelOnHangup",
+                "true or false",
+            ),
+            (
+                r#"{"cancelOnHangup": null}"#,
+                "bus.cancelOnHangup",
+                "true or false",
+            ),
+            (r#"{"reattachSecs": -1}"#, "bus.reattachSecs", "0 to 600"),
+            (r#"{"reattachSecs": 601}"#, "bus.reattachSecs", "0 to 600"),
+            (r#"{"reattachSecs": 1.5}"#, "bus.reattachSecs", "0 to 600"),
+            (r#"{"reattachSecs": "15"}"#, "bus.reattachSecs", "0 to 600"),
             (r#"{"parallel": "a"}"#, "bus.parallel", "array of strings"),
             (r#"{"chain": [null]}"#, "bus.chain[0]", "must be a string"),
             (r#"{"verifier": 1}"#, "bus.verifier", "string or null"),
@@ -603,6 +664,16 @@ mod tests {
                 "engine.maxOutputBytes",
                 "positive",
             ),
+            (
+                r#"{"command": ["a"], "maxTurnCostUsd": -1}"#,
+                "engine.maxTurnCostUsd",
+                "non-negative number",
+            ),
+            (
+                r#"{"command": ["a"], "maxTurnCostUsd": "0.5"}"#,
+                "engine.maxTurnCostUsd",
+                "non-negative number",
+            ),
             (r#"{"command": ["a"], "cwd": 1}"#, "engine.cwd", "string"),
             (r#"{"command": ["a"], "cwd": ""}"#, "engine.cwd", "string"),
             (r#"{"command": ["a"], "env": []}"#, "engine.env", "object"),
@@ -645,6 +716,84 @@ mod tests {
             let prefix = format!("config.json: {field}: ");
             assert!(shown.starts_with(&prefix), "{json}: {shown}");
             assert!(shown.contains(message), "{json}: {shown}");
+        }
+    }
+
+    /// Each of these typos used to load, with a wider access or a lost limit: `peer`
+    /// left `peers` at `"*"`, `budgetUSD` meant no budget, `maxdepth` meant 3.
+    #[test]
+    fn bug_a_typo_in_a_key_widened_access_or_dropped_a_limit() {
+        let cases = [
+            (
+                r#"{"bus": {"peer": ["a"]}}"#,
+                "bus.peer",
+                "config.json: unknown key bus.peer; did you mean bus.peers?",
+            ),
+            (
+                r#"{"bus": true, "budgetUSD": 1}"#,
+                "budgetUSD",
+                "config.json: unknown key budgetUSD; did you mean budgetUsd?",
+            ),
+            (
+                r#"{"bus": {"maxdepth": 1}}"#,
+                "bus.maxdepth",
+                "config.json: unknown key bus.maxdepth; did you mean bus.maxDepth?",
+            ),
+            (
+                r#"{"engine": {"command": ["a"], "maxOutputbytes": 1}}"#,
+                "engine.maxOutputbytes",
+                "config.json: unknown key engine.maxOutputbytes; did you mean engine.maxOutputBytes?",
+            ),
+            (
+                r#"{"engine": {"command": ["a"], "preset": "claude"}}"#,
+                "engine.preset",
+                "config.json: unknown key engine.preset",
+            ),
+            // Checked in a disabled bus too, and before the values.
+            (
+                r#"{"bus": {"peers": false, "prot": 1}}"#,
+                "bus.prot",
+                "config.json: unknown key bus.prot; did you mean bus.port?",
+            ),
+            (
+                r#"{"bus": {"maxDepth": "x", "secert": "s"}}"#,
+                "bus.secert",
+                "config.json: unknown key bus.secert; did you mean bus.secret?",
+            ),
+        ];
+        for (json, field, want) in cases {
+            let err = parse(json.as_bytes()).expect_err(json);
+            assert_eq!(err.field(), Some(field), "{json}");
+            assert_eq!(err.to_string(), want, "{json}");
+        }
+        // Not a key the bus is off for: a `bus` that is not an object has no keys.
+        assert!(!parse(br#"{"bus": "yes"}"#).unwrap().bus.enabled);
+    }
+
+    /// The messages spell the bounds out; they must be the constants'.
+    #[test]
+    fn messages_name_the_bounds_in_force() {
+        let cases = [
+            (
+                "reattachSecs",
+                MAX_REATTACH_SECS + 1,
+                format!("0 to {MAX_REATTACH_SECS}"),
+            ),
+            (
+                "maxQueuedTurns",
+                MAX_QUEUED_TURNS_LIMIT as u64 + 1,
+                format!("0 to {MAX_QUEUED_TURNS_LIMIT}"),
+            ),
+            (
+                "maxConcurrentTurns",
+                MAX_CONCURRENT_TURNS_LIMIT as u64 + 1,
+                format!("1 to {MAX_CONCURRENT_TURNS_LIMIT}"),
+            ),
+        ];
+        for (key, value, words) in cases {
+            let json = format!(r#"{{"bus": {{"{key}": {value}}}}}"#);
+            let err = parse(json.as_bytes()).unwrap_err();
+            assert!(err.to_string().ends_with(&words), "{json}: {err}");
         }
     }
 

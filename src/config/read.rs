@@ -39,7 +39,7 @@ pub fn parse_file(path: &Path, bytes: &[u8]) -> Result<Config, ConfigError> {
     })
 }
 
-/// Reads ([`read_file`]) and parses ([`parse_file`]) the config file at `path`. Errors
+/// Reads (`read_file`) and parses (`parse_file`) the config file at `path`. Errors
 /// name `path` in full.
 ///
 /// # Errors

@@ -349,6 +349,7 @@ mod tests {
             output: OutputMode::Text,
             timeout_secs: 30,
             max_output_bytes: 1024 * 1024,
+            max_turn_cost_usd: None,
             cwd: None,
             env: Default::default(),
         }

@@ -22,7 +22,7 @@ pub struct Failure {
 
 impl Failure {
     /// A failure whose `retryable` comes from the retry table. The message is cut to
-    /// [`MAX_ERROR_CHARS`].
+    /// 2,000 characters (`protocol::MAX_ERROR_CHARS`).
     pub fn new(code: ErrorCode, error: impl Into<String>) -> Failure {
         let retryable = code.retryable();
         Failure {

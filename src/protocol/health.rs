@@ -25,6 +25,9 @@ pub struct Health {
     pub capabilities: Vec<String>,
     /// The turn counters, when present.
     pub turns: Option<TurnLoad>,
+    /// `busEnabled`: whether the instance's bus takes talks (a disabled bus still
+    /// answers health, with 200); `None` when a peer left it out.
+    pub bus_enabled: Option<bool>,
 }
 
 /// The `turns` object of a health answer.
@@ -45,7 +48,8 @@ impl Health {
     pub const STOPPING: &'static str = "stopping";
 
     /// The answer of an instance of this build: `protocolVersion` and `capabilities`
-    /// are this build's, `turns` is left out until [`Health::with_turns`].
+    /// are this build's, `turns` and `busEnabled` are left out until
+    /// [`Health::with_turns`] and [`Health::with_bus_enabled`].
     pub fn new(kind: &str, instance: &str, status: &str, pid: u32) -> Health {
         Health {
             kind: kind.to_owned(),
@@ -55,6 +59,7 @@ impl Health {
             protocol_version: Some(PROTOCOL_VERSION),
             capabilities: CAPABILITIES.iter().map(|c| (*c).to_owned()).collect(),
             turns: None,
+            bus_enabled: None,
         }
     }
 
@@ -66,13 +71,22 @@ impl Health {
         }
     }
 
+    /// The same answer saying whether the bus is enabled.
+    pub fn with_bus_enabled(self, enabled: bool) -> Health {
+        Health {
+            bus_enabled: Some(enabled),
+            ..self
+        }
+    }
+
     /// Whether `status` is [`Health::OK`].
     pub fn is_ok(&self) -> bool {
         self.status == Health::OK
     }
 
     /// The answer as JSON: `kind`, `instance`, `status`, `pid`, `protocolVersion`
-    /// (when set), `capabilities`, `turns` (when set), in that order.
+    /// (when set), `capabilities`, `turns` (when set), `busEnabled` (when set), in that
+    /// order.
     pub fn to_json(&self) -> Vec<u8> {
         let wire = WireHealth {
             kind: &self.kind,
@@ -86,6 +100,7 @@ impl Health {
                 queued: t.queued,
                 max: t.max,
             }),
+            bus_enabled: self.bus_enabled,
         };
         // Serializing strings and integers into a Vec cannot fail.
         serde_json::to_vec(&wire).unwrap_or_default()
@@ -106,6 +121,8 @@ struct WireHealth<'a> {
     capabilities: &'a [String],
     #[serde(skip_serializing_if = "Option::is_none")]
     turns: Option<WireTurns>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    bus_enabled: Option<bool>,
 }
 
 /// The wire form of a [`TurnLoad`].
@@ -117,8 +134,9 @@ struct WireTurns {
 }
 
 /// Parses a health answer, ignoring fields this build does not know. Only `kind`,
-/// `instance` and `status` are required; `pid`, `protocolVersion`, `capabilities` and
-/// `turns` are read when they have the right shape and left out otherwise.
+/// `instance` and `status` are required; `pid`, `protocolVersion`, `capabilities`,
+/// `turns` and `busEnabled` are read when they have the right shape and left out
+/// otherwise.
 ///
 /// # Errors
 /// The body is not a JSON object with string `kind`, `instance` and `status`.
@@ -165,6 +183,7 @@ pub fn parse_health(body: &[u8]) -> Result<Health, super::ResponseError> {
             _ => Vec::new(),
         },
         turns,
+        bus_enabled: object.get("busEnabled").and_then(Value::as_bool),
     })
 }
 
@@ -186,16 +205,31 @@ mod tests {
             ),
             ("loopbus", "a", "ok", 7)
         );
-        assert_eq!((h.protocol_version, h.turns), (None, None));
+        assert_eq!(
+            (h.protocol_version, h.turns, h.bus_enabled),
+            (None, None, None)
+        );
         assert!(h.capabilities.is_empty());
         assert!(parse_health(br#"{"kind":"loopbus","status":"ok"}"#).is_err());
         assert!(parse_health(br#"{"kind":"loopbus","instance":null,"status":"ok"}"#).is_err());
         // Fields of the wrong shape are left out, not refused.
         let odd = parse_health(
-            br#"{"kind":"k","instance":"a","status":"ok","pid":-1,"protocolVersion":"1","capabilities":7,"turns":{"running":1}}"#,
+            br#"{"kind":"k","instance":"a","status":"ok","pid":-1,"protocolVersion":"1","capabilities":7,"turns":{"running":1},"busEnabled":"no"}"#,
         )
         .unwrap();
-        assert_eq!((odd.pid, odd.protocol_version, odd.turns), (0, None, None));
+        assert_eq!(
+            (odd.pid, odd.protocol_version, odd.turns, odd.bus_enabled),
+            (0, None, None, None)
+        );
+        for (json, want) in [("true", Some(true)), ("false", Some(false)), ("0", None)] {
+            let body =
+                format!(r#"{{"kind":"k","instance":"a","status":"ok","busEnabled":{json}}}"#);
+            assert_eq!(
+                parse_health(body.as_bytes()).unwrap().bus_enabled,
+                want,
+                "{json}"
+            );
+        }
     }
 
     #[test]
@@ -208,6 +242,12 @@ mod tests {
         assert_eq!(
             String::from_utf8(health.to_json()).unwrap(),
             r#"{"kind":"loopbus","instance":"w","status":"ok","pid":42,"protocolVersion":1,"capabilities":["structured-errors","retryable-errors"],"turns":{"running":1,"queued":2,"max":4}}"#
+        );
+        assert_eq!(parse_health(&health.to_json()).unwrap(), health);
+        let health = health.with_bus_enabled(false);
+        assert_eq!(
+            String::from_utf8(health.to_json()).unwrap(),
+            r#"{"kind":"loopbus","instance":"w","status":"ok","pid":42,"protocolVersion":1,"capabilities":["structured-errors","retryable-errors"],"turns":{"running":1,"queued":2,"max":4},"busEnabled":false}"#
         );
         assert_eq!(parse_health(&health.to_json()).unwrap(), health);
         assert!(health.is_ok());

@@ -10,6 +10,7 @@ mod codes;
 mod envelope;
 mod health;
 mod name;
+mod number;
 mod request;
 
 pub use codes::ErrorCode;
@@ -35,7 +36,9 @@ pub const MAX_ERROR_CHARS: usize = 2_000;
 /// and `"1"` do not. Values past `u64::MAX` saturate (they are still integers).
 ///
 /// The one reading of "a non-negative integer" for every JSON document this crate
-/// parses: requests, envelopes, health answers, the registry and `config.json`.
+/// parses: requests, envelopes, health answers, the registry and `config.json`. It
+/// sees the parsed value, in which serde_json has rounded fractions and exponents
+/// (`1e-400` is 0.0); a request's `depth` is also checked in its text.
 pub fn non_negative_integer(value: &Value) -> Option<u64> {
     if let Some(n) = value.as_u64() {
         return Some(n);

@@ -4,12 +4,17 @@
 use serde_json::{Map, Value};
 use std::fmt;
 
+use super::number::{is_integer_text, top_level_value};
 use super::{non_negative_integer, CAPABILITIES, PROTOCOL_VERSION};
+
+/// Longest `fromInstance` accepted, in bytes (contract section 3, check 7).
+pub const MAX_FROM_INSTANCE_BYTES: usize = 1024;
 
 /// A validated `/api/talk` request.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct TalkRequest {
-    /// The calling instance's name (non-empty).
+    /// The calling instance's name: non-empty, at most 1,024 bytes
+    /// (`MAX_FROM_INSTANCE_BYTES`), without control characters.
     pub from_instance: String,
     /// The delegated prompt body.
     pub prompt: String,
@@ -30,9 +35,15 @@ pub enum RequestError {
     NotObject,
     /// `fromInstance` is missing, not a string, or empty.
     FromInstance,
+    /// `fromInstance` holds a control character (U+0000-U+001F or U+007F), which
+    /// would garble a log line or an engine's environment.
+    FromInstanceControl,
+    /// `fromInstance` is longer than 1,024 bytes (`MAX_FROM_INSTANCE_BYTES`).
+    FromInstanceTooLong,
     /// `prompt` is missing or not a string.
     Prompt,
-    /// `depth` is missing or not a non-negative integer.
+    /// `depth` is missing or not a non-negative integer (in its text: `1e-400` is not
+    /// one, though it reads as 0).
     Depth,
     /// `protocolVersion` is present and not 1.
     ProtocolVersion,
@@ -47,6 +58,10 @@ impl fmt::Display for RequestError {
             RequestError::NotJson => "request body is not valid JSON",
             RequestError::NotObject => "request body must be a JSON object",
             RequestError::FromInstance => "`fromInstance` must be a non-empty string",
+            RequestError::FromInstanceControl => {
+                "`fromInstance` must not contain a control character"
+            }
+            RequestError::FromInstanceTooLong => "`fromInstance` must be at most 1024 bytes",
             RequestError::Prompt => "`prompt` must be a string",
             RequestError::Depth => "`depth` must be a non-negative integer",
             RequestError::ProtocolVersion => "`protocolVersion` must be 1 when present",
@@ -75,14 +90,27 @@ pub fn parse_talk_request(body: &[u8]) -> Result<TalkRequest, RequestError> {
         Some(Value::String(s)) if !s.is_empty() => s,
         _ => return Err(RequestError::FromInstance),
     };
+    if from_instance.chars().any(|c| c.is_ascii_control()) {
+        return Err(RequestError::FromInstanceControl);
+    }
+    if from_instance.len() > MAX_FROM_INSTANCE_BYTES {
+        return Err(RequestError::FromInstanceTooLong);
+    }
     let prompt = match object.remove("prompt") {
         Some(Value::String(s)) => s,
         _ => return Err(RequestError::Prompt),
     };
-    let depth = object
-        .get("depth")
+    let depth_value = object.get("depth");
+    let depth = depth_value
         .and_then(non_negative_integer)
         .ok_or(RequestError::Depth)?;
+    // A whole `f64` may be a rounded fraction (`1e-400` reads as 0): then the text
+    // decides. Plain integers are exact and need no second look.
+    if depth_value.is_some_and(|v| !v.is_u64())
+        && !top_level_value(text, "depth").is_some_and(is_integer_text)
+    {
+        return Err(RequestError::Depth);
+    }
     if let Some(version) = object.get("protocolVersion") {
         if non_negative_integer(version) != Some(PROTOCOL_VERSION) {
             return Err(RequestError::ProtocolVersion);
@@ -161,11 +189,26 @@ mod tests {
             (br#"{"fromInstance":"","prompt":"p","depth":0}"#, Err(FromInstance)),
             (br#"{"fromInstance":7,"prompt":"p","depth":0}"#, Err(FromInstance)),
             (br#"{"fromInstance":null,"prompt":"p","depth":0}"#, Err(FromInstance)),
+            (br#"{"fromInstance":"a\u0000","prompt":"p","depth":0}"#, Err(FromInstanceControl)),
+            (br#"{"fromInstance":"\u001f","prompt":"p","depth":0}"#, Err(FromInstanceControl)),
+            (br#"{"fromInstance":"a\u007fb","prompt":"p","depth":0}"#, Err(FromInstanceControl)),
+            (br#"{"fromInstance":"a\nb","prompt":"p","depth":0}"#, Err(FromInstanceControl)),
+            (br#"{"fromInstance":"a\tb","prompt":"p","depth":0}"#, Err(FromInstanceControl)),
+            (br#"{"fromInstance":"\u0080 \u00e9 \u2028 ok","prompt":"p","depth":0}"#, ok("\u{80} \u{e9} \u{2028} ok", "p", 0)),
             (br#"{"fromInstance":"a","depth":0}"#, Err(Prompt)),
             (br#"{"fromInstance":"a","prompt":5,"depth":0}"#, Err(Prompt)),
             (br#"{"fromInstance":"a","prompt":null,"depth":0}"#, Err(Prompt)),
             (br#"{"fromInstance":"a","prompt":"p"}"#, Err(Depth)),
             (br#"{"fromInstance":"a","prompt":"p","depth":1.5}"#, Err(Depth)),
+            (br#"{"fromInstance":"a","prompt":"p","depth":1e-19}"#, Err(Depth)),
+            (br#"{"fromInstance":"a","prompt":"p","depth":1e-400}"#, Err(Depth)),
+            (br#"{"fromInstance":"a","prompt":"p","depth":-1e-400}"#, Err(Depth)),
+            (br#"{"fromInstance":"a","prompt":"p","depth":1.0000000000000000001}"#, Err(Depth)),
+            (br#"{"fromInstance":"a","prompt":"p","depth":0,"depth":1e-400}"#, Err(Depth)),
+            (br#"{"fromInstance":"a","prompt":"p","depth":1e-400,"depth":0}"#, ok("a", "p", 0)),
+            (br#"{"fromInstance":"a","prompt":"p","depth":10e-1}"#, ok("a", "p", 1)),
+            (br#"{"fromInstance":"a","prompt":"p","dep\u0074h":2.0}"#, ok("a", "p", 2)),
+            (br#"{"fromInstance":"a","prompt":"p","depth":0e-400}"#, ok("a", "p", 0)),
             (br#"{"fromInstance":"a","prompt":"p","depth":-1}"#, Err(Depth)),
             (br#"{"fromInstance":"a","prompt":"p","depth":"1"}"#, Err(Depth)),
             (br#"{"fromInstance":"a","prompt":"p","depth":null}"#, Err(Depth)),
@@ -183,6 +226,51 @@ mod tests {
                 want,
                 "body {:?}",
                 String::from_utf8_lossy(body)
+            );
+        }
+    }
+
+    /// `fromInstance` is checked for length in bytes, at the limit and one past it.
+    #[test]
+    fn bug_from_instance_had_no_length_limit() {
+        let body = |from: &str| {
+            let mut object = Map::new();
+            object.insert("fromInstance".into(), Value::String(from.to_owned()));
+            object.insert("prompt".into(), Value::String("p".into()));
+            object.insert("depth".into(), Value::from(0));
+            Value::Object(object).to_string().into_bytes()
+        };
+        let at_limit = "a".repeat(MAX_FROM_INSTANCE_BYTES);
+        assert_eq!(
+            parse_talk_request(&body(&at_limit)).unwrap().from_instance,
+            at_limit
+        );
+        let over = "a".repeat(MAX_FROM_INSTANCE_BYTES + 1);
+        assert_eq!(
+            parse_talk_request(&body(&over)),
+            Err(RequestError::FromInstanceTooLong)
+        );
+        // 342 three-byte chars: 1,026 bytes, though only 342 chars.
+        let wide = "\u{20ac}".repeat(342);
+        assert_eq!(
+            parse_talk_request(&body(&wide)),
+            Err(RequestError::FromInstanceTooLong)
+        );
+        assert!(RequestError::FromInstanceTooLong
+            .to_string()
+            .contains(&MAX_FROM_INSTANCE_BYTES.to_string()));
+    }
+
+    /// serde_json reads `1e-400` as 0.0, which passed as depth 0; its text is not an
+    /// integer, like `1e-19`'s.
+    #[test]
+    fn bug_depth_1e_minus_400_passed_as_depth_0() {
+        for depth in ["1e-400", "1e-19", "5e-324", "0.0000000000000000000000001"] {
+            let body = format!(r#"{{"fromInstance":"a","prompt":"p","depth":{depth}}}"#);
+            assert_eq!(
+                parse_talk_request(body.as_bytes()),
+                Err(RequestError::Depth),
+                "{depth}"
             );
         }
     }

@@ -91,7 +91,7 @@ impl fmt::Display for ProbeError {
 impl std::error::Error for ProbeError {}
 
 impl ProbeError {
-    /// Whether the entry is certainly stale, so that [`prune`] may remove it: nothing
+    /// Whether the entry is certainly stale, so that `prune` may remove it: nothing
     /// listens on its port, or whatever does is not that instance (not HTTP, not a
     /// health endpoint, or another instance's). A timeout or a broken connection is
     /// not proof (the instance may be overloaded), and an instance that answers as

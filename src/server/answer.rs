@@ -120,8 +120,10 @@ impl Bus {
             queued: load.queued,
             max: load.max,
         };
-        let body = Health::new(&self.config.bus.kind, &self.name, status, self.pid);
-        Bus::json(200, body.with_turns(turns).to_json())
+        let body = Health::new(&self.config.bus.kind, &self.name, status, self.pid)
+            .with_turns(turns)
+            .with_bus_enabled(self.config.bus.enabled);
+        Bus::json(200, body.to_json())
     }
 
     /// Turns a finished job into the response for its connection.

@@ -247,6 +247,9 @@ impl Instance {
             }
         })?;
         log::info!("serving {name} on {addr} (pid {pid})");
+        if !config.bus.enabled {
+            super::upkeep::warn_bus_disabled(&config_path);
+        }
         let settings = ServerSettings {
             name: name.clone(),
             config_path,

@@ -6,6 +6,7 @@ use super::{Bus, Refusal};
 use crate::config;
 use crate::http::{Control, Service};
 use crate::registry;
+use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -21,6 +22,16 @@ const SHUTDOWN_POLL: Duration = Duration::from_millis(50);
 /// After killing the engines that outlived [`SHUTDOWN_GRACE`], how long their turns
 /// get to report (and their callers to be answered) before the process exits.
 const KILL_GRACE: Duration = Duration::from_secs(3);
+
+/// The warning of a disabled bus, at startup and at a reload that disables it: the
+/// instance answers health but refuses every talk, which would otherwise look healthy.
+pub(super) fn warn_bus_disabled(config_path: &Path) {
+    log::warn!(
+        "the bus is disabled by {}: every talk is refused with bus_disabled \
+         (`bus` is missing, not an object or true, or `peers` is false or [])",
+        config_path.display()
+    );
+}
 
 impl Bus {
     /// Re-reads config.json if it changed; keeps the last good config on any problem.
@@ -49,6 +60,9 @@ impl Bus {
                     log::warn!(
                         "config.json: port and secret changes take effect at the next start"
                     );
+                }
+                if self.config.bus.enabled && !new.bus.enabled {
+                    warn_bus_disabled(&self.config_path);
                 }
                 log::info!(
                     "config.json reloaded: bus {}, maxDepth {}",

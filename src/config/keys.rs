@@ -1,0 +1,272 @@
+//! The keys `config.json` may hold, and the check that refuses every other one
+//! (contract section 2). A typo must never widen access or drop a limit: `"peer"` left
+//! to its default would open the bus to every caller, `"budgetUSD"` would mean no
+//! budget. So an unknown key, at any level, is an error that names it and, where one
+//! is close, the key meant.
+
+use serde_json::{Map, Value};
+
+use super::error::ConfigError;
+
+/// Keys of the top-level object.
+const TOP_KEYS: &[&str] = &["bus", "budgetUsd", "engine"];
+
+/// Keys of the `bus` object.
+const BUS_KEYS: &[&str] = &[
+    "peers",
+    "maxDepth",
+    "port",
+    "secret",
+    "kind",
+    "acceptKinds",
+    "maxConcurrentTurns",
+    "maxQueuedTurns",
+    "cancelOnHangup",
+    "reattachSecs",
+    "parallel",
+    "chain",
+    "verifier",
+];
+
+/// Keys of the `bus` object that are known and ignored: `crew` is written by the
+/// original implementation. They are never suggested.
+const IGNORED_BUS_KEYS: &[&str] = &["crew"];
+
+/// Keys of the `engine` object. (`preset` is planned with the engine presets; until
+/// then it is unknown. The names under `env` are the operator's, not checked here.)
+const ENGINE_KEYS: &[&str] = &[
+    "command",
+    "prompt",
+    "output",
+    "timeoutSecs",
+    "maxOutputBytes",
+    "maxTurnCostUsd",
+    "cwd",
+    "env",
+];
+
+/// Most edits (insertions, deletions, substitutions, ignoring case) between an unknown
+/// key and the known key it is taken for. A suggestion also needs at most half the
+/// unknown key's characters changed, so that `"x"` suggests nothing.
+pub const MAX_SUGGESTION_EDITS: usize = 2;
+
+/// One object of the config whose keys are checked.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Object {
+    /// The top-level object.
+    Top,
+    /// `bus`.
+    Bus,
+    /// `engine`.
+    Engine,
+}
+
+impl Object {
+    const ALL: [Object; 3] = [Object::Top, Object::Bus, Object::Engine];
+
+    /// The keys that may be suggested.
+    fn keys(self) -> &'static [&'static str] {
+        match self {
+            Object::Top => TOP_KEYS,
+            Object::Bus => BUS_KEYS,
+            Object::Engine => ENGINE_KEYS,
+        }
+    }
+
+    fn ignored(self) -> &'static [&'static str] {
+        match self {
+            Object::Bus => IGNORED_BUS_KEYS,
+            Object::Top | Object::Engine => &[],
+        }
+    }
+
+    /// `key`'s path in this object, as errors name it.
+    fn path_of(self, key: &str) -> String {
+        match self {
+            Object::Top => key.to_owned(),
+            Object::Bus => format!("bus.{key}"),
+            Object::Engine => format!("engine.{key}"),
+        }
+    }
+}
+
+/// Refuses the first key of `fields` (in the map's order) that `object` does not know.
+///
+/// # Errors
+///
+/// An unknown key, named by its path, with the path of the key probably meant.
+pub(super) fn check(fields: &Map<String, Value>, object: Object) -> Result<(), ConfigError> {
+    let known = |key: &str| object.keys().contains(&key) || object.ignored().contains(&key);
+    match fields.keys().find(|key| !known(key)) {
+        None => Ok(()),
+        Some(key) => Err(ConfigError::unknown_key(
+            object.path_of(key),
+            suggestion(key, object),
+        )),
+    }
+}
+
+/// The path of the key `key` was probably meant to be: a key of the same object that
+/// differs only in case, else the closest one within [`MAX_SUGGESTION_EDITS`], else a
+/// key of another object spelt the same ignoring case (a key in the wrong place, like
+/// a top-level `maxDepth`).
+fn suggestion(key: &str, object: Object) -> Option<String> {
+    let lower = key.to_lowercase();
+    let allowed = MAX_SUGGESTION_EDITS.min(lower.chars().count() / 2);
+    let closest = object
+        .keys()
+        .iter()
+        .filter_map(|known| {
+            let edits = edit_distance(&lower, &known.to_lowercase(), allowed)?;
+            Some((edits, *known))
+        })
+        // `min_by_key` keeps the first of equals: the order of the lists decides ties.
+        .min_by_key(|(edits, _)| *edits);
+    if let Some((_, known)) = closest {
+        return Some(object.path_of(known));
+    }
+    Object::ALL
+        .into_iter()
+        .filter(|other| *other != object)
+        .find_map(|other| {
+            let known = other.keys().iter().find(|k| k.eq_ignore_ascii_case(key))?;
+            Some(other.path_of(known))
+        })
+}
+
+/// The Levenshtein distance between `a` and `b` (by chars), or `None` when it is
+/// over `limit`. Strings whose lengths differ by more than `limit` are not compared,
+/// so that a huge key costs nothing.
+fn edit_distance(a: &str, b: &str, limit: usize) -> Option<usize> {
+    let a: Vec<char> = a.chars().collect();
+    let b: Vec<char> = b.chars().collect();
+    if a.len().abs_diff(b.len()) > limit {
+        return None;
+    }
+    // One row of the classic table: `row[j]` is the distance between the first `i`
+    // chars of `a` and the first `j` of `b`.
+    let mut row: Vec<usize> = (0..=b.len()).collect();
+    for (i, ca) in a.iter().enumerate() {
+        let mut diagonal = row[0];
+        row[0] = i + 1;
+        for (j, cb) in b.iter().enumerate() {
+            let substitute = diagonal + usize::from(ca != cb);
+            diagonal = row[j + 1];
+            row[j + 1] = substitute.min(row[j] + 1).min(diagonal + 1);
+        }
+    }
+    let distance = row[b.len()];
+    (distance <= limit).then_some(distance)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn object(json: &str) -> Map<String, Value> {
+        match serde_json::from_str(json).unwrap() {
+            Value::Object(map) => map,
+            _ => panic!("{json}"),
+        }
+    }
+
+    #[test]
+    fn edit_distances() {
+        let cases = [
+            ("peer", "peers", 5, Some(1)),
+            ("peers", "peers", 0, Some(0)),
+            ("chian", "chain", 5, Some(2)),
+            ("", "abc", 5, Some(3)),
+            ("kitten", "sitting", 5, Some(3)),
+            ("kitten", "sitting", 2, None),
+            ("a", "abcd", 2, None),
+            ("é", "e", 1, Some(1)),
+        ];
+        for (a, b, limit, want) in cases {
+            assert_eq!(edit_distance(a, b, limit), want, "{a} {b} {limit}");
+        }
+    }
+
+    #[test]
+    fn unknown_keys_name_the_key_meant() {
+        // (object, its JSON, the error's text, or None when the keys are all known)
+        let cases: &[(Object, &str, Option<&str>)] = &[
+            (
+                Object::Top,
+                r#"{"bus": 1, "budgetUsd": 1, "engine": 1}"#,
+                None,
+            ),
+            (Object::Bus, r#"{"crew": {"anything": [1]}}"#, None),
+            (
+                Object::Bus,
+                r#"{"peer": ["a"]}"#,
+                Some("config.json: unknown key bus.peer; did you mean bus.peers?"),
+            ),
+            (
+                Object::Top,
+                r#"{"budgetUSD": 1}"#,
+                Some("config.json: unknown key budgetUSD; did you mean budgetUsd?"),
+            ),
+            (
+                Object::Bus,
+                r#"{"maxdepth": 1}"#,
+                Some("config.json: unknown key bus.maxdepth; did you mean bus.maxDepth?"),
+            ),
+            (
+                Object::Bus,
+                r#"{"chian": []}"#,
+                Some("config.json: unknown key bus.chian; did you mean bus.chain?"),
+            ),
+            (
+                Object::Top,
+                r#"{"maxDepth": 1}"#,
+                Some("config.json: unknown key maxDepth; did you mean bus.maxDepth?"),
+            ),
+            (
+                Object::Bus,
+                r#"{"budgetusd": 1}"#,
+                Some("config.json: unknown key bus.budgetusd; did you mean budgetUsd?"),
+            ),
+            (
+                Object::Engine,
+                r#"{"preset": "claude"}"#,
+                Some("config.json: unknown key engine.preset"),
+            ),
+            (
+                Object::Engine,
+                r#"{"timeout": 5}"#,
+                Some("config.json: unknown key engine.timeout"),
+            ),
+            (
+                Object::Top,
+                r#"{"x": 1}"#,
+                Some("config.json: unknown key x"),
+            ),
+            (
+                Object::Top,
+                r#"{"bu": 1}"#,
+                Some("config.json: unknown key bu; did you mean bus?"),
+            ),
+            // `crew` is never suggested, and only known in `bus`.
+            (
+                Object::Top,
+                r#"{"crew": 1}"#,
+                Some("config.json: unknown key crew"),
+            ),
+            // Keys that can't be shown as they are are quoted, and long ones cut.
+            (
+                Object::Top,
+                r#"{"a\u0000b": 1}"#,
+                Some(r#"config.json: unknown key "a\0b""#),
+            ),
+        ];
+        for (object_kind, json, want) in cases {
+            let got = check(&object(json), *object_kind).map_err(|e| e.to_string());
+            assert_eq!(got.err().as_deref(), *want, "{json}");
+        }
+        let long = format!(r#"{{"{}": 1}}"#, "k".repeat(10_000));
+        let err = check(&object(&long), Object::Top).unwrap_err();
+        assert!(err.to_string().len() < 200, "{err}");
+        assert_eq!(err.field().map(str::len), Some(10_000));
+    }
+}
