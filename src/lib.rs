@@ -53,10 +53,10 @@ pub use config::{
 pub use protocol::{
     encode_talk_request, parse_response, parse_talk_request, Envelope, ErrorCode, Failure,
     InstanceName, InvalidInstanceName, RequestError, ResponseError, TalkRequest, CAPABILITIES,
-    MAX_BODY_BYTES, MAX_INSTANCE_NAME_LEN, PROTOCOL_VERSION,
+    MAX_BODY_BYTES, MAX_FROM_INSTANCE_BYTES, MAX_INSTANCE_NAME_LEN, PROTOCOL_VERSION,
 };
 pub use registry::ProbeError;
-pub use secret::Secret;
+pub use secret::{Secret, SECRET_BYTES};
 pub use server::{EngineOverride, Instance, InstanceOptions, ServeError, ShutdownHandle};
 
 /// The `loopbus` binary's entry; not part of the API.

@@ -75,7 +75,7 @@ pub fn iso8601(t: SystemTime) -> String {
     )
 }
 
-/// The current time as [`iso8601`] formats it.
+/// The current time as `iso8601` formats it.
 pub fn now_iso8601() -> String {
     iso8601(SystemTime::now())
 }

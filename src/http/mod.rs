@@ -15,9 +15,7 @@ pub mod client;
 mod message;
 
 use message::{parse_head, ParseOutcome};
-pub use message::{
-    parse_request_head, reason_phrase, Head, HttpError, Response, MAX_HEADERS, MAX_HEAD_BYTES,
-};
+pub use message::{parse_request_head, Head, HttpError, Response, MAX_HEADERS, MAX_HEAD_BYTES};
 use mio::net::{TcpListener, TcpStream, UnixStream};
 use mio::{Events, Interest, Poll, Token, Waker};
 use std::collections::{BTreeSet, VecDeque};

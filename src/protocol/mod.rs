@@ -17,7 +17,9 @@ pub use codes::ErrorCode;
 pub use envelope::{parse_response, Envelope, Failure, ResponseError};
 pub use health::{parse_health, Health, TurnLoad};
 pub use name::{InstanceName, InvalidInstanceName, MAX_INSTANCE_NAME_LEN};
-pub use request::{encode_talk_request, parse_talk_request, RequestError, TalkRequest};
+pub use request::{
+    encode_talk_request, parse_talk_request, RequestError, TalkRequest, MAX_FROM_INSTANCE_BYTES,
+};
 
 /// The protocol version this build speaks and emits.
 pub const PROTOCOL_VERSION: u64 = 1;
