@@ -257,6 +257,44 @@ pub fn read_regular_file(path: &Path, max: u64) -> io::Result<Vec<u8>> {
     Ok(bytes)
 }
 
+/// Opens the regular file `path` for appending, creating it with exactly `mode` if it
+/// is missing, and returns it with its current length. It is opened without blocking
+/// and without following a symlink, and checked on the open handle, so a FIFO, device
+/// or symlink put in its place is refused instead of blocking the caller (writes to a
+/// regular file never wait for a reader). An existing file whose mode is not `mode` is
+/// set to it.
+///
+/// # Errors
+///
+/// Open errors as they are (a symlink is `ELOOP`, a FIFO without a reader `ENXIO`);
+/// `InvalidData` when it is not a regular file; any error setting the mode.
+pub fn open_append_regular(path: &Path, mode: u32) -> io::Result<(File, u64)> {
+    use rustix::fs::{Mode, OFlags};
+    let fd = rustix::fs::open(
+        path,
+        OFlags::WRONLY
+            | OFlags::APPEND
+            | OFlags::CREATE
+            | OFlags::NONBLOCK
+            | OFlags::NOFOLLOW
+            | OFlags::CLOEXEC,
+        Mode::from_raw_mode(mode),
+    )?;
+    let file = File::from(fd);
+    let metadata = file.metadata()?;
+    if !metadata.is_file() {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidData,
+            "not a regular file",
+        ));
+    }
+    if metadata.permissions().mode() & 0o7777 != mode {
+        // The umask may have narrowed a new file; an old one may be wider.
+        file.set_permissions(Permissions::from_mode(mode))?;
+    }
+    Ok((file, metadata.len()))
+}
+
 /// Sets a corrupt file aside: renames `path` to `<path>.<suffix>-<millis since the
 /// epoch>` in the same directory, so nothing is destroyed without a trace, and returns
 /// the new path. The caller holds whatever lock guards `path`.
