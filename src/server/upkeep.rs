@@ -1,6 +1,11 @@
 //! The server's upkeep between requests: config reload and shutdown (stop accepting,
 //! answer queued turns, give running turns their grace, then kill their engines). The
 //! registry self-check runs on a thread of its own ([`super::registry_check`]).
+//!
+//! The config reload is the one file read left on the loop, because it cannot wait:
+//! [`config::read_file`] opens without blocking and without following a symlink,
+//! refuses anything but a regular file, and reads at most `MAX_CONFIG_BYTES` (1 MiB)
+//! from it.
 
 use super::{Bus, Refusal};
 use crate::config;
