@@ -83,6 +83,8 @@ pub struct AuditLog {
     dropped: Arc<AtomicU64>,
     /// Signalled (or disconnected) when the writer thread has finished.
     writer_done: Option<Receiver<()>>,
+    /// The writer thread is gone (it panicked); said once.
+    writer_gone: bool,
 }
 
 impl AuditLog {
@@ -104,8 +106,8 @@ impl AuditLog {
         &self.path
     }
 
-    /// Queues one line for the writer; never waits. If the queue is full (or the writer
-    /// is gone), the line is dropped and counted, for the writer to report.
+    /// Queues one line for the writer; never waits. If the queue is full, the line is
+    /// dropped and counted, for the writer to report.
     pub fn record(&mut self, record: &Record<'_>) {
         let line = self.line(record);
         let Some(queue) = &self.queue else {
@@ -113,8 +115,17 @@ impl AuditLog {
         };
         match queue.try_send(line) {
             Ok(()) => {}
-            Err(TrySendError::Full(_) | TrySendError::Disconnected(_)) => {
+            Err(TrySendError::Full(_)) => {
                 self.dropped.fetch_add(1, Ordering::Relaxed);
+            }
+            Err(TrySendError::Disconnected(_)) => {
+                if !self.writer_gone {
+                    log::error!(
+                        "{}: the audit writer has stopped; audit lines are lost",
+                        self.path.display()
+                    );
+                }
+                self.writer_gone = true;
             }
         }
     }
@@ -173,6 +184,7 @@ fn queue(state_dir: &Path, instance: &str, capacity: usize) -> (AuditLog, Writer
         queue: Some(lines_in),
         dropped: Arc::clone(&dropped),
         writer_done: Some(writer_done),
+        writer_gone: false,
     };
     let writer = Writer {
         lines,
@@ -623,11 +635,23 @@ mod tests {
         let kind = std::fs::symlink_metadata(&path).unwrap().file_type();
         assert!(std::os::unix::fs::FileTypeExt::is_fifo(&kind));
 
-        let mut file = AuditFile::new(path);
+        let mut file = AuditFile::new(path.clone());
         file.append(b"{}\n");
         file.append(b"{}\n");
         assert_eq!(file.lost, 2);
         assert!(file.failing);
+
+        // With a reader that never reads, it is refused as well (not written to, where
+        // a full pipe would block).
+        let _reader = rustix::fs::open(
+            &path,
+            rustix::fs::OFlags::RDONLY | rustix::fs::OFlags::NONBLOCK,
+            rustix::fs::Mode::empty(),
+        )
+        .unwrap();
+        file.append(b"{}\n");
+        assert_eq!(file.lost, 3);
+        assert!(file.file.is_none());
     }
 
     #[test]
