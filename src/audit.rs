@@ -1,25 +1,39 @@
 //! `audit.log.jsonl`: one JSON object a line for every `/api/talk` outcome, refusals
 //! included. Never a secret, never a prompt's text (only its length).
 //!
-//! There is one writer: [`AuditLog::record`] takes `&mut self`, the server's event loop
-//! owns the instance's one `AuditLog` (every answer leaves through the loop), and the
-//! serve lock keeps a second process off the same state directory. So lines never
-//! interleave. A line is serialized whole, then appended with `write_all` to a file
-//! opened with `O_APPEND`: usually one `write(2)`, continued if the kernel takes less.
-//! A write that fails part-way can leave a torn last line; the file is then closed,
-//! and reopened (appending after it) at the next record.
+//! The event loop never touches the file. [`AuditLog::record`] serializes the line and
+//! hands it to the log's writer thread through a queue of [`AUDIT_QUEUE_LINES`]; when
+//! the queue is full the line is dropped and counted, never waited for. When the writer
+//! has caught up it reports the count: a warning, and an audit line of its own
+//! (`"type": "audit"`, `"outcome": "dropped"`, `"detail": "N lines dropped"`). Dropping
+//! the log lets the writer write what is queued, waiting at most
+//! [`AUDIT_FLUSH_TIMEOUT`].
 //!
-//! Before a line would take the open file past [`MAX_AUDIT_BYTES`], the file is renamed
-//! to `audit.log.jsonl.1` (replacing the previous one) and a new one begun, so a flood
-//! of refused requests cannot fill the disk. The size is learned when the file is
-//! opened and the first line after an open is not checked, so the file may pass the
-//! cap by one line.
+//! There is one writer: the thread owns the file, the server's event loop owns the
+//! instance's one `AuditLog`, and the serve lock keeps a second process off the same
+//! state directory. So lines never interleave. A line is appended with `write_all` to a
+//! file opened with `O_APPEND`: usually one `write(2)`, continued if the kernel takes
+//! less. The file is opened without blocking and without following a symlink, and
+//! refused unless it is a regular file ([`files::open_append_regular`]), so a FIFO in
+//! its place cannot stall the writer either; lines that cannot be written are counted
+//! and warned about (once, until a write succeeds again). A write that fails part-way
+//! can leave a torn last line; the file is then closed, and reopened (appending after
+//! it) at the next line.
+//!
+//! Before a line would take the file past [`MAX_AUDIT_BYTES`], the file is renamed to
+//! `audit.log.jsonl.1` (replacing the previous one) and a new one begun, so a flood of
+//! refused requests cannot fill the disk. If the rename fails (say `audit.log.jsonl.1`
+//! is a directory), no line is lost: the writer warns once and keeps appending to the
+//! current file, trying the rename again before each later line.
 
 use crate::{files, time};
-use std::fs::{File, OpenOptions};
+use std::fs::File;
 use std::io::{self, Write};
-use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::mpsc::{self, Receiver, SyncSender, TrySendError};
+use std::sync::Arc;
+use std::time::Duration;
 
 /// The audit log's name inside the state directory.
 pub const AUDIT_FILE: &str = "audit.log.jsonl";
@@ -27,6 +41,12 @@ pub const AUDIT_FILE: &str = "audit.log.jsonl";
 pub const MAX_AUDIT_BYTES: u64 = 64 * 1024 * 1024;
 /// Longest `detail` text kept in a line, in characters; the rest is cut.
 pub const MAX_DETAIL_CHARS: usize = 500;
+/// How many lines may wait for the writer thread. A line recorded while the queue is
+/// full is dropped and counted. Lines are at most a few KiB, so this bounds the queue's
+/// memory to a few MiB.
+pub const AUDIT_QUEUE_LINES: usize = 1024;
+/// How long dropping an [`AuditLog`] waits for its writer to write what is queued.
+pub const AUDIT_FLUSH_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// One `/api/talk` outcome.
 #[derive(Debug, Clone, Default)]
@@ -51,26 +71,33 @@ pub struct Record<'a> {
     pub status: Option<u16>,
 }
 
-/// The audit log of one instance.
+/// The audit log of one instance: the event loop's end of the queue to the writer
+/// thread. Dropping it closes the queue and waits (at most [`AUDIT_FLUSH_TIMEOUT`]) for
+/// the writer to finish.
 #[derive(Debug)]
 pub struct AuditLog {
     path: PathBuf,
     instance: String,
-    file: Option<File>,
-    size: u64,
-    failing: bool,
+    queue: Option<SyncSender<Vec<u8>>>,
+    /// Lines dropped because the queue was full, not yet reported by the writer.
+    dropped: Arc<AtomicU64>,
+    /// Signalled (or disconnected) when the writer thread has finished.
+    writer_done: Option<Receiver<()>>,
+    /// The writer thread is gone (it panicked); said once.
+    writer_gone: bool,
 }
 
 impl AuditLog {
-    /// The log in `state_dir` for `instance`. The file is opened on first use.
-    pub fn new(state_dir: &Path, instance: &str) -> AuditLog {
-        AuditLog {
-            path: state_dir.join(AUDIT_FILE),
-            instance: instance.to_owned(),
-            file: None,
-            size: 0,
-            failing: false,
-        }
+    /// The log in `state_dir` for `instance`, with its writer thread running. The file
+    /// is opened at the first line.
+    ///
+    /// # Errors
+    ///
+    /// The OS refused to start the thread.
+    pub fn start(state_dir: &Path, instance: &str) -> io::Result<AuditLog> {
+        let (log, writer) = queue(state_dir, instance, AUDIT_QUEUE_LINES);
+        writer.spawn()?;
+        Ok(log)
     }
 
     /// The log file's path.
@@ -79,20 +106,26 @@ impl AuditLog {
         &self.path
     }
 
-    /// Appends one line, opening the file (created with [`files::PRIVATE_FILE_MODE`]) on first use and
-    /// rotating it first if the line would pass [`MAX_AUDIT_BYTES`]. Failures are
-    /// logged (once until the next success) and never stop the server from answering;
-    /// after one, the file is reopened at the next record.
+    /// Queues one line for the writer; never waits. If the queue is full, the line is
+    /// dropped and counted, for the writer to report.
     pub fn record(&mut self, record: &Record<'_>) {
         let line = self.line(record);
-        match self.append(&line) {
-            Ok(()) => self.failing = false,
-            Err(e) => {
-                if !self.failing {
-                    log::error!("cannot write {}: {e}", self.path.display());
+        let Some(queue) = &self.queue else {
+            return;
+        };
+        match queue.try_send(line) {
+            Ok(()) => {}
+            Err(TrySendError::Full(_)) => {
+                self.dropped.fetch_add(1, Ordering::Relaxed);
+            }
+            Err(TrySendError::Disconnected(_)) => {
+                if !self.writer_gone {
+                    log::error!(
+                        "{}: the audit writer has stopped; audit lines are lost",
+                        self.path.display()
+                    );
                 }
-                self.failing = true;
-                self.file = None;
+                self.writer_gone = true;
             }
         }
     }
@@ -118,41 +151,228 @@ impl AuditLog {
                 status: r.status,
             },
         };
-        // Serializing strings and integers into a Vec cannot fail.
-        let mut bytes = serde_json::to_vec(&line).unwrap_or_default();
-        bytes.push(b'\n');
-        bytes
+        to_line(&line)
+    }
+}
+
+impl Drop for AuditLog {
+    fn drop(&mut self) {
+        // Closing the queue tells the writer to finish once it has written the rest.
+        self.queue = None;
+        if let Some(done) = self.writer_done.take() {
+            if let Err(mpsc::RecvTimeoutError::Timeout) = done.recv_timeout(AUDIT_FLUSH_TIMEOUT) {
+                log::warn!(
+                    "{}: the audit writer did not finish within {} s; queued lines may be lost",
+                    self.path.display(),
+                    AUDIT_FLUSH_TIMEOUT.as_secs()
+                );
+            }
+        }
+    }
+}
+
+/// A log whose queue holds `capacity` lines, and its writer, not yet started.
+fn queue(state_dir: &Path, instance: &str, capacity: usize) -> (AuditLog, Writer) {
+    let path = state_dir.join(AUDIT_FILE);
+    let (lines_in, lines) = mpsc::sync_channel(capacity);
+    // One slot: the writer signals once, and never waits to do so.
+    let (done, writer_done) = mpsc::sync_channel(1);
+    let dropped = Arc::new(AtomicU64::new(0));
+    let log = AuditLog {
+        path: path.clone(),
+        instance: instance.to_owned(),
+        queue: Some(lines_in),
+        dropped: Arc::clone(&dropped),
+        writer_done: Some(writer_done),
+        writer_gone: false,
+    };
+    let writer = Writer {
+        lines,
+        file: AuditFile::new(path),
+        dropped,
+        instance: instance.to_owned(),
+        done,
+    };
+    (log, writer)
+}
+
+/// The writer thread's state: the queue's far end and the file.
+struct Writer {
+    lines: Receiver<Vec<u8>>,
+    file: AuditFile,
+    dropped: Arc<AtomicU64>,
+    instance: String,
+    done: SyncSender<()>,
+}
+
+impl Writer {
+    fn spawn(self) -> io::Result<()> {
+        std::thread::Builder::new()
+            .name("loopbus-audit".to_owned())
+            .spawn(move || self.run())
+            .map(drop)
     }
 
-    fn append(&mut self, line: &[u8]) -> io::Result<()> {
-        if self.size + line.len() as u64 > MAX_AUDIT_BYTES && self.file.is_some() {
+    /// Writes lines until the queue is closed and empty, reporting dropped lines each
+    /// time it has caught up, then says it is done.
+    fn run(mut self) {
+        while let Ok(line) = self.lines.recv() {
+            self.file.append(&line);
+            while let Ok(line) = self.lines.try_recv() {
+                self.file.append(&line);
+            }
+            self.report_dropped();
+        }
+        // The log was dropped: the loop records nothing more, so the count is final.
+        self.report_dropped();
+        self.file.report_lost();
+        let _ = self.done.try_send(());
+    }
+
+    fn report_dropped(&mut self) {
+        let dropped = self.dropped.swap(0, Ordering::Relaxed);
+        if dropped == 0 {
+            return;
+        }
+        log::warn!(
+            "{}: the audit queue was full; {dropped} line(s) dropped",
+            self.file.path.display()
+        );
+        let detail = format!("{dropped} lines dropped");
+        let timestamp = time::now_iso8601();
+        let notice = Notice {
+            timestamp: &timestamp,
+            kind: "audit",
+            instance_name: &self.instance,
+            outcome: "dropped",
+            detail: &detail,
+            metadata: NoticeMetadata {
+                dropped_lines: dropped,
+            },
+        };
+        self.file.append(&to_line(&notice));
+    }
+}
+
+/// The file itself, owned by the writer thread.
+struct AuditFile {
+    path: PathBuf,
+    rotated: PathBuf,
+    file: Option<File>,
+    size: u64,
+    /// The last line could not be written (warned about once until one is).
+    failing: bool,
+    /// The last rotation failed (warned about once until one succeeds).
+    rotation_failing: bool,
+    /// Lines that could not be written, reported when the writer finishes.
+    lost: u64,
+}
+
+impl AuditFile {
+    fn new(path: PathBuf) -> AuditFile {
+        let mut rotated = path.clone().into_os_string();
+        rotated.push(".1");
+        AuditFile {
+            path,
+            rotated: PathBuf::from(rotated),
+            file: None,
+            size: 0,
+            failing: false,
+            rotation_failing: false,
+            lost: 0,
+        }
+    }
+
+    /// Appends one line; a failure is counted and warned about once, and the file is
+    /// reopened at the next line.
+    fn append(&mut self, line: &[u8]) {
+        match self.try_append(line) {
+            Ok(()) => {
+                if self.failing {
+                    log::info!("{}: audit lines are written again", self.path.display());
+                }
+                self.failing = false;
+            }
+            Err(e) => {
+                self.lost += 1;
+                if !self.failing {
+                    log::warn!(
+                        "cannot write {}: {e}; audit lines are dropped until it can be",
+                        self.path.display()
+                    );
+                }
+                self.failing = true;
+                self.file = None;
+            }
+        }
+    }
+
+    fn try_append(&mut self, line: &[u8]) -> io::Result<()> {
+        if self.file.is_none() {
+            self.open()?;
+        }
+        if self.size > 0 && self.size + line.len() as u64 > MAX_AUDIT_BYTES {
             self.rotate()?;
         }
-        let file = match &mut self.file {
-            Some(file) => file,
-            None => {
-                let file = OpenOptions::new()
-                    .create(true)
-                    .append(true)
-                    .mode(files::PRIVATE_FILE_MODE)
-                    .open(&self.path)?;
-                self.size = file.metadata()?.len();
-                self.file.insert(file)
-            }
+        let Some(file) = &mut self.file else {
+            // `open` and `rotate` leave a file in place whenever they return Ok.
+            return Err(io::Error::other("no audit file open"));
         };
         file.write_all(line)?;
         self.size += line.len() as u64;
         Ok(())
     }
 
-    fn rotate(&mut self) -> io::Result<()> {
-        self.file = None;
-        let mut old = self.path.clone().into_os_string();
-        old.push(".1");
-        std::fs::rename(&self.path, PathBuf::from(old))?;
-        self.size = 0;
+    fn open(&mut self) -> io::Result<()> {
+        let (file, size) = files::open_append_regular(&self.path, files::PRIVATE_FILE_MODE)?;
+        self.file = Some(file);
+        self.size = size;
         Ok(())
     }
+
+    /// Renames the file to `<file>.1` and begins a new one. If the rename fails, the
+    /// current file is kept (no line is lost) and the failure warned about once.
+    fn rotate(&mut self) -> io::Result<()> {
+        match std::fs::rename(&self.path, &self.rotated) {
+            Ok(()) => {
+                if self.rotation_failing {
+                    log::info!("{}: rotated again", self.path.display());
+                }
+                self.rotation_failing = false;
+                self.file = None;
+                self.open()
+            }
+            Err(e) => {
+                if !self.rotation_failing {
+                    log::warn!(
+                        "cannot rotate {} to {}: {e}; appending past {MAX_AUDIT_BYTES} bytes instead",
+                        self.path.display(),
+                        self.rotated.display()
+                    );
+                }
+                self.rotation_failing = true;
+                Ok(())
+            }
+        }
+    }
+
+    fn report_lost(&self) {
+        if self.lost > 0 {
+            log::warn!(
+                "{}: {} audit line(s) could not be written",
+                self.path.display(),
+                self.lost
+            );
+        }
+    }
+}
+
+/// `value` as one line of JSON.
+fn to_line(value: &impl serde::Serialize) -> Vec<u8> {
+    // Serializing strings and integers into a Vec cannot fail.
+    let mut bytes = serde_json::to_vec(value).unwrap_or_default();
+    bytes.push(b'\n');
+    bytes
 }
 
 /// One line of the log, in the contract's field order.
@@ -179,6 +399,25 @@ struct Metadata<'a> {
     status: Option<u16>,
 }
 
+/// The writer's own line: lines it had to drop.
+#[derive(serde::Serialize)]
+#[serde(rename_all = "camelCase")]
+struct Notice<'a> {
+    timestamp: &'a str,
+    #[serde(rename = "type")]
+    kind: &'a str,
+    instance_name: &'a str,
+    outcome: &'a str,
+    detail: &'a str,
+    metadata: NoticeMetadata,
+}
+
+#[derive(serde::Serialize)]
+#[serde(rename_all = "camelCase")]
+struct NoticeMetadata {
+    dropped_lines: u64,
+}
+
 /// Parses one audit line (for tests).
 #[cfg(test)]
 pub fn parse_line(line: &str) -> Option<serde_json::Value> {
@@ -190,10 +429,26 @@ mod tests {
     use super::*;
     use crate::files::test_support::TestDir;
 
+    fn lines_of(path: &Path) -> Vec<serde_json::Value> {
+        std::fs::read_to_string(path)
+            .unwrap()
+            .lines()
+            .map(|l| parse_line(l).unwrap())
+            .collect()
+    }
+
+    fn outcome(outcome: &str) -> Record<'_> {
+        Record {
+            outcome,
+            ..Record::default()
+        }
+    }
+
     #[test]
     fn lines_have_the_contract_fields_and_no_prompt() {
         let dir = TestDir::new("audit-fields");
-        let mut log = AuditLog::new(dir.path(), "worker");
+        let mut log = AuditLog::start(dir.path(), "worker").unwrap();
+        let path = log.path().to_path_buf();
         log.record(&Record {
             outcome: "refused",
             detail: "missing or wrong bearer secret",
@@ -211,8 +466,8 @@ mod tests {
             status: Some(200),
             ..Record::default()
         });
-        let text = std::fs::read_to_string(log.path()).unwrap();
-        let lines: Vec<serde_json::Value> = text.lines().map(|l| parse_line(l).unwrap()).collect();
+        drop(log); // flushes
+        let lines = lines_of(&path);
         assert_eq!(lines.len(), 2);
         for line in &lines {
             for field in [
@@ -238,45 +493,196 @@ mod tests {
         }
         assert_eq!(lines[0]["metadata"]["errorCode"], "auth_failed");
         assert_eq!(lines[1]["metadata"]["promptChars"], 5);
-        assert_eq!(
-            crate::files::mode_is_wider(log.path(), 0o600).unwrap(),
-            None
-        );
+        assert_eq!(crate::files::mode_is_wider(&path, 0o600).unwrap(), None);
     }
 
     #[test]
     fn detail_is_cut_to_its_cap() {
         let dir = TestDir::new("audit-detail");
-        let mut log = AuditLog::new(dir.path(), "w");
+        let mut log = AuditLog::start(dir.path(), "w").unwrap();
+        let path = log.path().to_path_buf();
         let long = "\u{e9}".repeat(MAX_DETAIL_CHARS + 10);
         log.record(&Record {
             outcome: "failure",
             detail: &long,
             ..Record::default()
         });
-        let text = std::fs::read_to_string(log.path()).unwrap();
-        let line = parse_line(text.trim_end()).unwrap();
-        let detail = line["detail"].as_str().unwrap();
+        drop(log);
+        let lines = lines_of(&path);
+        let detail = lines[0]["detail"].as_str().unwrap();
         assert_eq!(detail.chars().count(), MAX_DETAIL_CHARS);
     }
 
     #[test]
     fn rotates_past_the_size_cap() {
         let dir = TestDir::new("audit-rotate");
-        let mut log = AuditLog::new(dir.path(), "w");
-        log.record(&Record {
-            outcome: "success",
-            ..Record::default()
-        });
-        log.size = MAX_AUDIT_BYTES; // pretend the file is full
-        log.record(&Record {
-            outcome: "refused",
-            ..Record::default()
-        });
+        let mut file = AuditFile::new(dir.path().join(AUDIT_FILE));
+        file.append(b"{\"outcome\":\"success\"}\n");
+        file.size = MAX_AUDIT_BYTES; // pretend the file is full
+        file.append(b"{\"outcome\":\"refused\"}\n");
         let rotated = std::fs::read_to_string(dir.path().join("audit.log.jsonl.1")).unwrap();
-        let current = std::fs::read_to_string(log.path()).unwrap();
+        let current = std::fs::read_to_string(dir.path().join(AUDIT_FILE)).unwrap();
         assert!(rotated.contains("\"success\""));
         assert_eq!(current.lines().count(), 1);
         assert!(current.contains("\"refused\""));
+        assert_eq!(file.lost, 0);
+    }
+
+    #[test]
+    fn bug_a_failed_rotation_lost_half_the_lines() {
+        let dir = TestDir::new("audit-rotate-fail");
+        // A non-empty directory where the rotated file goes: the rename must fail.
+        let rotated = dir.path().join("audit.log.jsonl.1");
+        std::fs::create_dir(&rotated).unwrap();
+        std::fs::write(rotated.join("inside"), b"x").unwrap();
+        let mut file = AuditFile::new(dir.path().join(AUDIT_FILE));
+        const LINES: usize = 10;
+        for i in 0..LINES {
+            file.size = MAX_AUDIT_BYTES; // every line would pass the cap
+            file.append(format!("{{\"n\":{i}}}\n").as_bytes());
+        }
+        let current = std::fs::read_to_string(dir.path().join(AUDIT_FILE)).unwrap();
+        assert_eq!(current.lines().count(), LINES, "{current}");
+        assert_eq!(file.lost, 0);
+        assert!(file.rotation_failing);
+        assert!(rotated.is_dir());
+
+        // Once the way is clear, rotation works again.
+        std::fs::remove_dir_all(&rotated).unwrap();
+        file.size = MAX_AUDIT_BYTES;
+        file.append(b"{\"n\":\"after\"}\n");
+        assert!(!file.rotation_failing);
+        assert_eq!(
+            std::fs::read_to_string(&rotated).unwrap().lines().count(),
+            LINES
+        );
+    }
+
+    #[test]
+    fn a_full_queue_drops_and_counts_lines_and_the_writer_reports_them() {
+        let dir = TestDir::new("audit-full");
+        const CAPACITY: usize = 3;
+        const RECORDED: usize = 8;
+        // The writer is not running yet: the queue fills and stays full.
+        let (mut log, writer) = queue(dir.path(), "w", CAPACITY);
+        let path = log.path().to_path_buf();
+        for _ in 0..RECORDED {
+            log.record(&outcome("refused"));
+        }
+        assert_eq!(
+            log.dropped.load(Ordering::Relaxed),
+            (RECORDED - CAPACITY) as u64
+        );
+        writer.spawn().unwrap();
+        drop(log);
+        let lines = lines_of(&path);
+        assert_eq!(lines.len(), CAPACITY + 1, "{lines:?}");
+        assert!(lines[..CAPACITY].iter().all(|l| l["type"] == "talk"));
+        let notice = &lines[CAPACITY];
+        assert_eq!(notice["type"], "audit");
+        assert_eq!(notice["outcome"], "dropped");
+        assert_eq!(notice["detail"], "5 lines dropped");
+        assert_eq!(notice["metadata"]["droppedLines"], 5);
+        assert_eq!(notice["instanceName"], "w");
+    }
+
+    #[test]
+    fn lines_recorded_after_a_catch_up_are_written_and_counted_once() {
+        let dir = TestDir::new("audit-catch-up");
+        let (mut log, writer) = queue(dir.path(), "w", 1);
+        let path = log.path().to_path_buf();
+        log.record(&outcome("success"));
+        log.record(&outcome("refused")); // dropped: the queue holds one
+        writer.spawn().unwrap();
+        // Wait until the writer has written the first line and its report.
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        while std::fs::read_to_string(&path)
+            .map(|t| t.lines().count())
+            .unwrap_or(0)
+            < 2
+        {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "writer never caught up"
+            );
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        log.record(&outcome("failure"));
+        drop(log);
+        let outcomes: Vec<_> = lines_of(&path)
+            .iter()
+            .map(|l| l["outcome"].as_str().unwrap().to_owned())
+            .collect();
+        assert_eq!(outcomes, ["success", "dropped", "failure"]);
+    }
+
+    #[test]
+    fn bug_a_fifo_in_place_of_the_log_blocked_the_writer() {
+        let dir = TestDir::new("audit-fifo");
+        let path = dir.path().join(AUDIT_FILE);
+        rustix::fs::mkfifoat(
+            rustix::fs::CWD,
+            &path,
+            rustix::fs::Mode::from_raw_mode(0o600),
+        )
+        .unwrap();
+        let mut log = AuditLog::start(dir.path(), "w").unwrap();
+        for _ in 0..3 {
+            log.record(&outcome("refused"));
+        }
+        // Returns (the writer never blocks on the FIFO), and the FIFO is left alone.
+        drop(log);
+        let kind = std::fs::symlink_metadata(&path).unwrap().file_type();
+        assert!(std::os::unix::fs::FileTypeExt::is_fifo(&kind));
+
+        let mut file = AuditFile::new(path.clone());
+        file.append(b"{}\n");
+        file.append(b"{}\n");
+        assert_eq!(file.lost, 2);
+        assert!(file.failing);
+
+        // With a reader that never reads, it is refused as well (not written to, where
+        // a full pipe would block).
+        let _reader = rustix::fs::open(
+            &path,
+            rustix::fs::OFlags::RDONLY | rustix::fs::OFlags::NONBLOCK,
+            rustix::fs::Mode::empty(),
+        )
+        .unwrap();
+        file.append(b"{}\n");
+        assert_eq!(file.lost, 3);
+        assert!(file.file.is_none());
+    }
+
+    #[test]
+    fn a_symlink_in_place_of_the_log_is_not_followed() {
+        let dir = TestDir::new("audit-symlink");
+        let target = dir.path().join("elsewhere");
+        std::fs::write(&target, b"").unwrap();
+        let path = dir.path().join(AUDIT_FILE);
+        std::os::unix::fs::symlink(&target, &path).unwrap();
+        let mut file = AuditFile::new(path.clone());
+        file.append(b"{}\n");
+        assert_eq!(file.lost, 1);
+        assert_eq!(std::fs::read(&target).unwrap(), b"");
+
+        // A regular file in its place is written again.
+        std::fs::remove_file(&path).unwrap();
+        file.append(b"{}\n");
+        assert!(!file.failing);
+        assert_eq!(std::fs::read(&path).unwrap(), b"{}\n");
+    }
+
+    #[test]
+    fn an_existing_wider_log_is_narrowed_to_0600() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = TestDir::new("audit-mode");
+        let path = dir.path().join(AUDIT_FILE);
+        std::fs::write(&path, b"{}\n").unwrap();
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o644)).unwrap();
+        let mut file = AuditFile::new(path.clone());
+        file.append(b"{}\n");
+        assert_eq!(crate::files::mode_is_wider(&path, 0o600).unwrap(), None);
+        assert_eq!(file.size, 6);
     }
 }

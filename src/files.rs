@@ -218,21 +218,17 @@ pub fn hold_lock(path: &Path) -> io::Result<Option<File>> {
 // Reading
 
 /// Reads the regular file `path` whole, if it is at most `max` bytes. It is opened
-/// without blocking and checked on the open handle, so a FIFO or device put in its
-/// place can never block the caller (the event loop reads config and registry files).
+/// without blocking and without following a symlink, and checked on the open handle,
+/// so a FIFO or device put in its place can never block the caller (the event loop
+/// reads config files).
 ///
 /// # Errors
 ///
-/// `NotFound` and other open errors as they are; `InvalidData` when it is not a
-/// regular file or is larger than `max`.
+/// `NotFound` and other open errors as they are; `InvalidData` when it is a symlink,
+/// is not a regular file or is larger than `max`.
 pub fn read_regular_file(path: &Path, max: u64) -> io::Result<Vec<u8>> {
     use rustix::fs::{Mode, OFlags};
-    let fd = rustix::fs::open(
-        path,
-        OFlags::RDONLY | OFlags::NONBLOCK | OFlags::CLOEXEC,
-        Mode::empty(),
-    )?;
-    let file = File::from(fd);
+    let file = open_no_follow(path, OFlags::RDONLY, Mode::empty())?;
     let metadata = file.metadata()?;
     if !metadata.is_file() {
         return Err(io::Error::new(
@@ -255,6 +251,57 @@ pub fn read_regular_file(path: &Path, max: u64) -> io::Result<Vec<u8>> {
         ));
     }
     Ok(bytes)
+}
+
+/// Opens the regular file `path` for appending, creating it with exactly `mode` if it
+/// is missing, and returns it with its current length. It is opened without blocking
+/// and without following a symlink, and checked on the open handle, so a FIFO, device
+/// or symlink put in its place is refused instead of blocking the caller (writes to a
+/// regular file never wait for a reader). An existing file whose mode is not `mode` is
+/// set to it.
+///
+/// # Errors
+///
+/// Open errors as they are (a FIFO without a reader is `ENXIO`); `InvalidData` when it
+/// is a symlink or not a regular file; any error setting the mode.
+pub fn open_append_regular(path: &Path, mode: u32) -> io::Result<(File, u64)> {
+    use rustix::fs::{Mode, OFlags};
+    let file = open_no_follow(
+        path,
+        OFlags::WRONLY | OFlags::APPEND | OFlags::CREATE,
+        Mode::from_raw_mode(mode),
+    )?;
+    let metadata = file.metadata()?;
+    if !metadata.is_file() {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidData,
+            "not a regular file",
+        ));
+    }
+    if metadata.permissions().mode() & 0o7777 != mode {
+        // The umask may have narrowed a new file; an old one may be wider.
+        file.set_permissions(Permissions::from_mode(mode))?;
+    }
+    Ok((file, metadata.len()))
+}
+
+/// Opens `path` with `flags`, never blocking and never following a symlink in its
+/// last component (which is then `InvalidData`).
+fn open_no_follow(
+    path: &Path,
+    flags: rustix::fs::OFlags,
+    mode: rustix::fs::Mode,
+) -> io::Result<File> {
+    use rustix::fs::OFlags;
+    let flags = flags | OFlags::NONBLOCK | OFlags::NOFOLLOW | OFlags::CLOEXEC;
+    match rustix::fs::open(path, flags, mode) {
+        Ok(fd) => Ok(File::from(fd)),
+        Err(rustix::io::Errno::LOOP) => Err(io::Error::new(
+            io::ErrorKind::InvalidData,
+            "a symbolic link, which is not followed",
+        )),
+        Err(e) => Err(e.into()),
+    }
 }
 
 /// Sets a corrupt file aside: renames `path` to `<path>.<suffix>-<millis since the
@@ -472,6 +519,39 @@ mod tests {
         assert!(hold_lock(&serving).unwrap().is_none());
         drop(first);
         assert!(hold_lock(&serving).unwrap().is_some());
+    }
+
+    #[test]
+    fn state_files_are_never_opened_through_a_symlink_or_as_a_fifo() {
+        let dir = TestDir::new("files-no-follow");
+        let target = dir.path().join("target");
+        fs::write(&target, b"{}").unwrap();
+        let link = dir.path().join("link");
+        std::os::unix::fs::symlink(&target, &link).unwrap();
+        let fifo = dir.path().join("fifo");
+        rustix::fs::mkfifoat(
+            rustix::fs::CWD,
+            &fifo,
+            rustix::fs::Mode::from_raw_mode(0o600),
+        )
+        .unwrap();
+        for path in [&link, &fifo] {
+            let err = read_regular_file(path, 10).unwrap_err();
+            assert_eq!(err.kind(), io::ErrorKind::InvalidData, "{path:?}: {err}");
+            assert!(
+                open_append_regular(path, PRIVATE_FILE_MODE).is_err(),
+                "{path:?}"
+            );
+        }
+        assert_eq!(
+            fs::read(&target).unwrap(),
+            b"{}",
+            "written through the link"
+        );
+        assert_eq!(read_regular_file(&target, 10).unwrap(), b"{}");
+        let (_, len) = open_append_regular(&target, PRIVATE_FILE_MODE).unwrap();
+        assert_eq!(len, 2);
+        assert_eq!(mode_of(&target), PRIVATE_FILE_MODE);
     }
 
     #[test]

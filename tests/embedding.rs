@@ -1,5 +1,10 @@
 //! An embedder's view: two instances started in this test process through the root
 //! re-exports only, delegating to each other with `delegate`, then stopped.
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    reason = "tests fail loudly on purpose"
+)]
 
 use loopbus::{
     delegate, load_config, DelegateOptions, EngineOverride, ErrorCode, Instance, InstanceName,

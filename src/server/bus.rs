@@ -36,10 +36,8 @@ pub struct ServerSettings {
     pub secret: Secret,
     /// The bound port.
     pub port: u16,
-    /// The state directory (for the audit log).
-    pub state_dir: PathBuf,
-    /// The channel root whose registry lists this instance.
-    pub root: PathBuf,
+    /// The audit log, its writer thread running.
+    pub audit: AuditLog,
     /// The engines running now, killed if they outlive the shutdown grace.
     pub running: RunningEngines,
 }
@@ -61,22 +59,15 @@ pub struct Bus {
     pub(super) running: RunningEngines,
     /// This process's id, for health (asked once: it is a syscall).
     pub(super) pid: u32,
-    pub(super) root: PathBuf,
-    pub(super) port: u16,
-    pub(super) registry_checked_at: Instant,
 }
 
 impl Bus {
     /// A server for `settings`, running turns on `pool`.
     pub fn new(settings: ServerSettings, pool: TurnPool<ConnId, Turn, TurnResult>) -> Bus {
         let port = settings.port;
-        let audit = AuditLog::new(&settings.state_dir, &settings.name);
         Bus {
-            root: settings.root,
-            port,
-            registry_checked_at: Instant::now(),
             pid: std::process::id(),
-            audit,
+            audit: settings.audit,
             running: settings.running,
             engines_killed_at: None,
             name: settings.name,

@@ -2,7 +2,9 @@
 //! config, locks the state directory, claims the name, binds, and registers;
 //! [`Instance::run`] serves until a shutdown is asked for, then deregisters.
 
+use super::registry_check::RegistryCheck;
 use super::{Bus, ServeError, ServerSettings};
+use crate::audit::AuditLog;
 use crate::config::{self, Config, EngineConfig, CONFIG_FILE};
 use crate::engine::{Engine, Turn};
 use crate::files;
@@ -143,6 +145,7 @@ pub struct Instance {
     pid: u32,
     event_loop: EventLoop,
     bus: Bus,
+    registry_check: RegistryCheck,
     shutdown: ShutdownHandle,
     /// Held until the instance is dropped: no second serve for this state directory.
     _serving: File,
@@ -238,8 +241,14 @@ impl Instance {
             },
         )
         .map_err(setup("start turn workers"))?;
+        let audit = AuditLog::start(&state_dir, &name).map_err(setup("start the audit writer"))?;
 
         let pid = std::process::id();
+        // Started before registering, so that no failure comes after it; its first
+        // check is one interval away.
+        let registry_check =
+            RegistryCheck::start(root.clone(), name.clone(), addr.port(), pid, secret.clone())
+                .map_err(setup("start the registry check"))?;
         registry::register(&root, &name, addr.port(), pid, &secret).map_err(|source| {
             ServeError::Register {
                 path: registry::registry_path(&root),
@@ -258,8 +267,7 @@ impl Instance {
             engine_override: options.engine,
             secret: secret.clone(),
             port: addr.port(),
-            state_dir,
-            root: root.clone(),
+            audit,
             running,
         };
         Ok(Instance {
@@ -270,6 +278,7 @@ impl Instance {
             pid,
             event_loop,
             bus: Bus::new(settings, pool),
+            registry_check,
             shutdown: ShutdownHandle(Arc::new(shutdown)),
             _serving: serving,
             _signals: signals,
@@ -315,6 +324,7 @@ impl Instance {
             pid,
             mut event_loop,
             mut bus,
+            registry_check,
             _serving,
             _signals,
             ..
@@ -322,6 +332,8 @@ impl Instance {
         // A bug that panics the loop must still take the instance out of the registry.
         let result =
             std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| event_loop.run(&mut bus)));
+        // Stopped first, so that it cannot write the entry back.
+        registry_check.stop();
         if let Err(e) = registry::deregister(&root, &name, pid) {
             log::warn!("cannot deregister from the registry: {e}");
         }
@@ -330,6 +342,7 @@ impl Instance {
             Ok(Err(e)) => return Err(ServeError::Loop(e)),
             Err(_) => return Err(ServeError::Panicked),
         }
+        // Dropping the bus's audit log writes what is still queued.
         let pool = bus.into_pool();
         if pool.is_idle() {
             pool.join();

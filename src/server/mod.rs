@@ -2,8 +2,8 @@
 //! lock, name, bind, register, run, deregister), the [`Bus`] that plugs into the HTTP
 //! loop as its [`Service`](crate::http::Service) (routing and the check order), the
 //! pure head checks, the answers (envelopes, health, audit lines), the upkeep between
-//! requests (config reload, registry self-check, shutdown), and the one table of
-//! refusals.
+//! requests (config reload, shutdown), the registry self-check on its own thread, and
+//! the one table of refusals.
 //!
 //! Checks on `POST /api/talk` run in the contract's order (section 3): checks 1-6 on
 //! the head alone ([`checks`]), so an unauthorized body is never read; checks 7-10 on
@@ -16,6 +16,7 @@ mod checks;
 mod error;
 mod instance;
 mod refusal;
+mod registry_check;
 mod upkeep;
 
 pub use bus::{Bus, ServerSettings};

@@ -1,11 +1,15 @@
-//! The server's upkeep between requests: config reload, the registry self-check, and
-//! shutdown (stop accepting, answer queued turns, give running turns their grace,
-//! then kill their engines).
+//! The server's upkeep between requests: config reload and shutdown (stop accepting,
+//! answer queued turns, give running turns their grace, then kill their engines). The
+//! registry self-check runs on a thread of its own ([`super::registry_check`]).
+//!
+//! The config reload is the one file read left on the loop, because it cannot wait:
+//! [`config::read_file`] opens without blocking and without following a symlink,
+//! refuses anything but a regular file, and reads at most `MAX_CONFIG_BYTES` (1 MiB)
+//! from it.
 
 use super::{Bus, Refusal};
 use crate::config;
 use crate::http::{Control, Service};
-use crate::registry;
 use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -14,9 +18,6 @@ use std::time::{Duration, Instant};
 pub const CONFIG_RELOAD_INTERVAL: Duration = Duration::from_millis(500);
 /// How long running turns may finish after SIGTERM/SIGINT before the process exits.
 pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(30);
-/// How often the instance checks that its registry entry is still there (and writes it
-/// again if the file was deleted or torn).
-pub const REGISTRY_CHECK_INTERVAL: Duration = Duration::from_secs(2);
 /// How often shutdown progress is checked.
 const SHUTDOWN_POLL: Duration = Duration::from_millis(50);
 /// After killing the engines that outlived [`SHUTDOWN_GRACE`], how long their turns
@@ -79,19 +80,6 @@ impl Bus {
         }
     }
 
-    /// Writes this instance's registry entry again if it went missing.
-    pub(super) fn check_registration(&mut self) {
-        match registry::ensure_registered(&self.root, &self.name, self.port, self.pid, &self.secret)
-        {
-            Ok(true) => log::warn!(
-                "the registry entry of {} was missing; registered again",
-                self.name
-            ),
-            Ok(false) => {}
-            Err(e) => log::warn!("cannot check the registry: {e}"),
-        }
-    }
-
     pub(super) fn begin_shutdown(&mut self, control: &mut Control) {
         if self.stopping_since.is_some() {
             return;
@@ -108,17 +96,12 @@ impl Bus {
         }
     }
 
-    /// Periodic work: a config reload check and, every [`REGISTRY_CHECK_INTERVAL`], the
-    /// registry self-check; during a shutdown, its progress. Returns when to be called
-    /// next.
+    /// Periodic work: a config reload check; during a shutdown, its progress. Returns
+    /// when to be called next.
     pub(super) fn tick(&mut self, now: Instant, control: &mut Control) -> Instant {
         match self.stopping_since {
             None => {
                 self.reload_config();
-                if now.duration_since(self.registry_checked_at) >= REGISTRY_CHECK_INTERVAL {
-                    self.registry_checked_at = now;
-                    self.check_registration();
-                }
                 now + CONFIG_RELOAD_INTERVAL
             }
             Some(since) => {

@@ -1,0 +1,120 @@
+//! The registry self-check, on a thread of its own: every [`REGISTRY_CHECK_INTERVAL`]
+//! the instance checks that its registry entry is still there and writes it again if
+//! the file was deleted, torn or rewritten without it. It reads and writes files and
+//! takes the registry lock, so it never runs on the event loop. The instance starts it
+//! once registered and stops it before deregistering, so it cannot write the entry back
+//! after the instance has removed it.
+
+use crate::protocol::InstanceName;
+use crate::registry;
+use crate::secret::Secret;
+use std::io;
+use std::path::PathBuf;
+use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender, SyncSender};
+use std::time::Duration;
+
+/// How often the instance checks that its registry entry is still there (and writes it
+/// again if the file was deleted or torn).
+pub const REGISTRY_CHECK_INTERVAL: Duration = Duration::from_secs(2);
+/// How long stopping waits for a check in progress to end. A check only reads and
+/// writes a small file and never waits for the registry lock, so it ends at once
+/// unless the file system itself hangs.
+const STOP_PATIENCE: Duration = Duration::from_secs(5);
+
+/// What the check needs to write the entry again.
+struct Entry {
+    root: PathBuf,
+    name: InstanceName,
+    port: u16,
+    pid: u32,
+    secret: Secret,
+}
+
+/// The running self-check. Dropping it stops it without waiting.
+#[derive(Debug)]
+pub(super) struct RegistryCheck {
+    /// Dropped (disconnected) to ask the thread to stop.
+    stop: Option<Sender<()>>,
+    /// Signalled (or disconnected) when the thread has ended.
+    stopped: Receiver<()>,
+}
+
+impl RegistryCheck {
+    /// Starts checking `name`'s entry under `root`, first after one interval.
+    ///
+    /// # Errors
+    ///
+    /// The OS refused to start the thread.
+    pub(super) fn start(
+        root: PathBuf,
+        name: InstanceName,
+        port: u16,
+        pid: u32,
+        secret: Secret,
+    ) -> io::Result<RegistryCheck> {
+        let entry = Entry {
+            root,
+            name,
+            port,
+            pid,
+            secret,
+        };
+        let (stop, stop_asked) = mpsc::channel();
+        // One slot: the thread signals once, and never waits to do so.
+        let (stopped_tx, stopped) = mpsc::sync_channel(1);
+        std::thread::Builder::new()
+            .name("loopbus-registry".to_owned())
+            .spawn(move || run(&entry, &stop_asked, &stopped_tx))?;
+        Ok(RegistryCheck {
+            stop: Some(stop),
+            stopped,
+        })
+    }
+
+    /// Stops the check and waits (at most [`STOP_PATIENCE`]) for one in progress.
+    pub(super) fn stop(mut self) {
+        self.stop = None;
+        if let Err(RecvTimeoutError::Timeout) = self.stopped.recv_timeout(STOP_PATIENCE) {
+            log::warn!(
+                "the registry check did not stop within {} s",
+                STOP_PATIENCE.as_secs()
+            );
+        }
+    }
+}
+
+fn run(entry: &Entry, stop_asked: &Receiver<()>, stopped: &SyncSender<()>) {
+    let mut last_error = None;
+    // Nothing is ever sent: the channel disconnects when a stop is asked for.
+    while let Err(RecvTimeoutError::Timeout) = stop_asked.recv_timeout(REGISTRY_CHECK_INTERVAL) {
+        check(entry, &mut last_error);
+    }
+    let _ = stopped.try_send(());
+}
+
+/// Writes the entry again if it went missing. An error is warned about when it differs
+/// from the last one, so a lasting problem is not repeated every interval.
+fn check(entry: &Entry, last_error: &mut Option<String>) {
+    let Entry {
+        root,
+        name,
+        port,
+        pid,
+        secret,
+    } = entry;
+    match registry::ensure_registered(root, name, *port, *pid, secret) {
+        Ok(written) => {
+            if written {
+                log::warn!("the registry entry of {name} was missing; registered again");
+            }
+            *last_error = None;
+        }
+        Err(e) => {
+            let error = e.to_string();
+            if last_error.as_deref() != Some(error.as_str()) {
+                log::warn!("cannot check the registry: {error}");
+            }
+            *last_error = Some(error);
+        }
+    }
+}
