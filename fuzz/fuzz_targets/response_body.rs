@@ -2,11 +2,11 @@
 //! health answers. Never panics; an accepted envelope round-trips.
 #![no_main]
 use libfuzzer_sys::fuzz_target;
-use loopbus::http::client::parse_head;
+use loopbus::http::client::parse_response_head;
 use loopbus::protocol::{parse_health, parse_response};
 
 fuzz_target!(|data: &[u8]| {
-    let _ = parse_head(data);
+    let _ = parse_response_head(data);
     let _ = parse_health(data);
     if let Ok(envelope) = parse_response(data) {
         let again = parse_response(&envelope.to_json()).map(|e| e.is_success());
