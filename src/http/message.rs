@@ -183,6 +183,15 @@ pub fn parse_request_head(buf: &[u8]) -> Result<Option<(Head, usize)>, HttpError
     }
 }
 
+/// Whether `bytes` hold the end of a head, an empty line (`\n\n` or `\n\r\n`). Stops
+/// at the first one: with pipelined requests behind a head, the scan costs the head's
+/// length, not the buffer's.
+fn has_blank_line(bytes: &[u8]) -> bool {
+    bytes.iter().enumerate().any(|(i, byte)| {
+        *byte == b'\n' && matches!(bytes.get(i + 1..), Some([b'\n', ..] | [b'\r', b'\n', ..]))
+    })
+}
+
 pub(super) enum ParseOutcome {
     Complete(Head, usize),
     Partial,
@@ -201,9 +210,7 @@ pub(super) fn parse_head(buf: &[u8], scanned: &mut usize, now: Instant) -> Parse
     // bytes already seen, since a terminator may straddle two reads.
     let from = (*scanned).min(window.len()).saturating_sub(2);
     let tail = &window[from..];
-    let terminated =
-        tail.windows(2).any(|w| w == b"\n\n") || tail.windows(3).any(|w| w == b"\n\r\n");
-    if !terminated {
+    if !has_blank_line(tail) {
         *scanned = window.len();
         return if buf.len() > MAX_HEAD_BYTES {
             ParseOutcome::Error(HttpError::HeadTooLarge)
@@ -305,6 +312,25 @@ mod tests {
                 "input {:?}",
                 String::from_utf8_lossy(&input[..input.len().min(60)])
             );
+        }
+    }
+
+    #[test]
+    fn blank_line_table() {
+        let cases: [(&[u8], bool); 10] = [
+            (b"", false),
+            (b"\n", false),
+            (b"\n\r", false),
+            (b"\r\r\n", false),
+            (b"GET / HTTP/1.1\r\nHost: a\r\n", false),
+            (b"\n\n", true),
+            (b"\n\r\n", true),
+            (b"\r\n\r\n", true),
+            (b"GET / HTTP/1.1\nHost: a\n\nGET", true),
+            (b"GET / HTTP/1.1\r\n\r\nGET / HTTP/1.1\r\n", true),
+        ];
+        for (bytes, want) in cases {
+            assert_eq!(has_blank_line(bytes), want, "{bytes:?}");
         }
     }
 
