@@ -171,7 +171,8 @@ impl Conn {
         self.step_read = 0;
     }
 
-    /// The next thing to do. Pure bookkeeping: call it again after each action.
+    /// The next thing to do; no I/O happens here. Call it again after doing each
+    /// action.
     pub fn poll(&mut self, now: Instant) -> Action<'_> {
         // Decisions already under way finish before this step's share is checked.
         match &mut self.phase {

@@ -25,7 +25,10 @@ impl BodyBudget {
     /// Brings `entry`'s share up to date with what its connection is reading.
     fn account(&mut self, entry: &mut Entry) {
         let now = entry.conn.body_in_flight();
-        self.in_flight = self.in_flight.saturating_sub(entry.counted) + now;
+        self.in_flight = self
+            .in_flight
+            .saturating_sub(entry.counted)
+            .saturating_add(now);
         entry.counted = now;
     }
 
