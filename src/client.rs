@@ -31,7 +31,7 @@
 //! ```
 
 use crate::config::BusConfig;
-use crate::http::client::{self as transport, Connection, HttpError};
+use crate::http::client::{ClientError, Connection, ReceivedResponse};
 use crate::protocol::{
     self, encode_talk_request, Envelope, ErrorCode, Failure, InstanceName, TalkRequest,
     MAX_BODY_BYTES,
@@ -179,7 +179,7 @@ pub enum DelegateError {
         /// The target asked for.
         target: String,
         /// What happened.
-        reason: HttpError,
+        reason: ClientError,
     },
     /// No complete answer within the timeout.
     Timeout {
@@ -388,28 +388,28 @@ pub fn delegate(options: &DelegateOptions) -> Result<Reply, DelegateError> {
 }
 
 /// Maps a failed exchange to the table's row.
-fn transport_error(target: &str, timeout: Duration, error: HttpError) -> DelegateError {
+fn transport_error(target: &str, timeout: Duration, error: ClientError) -> DelegateError {
     let target = target.to_owned();
     match error {
-        HttpError::Timeout => DelegateError::Timeout {
+        ClientError::Timeout => DelegateError::Timeout {
             target,
             after: timeout,
         },
-        HttpError::Malformed(what) => DelegateError::InvalidResponse {
+        ClientError::Malformed(what) => DelegateError::InvalidResponse {
             target,
             reason: what.to_owned(),
         },
-        reason @ (HttpError::NotLoopback(_)
-        | HttpError::Connect(_)
-        | HttpError::Io(_)
-        | HttpError::Closed
-        | HttpError::UnsendableSecret) => DelegateError::Connection { target, reason },
+        reason @ (ClientError::NotLoopback(_)
+        | ClientError::Connect(_)
+        | ClientError::Io(_)
+        | ClientError::Closed
+        | ClientError::UnsendableSecret) => DelegateError::Connection { target, reason },
     }
 }
 
 /// Turns a complete answer into a reply or an error. Any status may carry a failure
 /// envelope (refusals come as 4xx/5xx); a success envelope counts only with 200.
-fn interpret(target: &str, response: transport::Response) -> Result<Reply, DelegateError> {
+fn interpret(target: &str, response: ReceivedResponse) -> Result<Reply, DelegateError> {
     let envelope =
         protocol::parse_response(&response.body).map_err(|e| DelegateError::InvalidResponse {
             target: target.to_owned(),
@@ -442,102 +442,6 @@ fn interpret(target: &str, response: transport::Response) -> Result<Reply, Deleg
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::http::client::{parse_head, ResponseHead};
-
-    #[test]
-    fn response_head_table() {
-        let head = |status, minor_version, content_length, close| ResponseHead {
-            status,
-            minor_version,
-            content_length,
-            close,
-        };
-        // (bytes, parsed head; its length is up to the blank line)
-        type Row = (&'static [u8], Option<ResponseHead>);
-        let ok: &[Row] = &[
-            (
-                b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\n{}",
-                Some(head(200, 1, Some(2), false)),
-            ),
-            (
-                b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\nContent-Length: 02\r\n\r\n",
-                Some(head(200, 1, Some(2), false)),
-            ),
-            (
-                b"HTTP/1.1 401 Unauthorized\r\nConnection: close\r\nContent-Length: 0\r\n\r\n",
-                Some(head(401, 1, Some(0), true)),
-            ),
-            (
-                b"HTTP/1.1 200 OK\r\nConnection: keep-alive, Close\r\n\r\n",
-                Some(head(200, 1, None, true)),
-            ),
-            (b"HTTP/1.0 200 OK\r\n\r\n", Some(head(200, 0, None, false))),
-            (
-                b"HTTP/1.1 204 No Content\r\n\r\n",
-                Some(head(204, 1, None, false)),
-            ),
-            (
-                b"HTTP/1.1 200 OK\r\nContent-Length: 99999999999999999999999\r\n\r\n",
-                Some(head(200, 1, Some(u64::MAX), false)),
-            ),
-            (b"HTTP/1.1 200 OK\r\nContent-Len", None),
-            (b"", None),
-            (b"HTTP/1.1 2", None),
-        ];
-        for (bytes, want) in ok {
-            let got = parse_head(bytes)
-                .unwrap_or_else(|e| panic!("{:?}: {e}", String::from_utf8_lossy(bytes)));
-            let want = want.clone().map(|head| {
-                let blank = bytes.windows(4).position(|w| w == b"\r\n\r\n").unwrap();
-                (head, blank + 4)
-            });
-            assert_eq!(got, want, "{:?}", String::from_utf8_lossy(bytes));
-        }
-        let many_headers = format!("HTTP/1.1 200 OK\r\n{}\r\n", "X: y\r\n".repeat(65));
-        let long_head = format!("HTTP/1.1 200 OK\r\nX: {}", "y".repeat(20_000));
-        let bad: Vec<(&[u8], &str)> = vec![
-            (
-                b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n",
-                "Transfer-Encoding",
-            ),
-            (
-                b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nContent-Length: 3\r\n\r\n",
-                "conflicting",
-            ),
-            (
-                b"HTTP/1.1 200 OK\r\nContent-Length: -1\r\n\r\n",
-                "invalid Content-Length",
-            ),
-            (
-                b"HTTP/1.1 200 OK\r\nContent-Length: 0x10\r\n\r\n",
-                "invalid Content-Length",
-            ),
-            (
-                b"HTTP/1.1 200 OK\r\nContent-Length: \r\n\r\n",
-                "invalid Content-Length",
-            ),
-            (b"SSH-2.0-OpenSSH_9.6\r\n", "malformed"),
-            (b"{\"success\":true}", "malformed"),
-            (b"HTTP/1.1 abc OK\r\n\r\n", "malformed"),
-            (many_headers.as_bytes(), "too many"),
-            (long_head.as_bytes(), "too large"),
-        ];
-        for (bytes, want) in bad {
-            match parse_head(bytes) {
-                Err(HttpError::Malformed(what)) => {
-                    assert!(
-                        what.contains(want),
-                        "{what} for {:?}",
-                        String::from_utf8_lossy(&bytes[..bytes.len().min(60)])
-                    )
-                }
-                other => panic!(
-                    "{other:?} for {:?}",
-                    String::from_utf8_lossy(&bytes[..bytes.len().min(60)])
-                ),
-            }
-        }
-    }
 
     fn io(kind: std::io::ErrorKind) -> std::io::Error {
         std::io::Error::new(kind, "x")
@@ -592,7 +496,7 @@ mod tests {
             (
                 DelegateError::ProbeFailed {
                     target: t(),
-                    reason: ProbeError::Http(HttpError::Timeout),
+                    reason: ProbeError::Http(ClientError::Timeout),
                 },
                 "instance_unavailable",
                 true,
@@ -608,7 +512,7 @@ mod tests {
             (
                 DelegateError::Connection {
                     target: t(),
-                    reason: HttpError::Connect(io(std::io::ErrorKind::ConnectionRefused)),
+                    reason: ClientError::Connect(io(std::io::ErrorKind::ConnectionRefused)),
                 },
                 "instance_unavailable",
                 true,
@@ -616,7 +520,7 @@ mod tests {
             (
                 DelegateError::Connection {
                     target: t(),
-                    reason: HttpError::Closed,
+                    reason: ClientError::Closed,
                 },
                 "instance_unavailable",
                 true,
@@ -664,16 +568,16 @@ mod tests {
 
     #[test]
     fn transport_errors_map_to_table_rows() {
-        let cases: Vec<(HttpError, &str)> = vec![
-            (HttpError::Timeout, "timeout"),
-            (HttpError::Malformed("x"), "invalid_response"),
-            (HttpError::Closed, "instance_unavailable"),
+        let cases: Vec<(ClientError, &str)> = vec![
+            (ClientError::Timeout, "timeout"),
+            (ClientError::Malformed("x"), "invalid_response"),
+            (ClientError::Closed, "instance_unavailable"),
             (
-                HttpError::Connect(io(std::io::ErrorKind::ConnectionRefused)),
+                ClientError::Connect(io(std::io::ErrorKind::ConnectionRefused)),
                 "instance_unavailable",
             ),
             (
-                HttpError::Io(io(std::io::ErrorKind::ConnectionReset)),
+                ClientError::Io(io(std::io::ErrorKind::ConnectionReset)),
                 "instance_unavailable",
             ),
         ];
@@ -751,7 +655,7 @@ mod tests {
         for (status, body, want) in cases {
             let got = interpret(
                 "worker",
-                transport::Response {
+                ReceivedResponse {
                     status: *status,
                     body: body.as_bytes().to_vec(),
                 },
@@ -831,38 +735,6 @@ mod tests {
             let error = delegate(&options).unwrap_err();
             assert_eq!(error.code().as_str(), code, "{error}");
         }
-    }
-
-    #[test]
-    fn only_loopback_and_only_sendable_secrets() {
-        let soon = Instant::now() + Duration::from_secs(1);
-        for addr in [
-            "10.0.0.1:80",
-            "192.168.1.1:7701",
-            "[2001:db8::1]:80",
-            "0.0.0.0:80",
-        ] {
-            let addr: std::net::SocketAddr = addr.parse().unwrap();
-            let refused = Connection::open(addr, soon).unwrap_err();
-            assert!(
-                matches!(refused, HttpError::NotLoopback(_)),
-                "{addr}: {refused}"
-            );
-        }
-        // A listener that never answers: the secret check fails before any write.
-        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        let port = listener.local_addr().unwrap().port();
-        for bad in ["a\r\nX-Injected: 1", "nul\0", "bell\u{7}"] {
-            let mut connection = Connection::open_local(port, soon).unwrap();
-            let secret = crate::secret::Secret::new(bad).unwrap();
-            let error = connection.post_talk(&secret, b"{}", soon).unwrap_err();
-            assert!(matches!(error, HttpError::UnsendableSecret), "{error}");
-            assert!(!error.to_string().contains(bad));
-        }
-        // Nobody listening on either loopback address: refused, quickly.
-        drop(listener);
-        let error = Connection::open_local(port, soon).unwrap_err();
-        assert!(matches!(error, HttpError::Connect(_)), "{error}");
     }
 
     #[test]

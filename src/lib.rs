@@ -50,6 +50,7 @@ pub use config::{
     load as load_config, parse as parse_config, BusConfig, Config, ConfigError, EngineConfig,
     OutputMode, Peers, PromptMode,
 };
+pub use http::client::ClientError;
 pub use protocol::{
     encode_talk_request, parse_response, parse_talk_request, Envelope, ErrorCode, Failure,
     InstanceName, InvalidInstanceName, RequestError, ResponseError, TalkRequest, CAPABILITIES,
@@ -69,7 +70,7 @@ pub mod __cli {
 /// The parsers the fuzz targets and the benchmark drive; not part of the API.
 #[doc(hidden)]
 pub mod __internals {
-    pub use crate::http::client::parse_head as parse_response_head;
+    pub use crate::http::client::parse_response_head;
     pub use crate::http::{parse_request_head, MAX_HEADERS, MAX_HEAD_BYTES};
     pub use crate::protocol::parse_health;
     pub use crate::time::now_iso8601;

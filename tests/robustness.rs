@@ -1,6 +1,12 @@
 //! Hostile and sloppy clients (contract section 3, "Limits of the HTTP layer"): every
 //! case is followed by a health check that must still answer, and the big ones watch
-//! the server's RSS. Loops are bounded in bytes and time.
+//! the server's RSS. Floods run until the server has shown the behaviour under test
+//! (answers came, sockets filled up), never for a fixed time, and no check measures
+//! speed: under load a flooded server answers late, and only one that stopped
+//! answering fails ([`HANG_GUARD`]).
+//!
+//! The HTTP layer's timeouts are tested with a fake clock in `src/http/conn.rs`; one
+//! real-time timeout stays here ([`a_kept_alive_connection_that_sends_nothing_more_is_closed`]).
 #![allow(
     clippy::unwrap_used,
     clippy::expect_used,
@@ -11,7 +17,7 @@ use common::*;
 use serde_json::{json, Value};
 use std::io::{ErrorKind, Write};
 use std::net::TcpStream;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread;
 use std::time::{Duration, Instant};
@@ -27,6 +33,34 @@ fn heavy() -> std::sync::MutexGuard<'static, ()> {
     HEAVY
         .lock()
         .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+/// How long a health check may take while a test floods the server. Not a speed
+/// bound (the benchmarks measure speed): long enough that on a loaded machine only a
+/// server that stopped serving other connections fails.
+const HANG_GUARD: Duration = Duration::from_secs(30);
+
+/// Asserts the server still runs and answers `/api/health` on a new connection while
+/// a test floods it (within [`HANG_GUARD`]).
+fn assert_serving(w: &mut Instance, context: &str) {
+    if let Some(status) = w.child.as_mut().unwrap().try_wait().unwrap() {
+        panic!(
+            "{context}: loopbus exited with {status}\nstderr:\n{}",
+            w.stderr()
+        );
+    }
+    if let Err(e) = health_within(w.port, HANG_GUARD) {
+        panic!("{context}: health failed: {e}\nstderr:\n{}", w.stderr());
+    }
+}
+
+/// Waits until `done` holds, failing after [`HANG_GUARD`] with `what`.
+fn wait_until(what: &str, mut done: impl FnMut() -> bool) {
+    let deadline = Instant::now() + HANG_GUARD;
+    while !done() {
+        assert!(Instant::now() < deadline, "never happened: {what}");
+        thread::sleep(Duration::from_millis(10));
+    }
 }
 
 fn start(root: &TestRoot) -> Instance {
@@ -144,23 +178,22 @@ fn header_line_of_200_mb() {
     w.assert_alive("after a 200 MB header line");
 }
 
-/// Writes as fast as it can on `stream` for `duration`, ignoring errors (stops at the
-/// first one). Returns the bytes written.
-fn flood(mut stream: TcpStream, duration: Duration) -> usize {
+/// Writes as fast as it can on `stream` until `stop` is set or the server closes,
+/// adding the bytes written to `sent`.
+fn flood(mut stream: TcpStream, stop: &AtomicBool, sent: &AtomicUsize) {
     let chunk = vec![b'z'; 64 * 1024];
-    let deadline = Instant::now() + duration;
-    let mut sent = 0;
     stream
-        .set_write_timeout(Some(Duration::from_millis(500)))
+        .set_write_timeout(Some(Duration::from_millis(100)))
         .unwrap();
-    while Instant::now() < deadline {
+    while !stop.load(Ordering::SeqCst) {
         match stream.write(&chunk) {
-            Ok(n) => sent += n,
+            Ok(n) => {
+                sent.fetch_add(n, Ordering::SeqCst);
+            }
             Err(e) if e.kind() == ErrorKind::WouldBlock || e.kind() == ErrorKind::TimedOut => {}
             Err(_) => break,
         }
     }
-    sent
 }
 
 #[test]
@@ -171,6 +204,7 @@ fn flood_after_an_error_answer_does_not_stall_the_loop() {
     // sending at full speed must not keep the loop from everything else.
     let root = TestRoot::new("flood");
     let mut w = start(&root);
+    let stop = Arc::new(AtomicBool::new(false));
     let mut floods = Vec::new();
     for i in 0..2 {
         let mut stream = connect(w.port);
@@ -185,15 +219,26 @@ fn flood_after_an_error_answer_does_not_stall_the_loop() {
             format!("GET /api/health HTTP/1.1\r\nHost: {}\r\nX-Big: ", w.host())
         };
         stream.write_all(head.as_bytes()).unwrap();
-        floods.push(thread::spawn(move || flood(stream, Duration::from_secs(3))));
+        let sent = Arc::new(AtomicUsize::new(0));
+        let (stop, counter) = (Arc::clone(&stop), Arc::clone(&sent));
+        floods.push((thread::spawn(move || flood(stream, &stop, &counter)), sent));
     }
-    let started = Instant::now();
-    while started.elapsed() < Duration::from_secs(3) {
-        w.assert_alive("while two clients flood after an error answer");
-        thread::sleep(Duration::from_millis(200));
+    // Both floods are under way (or already cut off by the server) before the checks.
+    for (handle, sent) in &floods {
+        wait_until("a flood got going", || {
+            sent.load(Ordering::SeqCst) >= 1 << 20 || handle.is_finished()
+        });
     }
-    for f in floods {
-        f.join().unwrap();
+    for i in 0..5 {
+        assert_serving(
+            &mut w,
+            &format!("check {i} while two clients flood after an error answer"),
+        );
+        thread::sleep(Duration::from_millis(50));
+    }
+    stop.store(true, Ordering::SeqCst);
+    for (handle, _) in floods {
+        handle.join().unwrap();
     }
     assert!(
         w.rss_kib() < RSS_LIMIT_KIB,
@@ -208,8 +253,11 @@ fn open_fds(pid: u32) -> usize {
     std::fs::read_dir(format!("/proc/{pid}/fd")).map_or(0, |d| d.count())
 }
 
+/// Slowloris: 2,000 connections each send a request a byte at a time (a round of one
+/// byte on every connection, four rounds). The server holds at most its cap of them,
+/// evicting the least recently active, and keeps answering.
 #[test]
-fn two_thousand_connections_sending_one_byte_a_second() {
+fn two_thousand_connections_sending_a_byte_at_a_time() {
     let _heavy = heavy();
     let root = TestRoot::new("slowloris");
     let mut w = start(&root);
@@ -230,21 +278,19 @@ fn two_thousand_connections_sending_one_byte_a_second() {
     let request = format!("GET /api/health HTTP/1.1\r\nHost: {}\r\n\r\n", w.host());
     let mut max_rss = 0;
     for round in 0..4 {
-        let round_started = Instant::now();
         let byte = [request.as_bytes()[round]];
         for stream in &mut conns {
             let _ = stream.write(&byte); // evicted connections fail here; fine
         }
-        w.assert_alive(&format!("round {round} of 2,000 slow connections"));
+        assert_serving(&mut w, &format!("round {round} of 2,000 slow connections"));
         max_rss = max_rss.max(w.rss_kib());
         let fds = open_fds(w.pid());
         // 1,024 connections, plus the listener, poll, waker, signal pipe, stdio, ...
         assert!(fds <= 1024 + 32, "the server holds {fds} descriptors");
-        thread::sleep(Duration::from_secs(1).saturating_sub(round_started.elapsed()));
     }
     assert!(max_rss < RSS_LIMIT_KIB, "RSS reached {max_rss} KiB");
     drop(conns);
-    w.assert_alive("after 2,000 slow connections");
+    assert_serving(&mut w, "after 2,000 slow connections");
 }
 
 #[test]
@@ -263,149 +309,63 @@ fn clients_that_never_read_their_responses() {
         stream.set_nonblocking(true).unwrap();
         clients.push((stream, 0usize));
     }
-    let started = Instant::now();
+    // Write until every client is stuck (the server stopped reading it, since it
+    // can't write the answers) or has sent everything: three passes in a row without
+    // progress.
     let mut max_rss = 0;
-    while started.elapsed() < Duration::from_secs(3) {
+    let mut still = 0;
+    while still < 3 {
+        let mut progress = false;
         for (stream, offset) in &mut clients {
             while *offset < many.len() {
                 match stream.write(&many[*offset..]) {
-                    Ok(n) => *offset += n,
+                    Ok(n) => {
+                        *offset += n;
+                        progress = true;
+                    }
                     Err(_) => break, // full (the server stopped reading) or closed
                 }
             }
         }
-        w.assert_alive("while clients never read");
+        still = if progress { 0 } else { still + 1 };
+        assert_serving(&mut w, "while clients never read");
         max_rss = max_rss.max(w.rss_kib());
-        thread::sleep(Duration::from_millis(200));
+        thread::sleep(Duration::from_millis(50));
     }
     assert!(max_rss < RSS_LIMIT_KIB, "RSS reached {max_rss} KiB");
     drop(clients);
     w.assert_alive("after the non-reading clients left");
 }
 
+/// The one timeout left to real time: a kept-alive connection that sends nothing more
+/// is closed (after `IDLE_TIMEOUT`, 5 s). The others are unit tests of the connection
+/// with a fake clock, in `src/http/conn.rs`:
+/// - a head that never completes, or a connection that never sends a byte, closes after
+///   `HEAD_TIMEOUT`: `head_timeout_closes_a_head_that_never_completes`;
+/// - a body shorter than its `Content-Length` is answered 408 after `BODY_TIMEOUT`, with
+///   the request's head (so a talk's 408 is audited like the 503 of
+///   [`bug_partial_bodies_on_many_connections_grew_rss_without_bound`]), then the
+///   connection closes: `body_timeout_answers_408_then_lingers_and_closes`;
+/// - a client that never reads its answer is closed after `WRITE_TIMEOUT`:
+///   `write_timeout_closes_a_response_the_client_does_not_read`;
+/// - the idle clock gives way to the head clock at the first byte of a next request:
+///   `idle_timeout_closes_a_kept_alive_connection_but_not_a_started_head`.
+///
+/// (Its name sorts first, so that its 5 s wait starts at once, beside the other tests.)
 #[test]
-fn timeouts_body_head_idle_and_write() {
-    let root = TestRoot::new("timeouts");
+fn a_kept_alive_connection_that_sends_nothing_more_is_closed() {
+    let root = TestRoot::new("idle");
     let mut w = start(&root);
-    let host = w.host();
-    let port = w.port;
-    let limit = Duration::from_secs(16);
-
-    // A body shorter than its Content-Length: 408 after the 10 s body timeout, then close.
-    let short = {
-        let req = Req::talk(&w).body(Vec::new()).set("Content-Length", "100");
-        thread::spawn(move || {
-            let mut stream = connect(port);
-            stream.write_all(&req.to_bytes()).unwrap();
-            stream.write_all(br#"{"fromInstance""#).unwrap();
-            let started = Instant::now();
-            let r = read_response(&mut stream).expect("a 408 answer");
-            let took = started.elapsed();
-            let closed = closed_within(&mut stream, Duration::from_secs(5));
-            (r, took, closed)
-        })
-    };
-    // A head that never completes: closed after the 10 s head timeout.
-    let partial = {
-        let host = host.clone();
-        thread::spawn(move || {
-            let mut stream = connect(port);
-            stream
-                .write_all(format!("GET /api/health HTTP/1.1\r\nHost: {host}\r\n").as_bytes())
-                .unwrap();
-            closed_within(&mut stream, limit)
-        })
-    };
-    // A connection that never sends anything.
-    let silent = thread::spawn(move || closed_within(&mut connect(port), limit));
-    // An idle keep-alive connection: closed after the 5 s idle timeout.
-    let idle = {
-        let host = host.clone();
-        thread::spawn(move || {
-            let mut stream = connect(port);
-            stream
-                .write_all(format!("GET /api/health HTTP/1.1\r\nHost: {host}\r\n\r\n").as_bytes())
-                .unwrap();
-            let r = read_response(&mut stream).expect("health");
-            assert_eq!(r.status, 200);
-            assert_eq!(r.header("connection"), None, "kept alive: {r:?}");
-            closed_within(&mut stream, Duration::from_secs(11))
-        })
-    };
-    // A client that never reads: closed after the 10 s write timeout, long before all
-    // answers are written. 100 answers of 200 KB are far more than loopback socket
-    // buffers hold.
-    let never_reads = {
-        let one = Req::talk(&w)
-            .json(&talk_body(&"w".repeat(200_000)))
-            .to_bytes();
-        thread::spawn(move || {
-            let mut stream = connect(port);
-            let writer = stream.try_clone().unwrap();
-            let requests = one.repeat(100);
-            let expected = 100 * 200_000; // each answer is at least its prompt's size
-            thread::spawn(move || {
-                let mut writer = writer;
-                let _ = writer.write_all(&requests);
-            });
-            thread::sleep(Duration::from_secs(13));
-            let mut received = 0;
-            let mut buf = vec![0u8; 1 << 16];
-            stream
-                .set_read_timeout(Some(Duration::from_secs(3)))
-                .unwrap();
-            loop {
-                match std::io::Read::read(&mut stream, &mut buf) {
-                    Ok(0) => return (true, received, expected),
-                    Ok(n) => received += n,
-                    Err(e)
-                        if e.kind() == ErrorKind::WouldBlock || e.kind() == ErrorKind::TimedOut =>
-                    {
-                        return (false, received, expected)
-                    }
-                    Err(_) => return (true, received, expected),
-                }
-            }
-        })
-    };
-
-    let started = Instant::now();
-    while started.elapsed() < Duration::from_secs(11) {
-        w.assert_alive("while slow clients wait for their timeouts");
-        thread::sleep(Duration::from_millis(500));
-    }
-
-    let (r, took, closed) = short.join().unwrap();
-    assert_http_error(&r, 408, "short body");
+    let mut stream = connect(w.port);
+    stream.write_all(&Req::health(&w).to_bytes()).unwrap();
+    let r = read_response(&mut stream).expect("health");
+    assert_eq!(r.status, 200);
+    assert_eq!(r.header("connection"), None, "kept alive: {r:?}");
     assert!(
-        took >= Duration::from_secs(8),
-        "408 came after only {took:?}"
-    );
-    assert!(closed, "connection still open after the 408");
-    // The 408 came for a talk, so it is a talk outcome in the audit log.
-    let audit = std::fs::read_to_string(w.state_dir.join("audit.log.jsonl")).unwrap_or_default();
-    assert!(
-        audit
-            .lines()
-            .any(|l| l.contains("\"status\":408") && l.contains("\"refused\"")),
-        "no audit line for the 408: {audit}"
-    );
-    assert!(partial.join().unwrap(), "a partial head was never closed");
-    assert!(
-        silent.join().unwrap(),
-        "a silent connection was never closed"
-    );
-    assert!(
-        idle.join().unwrap(),
+        closed_within(&mut stream, Duration::from_secs(11)),
         "an idle keep-alive connection was never closed"
     );
-    let (closed, received, expected) = never_reads.join().unwrap();
-    assert!(closed, "a client that never reads was never closed");
-    assert!(
-        received < expected,
-        "all {received} bytes were delivered; the write timeout never fired"
-    );
-    w.assert_alive("after the timeouts");
+    w.assert_alive("after the idle timeout");
 }
 
 #[test]
@@ -639,15 +599,25 @@ fn bug_partial_bodies_on_many_connections_grew_rss_without_bound() {
     thread::sleep(Duration::from_millis(500));
     let rss = w.rss_kib();
     assert!(rss < RSS_LIMIT_KIB, "RSS reached {rss} KiB");
-    w.assert_alive("with 400 partial maximal bodies");
+    assert_serving(&mut w, "with 400 partial maximal bodies");
     // The last ones were refused as busy rather than buffered.
     for stream in conns.iter_mut().rev().take(5) {
-        stream
-            .set_read_timeout(Some(Duration::from_secs(5)))
-            .unwrap();
+        stream.set_read_timeout(Some(HANG_GUARD)).unwrap();
         let r = read_response(stream).expect("an answer to a refused body");
         assert_failure(&r, "target", 503, "server_busy", "body budget exhausted");
     }
+    // The HTTP layer refused a talk whose head it had: a talk outcome in the audit log
+    // (as a talk's 408 is).
+    let audit = w.state_dir.join("audit.log.jsonl");
+    assert!(
+        eventually(HANG_GUARD, || {
+            std::fs::read_to_string(&audit).is_ok_and(|log| {
+                log.lines()
+                    .any(|l| l.contains("\"status\":503") && l.contains("\"refused\""))
+            })
+        }),
+        "no audit line for the 503"
+    );
     drop(conns);
     // Once they are gone, a maximal body is accepted again.
     let skeleton = talk_body("").to_string();
@@ -658,12 +628,14 @@ fn bug_partial_bodies_on_many_connections_grew_rss_without_bound() {
 }
 
 /// Runs `clients` connections that each pipeline `raw` as fast as they can while a
-/// second thread reads and discards every answer, for `duration`; meanwhile checks
-/// that health keeps answering. Returns the bytes the clients received.
-fn greedy_pipeliners(w: &mut Instance, raw: &[u8], clients: usize, duration: Duration) -> usize {
+/// second thread reads and discards every answer; once every client is getting
+/// answers, checks `checks` times that health answers too. Returns the bytes the
+/// clients received.
+fn greedy_pipeliners(w: &mut Instance, raw: &[u8], clients: usize, checks: usize) -> usize {
     let stop = Arc::new(AtomicBool::new(false));
     let blob = Arc::new(raw.repeat(1000));
     let mut handles = Vec::new();
+    let mut counters = Vec::new();
     for _ in 0..clients {
         let mut writer = connect(w.port);
         let mut reader = writer.try_clone().unwrap();
@@ -673,6 +645,8 @@ fn greedy_pipeliners(w: &mut Instance, raw: &[u8], clients: usize, duration: Dur
         writer
             .set_write_timeout(Some(Duration::from_millis(200)))
             .unwrap();
+        let received = Arc::new(AtomicUsize::new(0));
+        counters.push(Arc::clone(&received));
         let (stop_w, stop_r, blob) = (Arc::clone(&stop), Arc::clone(&stop), Arc::clone(&blob));
         handles.push(thread::spawn(move || {
             while !stop_w.load(Ordering::SeqCst) {
@@ -684,41 +658,47 @@ fn greedy_pipeliners(w: &mut Instance, raw: &[u8], clients: usize, duration: Dur
                     Err(_) => break,
                 }
             }
-            0
         }));
         handles.push(thread::spawn(move || {
-            let mut received = 0;
             let mut buf = vec![0u8; 1 << 16];
             while !stop_r.load(Ordering::SeqCst) {
                 match std::io::Read::read(&mut reader, &mut buf) {
                     Ok(0) => break,
-                    Ok(n) => received += n,
+                    Ok(n) => {
+                        received.fetch_add(n, Ordering::SeqCst);
+                    }
                     Err(e)
                         if e.kind() == ErrorKind::WouldBlock || e.kind() == ErrorKind::TimedOut => {
                     }
                     Err(_) => break,
                 }
             }
-            received
         }));
     }
-    let started = Instant::now();
+    for received in &counters {
+        wait_until("a pipelining client got answers", || {
+            received.load(Ordering::SeqCst) > 0
+        });
+    }
     let mut failure = None;
-    while started.elapsed() < duration && failure.is_none() {
-        if let Err(e) = health_within(w.port, LIVENESS_BOUND) {
+    for _ in 0..checks {
+        if let Err(e) = health_within(w.port, HANG_GUARD) {
             failure = Some(e);
+            break;
         }
-        thread::sleep(Duration::from_millis(100));
+        thread::sleep(Duration::from_millis(20));
     }
     stop.store(true, Ordering::SeqCst);
-    let received = handles.into_iter().map(|h| h.join().unwrap()).sum();
+    for handle in handles {
+        handle.join().unwrap();
+    }
     if let Some(e) = failure {
         panic!(
             "health stopped answering while {clients} client(s) pipelined: {e}\nstderr:\n{}",
             w.stderr()
         );
     }
-    received
+    counters.iter().map(|c| c.load(Ordering::SeqCst)).sum()
 }
 
 /// Regression: the loop served one connection until its socket would block, so a
@@ -732,18 +712,114 @@ fn bug_one_pipelining_client_starved_every_other_connection() {
     let not_found = Req::new("GET", "/nope")
         .header("Host", &w.host())
         .to_bytes();
-    let received = greedy_pipeliners(&mut w, &not_found, 1, Duration::from_secs(2));
+    let received = greedy_pipeliners(&mut w, &not_found, 1, 10);
     assert!(received > 0, "the pipelining client got answers too");
     let health = Req::health(&w).to_bytes();
-    greedy_pipeliners(&mut w, &health, 3, Duration::from_secs(2));
+    greedy_pipeliners(&mut w, &health, 3, 10);
     w.assert_alive("after greedy pipelining clients");
 }
 
+/// One connection that pipelines health requests without end, reading the answers as
+/// they come, must not starve the others. (Formerly `tests/fairness.rs`.)
+#[test]
+fn endless_pipelining_does_not_starve_health() {
+    let _heavy = heavy();
+    let root = TestRoot::new("fairness");
+    let mut a = root.start("alpha", &open_config("s"));
+    let stop = Arc::new(AtomicBool::new(false));
+    let mut stream = connect(a.port);
+    let mut reader = stream.try_clone().unwrap();
+    let closer = stream.try_clone().unwrap();
+    let request = format!("GET /api/health HTTP/1.1\r\nHost: {}\r\n\r\n", a.host()).repeat(200);
+    let writer_stop = Arc::clone(&stop);
+    let writer = thread::spawn(move || {
+        while !writer_stop.load(Ordering::SeqCst) {
+            if stream.write_all(request.as_bytes()).is_err() {
+                break;
+            }
+        }
+    });
+    // The reader drains until the socket is shut down, so the writer never blocks.
+    let answered = Arc::new(AtomicUsize::new(0));
+    let drain = {
+        let answered = Arc::clone(&answered);
+        thread::spawn(move || {
+            let mut buf = [0u8; 65536];
+            loop {
+                match std::io::Read::read(&mut reader, &mut buf) {
+                    Ok(0) | Err(_) => break,
+                    Ok(n) => {
+                        answered.fetch_add(n, Ordering::SeqCst);
+                    }
+                }
+            }
+        })
+    };
+    wait_until("the pipelining client got answers", || {
+        answered.load(Ordering::SeqCst) > 0
+    });
+    for i in 0..10 {
+        assert_serving(
+            &mut a,
+            &format!("check {i} while one connection pipelines without end"),
+        );
+    }
+    stop.store(true, Ordering::SeqCst);
+    writer.join().unwrap();
+    closer.shutdown(std::net::Shutdown::Both).unwrap();
+    drain.join().unwrap();
+}
+
+/// What a client that never read finds on its connection once it looks.
+#[derive(Debug, PartialEq, Eq)]
+enum Found {
+    /// The start of an answer.
+    Answer,
+    /// End of stream or a reset before any answer: the server closed it.
+    Closed,
+}
+
+/// Reads the first bytes on `stream`, waiting until `deadline` at most (then panics:
+/// the server neither served nor closed it).
+fn first_bytes(stream: &mut TcpStream, deadline: Instant) -> Found {
+    stream.set_nonblocking(false).unwrap();
+    let mut got = Vec::new();
+    let mut buf = [0u8; 64];
+    while got.len() < 12 {
+        let left = deadline.saturating_duration_since(Instant::now());
+        assert!(
+            !left.is_zero(),
+            "a connection was neither served nor closed"
+        );
+        stream.set_read_timeout(Some(left)).unwrap();
+        match std::io::Read::read(stream, &mut buf) {
+            Ok(0) => return Found::Closed,
+            Ok(n) => got.extend_from_slice(&buf[..n]),
+            Err(e) if e.kind() == ErrorKind::WouldBlock || e.kind() == ErrorKind::TimedOut => {}
+            Err(_) => return Found::Closed,
+        }
+    }
+    assert!(
+        got.starts_with(b"HTTP/1.1 404"),
+        "{:?}",
+        String::from_utf8_lossy(&got)
+    );
+    Found::Answer
+}
+
+/// 1,100 connections each pipeline up to 256 KiB of small requests and never read:
+/// past its cap the server closes connections to admit new ones (health among them),
+/// holds no more descriptors than the cap allows, and serves every connection it kept.
+///
+/// Regression (a flaky test, not a server bug): this flooded for a fixed 3 s while
+/// every health check had to answer within the 2 s liveness bound. A health
+/// connection accepted before its request arrives waits for one round of the run queue
+/// over about a thousand busy connections, which on a loaded machine took longer than
+/// that, so the test failed about half the time there. It now checks what the loop
+/// does, not how fast.
 #[test]
 fn pipelined_floods_on_more_connections_than_the_cap() {
     let _heavy = heavy();
-    // 1,100 connections each pipeline 256 KiB of small requests and never read: the
-    // loop evicts past 1,024 connections and shares itself fairly among the rest.
     let root = TestRoot::new("pipeflood");
     let mut w = start(&root);
     let one = Req::new("GET", "/nope")
@@ -755,25 +831,32 @@ fn pipelined_floods_on_more_connections_than_the_cap() {
     for _ in 0..connections_to_open(1100) {
         if let Ok(stream) = TcpStream::connect_timeout(&addr, Duration::from_secs(3)) {
             stream.set_nonblocking(true).unwrap();
-            conns.push((stream, 0usize));
+            conns.push(stream);
         }
     }
-    let started = Instant::now();
-    while started.elapsed() < Duration::from_secs(3) {
-        for (stream, offset) in &mut conns {
-            while *offset < blob.len() {
-                match stream.write(&blob[*offset..]) {
-                    Ok(n) => *offset += n,
-                    Err(_) => break,
-                }
+    // One pass: each connection sends what its socket takes (all of it, or until the
+    // server stops reading because this client does not read its answers).
+    for stream in &mut conns {
+        let mut offset = 0;
+        while offset < blob.len() {
+            match stream.write(&blob[offset..]) {
+                Ok(n) => offset += n,
+                Err(_) => break,
             }
         }
-        w.assert_alive("while 1,100 connections pipeline and never read");
-        thread::sleep(Duration::from_millis(100));
     }
+    assert_serving(&mut w, "while 1,100 connections pipeline and never read");
+    let fds = open_fds(w.pid());
+    // 1,024 connections, plus the listener, poll, waker, signal pipe, stdio, ...
+    assert!(fds <= 1024 + 32, "the server holds {fds} descriptors");
     assert!(w.rss_kib() < RSS_LIMIT_KIB, "RSS {} KiB", w.rss_kib());
+    // Every connection got answers or was closed to make room: none was left out.
+    let deadline = Instant::now() + HANG_GUARD;
+    let found: Vec<Found> = conns.iter_mut().map(|s| first_bytes(s, deadline)).collect();
+    let answered = found.iter().filter(|f| **f == Found::Answer).count();
+    assert!(answered > 0, "no connection was served");
     drop(conns);
-    w.assert_alive("after the pipelined floods");
+    assert_serving(&mut w, "after the pipelined floods");
 }
 
 /// Regression: the connection cap was 1,024 whatever `ulimit -n` allowed. Under the

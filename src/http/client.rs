@@ -1,14 +1,18 @@
-//! A small blocking HTTP/1.1 client for loopback peers, over `std::net::TcpStream`.
+//! The client direction: a small blocking HTTP/1.1 client for loopback peers, over
+//! `std::net::TcpStream`.
 //!
 //! It speaks just enough HTTP for the bus: `GET /api/health` and `POST /api/talk`,
-//! one request at a time on one connection. Response heads are parsed by `httparse`;
-//! every read is bounded ([`MAX_RESPONSE_HEAD_BYTES`], [`MAX_RESPONSE_HEADERS`],
-//! [`MAX_RESPONSE_BODY_BYTES`]) and every wait has a deadline, so a peer that sends
-//! too much or nothing at all costs a bounded amount of memory and time.
+//! one request at a time on one connection. Response heads are parsed by `httparse`
+//! with the limits and the `Content-Length` rule the server side uses too
+//! ([`super::content_length`]); every read is bounded ([`MAX_RESPONSE_HEAD_BYTES`],
+//! [`MAX_RESPONSE_HEADERS`], [`MAX_RESPONSE_BODY_BYTES`]) and every wait has a
+//! deadline, so a peer that sends too much or nothing at all costs a bounded amount of
+//! memory and time.
 //!
 //! Only loopback addresses are ever connected to: [`Connection::open`] refuses any
 //! other address before a socket is created.
 
+use super::headers::{self, LengthError, HEALTH_PATH, MAX_HEADERS, MAX_HEAD_BYTES, TALK_PATH};
 use crate::secret::Secret;
 use std::fmt;
 use std::io::{self, ErrorKind, Read, Write};
@@ -20,10 +24,12 @@ use std::time::{Duration, Instant};
 pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
 /// Longest wait for one request to be written. The server allows 10 s for a body.
 pub const WRITE_TIMEOUT: Duration = Duration::from_secs(10);
-/// Largest response status line plus headers accepted (the server's own head limit).
-pub const MAX_RESPONSE_HEAD_BYTES: usize = 16 * 1024;
-/// Most headers accepted in one response.
-pub const MAX_RESPONSE_HEADERS: usize = 64;
+/// Largest response status line plus headers accepted: the head limit of both
+/// directions, [`MAX_HEAD_BYTES`].
+pub const MAX_RESPONSE_HEAD_BYTES: usize = MAX_HEAD_BYTES;
+/// Most headers accepted in one response: the limit of both directions,
+/// [`MAX_HEADERS`].
+pub const MAX_RESPONSE_HEADERS: usize = MAX_HEADERS;
 /// Largest response body accepted: 8 MiB. A reply is at most the engine's output
 /// (`engine.maxOutputBytes`, 1 MiB by default), and JSON escaping can make one byte of
 /// it six (`\u0001`), so this leaves room for a default engine's worst case.
@@ -31,15 +37,10 @@ pub const MAX_RESPONSE_BODY_BYTES: u64 = 8 << 20;
 /// Size of each read from the socket.
 const READ_CHUNK: usize = 16 * 1024;
 
-/// The bus's health endpoint.
-pub const HEALTH_PATH: &str = "/api/health";
-/// The bus's talk endpoint.
-pub const TALK_PATH: &str = "/api/talk";
-
 /// Why an HTTP exchange did not produce a response. Messages never contain anything
 /// the caller sent (so never a secret).
 #[derive(Debug)]
-pub enum HttpError {
+pub enum ClientError {
     /// The address is not a loopback address; nothing was sent.
     NotLoopback(IpAddr),
     /// The connection could not be made (refused, nobody listening).
@@ -65,34 +66,34 @@ fn is_header_value(value: &str) -> bool {
         .all(|b| b == b'\t' || (b >= 0x20 && b != 0x7f))
 }
 
-impl fmt::Display for HttpError {
+impl fmt::Display for ClientError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            HttpError::NotLoopback(ip) => write!(f, "{ip} is not a loopback address"),
-            HttpError::Connect(e) => write!(f, "cannot connect: {e}"),
-            HttpError::Timeout => f.write_str("no answer in time"),
-            HttpError::Io(e) => write!(f, "connection broken: {e}"),
-            HttpError::Closed => f.write_str("connection closed before a complete answer"),
-            HttpError::Malformed(what) => write!(f, "not a valid HTTP answer: {what}"),
-            HttpError::UnsendableSecret => {
+            ClientError::NotLoopback(ip) => write!(f, "{ip} is not a loopback address"),
+            ClientError::Connect(e) => write!(f, "cannot connect: {e}"),
+            ClientError::Timeout => f.write_str("no answer in time"),
+            ClientError::Io(e) => write!(f, "connection broken: {e}"),
+            ClientError::Closed => f.write_str("connection closed before a complete answer"),
+            ClientError::Malformed(what) => write!(f, "not a valid HTTP answer: {what}"),
+            ClientError::UnsendableSecret => {
                 f.write_str("the registered secret contains characters a header can't carry")
             }
         }
     }
 }
 
-impl std::error::Error for HttpError {
+impl std::error::Error for ClientError {
     fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
         match self {
-            HttpError::Connect(e) | HttpError::Io(e) => Some(e),
+            ClientError::Connect(e) | ClientError::Io(e) => Some(e),
             _ => None,
         }
     }
 }
 
-/// A complete response.
+/// A complete response as the client received it.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Response {
+pub struct ReceivedResponse {
     /// The status code.
     pub status: u16,
     /// The body, at most [`MAX_RESPONSE_BODY_BYTES`].
@@ -123,54 +124,49 @@ impl ResponseHead {
 /// else the head and its length in bytes.
 ///
 /// # Errors
-/// The head is malformed, longer than [`MAX_RESPONSE_HEAD_BYTES`], has more than
-/// [`MAX_RESPONSE_HEADERS`] headers, uses `Transfer-Encoding`, or has a
-/// `Content-Length` that is not all digits or is repeated with different values.
-pub fn parse_head(bytes: &[u8]) -> Result<Option<(ResponseHead, usize)>, HttpError> {
-    let mut headers = [httparse::EMPTY_HEADER; MAX_RESPONSE_HEADERS];
-    let mut response = httparse::Response::new(&mut headers);
+/// The head is malformed, longer than `MAX_RESPONSE_HEAD_BYTES`, has more than
+/// `MAX_RESPONSE_HEADERS` headers, uses `Transfer-Encoding`, or has a
+/// `Content-Length` that is not all digits or is repeated with different values (the
+/// one rule of `http::headers::content_length`).
+pub fn parse_response_head(bytes: &[u8]) -> Result<Option<(ResponseHead, usize)>, ClientError> {
+    let mut slots = [httparse::EMPTY_HEADER; MAX_RESPONSE_HEADERS];
+    let mut response = httparse::Response::new(&mut slots);
     let head_len = match response.parse(bytes) {
         Ok(httparse::Status::Complete(len)) => len,
         Ok(httparse::Status::Partial) if bytes.len() >= MAX_RESPONSE_HEAD_BYTES => {
-            return Err(HttpError::Malformed("response head too large"))
+            return Err(ClientError::Malformed("response head too large"))
         }
         Ok(httparse::Status::Partial) => return Ok(None),
         Err(httparse::Error::TooManyHeaders) => {
-            return Err(HttpError::Malformed("too many response headers"))
+            return Err(ClientError::Malformed("too many response headers"))
         }
-        Err(_) => return Err(HttpError::Malformed("malformed response head")),
+        Err(_) => return Err(ClientError::Malformed("malformed response head")),
     };
     if head_len > MAX_RESPONSE_HEAD_BYTES {
-        return Err(HttpError::Malformed("response head too large"));
+        return Err(ClientError::Malformed("response head too large"));
     }
     // A complete parse always sets the version and the code.
     let (Some(minor_version), Some(status)) = (response.version, response.code) else {
-        return Err(HttpError::Malformed("malformed status line"));
+        return Err(ClientError::Malformed("malformed status line"));
     };
-    let mut content_length = None;
-    let mut close = false;
-    for header in response.headers.iter() {
-        if header.name.eq_ignore_ascii_case("transfer-encoding") {
-            return Err(HttpError::Malformed("Transfer-Encoding is not supported"));
-        } else if header.name.eq_ignore_ascii_case("content-length") {
-            let value = header.value.trim_ascii();
-            if value.is_empty() || !value.iter().all(u8::is_ascii_digit) {
-                return Err(HttpError::Malformed("invalid Content-Length"));
-            }
-            let parsed = value.iter().fold(0u64, |n, d| {
-                n.saturating_mul(10).saturating_add(u64::from(d - b'0'))
-            });
-            if content_length.is_some_and(|previous| previous != parsed) {
-                return Err(HttpError::Malformed("conflicting Content-Length headers"));
-            }
-            content_length = Some(parsed);
-        } else if header.name.eq_ignore_ascii_case("connection") {
-            close |= header
-                .value
-                .split(|b| *b == b',')
-                .any(|token| token.trim_ascii().eq_ignore_ascii_case(b"close"));
+    let pairs = response.headers.iter().map(|h| (h.name, h.value));
+    let content_length = match headers::content_length(pairs.clone()) {
+        Ok(length) => Some(length),
+        // No length: the body runs to the end of the stream.
+        Err(LengthError::Missing) => None,
+        Err(LengthError::Invalid) => return Err(ClientError::Malformed("invalid Content-Length")),
+        Err(LengthError::Conflict) => {
+            return Err(ClientError::Malformed("conflicting Content-Length headers"))
         }
-    }
+        Err(LengthError::TransferEncoding) => {
+            return Err(ClientError::Malformed("Transfer-Encoding is not supported"))
+        }
+    };
+    let close = headers::asks_to_close(
+        pairs
+            .filter(|(name, _)| name.eq_ignore_ascii_case("connection"))
+            .map(|(_, value)| value),
+    );
     Ok(Some((
         ResponseHead {
             status,
@@ -194,12 +190,12 @@ pub struct Connection {
     reusable: bool,
 }
 
-/// The time left until `deadline`, or [`HttpError::Timeout`] when none is.
-fn remaining(deadline: Instant) -> Result<Duration, HttpError> {
+/// The time left until `deadline`, or [`ClientError::Timeout`] when none is.
+fn remaining(deadline: Instant) -> Result<Duration, ClientError> {
     deadline
         .checked_duration_since(Instant::now())
         .filter(|left| !left.is_zero())
-        .ok_or(HttpError::Timeout)
+        .ok_or(ClientError::Timeout)
 }
 
 fn is_timeout(e: &io::Error) -> bool {
@@ -211,22 +207,22 @@ impl Connection {
     /// `deadline`.
     ///
     /// # Errors
-    /// `addr` is not loopback ([`HttpError::NotLoopback`], before any socket is made),
+    /// `addr` is not loopback ([`ClientError::NotLoopback`], before any socket is made),
     /// the connect failed, or the deadline passed.
-    pub fn open(addr: SocketAddr, deadline: Instant) -> Result<Connection, HttpError> {
+    pub fn open(addr: SocketAddr, deadline: Instant) -> Result<Connection, ClientError> {
         if !addr.ip().is_loopback() {
-            return Err(HttpError::NotLoopback(addr.ip()));
+            return Err(ClientError::NotLoopback(addr.ip()));
         }
         let wait = remaining(deadline)?.min(CONNECT_TIMEOUT);
         let stream = TcpStream::connect_timeout(&addr, wait).map_err(|e| {
             if is_timeout(&e) {
-                HttpError::Timeout
+                ClientError::Timeout
             } else {
-                HttpError::Connect(e)
+                ClientError::Connect(e)
             }
         })?;
         // Small requests: send them at once rather than waiting for more to coalesce.
-        stream.set_nodelay(true).map_err(HttpError::Io)?;
+        stream.set_nodelay(true).map_err(ClientError::Io)?;
         let host = match addr {
             SocketAddr::V4(v4) => format!("{}:{}", v4.ip(), v4.port()),
             SocketAddr::V6(v6) => format!("[{}]:{}", v6.ip(), v6.port()),
@@ -244,11 +240,11 @@ impl Connection {
     ///
     /// # Errors
     /// As [`Connection::open`]; when both addresses refuse, the IPv4 error.
-    pub fn open_local(port: u16, deadline: Instant) -> Result<Connection, HttpError> {
+    pub fn open_local(port: u16, deadline: Instant) -> Result<Connection, ClientError> {
         match Connection::open(SocketAddr::from((Ipv4Addr::LOCALHOST, port)), deadline) {
-            Err(HttpError::Connect(refused)) => {
+            Err(ClientError::Connect(refused)) => {
                 Connection::open(SocketAddr::from((Ipv6Addr::LOCALHOST, port)), deadline)
-                    .map_err(|_| HttpError::Connect(refused))
+                    .map_err(|_| ClientError::Connect(refused))
             }
             other => other,
         }
@@ -263,8 +259,8 @@ impl Connection {
     /// `GET /api/health`, keeping the connection open for a following request.
     ///
     /// # Errors
-    /// See [`HttpError`]; also [`HttpError::Closed`] if the connection is not reusable.
-    pub fn get_health(&mut self, deadline: Instant) -> Result<Response, HttpError> {
+    /// See [`ClientError`]; also [`ClientError::Closed`] if the connection is not reusable.
+    pub fn get_health(&mut self, deadline: Instant) -> Result<ReceivedResponse, ClientError> {
         let head = format!(
             "GET {HEALTH_PATH} HTTP/1.1\r\nHost: {}\r\nAccept: application/json\r\nUser-Agent: loopbus/{}\r\n\r\n",
             self.host,
@@ -277,15 +273,15 @@ impl Connection {
     /// the server to close the connection afterwards.
     ///
     /// # Errors
-    /// See [`HttpError`]; also [`HttpError::Closed`] if the connection is not reusable.
+    /// See [`ClientError`]; also [`ClientError::Closed`] if the connection is not reusable.
     pub fn post_talk(
         &mut self,
         secret: &Secret,
         body: &[u8],
         deadline: Instant,
-    ) -> Result<Response, HttpError> {
+    ) -> Result<ReceivedResponse, ClientError> {
         if !is_header_value(secret.expose()) {
-            return Err(HttpError::UnsendableSecret);
+            return Err(ClientError::UnsendableSecret);
         }
         let head = format!(
             "POST {TALK_PATH} HTTP/1.1\r\nHost: {}\r\nAuthorization: {}\r\nContent-Type: application/json\r\nAccept: application/json\r\nUser-Agent: loopbus/{}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
@@ -303,36 +299,36 @@ impl Connection {
         head: &[u8],
         body: &[u8],
         deadline: Instant,
-    ) -> Result<Response, HttpError> {
+    ) -> Result<ReceivedResponse, ClientError> {
         if !self.reusable {
-            return Err(HttpError::Closed);
+            return Err(ClientError::Closed);
         }
         self.reusable = false;
         let wait = remaining(deadline)?.min(WRITE_TIMEOUT);
         self.stream
             .set_write_timeout(Some(wait))
-            .map_err(HttpError::Io)?;
+            .map_err(ClientError::Io)?;
         let written = self
             .stream
             .write_all(head)
             .and_then(|()| self.stream.write_all(body));
         if let Err(e) = written {
             if is_timeout(&e) {
-                return Err(HttpError::Timeout);
+                return Err(ClientError::Timeout);
             }
             // The server may have answered from the head alone and closed; its answer
             // can still be waiting in our receive buffer.
-            return self.read_response(deadline).map_err(|_| HttpError::Io(e));
+            return self.read_response(deadline).map_err(|_| ClientError::Io(e));
         }
         self.read_response(deadline)
     }
 
     /// Reads more bytes into the buffer. `Ok(false)` at end of stream.
-    fn fill(&mut self, deadline: Instant) -> Result<bool, HttpError> {
+    fn fill(&mut self, deadline: Instant) -> Result<bool, ClientError> {
         let wait = remaining(deadline)?;
         self.stream
             .set_read_timeout(Some(wait))
-            .map_err(HttpError::Io)?;
+            .map_err(ClientError::Io)?;
         let mut chunk = [0u8; READ_CHUNK];
         loop {
             match self.stream.read(&mut chunk) {
@@ -342,16 +338,16 @@ impl Connection {
                     return Ok(true);
                 }
                 Err(e) if e.kind() == ErrorKind::Interrupted => continue,
-                Err(e) if is_timeout(&e) => return Err(HttpError::Timeout),
-                Err(e) => return Err(HttpError::Io(e)),
+                Err(e) if is_timeout(&e) => return Err(ClientError::Timeout),
+                Err(e) => return Err(ClientError::Io(e)),
             }
         }
     }
 
     /// Reads one final response (skipping interim 1xx ones).
-    fn read_response(&mut self, deadline: Instant) -> Result<Response, HttpError> {
+    fn read_response(&mut self, deadline: Instant) -> Result<ReceivedResponse, ClientError> {
         let head = loop {
-            match parse_head(&self.buffer)? {
+            match parse_response_head(&self.buffer)? {
                 Some((head, len)) => {
                     self.buffer.drain(..len);
                     // 101 would switch protocols, which we never ask for.
@@ -362,25 +358,25 @@ impl Connection {
                 }
                 None => {
                     if !self.fill(deadline)? {
-                        return Err(HttpError::Closed);
+                        return Err(ClientError::Closed);
                     }
                 }
             }
         };
         if head.status == 101 {
-            return Err(HttpError::Malformed("unexpected 101 Switching Protocols"));
+            return Err(ClientError::Malformed("unexpected 101 Switching Protocols"));
         }
         let body = if head.bodiless() {
             Vec::new()
         } else if let Some(length) = head.content_length {
             if length > MAX_RESPONSE_BODY_BYTES {
-                return Err(HttpError::Malformed("response body too large"));
+                return Err(ClientError::Malformed("response body too large"));
             }
             // `length` is at most MAX_RESPONSE_BODY_BYTES, which fits in usize.
             let length = usize::try_from(length).unwrap_or(usize::MAX);
             while self.buffer.len() < length {
                 if !self.fill(deadline)? {
-                    return Err(HttpError::Closed);
+                    return Err(ClientError::Closed);
                 }
             }
             let rest = self.buffer.split_off(length);
@@ -389,7 +385,7 @@ impl Connection {
             // No length: the body runs to the end of the stream.
             loop {
                 if self.buffer.len() as u64 > MAX_RESPONSE_BODY_BYTES {
-                    return Err(HttpError::Malformed("response body too large"));
+                    return Err(ClientError::Malformed("response body too large"));
                 }
                 if !self.fill(deadline)? {
                     break std::mem::take(&mut self.buffer);
@@ -400,9 +396,141 @@ impl Connection {
             && !head.close
             && (head.content_length.is_some() || head.bodiless())
             && self.buffer.is_empty();
-        Ok(Response {
+        Ok(ReceivedResponse {
             status: head.status,
             body,
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn response_head_table() {
+        let head = |status, minor_version, content_length, close| ResponseHead {
+            status,
+            minor_version,
+            content_length,
+            close,
+        };
+        // (bytes, parsed head; its length is up to the blank line)
+        type Row = (&'static [u8], Option<ResponseHead>);
+        let ok: &[Row] = &[
+            (
+                b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\n{}",
+                Some(head(200, 1, Some(2), false)),
+            ),
+            (
+                b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\nContent-Length: 02\r\n\r\n",
+                Some(head(200, 1, Some(2), false)),
+            ),
+            (
+                b"HTTP/1.1 401 Unauthorized\r\nConnection: close\r\nContent-Length: 0\r\n\r\n",
+                Some(head(401, 1, Some(0), true)),
+            ),
+            (
+                b"HTTP/1.1 200 OK\r\nConnection: keep-alive, Close\r\n\r\n",
+                Some(head(200, 1, None, true)),
+            ),
+            (b"HTTP/1.0 200 OK\r\n\r\n", Some(head(200, 0, None, false))),
+            (
+                b"HTTP/1.1 204 No Content\r\n\r\n",
+                Some(head(204, 1, None, false)),
+            ),
+            (
+                b"HTTP/1.1 200 OK\r\nContent-Length: 99999999999999999999999\r\n\r\n",
+                Some(head(200, 1, Some(u64::MAX), false)),
+            ),
+            (b"HTTP/1.1 200 OK\r\nContent-Len", None),
+            (b"", None),
+            (b"HTTP/1.1 2", None),
+        ];
+        for (bytes, want) in ok {
+            let got = parse_response_head(bytes)
+                .unwrap_or_else(|e| panic!("{:?}: {e}", String::from_utf8_lossy(bytes)));
+            let want = want.clone().map(|head| {
+                let blank = bytes.windows(4).position(|w| w == b"\r\n\r\n").unwrap();
+                (head, blank + 4)
+            });
+            assert_eq!(got, want, "{:?}", String::from_utf8_lossy(bytes));
+        }
+        let many_headers = format!("HTTP/1.1 200 OK\r\n{}\r\n", "X: y\r\n".repeat(65));
+        let long_head = format!("HTTP/1.1 200 OK\r\nX: {}", "y".repeat(20_000));
+        let bad: Vec<(&[u8], &str)> = vec![
+            (
+                b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n",
+                "Transfer-Encoding",
+            ),
+            (
+                b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nContent-Length: 3\r\n\r\n",
+                "conflicting",
+            ),
+            (
+                b"HTTP/1.1 200 OK\r\nContent-Length: -1\r\n\r\n",
+                "invalid Content-Length",
+            ),
+            (
+                b"HTTP/1.1 200 OK\r\nContent-Length: 0x10\r\n\r\n",
+                "invalid Content-Length",
+            ),
+            (
+                b"HTTP/1.1 200 OK\r\nContent-Length: \r\n\r\n",
+                "invalid Content-Length",
+            ),
+            (b"SSH-2.0-OpenSSH_9.6\r\n", "malformed"),
+            (b"{\"success\":true}", "malformed"),
+            (b"HTTP/1.1 abc OK\r\n\r\n", "malformed"),
+            (many_headers.as_bytes(), "too many"),
+            (long_head.as_bytes(), "too large"),
+        ];
+        for (bytes, want) in bad {
+            match parse_response_head(bytes) {
+                Err(ClientError::Malformed(what)) => {
+                    assert!(
+                        what.contains(want),
+                        "{what} for {:?}",
+                        String::from_utf8_lossy(&bytes[..bytes.len().min(60)])
+                    )
+                }
+                other => panic!(
+                    "{other:?} for {:?}",
+                    String::from_utf8_lossy(&bytes[..bytes.len().min(60)])
+                ),
+            }
+        }
+    }
+
+    #[test]
+    fn only_loopback_and_only_sendable_secrets() {
+        let soon = Instant::now() + Duration::from_secs(1);
+        for addr in [
+            "10.0.0.1:80",
+            "192.168.1.1:7701",
+            "[2001:db8::1]:80",
+            "0.0.0.0:80",
+        ] {
+            let addr: std::net::SocketAddr = addr.parse().unwrap();
+            let refused = Connection::open(addr, soon).unwrap_err();
+            assert!(
+                matches!(refused, ClientError::NotLoopback(_)),
+                "{addr}: {refused}"
+            );
+        }
+        // A listener that never answers: the secret check fails before any write.
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = listener.local_addr().unwrap().port();
+        for bad in ["a\r\nX-Injected: 1", "nul\0", "bell\u{7}"] {
+            let mut connection = Connection::open_local(port, soon).unwrap();
+            let secret = Secret::new(bad).unwrap();
+            let error = connection.post_talk(&secret, b"{}", soon).unwrap_err();
+            assert!(matches!(error, ClientError::UnsendableSecret), "{error}");
+            assert!(!error.to_string().contains(bad));
+        }
+        // Nobody listening on either loopback address: refused, quickly.
+        drop(listener);
+        let error = Connection::open_local(port, soon).unwrap_err();
+        assert!(matches!(error, ClientError::Connect(_)), "{error}");
     }
 }

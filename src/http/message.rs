@@ -1,14 +1,11 @@
-//! HTTP messages without I/O: request heads (parsed with `httparse` within the
-//! loop's limits), responses and their serialization, and the errors the HTTP layer
-//! answers itself. Everything here is tested with plain byte strings.
+//! The server direction's messages without I/O: request heads parsed within the
+//! limits, the responses the server writes, and the errors the HTTP layer answers itself.
+//!
+//! Everything here is tested with plain byte strings.
 
+use super::headers::{self, LengthError, MAX_HEADERS, MAX_HEAD_BYTES};
 use std::io::Write;
 use std::time::Instant;
-
-/// Largest request line plus headers; past it the answer is 431 and the connection closes.
-pub const MAX_HEAD_BYTES: usize = 16 * 1024;
-/// Most headers in one request; past it the answer is 431 and the connection closes.
-pub const MAX_HEADERS: usize = 64;
 
 /// A parsed request head.
 #[derive(Debug, Clone)]
@@ -52,12 +49,18 @@ impl Head {
         self.header(name).is_some()
     }
 
+    /// The body length the head declares, by the rule both directions share
+    /// ([`super::content_length`]).
+    ///
+    /// # Errors
+    /// No `Content-Length`, an invalid or conflicting one, or `Transfer-Encoding`.
+    pub fn content_length(&self) -> Result<u64, LengthError> {
+        headers::content_length(self.headers.iter().map(|(n, v)| (n.as_str(), v.as_slice())))
+    }
+
     /// Whether the client asked to keep the connection open after this request.
     pub(super) fn wants_keep_alive(&self) -> bool {
-        let close = self
-            .header_values("connection")
-            .any(|v| has_token(v, b"close"));
-        self.minor_version >= 1 && !close
+        self.minor_version >= 1 && !headers::asks_to_close(self.header_values("connection"))
     }
 
     /// Whether the client waits for `100 Continue` before sending its body.
@@ -68,7 +71,9 @@ impl Head {
                 .any(|v| v.trim_ascii().eq_ignore_ascii_case(b"100-continue"))
     }
 
-    /// Whether the head announces a body (so an unread one may follow).
+    /// Whether the head announces a body (so an unread one may follow). Not a length
+    /// parse: any `Content-Length` value other than zeros (valid or not) may be followed
+    /// by body bytes, which an early answer must linger over.
     pub(super) fn announces_body(&self) -> bool {
         self.has_header("transfer-encoding")
             || self
@@ -77,14 +82,7 @@ impl Head {
     }
 }
 
-/// Whether a comma-separated header value contains `token` (case-insensitive).
-fn has_token(value: &[u8], token: &[u8]) -> bool {
-    value
-        .split(|b| *b == b',')
-        .any(|part| part.trim_ascii().eq_ignore_ascii_case(token))
-}
-
-/// A response for the loop to write. The loop adds `Content-Length` and, when it
+/// A response for the server to write. The loop adds `Content-Length` and, when it
 /// will close the connection afterwards, `Connection: close`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Response {
@@ -142,31 +140,20 @@ pub fn reason_phrase(status: u16) -> &'static str {
     }
 }
 
-/// Failures the HTTP layer answers itself; the service only chooses the body.
+/// Failures the HTTP layer answers itself on the server side; the service chooses the
+/// answer (the server's `Refusal` table gives each its status).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum HttpError {
-    /// The request head is not valid HTTP/1.x (400).
+    /// The request head is not valid HTTP/1.x.
     MalformedHead,
-    /// The head is longer than [`MAX_HEAD_BYTES`] (431).
+    /// The head is longer than [`MAX_HEAD_BYTES`].
     HeadTooLarge,
-    /// The head has more than [`MAX_HEADERS`] headers (431).
+    /// The head has more than [`MAX_HEADERS`] headers.
     TooManyHeaders,
-    /// The body did not arrive within [`super::BODY_TIMEOUT`] (408).
+    /// The body did not arrive within [`super::BODY_TIMEOUT`].
     BodyTimeout,
-    /// Reading the body would exceed [`super::MAX_BODY_BYTES_IN_FLIGHT`] (503).
+    /// Reading the body would exceed [`super::MAX_BODY_BYTES_IN_FLIGHT`].
     Overloaded,
-}
-
-impl HttpError {
-    /// The status code the loop answers with.
-    pub fn status(self) -> u16 {
-        match self {
-            HttpError::MalformedHead => 400,
-            HttpError::HeadTooLarge | HttpError::TooManyHeaders => 431,
-            HttpError::BodyTimeout => 408,
-            HttpError::Overloaded => 503,
-        }
-    }
 }
 
 impl std::fmt::Display for HttpError {
@@ -181,19 +168,28 @@ impl std::fmt::Display for HttpError {
     }
 }
 
-/// Parses a request head from the start of `buf` with the loop's limits: `Ok(None)`
-/// while incomplete, else the head and how many bytes it took. Pure; for fuzzing and
-/// tools.
+/// Parses a request head from the start of `buf` with the server's limits: `Ok(None)`
+/// while incomplete, else the head (received now) and how many bytes it took. For
+/// fuzzing and tools; the connection parses incrementally.
 ///
 /// # Errors
 /// The head is malformed, longer than [`MAX_HEAD_BYTES`] or has more than
 /// [`MAX_HEADERS`] headers.
 pub fn parse_request_head(buf: &[u8]) -> Result<Option<(Head, usize)>, HttpError> {
-    match parse_head(buf, &mut 0) {
+    match parse_head(buf, &mut 0, Instant::now()) {
         ParseOutcome::Complete(head, consumed) => Ok(Some((head, consumed))),
         ParseOutcome::Partial => Ok(None),
         ParseOutcome::Error(error) => Err(error),
     }
+}
+
+/// Whether `bytes` hold the end of a head, an empty line (`\n\n` or `\n\r\n`). Stops
+/// at the first one: with pipelined requests behind a head, the scan costs the head's
+/// length, not the buffer's.
+fn has_blank_line(bytes: &[u8]) -> bool {
+    bytes.iter().enumerate().any(|(i, byte)| {
+        *byte == b'\n' && matches!(bytes.get(i + 1..), Some([b'\n', ..] | [b'\r', b'\n', ..]))
+    })
 }
 
 pub(super) enum ParseOutcome {
@@ -203,20 +199,18 @@ pub(super) enum ParseOutcome {
 }
 
 /// Parses a request head from the start of `buf`, enforcing [`MAX_HEAD_BYTES`] and
-/// [`MAX_HEADERS`]. Pure: no I/O.
+/// [`MAX_HEADERS`]; a complete head is stamped `received_at: now`. Pure: no I/O.
 ///
 /// `scanned` is how many leading bytes of `buf` are already known to hold no end of
 /// head; it is advanced here, so a client sending one byte at a time costs a scan of
 /// that byte, not a parse of the whole buffer, per read.
-pub(super) fn parse_head(buf: &[u8], scanned: &mut usize) -> ParseOutcome {
+pub(super) fn parse_head(buf: &[u8], scanned: &mut usize, now: Instant) -> ParseOutcome {
     let window = &buf[..buf.len().min(MAX_HEAD_BYTES + 1)];
     // The end of a head is an empty line: "\n\n" or "\n\r\n". Re-scan the last two
     // bytes already seen, since a terminator may straddle two reads.
     let from = (*scanned).min(window.len()).saturating_sub(2);
     let tail = &window[from..];
-    let terminated =
-        tail.windows(2).any(|w| w == b"\n\n") || tail.windows(3).any(|w| w == b"\n\r\n");
-    if !terminated {
+    if !has_blank_line(tail) {
         *scanned = window.len();
         return if buf.len() > MAX_HEAD_BYTES {
             ParseOutcome::Error(HttpError::HeadTooLarge)
@@ -237,7 +231,7 @@ pub(super) fn parse_head(buf: &[u8], scanned: &mut usize) -> ParseOutcome {
                     .iter()
                     .map(|h| (h.name.to_owned(), h.value.to_vec()))
                     .collect(),
-                received_at: Instant::now(),
+                received_at: now,
             };
             ParseOutcome::Complete(head, consumed)
         }
@@ -322,6 +316,25 @@ mod tests {
     }
 
     #[test]
+    fn blank_line_table() {
+        let cases: [(&[u8], bool); 10] = [
+            (b"", false),
+            (b"\n", false),
+            (b"\n\r", false),
+            (b"\r\r\n", false),
+            (b"GET / HTTP/1.1\r\nHost: a\r\n", false),
+            (b"\n\n", true),
+            (b"\n\r\n", true),
+            (b"\r\n\r\n", true),
+            (b"GET / HTTP/1.1\nHost: a\n\nGET", true),
+            (b"GET / HTTP/1.1\r\n\r\nGET / HTTP/1.1\r\n", true),
+        ];
+        for (bytes, want) in cases {
+            assert_eq!(has_blank_line(bytes), want, "{bytes:?}");
+        }
+    }
+
+    #[test]
     fn byte_at_a_time_scanning_finds_the_end_exactly_once() {
         for raw in [
             &b"GET /api/health HTTP/1.1\r\nHost: a\r\n\r\n"[..],
@@ -331,7 +344,7 @@ mod tests {
             let mut buf = Vec::new();
             for (i, byte) in raw.iter().enumerate() {
                 buf.push(*byte);
-                let outcome = parse_head(&buf, &mut scanned);
+                let outcome = parse_head(&buf, &mut scanned, Instant::now());
                 let complete = matches!(outcome, ParseOutcome::Complete(_, n) if n == raw.len());
                 assert_eq!(complete, i == raw.len() - 1, "after byte {i} of {raw:?}");
                 assert!(scanned <= buf.len());
@@ -365,7 +378,9 @@ mod tests {
                     input.insert(at, byte);
                 }
             }
-            if let ParseOutcome::Complete(head, consumed) = parse_head(&input, &mut 0) {
+            if let ParseOutcome::Complete(head, consumed) =
+                parse_head(&input, &mut 0, Instant::now())
+            {
                 assert!(consumed <= MAX_HEAD_BYTES && consumed <= input.len());
                 assert!(head.headers.len() <= MAX_HEADERS);
             }

@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 use serde_json::Value;
 
 use super::store::{self, Entry};
-use crate::http::client::{Connection, HttpError, Response};
+use crate::http::client::{ClientError, Connection, ReceivedResponse};
 use crate::protocol::{self, Health, InstanceName, ResponseError};
 
 /// How long a liveness probe may take, connect included (contract section 6).
@@ -41,7 +41,7 @@ pub struct HealthAnswer {
 #[non_exhaustive]
 pub enum ProbeError {
     /// No HTTP answer: refused, broken, timed out or not HTTP.
-    Http(HttpError),
+    Http(ClientError),
     /// An HTTP answer with a status other than 200.
     Status(u16),
     /// A 200 answer whose body is not a health object.
@@ -98,16 +98,16 @@ impl ProbeError {
     /// itself but is stopping or of another kind is still there.
     pub fn is_stale(&self) -> bool {
         match self {
-            ProbeError::Http(HttpError::Connect(_) | HttpError::Malformed(_))
-            | ProbeError::Http(HttpError::Closed)
+            ProbeError::Http(ClientError::Connect(_) | ClientError::Malformed(_))
+            | ProbeError::Http(ClientError::Closed)
             | ProbeError::Status(_)
             | ProbeError::NotHealth(_)
             | ProbeError::OtherInstance(_) => true,
             ProbeError::Http(
-                HttpError::NotLoopback(_)
-                | HttpError::Timeout
-                | HttpError::Io(_)
-                | HttpError::UnsendableSecret,
+                ClientError::NotLoopback(_)
+                | ClientError::Timeout
+                | ClientError::Io(_)
+                | ClientError::UnsendableSecret,
             )
             | ProbeError::NotReady(_)
             | ProbeError::KindNotAccepted(_) => false,
@@ -123,7 +123,7 @@ impl ProbeError {
 ///
 /// The first of those conditions that does not hold.
 pub fn check_health(
-    response: &Response,
+    response: &ReceivedResponse,
     name: Option<&str>,
     accept_kinds: Option<&[String]>,
 ) -> Result<HealthAnswer, ProbeError> {
@@ -224,9 +224,11 @@ fn probe_all(
                 let liveness = match spawned {
                     // A probe never panics; if one did, the entry is not known to be
                     // alive, nor known to be stale.
-                    Ok(handle) => handle.join().unwrap_or(Err(ProbeError::Http(HttpError::Io(
-                        io::Error::other("the probe failed unexpectedly"),
-                    )))),
+                    Ok(handle) => handle
+                        .join()
+                        .unwrap_or(Err(ProbeError::Http(ClientError::Io(io::Error::other(
+                            "the probe failed unexpectedly",
+                        ))))),
                     // No thread to spare: probe here instead.
                     Err(_) => probe(name, entry.port, accept_kinds),
                 };
@@ -308,13 +310,18 @@ mod tests {
     #[test]
     fn health_check_table() {
         let kinds = ["loopbus".to_owned(), "cc-telegram-bridge".to_owned()];
-        let answer = |status: u16, body: &str| Response {
+        let answer = |status: u16, body: &str| ReceivedResponse {
             status,
             body: body.as_bytes().to_vec(),
         };
         let ok = r#"{"kind":"loopbus","instance":"w","status":"ok","pid":3,"extra":[1]}"#;
         // (answer, expected name, kinds, Ok or the error's variant name)
-        type Row<'a> = (Response, Option<&'a str>, Option<&'a [String]>, &'a str);
+        type Row<'a> = (
+            ReceivedResponse,
+            Option<&'a str>,
+            Option<&'a [String]>,
+            &'a str,
+        );
         let cases: Vec<Row> = vec![
             (answer(200, ok), Some("w"), Some(&kinds), "ok"),
             (answer(200, ok), None, Some(&kinds), "ok"),
@@ -367,17 +374,17 @@ mod tests {
     fn staleness_table() {
         let refused = || io::Error::from(io::ErrorKind::ConnectionRefused);
         let cases = [
-            (ProbeError::Http(HttpError::Connect(refused())), true),
-            (ProbeError::Http(HttpError::Malformed("x")), true),
-            (ProbeError::Http(HttpError::Closed), true),
+            (ProbeError::Http(ClientError::Connect(refused())), true),
+            (ProbeError::Http(ClientError::Malformed("x")), true),
+            (ProbeError::Http(ClientError::Closed), true),
             (ProbeError::Status(404), true),
             (ProbeError::NotHealth(ResponseError::NotJson), true),
             (
                 ProbeError::OtherInstance(health("loopbus", "other", "ok")),
                 true,
             ),
-            (ProbeError::Http(HttpError::Timeout), false),
-            (ProbeError::Http(HttpError::Io(refused())), false),
+            (ProbeError::Http(ClientError::Timeout), false),
+            (ProbeError::Http(ClientError::Io(refused())), false),
             (
                 ProbeError::NotReady(health("loopbus", "w", "stopping")),
                 false,

@@ -6,7 +6,9 @@ use super::{checks, EngineOverride, Refusal};
 use crate::audit::{self, AuditLog};
 use crate::config::Config;
 use crate::engine::{Engine, RunningEngines, Turn, TurnResult};
-use crate::http::{ConnId, Control, Head, HeadAction, HttpError, Response, Service};
+use crate::http::{
+    ConnId, Control, Head, HeadAction, HttpError, Response, Service, HEALTH_PATH, TALK_PATH,
+};
 use crate::protocol::{self, InstanceName};
 use crate::secret::Secret;
 use crate::turns::{Busy, Done, Outcome, TurnPool};
@@ -14,10 +16,6 @@ use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Instant;
-
-/// The only paths served.
-const TALK_PATH: &str = "/api/talk";
-const HEALTH_PATH: &str = "/api/health";
 
 /// Everything `serve` decided before the loop starts.
 #[derive(Debug)]

@@ -3,7 +3,7 @@
 //! body is never read and every rule is tested with plain values.
 
 use super::Refusal;
-use crate::http::Head;
+use crate::http::{Head, LengthError};
 use crate::protocol::MAX_BODY_BYTES;
 use crate::secret::Secret;
 
@@ -80,26 +80,16 @@ pub(crate) fn check_talk_head(
     Ok(usize::try_from(length).unwrap_or(usize::MAX))
 }
 
-/// Check 3: the body length from `Content-Length`, refusing every other framing.
+/// Check 3: the body length from `Content-Length`, refusing every other framing. The
+/// rule is the HTTP layer's one (`http::headers`); here each way it fails becomes its
+/// refusal.
 pub(crate) fn content_length(head: &Head) -> Result<u64, Refusal> {
-    if head.has_header("transfer-encoding") {
-        return Err(Refusal::TransferEncoding);
-    }
-    let mut length: Option<u64> = None;
-    for value in head.header_values("content-length") {
-        if value.is_empty() || !value.iter().all(u8::is_ascii_digit) {
-            return Err(Refusal::LengthInvalid);
-        }
-        // Saturate: an absurd length is still a length, and is refused as too large.
-        let parsed = value.iter().fold(0u64, |n, d| {
-            n.saturating_mul(10).saturating_add(u64::from(d - b'0'))
-        });
-        match length {
-            Some(previous) if previous != parsed => return Err(Refusal::LengthConflict),
-            _ => length = Some(parsed),
-        }
-    }
-    length.ok_or(Refusal::LengthMissing)
+    head.content_length().map_err(|e| match e {
+        LengthError::Missing => Refusal::LengthMissing,
+        LengthError::Invalid => Refusal::LengthInvalid,
+        LengthError::Conflict => Refusal::LengthConflict,
+        LengthError::TransferEncoding => Refusal::TransferEncoding,
+    })
 }
 
 #[cfg(test)]

@@ -1,0 +1,1012 @@
+//! One server connection as a sans-IO state machine: it takes the bytes read and the
+//! time from its caller, says what to do next ([`Action`]), and owns the phases of a
+//! request, their deadlines, and why the connection closes ([`CloseReason`]).
+//!
+//! The phases: `ReadingHead` → (the service decides) → `ReadingBody` → `Waiting` (the
+//! service answers later) → `Writing` → back to `ReadingHead` on a keep-alive
+//! connection, to `Lingering` after an early or error answer, or closed. No socket and
+//! no clock are touched here: every method that can move time takes `now`, so the unit
+//! tests at the bottom drive each phase with a fake clock.
+
+use super::headers::MAX_HEAD_BYTES;
+use super::message::{parse_head, Head, HttpError, ParseOutcome, Response};
+use std::time::{Duration, Instant};
+
+/// Time allowed for a complete head after accept, or after the previous response.
+pub const HEAD_TIMEOUT: Duration = Duration::from_secs(10);
+/// Time allowed for the body once the head is complete; past it 408 and close.
+pub const BODY_TIMEOUT: Duration = Duration::from_secs(10);
+/// Time a keep-alive connection may sit idle (no byte of a new request) before it closes.
+pub const IDLE_TIMEOUT: Duration = Duration::from_secs(5);
+/// Time allowed for writing one response.
+pub const WRITE_TIMEOUT: Duration = Duration::from_secs(10);
+/// After answering a request whose body was never read, how long the connection keeps
+/// reading and discarding what the client still sends, so that the client gets to
+/// read the answer instead of a connection reset.
+pub const LINGER_TIMEOUT: Duration = Duration::from_secs(2);
+/// Most request heads one connection gets served in a row, and most bytes read from
+/// it, before it goes to the back of the run queue: a client pipelining without end
+/// cannot monopolize the loop.
+pub const STEP_MAX_HEADS: usize = 8;
+/// See [`STEP_MAX_HEADS`].
+pub const STEP_MAX_READ: usize = 256 * 1024;
+/// The interim answer that tells a client waiting on `Expect: 100-continue` to send
+/// its body.
+pub(crate) const CONTINUE: &[u8] = b"HTTP/1.1 100 Continue\r\n\r\n";
+/// A kept-alive connection's input buffer larger than this is released between
+/// requests rather than kept for the next one.
+const KEEP_INPUT_CAPACITY: usize = 4096;
+
+/// Why the connection decided to close.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CloseReason {
+    /// No complete head within [`HEAD_TIMEOUT`].
+    HeadTimeout,
+    /// A kept-alive connection sent no byte of a new request within [`IDLE_TIMEOUT`].
+    IdleTimeout,
+    /// A response was not written within [`WRITE_TIMEOUT`].
+    WriteTimeout,
+    /// The reading and discarding after an early answer ran its [`LINGER_TIMEOUT`].
+    LingerTimeout,
+    /// The request did not allow keep-alive (`Connection: close`, or HTTP/1.0).
+    ClientAsked,
+    /// The response asked to close (the service chose so, or the loop is exiting).
+    ServerAsked,
+}
+
+/// What happens once the current response is written.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum After {
+    /// Read the next request.
+    KeepAlive,
+    /// Close the connection.
+    Close(CloseReason),
+    /// Half-close, then read and discard until EOF or [`LINGER_TIMEOUT`] (the request
+    /// announced a body that was never read, or the HTTP layer answered an error).
+    Linger,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Phase {
+    /// Waiting for (the rest of) a request head.
+    ReadingHead,
+    /// A complete head waits for the service's decision.
+    Deciding,
+    /// Reading `len` body bytes; `send_continue` until `100 Continue` is written.
+    ReadingBody { len: usize, send_continue: bool },
+    /// The service answers later.
+    Waiting,
+    /// The HTTP layer answers this error itself; the service gives the response.
+    Failing(HttpError),
+    /// Writing a response: `written` bytes of `out` are out.
+    Writing {
+        out: Vec<u8>,
+        written: usize,
+        after: After,
+    },
+    /// Response written, body never read: discarding input until EOF or timeout.
+    Lingering { shut_down: bool },
+    /// Decided to close.
+    Closing(CloseReason),
+}
+
+/// What the connection needs next from whoever owns its socket and its service.
+#[derive(Debug)]
+pub enum Action<'a> {
+    /// Read at most this many bytes, then pass them to [`Conn::received`].
+    Read(usize),
+    /// Write (a prefix of) these bytes, then report with [`Conn::wrote`].
+    Write(&'a [u8]),
+    /// Write [`CONTINUE`] whole (else close), then call [`Conn::continue_sent`].
+    SendContinue,
+    /// Shut down the socket's write side: the answer is out, lingering begins.
+    ShutdownWrite,
+    /// A complete head: the service decides, then [`Conn::respond`],
+    /// [`Conn::read_body`] or [`Conn::respond_error`].
+    Head(&'a Head),
+    /// A complete request: the service answers with [`Conn::respond`] now, or later
+    /// (the connection waits meanwhile).
+    Request(&'a Head, Vec<u8>),
+    /// An error the HTTP layer answers itself (with the head when there is one): the
+    /// service gives the response for [`Conn::respond_error`].
+    Error(HttpError, Option<&'a Head>),
+    /// Nothing to do until the service answers.
+    Wait,
+    /// This step's share ([`STEP_MAX_HEADS`], [`STEP_MAX_READ`]) is used; call
+    /// [`Conn::begin_step`] and continue after the other connections.
+    Yield,
+    /// Close the connection.
+    Close(
+        #[cfg_attr(
+            not(test),
+            allow(
+                dead_code,
+                reason = "the loop closes whatever the reason; tests check it"
+            )
+        )]
+        CloseReason,
+    ),
+}
+
+/// One connection's HTTP state, without its socket.
+#[derive(Debug)]
+pub struct Conn {
+    phase: Phase,
+    /// Bytes received and not yet consumed.
+    inbuf: Vec<u8>,
+    /// How many leading bytes of `inbuf` are known to hold no end of head.
+    scanned: usize,
+    /// The head being served (from its arrival to the end of its response).
+    head: Option<Head>,
+    /// Whether at least one response was completed (the idle timeout applies).
+    served: bool,
+    /// Start of the current phase's clock.
+    phase_started: Instant,
+    /// Last time a byte of a request was read or a byte of a response was written.
+    last_active: Instant,
+    /// Heads served and bytes read in this step.
+    step_heads: usize,
+    step_read: usize,
+}
+
+impl Conn {
+    /// A connection accepted at `now`, waiting for its first head.
+    pub fn new(now: Instant) -> Conn {
+        Conn {
+            phase: Phase::ReadingHead,
+            inbuf: Vec::new(),
+            scanned: 0,
+            head: None,
+            served: false,
+            phase_started: now,
+            last_active: now,
+            step_heads: 0,
+            step_read: 0,
+        }
+    }
+
+    /// Starts a new share of work (see [`Action::Yield`]).
+    pub fn begin_step(&mut self) {
+        self.step_heads = 0;
+        self.step_read = 0;
+    }
+
+    /// The next thing to do; no I/O happens here. Call it again after doing each
+    /// action.
+    pub fn poll(&mut self, now: Instant) -> Action<'_> {
+        // Decisions already under way finish before this step's share is checked.
+        match &mut self.phase {
+            Phase::Deciding => {
+                if let Some(head) = &self.head {
+                    return Action::Head(head);
+                }
+                // A head is always kept while deciding; without one there is nothing
+                // to decide about.
+                self.phase = Phase::Closing(CloseReason::ServerAsked);
+                return Action::Close(CloseReason::ServerAsked);
+            }
+            Phase::Failing(error) => return Action::Error(*error, self.head.as_ref()),
+            Phase::Closing(reason) => return Action::Close(*reason),
+            Phase::Waiting => return Action::Wait,
+            Phase::ReadingBody {
+                send_continue: true,
+                ..
+            } => return Action::SendContinue,
+            Phase::Lingering { shut_down } if !*shut_down => {
+                *shut_down = true;
+                return Action::ShutdownWrite;
+            }
+            _ => {}
+        }
+        if self.step_heads >= STEP_MAX_HEADS || self.step_read >= STEP_MAX_READ {
+            return Action::Yield;
+        }
+        match self.phase {
+            Phase::ReadingHead => self.poll_head(now),
+            Phase::ReadingBody { len, .. } => self.poll_body(len),
+            Phase::Writing { .. } => self.output(),
+            Phase::Lingering { .. } => Action::Read(usize::MAX),
+            // Handled above.
+            Phase::Deciding | Phase::Failing(_) | Phase::Closing(_) | Phase::Waiting => {
+                Action::Wait
+            }
+        }
+    }
+
+    /// Reading a head: parse what is there, or ask for more within the head limit.
+    fn poll_head(&mut self, now: Instant) -> Action<'_> {
+        match parse_head(&self.inbuf, &mut self.scanned, now) {
+            ParseOutcome::Complete(head, consumed) => {
+                self.step_heads += 1;
+                self.inbuf.drain(..consumed);
+                self.scanned = 0;
+                self.phase = Phase::Deciding;
+                Action::Head(self.head.insert(head))
+            }
+            ParseOutcome::Error(error) => {
+                self.phase = Phase::Failing(error);
+                Action::Error(error, self.head.as_ref())
+            }
+            ParseOutcome::Partial => {
+                Action::Read(MAX_HEAD_BYTES + 1 - self.inbuf.len().min(MAX_HEAD_BYTES))
+            }
+        }
+    }
+
+    /// Reading a body of `len` bytes: hand it over once complete, or ask for the rest.
+    fn poll_body(&mut self, len: usize) -> Action<'_> {
+        if self.inbuf.len() < len {
+            return Action::Read(len - self.inbuf.len());
+        }
+        let rest = self.inbuf.split_off(len);
+        let body = std::mem::replace(&mut self.inbuf, rest);
+        self.phase = Phase::Waiting;
+        match &self.head {
+            Some(head) => Action::Request(head, body),
+            None => {
+                // A body is only read for a head that is kept.
+                self.phase = Phase::Closing(CloseReason::ServerAsked);
+                Action::Close(CloseReason::ServerAsked)
+            }
+        }
+    }
+
+    /// Writing: the bytes not written yet.
+    fn output(&self) -> Action<'_> {
+        match &self.phase {
+            Phase::Writing { out, written, .. } => Action::Write(&out[*written..]),
+            _ => Action::Wait,
+        }
+    }
+
+    /// `bytes` were read from the socket at `now`.
+    pub fn received(&mut self, bytes: &[u8], now: Instant) {
+        self.step_read += bytes.len();
+        match self.phase {
+            Phase::Lingering { .. } => {}
+            Phase::ReadingBody { len, .. } => {
+                self.last_active = now;
+                if self.inbuf.capacity() == 0 {
+                    self.inbuf.reserve_exact(len);
+                }
+                self.inbuf.extend_from_slice(bytes);
+            }
+            _ => {
+                self.last_active = now;
+                self.inbuf.extend_from_slice(bytes);
+            }
+        }
+    }
+
+    /// `n` bytes of the [`Action::Write`] slice were written at `now`.
+    pub fn wrote(&mut self, n: usize, now: Instant) {
+        let Phase::Writing {
+            out,
+            written,
+            after,
+        } = &mut self.phase
+        else {
+            return;
+        };
+        *written = (*written + n).min(out.len());
+        self.last_active = now;
+        if *written < out.len() {
+            return;
+        }
+        let after = *after;
+        self.head = None;
+        self.served = true;
+        self.phase_started = now;
+        self.phase = match after {
+            After::Linger => {
+                self.inbuf = Vec::new();
+                Phase::Lingering { shut_down: false }
+            }
+            After::Close(reason) => Phase::Closing(reason),
+            After::KeepAlive => {
+                if self.inbuf.is_empty() && self.inbuf.capacity() > KEEP_INPUT_CAPACITY {
+                    self.inbuf = Vec::new();
+                }
+                Phase::ReadingHead
+            }
+        };
+    }
+
+    /// The `100 Continue` of [`Action::SendContinue`] is written.
+    pub fn continue_sent(&mut self) {
+        if let Phase::ReadingBody { send_continue, .. } = &mut self.phase {
+            *send_continue = false;
+        }
+    }
+
+    /// After [`Action::Head`]: read exactly `len` body bytes, from `now` on.
+    pub fn read_body(&mut self, len: usize, now: Instant) {
+        let send_continue =
+            len > self.inbuf.len() && self.head.as_ref().is_some_and(Head::expects_continue);
+        self.phase = Phase::ReadingBody { len, send_continue };
+        self.phase_started = now;
+    }
+
+    /// Starts writing `response` at `now`: the answer to a head (its body is never
+    /// read), to a request, or a deferred one.
+    pub fn respond(&mut self, response: Response, now: Instant) {
+        // An answer from the head alone leaves any announced body unread.
+        let linger =
+            self.phase == Phase::Deciding && self.head.as_ref().is_some_and(Head::announces_body);
+        self.start(response, linger, now);
+    }
+
+    /// Starts writing the answer to an HTTP-layer error at `now`; the connection closes
+    /// afterwards, lingering so that the client can read it.
+    pub fn respond_error(&mut self, mut response: Response, now: Instant) {
+        response.close = true;
+        self.start(response, true, now);
+    }
+
+    fn start(&mut self, response: Response, linger: bool, now: Instant) {
+        let keep_alive = self.head.as_ref().is_some_and(Head::wants_keep_alive);
+        let after = if linger {
+            After::Linger
+        } else if response.close {
+            After::Close(CloseReason::ServerAsked)
+        } else if !keep_alive {
+            After::Close(CloseReason::ClientAsked)
+        } else {
+            After::KeepAlive
+        };
+        let mut out = response.serialize(after != After::KeepAlive);
+        // An answer to HEAD has the full answer's headers and no body (RFC 9110, 9.3.2).
+        if self.head.as_ref().is_some_and(|h| h.method == "HEAD") {
+            out.truncate(out.len() - response.body.len());
+        }
+        self.phase = Phase::Writing {
+            out,
+            written: 0,
+            after,
+        };
+        self.phase_started = now;
+    }
+
+    /// When the current phase times out, if it can.
+    pub fn deadline(&self) -> Option<Instant> {
+        match self.phase {
+            Phase::ReadingHead if self.idle() => Some(self.phase_started + IDLE_TIMEOUT),
+            Phase::ReadingHead => Some(self.phase_started + HEAD_TIMEOUT),
+            Phase::ReadingBody { .. } => Some(self.phase_started + BODY_TIMEOUT),
+            Phase::Writing { .. } => Some(self.phase_started + WRITE_TIMEOUT),
+            Phase::Lingering { .. } => Some(self.phase_started + LINGER_TIMEOUT),
+            Phase::Deciding | Phase::Waiting | Phase::Failing(_) | Phase::Closing(_) => None,
+        }
+    }
+
+    /// Applies the current phase's timeout if its [`deadline`](Conn::deadline) has
+    /// passed at `now`: a late body is answered 408, anything else closes. Whether it
+    /// had; [`poll`](Conn::poll) says what follows.
+    pub fn expire(&mut self, now: Instant) -> bool {
+        if self.deadline().is_none_or(|deadline| now < deadline) {
+            return false;
+        }
+        self.phase = match self.phase {
+            Phase::ReadingHead if self.idle() => Phase::Closing(CloseReason::IdleTimeout),
+            Phase::ReadingHead => Phase::Closing(CloseReason::HeadTimeout),
+            Phase::ReadingBody { .. } => Phase::Failing(HttpError::BodyTimeout),
+            Phase::Writing { .. } => Phase::Closing(CloseReason::WriteTimeout),
+            Phase::Lingering { .. } => Phase::Closing(CloseReason::LingerTimeout),
+            // No deadline in these phases.
+            Phase::Deciding | Phase::Waiting | Phase::Failing(_) | Phase::Closing(_) => {
+                return false
+            }
+        };
+        true
+    }
+
+    /// A kept-alive connection between requests: served before, no byte of the next
+    /// request yet.
+    fn idle(&self) -> bool {
+        self.served && self.inbuf.is_empty()
+    }
+
+    /// The head being served, if any.
+    pub fn head(&self) -> Option<&Head> {
+        self.head.as_ref()
+    }
+
+    /// Waiting for the service's deferred answer.
+    pub fn is_waiting(&self) -> bool {
+        self.phase == Phase::Waiting
+    }
+
+    /// Writing a response.
+    pub fn is_writing(&self) -> bool {
+        matches!(self.phase, Phase::Writing { .. })
+    }
+
+    /// Between requests with nothing received: closing it loses no request.
+    pub fn is_between_requests(&self) -> bool {
+        self.phase == Phase::ReadingHead && self.inbuf.is_empty()
+    }
+
+    /// The declared length of the body being read, or 0.
+    pub fn body_in_flight(&self) -> usize {
+        match self.phase {
+            Phase::ReadingBody { len, .. } => len,
+            _ => 0,
+        }
+    }
+
+    /// The last time a request byte was read or a response byte written.
+    pub fn last_active(&self) -> Instant {
+        self.last_active
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A fake clock: starts at an arbitrary instant, moves only when told.
+    struct Clock(Instant);
+
+    impl Clock {
+        fn now(&self) -> Instant {
+            self.0
+        }
+        fn advance(&mut self, by: Duration) -> Instant {
+            self.0 += by;
+            self.0
+        }
+    }
+
+    fn clock() -> Clock {
+        Clock(Instant::now())
+    }
+
+    fn answer(status: u16, body: &str) -> Response {
+        Response {
+            status,
+            headers: Vec::new(),
+            body: body.as_bytes().to_vec(),
+            close: false,
+        }
+    }
+
+    /// What the tests see of one [`Action`], owned.
+    #[derive(Debug, PartialEq, Eq)]
+    enum Seen {
+        Read(usize),
+        Write(Vec<u8>),
+        SendContinue,
+        ShutdownWrite,
+        Head(String, String),
+        Request(String, Vec<u8>),
+        Error(HttpError, bool),
+        Wait,
+        Yield,
+        Close(CloseReason),
+    }
+
+    fn seen(conn: &mut Conn, now: Instant) -> Seen {
+        match conn.poll(now) {
+            Action::Read(n) => Seen::Read(n),
+            Action::Write(bytes) => Seen::Write(bytes.to_vec()),
+            Action::SendContinue => Seen::SendContinue,
+            Action::ShutdownWrite => Seen::ShutdownWrite,
+            Action::Head(head) => Seen::Head(head.method.clone(), head.target.clone()),
+            Action::Request(head, body) => Seen::Request(head.target.clone(), body),
+            Action::Error(error, head) => Seen::Error(error, head.is_some()),
+            Action::Wait => Seen::Wait,
+            Action::Yield => Seen::Yield,
+            Action::Close(reason) => Seen::Close(reason),
+        }
+    }
+
+    /// A toy service over the connection, as the event loop runs one: heads to
+    /// `/body` read their Content-Length and are answered with the body; every other
+    /// head is answered `200 <target>` at once; errors get `<status> error`. Writes are
+    /// taken whole. Runs until the connection wants more input, waits, yields or closes,
+    /// and returns that, with everything written meanwhile.
+    fn run(conn: &mut Conn, clock: &Clock) -> (Seen, Vec<u8>) {
+        let mut out = Vec::new();
+        loop {
+            let now = clock.now();
+            match conn.poll(now) {
+                Action::Head(head) => {
+                    if head.target == "/body" {
+                        let len = head.content_length().unwrap_or(0);
+                        conn.read_body(usize::try_from(len).unwrap(), now);
+                    } else {
+                        let body = head.target.clone();
+                        conn.respond(answer(200, &body), now);
+                    }
+                }
+                Action::Request(_, body) => {
+                    let body = String::from_utf8(body).unwrap();
+                    conn.respond(answer(200, &body), now);
+                }
+                Action::Error(error, _) => {
+                    let status = match error {
+                        HttpError::MalformedHead => 400,
+                        HttpError::HeadTooLarge | HttpError::TooManyHeaders => 431,
+                        HttpError::BodyTimeout => 408,
+                        HttpError::Overloaded => 503,
+                    };
+                    conn.respond_error(answer(status, "error"), now);
+                }
+                Action::Write(bytes) => {
+                    out.extend_from_slice(bytes);
+                    let n = bytes.len();
+                    conn.wrote(n, now);
+                }
+                Action::SendContinue => {
+                    out.extend_from_slice(CONTINUE);
+                    conn.continue_sent();
+                }
+                Action::ShutdownWrite => {}
+                other => {
+                    let other = match other {
+                        Action::Read(n) => Seen::Read(n),
+                        Action::Wait => Seen::Wait,
+                        Action::Yield => Seen::Yield,
+                        Action::Close(reason) => Seen::Close(reason),
+                        _ => unreachable!(),
+                    };
+                    return (other, out);
+                }
+            }
+        }
+    }
+
+    /// Feeds `bytes` and runs the toy service; returns what was written.
+    fn feed(conn: &mut Conn, clock: &Clock, bytes: &[u8]) -> (Seen, String) {
+        conn.begin_step();
+        conn.received(bytes, clock.now());
+        let (next, out) = run(conn, clock);
+        (next, String::from_utf8(out).unwrap())
+    }
+
+    fn statuses(out: &str) -> Vec<&str> {
+        out.split("HTTP/1.1 ")
+            .skip(1)
+            .map(|r| r.split(' ').next().unwrap())
+            .collect()
+    }
+
+    const HEAD_LIMIT_READ: usize = MAX_HEAD_BYTES + 1;
+
+    #[test]
+    fn reading_head_asks_for_at_most_the_head_limit() {
+        let clock = clock();
+        let mut conn = Conn::new(clock.now());
+        assert_eq!(seen(&mut conn, clock.now()), Seen::Read(HEAD_LIMIT_READ));
+        conn.received(b"GET / HT", clock.now());
+        assert_eq!(
+            seen(&mut conn, clock.now()),
+            Seen::Read(HEAD_LIMIT_READ - 8)
+        );
+        assert_eq!(conn.deadline(), Some(clock.now() + HEAD_TIMEOUT));
+    }
+
+    #[test]
+    fn head_timeout_closes_a_head_that_never_completes() {
+        let mut clock = clock();
+        let mut conn = Conn::new(clock.now());
+        feed(&mut conn, &clock, b"GET / HTTP/1.1\r\nHost: x\r\n");
+        assert!(!conn.expire(clock.advance(HEAD_TIMEOUT - Duration::from_millis(1))));
+        assert!(conn.expire(clock.advance(Duration::from_millis(1))));
+        assert_eq!(
+            seen(&mut conn, clock.now()),
+            Seen::Close(CloseReason::HeadTimeout)
+        );
+        // A connection that never sends a byte gets the same.
+        let mut silent = Conn::new(clock.now());
+        assert!(silent.expire(clock.advance(HEAD_TIMEOUT)));
+        assert_eq!(
+            seen(&mut silent, clock.now()),
+            Seen::Close(CloseReason::HeadTimeout)
+        );
+    }
+
+    #[test]
+    fn body_timeout_answers_408_then_lingers_and_closes() {
+        let mut clock = clock();
+        let mut conn = Conn::new(clock.now());
+        let (next, out) = feed(
+            &mut conn,
+            &clock,
+            b"POST /body HTTP/1.1\r\nContent-Length: 10\r\n\r\n12345",
+        );
+        assert_eq!((next, out.as_str()), (Seen::Read(5), ""));
+        assert_eq!(conn.body_in_flight(), 10);
+        assert_eq!(conn.deadline(), Some(clock.now() + BODY_TIMEOUT));
+        assert!(conn.expire(clock.advance(BODY_TIMEOUT)));
+        assert_eq!(conn.body_in_flight(), 0);
+        // The error comes with the head, so the service can tell what it was for.
+        assert_eq!(
+            seen(&mut conn, clock.now()),
+            Seen::Error(HttpError::BodyTimeout, true)
+        );
+        let (next, out) = run(&mut conn, &clock);
+        let out = String::from_utf8(out).unwrap();
+        assert!(out.starts_with("HTTP/1.1 408 "), "{out}");
+        assert!(out.contains("Connection: close\r\n"), "{out}");
+        // The written answer half-closes and lingers, discarding what still comes.
+        assert_eq!(next, Seen::Read(usize::MAX));
+        conn.begin_step();
+        conn.received(b"67890 and more", clock.now());
+        assert_eq!(seen(&mut conn, clock.now()), Seen::Read(usize::MAX));
+        assert_eq!(conn.deadline(), Some(clock.now() + LINGER_TIMEOUT));
+        assert!(conn.expire(clock.advance(LINGER_TIMEOUT)));
+        assert_eq!(
+            seen(&mut conn, clock.now()),
+            Seen::Close(CloseReason::LingerTimeout)
+        );
+    }
+
+    #[test]
+    fn idle_timeout_closes_a_kept_alive_connection_but_not_a_started_head() {
+        let mut clock = clock();
+        let mut conn = Conn::new(clock.now());
+        let (next, out) = feed(&mut conn, &clock, b"GET /a HTTP/1.1\r\n\r\n");
+        assert_eq!(statuses(&out), ["200"]);
+        assert!(!out.contains("Connection: close"), "{out}");
+        assert_eq!(next, Seen::Read(HEAD_LIMIT_READ));
+        assert_eq!(conn.deadline(), Some(clock.now() + IDLE_TIMEOUT));
+        assert!(conn.expire(clock.advance(IDLE_TIMEOUT)));
+        assert_eq!(
+            seen(&mut conn, clock.now()),
+            Seen::Close(CloseReason::IdleTimeout)
+        );
+
+        // One byte of a next request: the head clock (from the last answer) applies.
+        let mut conn = Conn::new(clock.now());
+        feed(&mut conn, &clock, b"GET /a HTTP/1.1\r\n\r\n");
+        let answered = clock.now();
+        clock.advance(Duration::from_secs(1));
+        feed(&mut conn, &clock, b"G");
+        assert_eq!(conn.deadline(), Some(answered + HEAD_TIMEOUT));
+        assert!(!conn.expire(clock.advance(IDLE_TIMEOUT)));
+        assert!(conn.expire(answered + HEAD_TIMEOUT));
+        assert_eq!(
+            seen(&mut conn, clock.now()),
+            Seen::Close(CloseReason::HeadTimeout)
+        );
+    }
+
+    #[test]
+    fn write_timeout_closes_a_response_the_client_does_not_read() {
+        let mut clock = clock();
+        let mut conn = Conn::new(clock.now());
+        conn.received(b"GET /slow HTTP/1.1\r\n\r\n", clock.now());
+        let Seen::Head(..) = seen(&mut conn, clock.now()) else {
+            panic!("no head")
+        };
+        conn.respond(answer(200, &"x".repeat(1000)), clock.now());
+        let Action::Write(bytes) = conn.poll(clock.now()) else {
+            panic!("nothing to write")
+        };
+        let total = bytes.len();
+        // The socket takes 100 bytes, then nothing: the rest waits.
+        conn.wrote(100, clock.advance(Duration::from_secs(3)));
+        let Action::Write(rest) = conn.poll(clock.now()) else {
+            panic!("the rest is not pending")
+        };
+        assert_eq!(rest.len(), total - 100);
+        assert!(conn.is_writing());
+        // The write clock runs from the start of the response, not from the last write.
+        assert!(!conn.expire(
+            clock.advance(WRITE_TIMEOUT - Duration::from_secs(3) - Duration::from_millis(1))
+        ));
+        assert!(conn.expire(clock.advance(Duration::from_millis(1))));
+        assert_eq!(
+            seen(&mut conn, clock.now()),
+            Seen::Close(CloseReason::WriteTimeout)
+        );
+    }
+
+    #[test]
+    fn pipelined_requests_are_answered_in_order_within_the_step_share() {
+        let clock = clock();
+        let mut conn = Conn::new(clock.now());
+        let mut all = Vec::new();
+        for i in 0..20 {
+            all.extend_from_slice(format!("GET /{i} HTTP/1.1\r\n\r\n").as_bytes());
+        }
+        all.extend_from_slice(b"POST /body HTTP/1.1\r\nContent-Length: 4\r\n\r\nbody");
+        all.extend_from_slice(b"GET /last HTTP/1.1\r\n\r\n");
+        let (next, mut out) = feed(&mut conn, &clock, &all);
+        // At most STEP_MAX_HEADS heads in one share, then the back of the queue; the
+        // last one's answer is written first thing in the next share.
+        assert_eq!(next, Seen::Yield);
+        assert_eq!(out.matches("HTTP/1.1 200").count(), STEP_MAX_HEADS - 1);
+        loop {
+            conn.begin_step();
+            let (next, more) = run(&mut conn, &clock);
+            out.push_str(&String::from_utf8(more).unwrap());
+            if next != Seen::Yield {
+                assert_eq!(next, Seen::Read(HEAD_LIMIT_READ));
+                break;
+            }
+        }
+        let bodies: Vec<&str> = out
+            .split("\r\n\r\n")
+            .skip(1)
+            .map(|b| b.split("HTTP/1.1").next().unwrap())
+            .collect();
+        let want: Vec<String> = (0..20)
+            .map(|i| format!("/{i}"))
+            .chain(["body".to_owned(), "/last".to_owned()])
+            .collect();
+        assert_eq!(bodies, want);
+    }
+
+    #[test]
+    fn a_step_share_also_ends_after_enough_bytes() {
+        let clock = clock();
+        let mut conn = Conn::new(clock.now());
+        let (next, _) = feed(
+            &mut conn,
+            &clock,
+            format!(
+                "POST /body HTTP/1.1\r\nContent-Length: {}\r\n\r\n",
+                2 * STEP_MAX_READ
+            )
+            .as_bytes(),
+        );
+        assert_eq!(next, Seen::Read(2 * STEP_MAX_READ));
+        conn.received(&vec![b'b'; STEP_MAX_READ], clock.now());
+        assert_eq!(seen(&mut conn, clock.now()), Seen::Yield);
+        conn.begin_step();
+        assert_eq!(seen(&mut conn, clock.now()), Seen::Read(STEP_MAX_READ));
+    }
+
+    #[test]
+    fn split_and_whole_heads_get_the_same_answers() {
+        let raw: &[u8] = b"GET /one HTTP/1.1\r\nHost: a\r\n\r\nPOST /body HTTP/1.1\r\nContent-Length: 3\r\n\r\nabcGET /two HTTP/1.1\nHost: b\n\nGET /three HTTP/1.1\r\nConnection: close\r\n\r\n";
+        let answers = |chunks: &mut dyn Iterator<Item = &[u8]>| {
+            let clock = clock();
+            let mut conn = Conn::new(clock.now());
+            let mut out = String::new();
+            let mut last = Seen::Wait;
+            for chunk in chunks {
+                let (next, more) = feed(&mut conn, &clock, chunk);
+                out.push_str(&more);
+                last = next;
+            }
+            (out, last)
+        };
+        let whole = answers(&mut std::iter::once(raw));
+        assert_eq!(statuses(&whole.0), ["200", "200", "200", "200"]);
+        assert_eq!(whole.1, Seen::Close(CloseReason::ClientAsked));
+        for size in [1, 2, 3, 5, 7, 16, 31] {
+            assert_eq!(answers(&mut raw.chunks(size)), whole, "chunks of {size}");
+        }
+    }
+
+    /// Random cuts of random pipelines: the answers never depend on how the bytes
+    /// arrived.
+    #[test]
+    fn random_segmentation_never_changes_the_answers() {
+        let mut state = 0x9e37_79b9_7f4a_7c15u64;
+        let mut next = move || {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            state
+        };
+        let parts: [&[u8]; 5] = [
+            b"GET /a HTTP/1.1\r\nHost: a\r\n\r\n",
+            b"GET /b HTTP/1.1\nX: y\n\n",
+            b"HEAD /c HTTP/1.1\r\n\r\n",
+            b"POST /body HTTP/1.1\r\nContent-Length: 5\r\n\r\nhello",
+            b"POST /body HTTP/1.1\r\nContent-Length: 0\r\n\r\n",
+        ];
+        let answers = |chunks: &[&[u8]]| {
+            let clock = clock();
+            let mut conn = Conn::new(clock.now());
+            let mut out = String::new();
+            for chunk in chunks {
+                out.push_str(&feed(&mut conn, &clock, chunk).1);
+                // Finish any share that yielded before the next bytes come.
+                loop {
+                    conn.begin_step();
+                    let (next, more) = run(&mut conn, &clock);
+                    out.push_str(&String::from_utf8(more).unwrap());
+                    if next != Seen::Yield {
+                        break;
+                    }
+                }
+            }
+            out
+        };
+        for _ in 0..200 {
+            let count = 1 + next() % 12;
+            let raw: Vec<u8> = (0..count)
+                .flat_map(|_| parts[(next() % 5) as usize].iter().copied())
+                .collect();
+            let whole = answers(&[&raw]);
+            assert_eq!(statuses(&whole).len() as u64, count, "{whole}");
+            let mut cuts: Vec<usize> = (0..next() % 8)
+                .map(|_| (next() as usize) % raw.len())
+                .collect();
+            cuts.extend([0, raw.len()]);
+            cuts.sort_unstable();
+            let chunks: Vec<&[u8]> = cuts.windows(2).map(|w| &raw[w[0]..w[1]]).collect();
+            assert_eq!(answers(&chunks), whole, "cuts {cuts:?}");
+        }
+    }
+
+    #[test]
+    fn oversized_and_malformed_heads_are_answered_then_linger() {
+        type Row<'a> = (&'a str, Vec<u8>, &'a str);
+        let mut many = b"GET / HTTP/1.1\r\n".to_vec();
+        for i in 0..=super::super::headers::MAX_HEADERS {
+            many.extend_from_slice(format!("X-{i}: 1\r\n").as_bytes());
+        }
+        many.extend_from_slice(b"\r\n");
+        let mut long = b"GET / HTTP/1.1\r\nX: ".to_vec();
+        long.resize(MAX_HEAD_BYTES + 1, b'a');
+        let cases: Vec<Row> = vec![
+            ("too long, unterminated", long, "431"),
+            ("too many headers", many, "431"),
+            ("garbage", b"\x00\x01garbage\r\n\r\n".to_vec(), "400"),
+        ];
+        for (context, raw, status) in cases {
+            let clock = clock();
+            let mut conn = Conn::new(clock.now());
+            let (next, out) = feed(&mut conn, &clock, &raw);
+            assert_eq!(statuses(&out), [status], "{context}");
+            assert!(out.contains("Connection: close\r\n"), "{context}");
+            assert_eq!(next, Seen::Read(usize::MAX), "{context}: lingering");
+        }
+    }
+
+    #[test]
+    fn an_answer_from_the_head_alone_lingers_over_the_unread_body() {
+        let clock = clock();
+        let mut conn = Conn::new(clock.now());
+        let (next, out) = feed(
+            &mut conn,
+            &clock,
+            b"POST /early HTTP/1.1\r\nContent-Length: 99999\r\n\r\npart of it",
+        );
+        assert_eq!(statuses(&out), ["200"]);
+        assert!(out.contains("Connection: close\r\n"), "{out}");
+        assert_eq!(next, Seen::Read(usize::MAX));
+        // Without a body, the same answer keeps the connection.
+        let mut conn = Conn::new(clock.now());
+        let (next, out) = feed(
+            &mut conn,
+            &clock,
+            b"POST /early HTTP/1.1\r\nContent-Length: 0\r\n\r\n",
+        );
+        assert!(!out.contains("Connection: close"), "{out}");
+        assert_eq!(next, Seen::Read(HEAD_LIMIT_READ));
+    }
+
+    #[test]
+    fn expect_100_continue_is_answered_only_when_the_body_is_missing() {
+        let clock = clock();
+        let head = b"POST /body HTTP/1.1\r\nExpect: 100-continue\r\nContent-Length: 2\r\n\r\n";
+        let mut conn = Conn::new(clock.now());
+        let (next, out) = feed(&mut conn, &clock, head);
+        assert_eq!(out, "HTTP/1.1 100 Continue\r\n\r\n");
+        assert_eq!(next, Seen::Read(2));
+        let (_, out) = feed(&mut conn, &clock, b"ok");
+        assert_eq!(statuses(&out), ["200"]);
+        // The body came with the head: no interim answer.
+        let mut conn = Conn::new(clock.now());
+        let (_, out) = feed(&mut conn, &clock, &[&head[..], b"ok"].concat());
+        assert_eq!(statuses(&out), ["200"]);
+        // HTTP/1.0 clients never wait for one.
+        let mut conn = Conn::new(clock.now());
+        let (next, out) = feed(
+            &mut conn,
+            &clock,
+            b"POST /body HTTP/1.0\r\nExpect: 100-continue\r\nContent-Length: 2\r\n\r\n",
+        );
+        assert_eq!((next, out.as_str()), (Seen::Read(2), ""));
+    }
+
+    #[test]
+    fn head_requests_get_headers_without_the_body() {
+        let clock = clock();
+        let mut conn = Conn::new(clock.now());
+        let (_, out) = feed(
+            &mut conn,
+            &clock,
+            b"HEAD /abc HTTP/1.1\r\n\r\nGET /abc HTTP/1.1\r\n\r\n",
+        );
+        assert_eq!(
+            out,
+            "HTTP/1.1 200 OK\r\nContent-Length: 4\r\n\r\nHTTP/1.1 200 OK\r\nContent-Length: 4\r\n\r\n/abc"
+        );
+    }
+
+    #[test]
+    fn deferred_answers_wait_without_a_deadline() {
+        let clock = clock();
+        let mut conn = Conn::new(clock.now());
+        conn.received(
+            b"POST /defer HTTP/1.1\r\nContent-Length: 2\r\n\r\nhi",
+            clock.now(),
+        );
+        let Seen::Head(..) = seen(&mut conn, clock.now()) else {
+            panic!("no head")
+        };
+        conn.read_body(2, clock.now());
+        assert_eq!(
+            seen(&mut conn, clock.now()),
+            Seen::Request("/defer".into(), b"hi".to_vec())
+        );
+        assert!(conn.is_waiting());
+        assert_eq!(seen(&mut conn, clock.now()), Seen::Wait);
+        assert_eq!(conn.deadline(), None);
+        assert!(!conn.expire(clock.now() + Duration::from_secs(3600)));
+        conn.respond(answer(200, "later"), clock.now());
+        assert!(conn.is_writing());
+        assert_eq!(conn.deadline(), Some(clock.now() + WRITE_TIMEOUT));
+    }
+
+    #[test]
+    fn close_reasons_after_an_answer() {
+        let clock = clock();
+        for (raw, close, want) in [
+            (
+                &b"GET /a HTTP/1.0\r\n\r\n"[..],
+                false,
+                Seen::Close(CloseReason::ClientAsked),
+            ),
+            (
+                b"GET /a HTTP/1.1\r\nConnection: close\r\n\r\n",
+                false,
+                Seen::Close(CloseReason::ClientAsked),
+            ),
+            (
+                b"GET /a HTTP/1.1\r\n\r\n",
+                true,
+                Seen::Close(CloseReason::ServerAsked),
+            ),
+            (
+                b"GET /a HTTP/1.1\r\n\r\n",
+                false,
+                Seen::Read(HEAD_LIMIT_READ),
+            ),
+        ] {
+            let mut conn = Conn::new(clock.now());
+            conn.received(raw, clock.now());
+            let Seen::Head(..) = seen(&mut conn, clock.now()) else {
+                panic!("no head")
+            };
+            let mut response = answer(200, "x");
+            response.close = close;
+            conn.respond(response, clock.now());
+            let (next, out) = run(&mut conn, &clock);
+            let out = String::from_utf8(out).unwrap();
+            assert_eq!(next, want, "{raw:?}");
+            assert_eq!(
+                out.contains("Connection: close"),
+                want != Seen::Read(HEAD_LIMIT_READ)
+            );
+        }
+    }
+
+    #[test]
+    fn between_requests_and_last_activity() {
+        let mut clock = clock();
+        let start = clock.now();
+        let mut conn = Conn::new(start);
+        assert!(conn.is_between_requests());
+        feed(&mut conn, &clock, b"GET / HTTP/1.1\r\n");
+        assert!(!conn.is_between_requests());
+        let later = clock.advance(Duration::from_secs(2));
+        feed(&mut conn, &clock, b"\r\n");
+        assert!(conn.is_between_requests());
+        assert_eq!(conn.last_active(), later);
+        // Discarded lingering input is no activity.
+        let mut conn = Conn::new(start);
+        feed(&mut conn, &clock, b"\x00garbage\r\n\r\n");
+        clock.advance(Duration::from_secs(1));
+        feed(&mut conn, &clock, b"more");
+        assert_eq!(conn.last_active(), later);
+    }
+}

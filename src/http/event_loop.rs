@@ -1,0 +1,453 @@
+//! The event loop: one `mio` poll over the listener and every connection's socket,
+//! with generation-tagged tokens, a FIFO run queue, the deadline set, accept and
+//! eviction. Running one connection is `drive`'s job; its HTTP state is a sans-IO
+//! `Conn`.
+
+use super::conn::STEP_MAX_READ;
+use super::drive::{finalize, BodyBudget, Entry, Step};
+use super::listener::connection_cap;
+use super::service::{Control, Service};
+use mio::net::{TcpListener, TcpStream, UnixStream};
+use mio::{Events, Interest, Poll, Token, Waker};
+use std::collections::{BTreeSet, VecDeque};
+use std::io::{self, ErrorKind, Read};
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// Longest stretch of connection work between two polls: new connections, timers and
+/// worker results wait at most about this long, however many clients are busy.
+pub const ROUND_BUDGET: Duration = Duration::from_millis(5);
+/// How long to wait before accepting again after accept failed (out of descriptors,
+/// or a transient error): the loop closes the least recently active connection and
+/// retries after this pause rather than spinning on a failing accept.
+pub const ACCEPT_BACKOFF: Duration = Duration::from_millis(100);
+/// Size of the loop's one read buffer, shared by every connection: a quarter of
+/// [`STEP_MAX_READ`], so a connection's share takes a few reads.
+const READ_CHUNK: usize = STEP_MAX_READ / 4;
+/// Readiness events taken from one poll.
+const EVENTS_CAPACITY: usize = 1024;
+
+const LISTENER: Token = Token(0);
+const WAKER: Token = Token(1);
+const INTERRUPT: Token = Token(2);
+const FIRST_CONN: usize = 3;
+/// A connection's token carries its slot in the low bits and its generation above
+/// them, so a readiness event left over from a closed connection can never be applied
+/// to the one that took its slot.
+const SLOT_BITS: u32 = 24;
+const SLOT_MASK: usize = (1 << SLOT_BITS) - 1;
+
+fn conn_token(slot: usize, generation: u64) -> Token {
+    // Truncating the generation is fine: it only has to differ from the slot's
+    // previous occupants, and 2^40 connections is beyond any run.
+    Token(((generation as usize) << SLOT_BITS) | (slot + FIRST_CONN))
+}
+
+/// The event loop: owns the listener and every connection.
+pub struct EventLoop {
+    poll: Poll,
+    listener: Option<TcpListener>,
+    local_addr: SocketAddr,
+    interrupt: Option<UnixStream>,
+    waker: Arc<Waker>,
+    conns: Vec<Option<Entry>>,
+    free: Vec<usize>,
+    open: usize,
+    /// [`super::MAX_CONNECTIONS`], or fewer if the open-files limit is lower.
+    max_connections: usize,
+    /// Declared body bytes of the connections reading a body now.
+    bodies: BodyBudget,
+    next_generation: u64,
+    deadlines: BTreeSet<(Instant, usize, u64)>,
+    scratch: Box<[u8]>,
+    accept_paused_until: Option<Instant>,
+    exiting: bool,
+    /// The run queue: connections with an event or with work left, in FIFO order.
+    ready: VecDeque<(usize, u64)>,
+    /// When [`Service::on_tick`] is due.
+    next_tick: Instant,
+}
+
+impl EventLoop {
+    /// Creates a loop serving `listener`. `interrupt`, when given, is a stream that
+    /// becomes readable when the process is asked to stop (see `signal-hook`'s pipe).
+    ///
+    /// # Errors
+    /// The OS refused to create the poll instance or to register a source.
+    pub fn new(mut listener: TcpListener, interrupt: Option<UnixStream>) -> io::Result<EventLoop> {
+        let poll = Poll::new()?;
+        let local_addr = listener.local_addr()?;
+        poll.registry()
+            .register(&mut listener, LISTENER, Interest::READABLE)?;
+        let waker = Arc::new(Waker::new(poll.registry(), WAKER)?);
+        let mut interrupt = interrupt;
+        if let Some(stream) = interrupt.as_mut() {
+            poll.registry()
+                .register(stream, INTERRUPT, Interest::READABLE)?;
+        }
+        Ok(EventLoop {
+            poll,
+            listener: Some(listener),
+            local_addr,
+            interrupt,
+            waker,
+            conns: Vec::new(),
+            free: Vec::new(),
+            open: 0,
+            max_connections: connection_cap(),
+            bodies: BodyBudget::default(),
+            next_generation: 0,
+            deadlines: BTreeSet::new(),
+            scratch: vec![0u8; READ_CHUNK].into_boxed_slice(),
+            accept_paused_until: None,
+            exiting: false,
+            ready: VecDeque::new(),
+            next_tick: Instant::now(),
+        })
+    }
+
+    /// The address the listener is bound to.
+    pub fn local_addr(&self) -> SocketAddr {
+        self.local_addr
+    }
+
+    /// A waker that makes the loop call [`Service::on_wake`]; safe to use from any thread.
+    pub fn waker(&self) -> Arc<Waker> {
+        Arc::clone(&self.waker)
+    }
+
+    /// Runs until the service calls [`Control::exit`] and the pending writes are done.
+    ///
+    /// # Errors
+    /// Only if polling itself fails; per-connection errors close that connection.
+    pub fn run<S: Service>(&mut self, service: &mut S) -> io::Result<()> {
+        let mut events = Events::with_capacity(EVENTS_CAPACITY);
+        self.next_tick = Instant::now();
+        loop {
+            let now = Instant::now();
+            if now >= self.next_tick {
+                let mut control = Control::default();
+                self.next_tick = service.on_tick(now, &mut control);
+                self.apply(service, control);
+            }
+            if self.exiting && !self.has_pending_writes() {
+                return Ok(());
+            }
+            let mut wake_at = self.next_tick;
+            if let Some(&(deadline, _, _)) = self.deadlines.first() {
+                wake_at = wake_at.min(deadline);
+            }
+            if let Some(at) = self.accept_paused_until {
+                wake_at = wake_at.min(at);
+            }
+            let mut timeout = wake_at.saturating_duration_since(Instant::now());
+            if !self.ready.is_empty() {
+                timeout = Duration::ZERO;
+            }
+            if let Err(e) = self.poll.poll(&mut events, Some(timeout)) {
+                if e.kind() == ErrorKind::Interrupted {
+                    continue;
+                }
+                return Err(e);
+            }
+            // New connections first, so that a health check is not accepted only after
+            // a round over every busy connection.
+            if events.iter().any(|e| e.token() == LISTENER) {
+                self.accept_all(service);
+            }
+            for event in events.iter() {
+                match event.token() {
+                    LISTENER => {}
+                    WAKER => {
+                        let mut control = Control::default();
+                        service.on_wake(&mut control);
+                        self.apply(service, control);
+                    }
+                    INTERRUPT => {
+                        self.drain_interrupt();
+                        let mut control = Control::default();
+                        service.on_interrupt(&mut control);
+                        self.apply(service, control);
+                    }
+                    Token(token) => {
+                        let Some(slot) = self.event_slot(token) else {
+                            continue; // left over from a connection that closed
+                        };
+                        let hung_up = event.is_read_closed() || event.is_error();
+                        // A caller that hangs up while its request waits for a turn is
+                        // gone: close now, so a queued turn can be dropped.
+                        if hung_up && self.close_if_waiting(service, slot) {
+                            continue;
+                        }
+                        if let Some(Some(entry)) = self.conns.get_mut(slot) {
+                            if event.is_readable() || hung_up {
+                                entry.readable = true;
+                            }
+                            if hung_up {
+                                entry.peer_closed = true;
+                            }
+                        }
+                        self.enqueue(slot);
+                    }
+                }
+            }
+            // Serve the run queue for at most ROUND_BUDGET, then poll again, so that new
+            // connections and timers are seen promptly however many clients are busy.
+            let round_end = Instant::now() + ROUND_BUDGET;
+            while let Some((slot, generation)) = self.ready.pop_front() {
+                match self.conns.get_mut(slot) {
+                    Some(Some(entry)) if entry.generation == generation => entry.queued = false,
+                    _ => continue,
+                }
+                self.drive(service, slot);
+                if Instant::now() >= round_end {
+                    break;
+                }
+            }
+            self.expire(service);
+            if let Some(at) = self.accept_paused_until {
+                if Instant::now() >= at {
+                    self.accept_paused_until = None;
+                    self.accept_all(service);
+                }
+            }
+        }
+    }
+
+    fn has_pending_writes(&self) -> bool {
+        self.conns.iter().flatten().any(|e| e.conn.is_writing())
+    }
+
+    fn drain_interrupt(&mut self) {
+        if let Some(stream) = self.interrupt.as_mut() {
+            let mut buf = [0u8; 64];
+            while matches!(stream.read(&mut buf), Ok(n) if n > 0) {}
+        }
+    }
+
+    fn apply<S: Service>(&mut self, service: &mut S, control: Control) {
+        for (id, response) in control.responses {
+            let response = finalize(response, self.exiting);
+            match self.conns.get_mut(id.slot) {
+                Some(Some(entry))
+                    if entry.generation == id.generation && entry.conn.is_waiting() =>
+                {
+                    entry.conn.respond(response, Instant::now());
+                }
+                _ => continue,
+            }
+            self.drive(service, id.slot);
+        }
+        if control.stop_accepting {
+            if let Some(mut listener) = self.listener.take() {
+                let _ = self.poll.registry().deregister(&mut listener);
+            }
+            self.accept_paused_until = None;
+            // Idle keep-alive connections will never get another answer: close them.
+            let idle: Vec<usize> = self
+                .conns
+                .iter()
+                .enumerate()
+                .filter_map(|(i, e)| match e {
+                    Some(e) if e.conn.is_between_requests() => Some(i),
+                    _ => None,
+                })
+                .collect();
+            for slot in idle {
+                self.close(service, slot);
+            }
+        }
+        if control.exit {
+            self.exiting = true;
+        }
+        if let Some(at) = control.tick_at {
+            self.next_tick = self.next_tick.min(at);
+        }
+    }
+
+    fn accept_all<S: Service>(&mut self, service: &mut S) {
+        loop {
+            let Some(listener) = self.listener.as_ref() else {
+                return;
+            };
+            match listener.accept() {
+                Ok((stream, _peer)) => self.admit(service, stream),
+                Err(e) if e.kind() == ErrorKind::WouldBlock => return,
+                Err(e) if e.kind() == ErrorKind::Interrupted => continue,
+                Err(e) => {
+                    // Out of descriptors (EMFILE/ENFILE) or a transient failure: make
+                    // room if we can and try again shortly; never spin.
+                    log::warn!("accept failed: {e}");
+                    if let Some(slot) = self.least_recently_active() {
+                        self.close(service, slot);
+                    }
+                    self.accept_paused_until = Some(Instant::now() + ACCEPT_BACKOFF);
+                    return;
+                }
+            }
+        }
+    }
+
+    /// The connection to evict: the least recently active one that is not waiting for
+    /// a deferred answer. A response stuck behind a client that does not read is fair
+    /// game: its activity stopped at its last successful write.
+    fn least_recently_active(&self) -> Option<usize> {
+        self.conns
+            .iter()
+            .enumerate()
+            .filter_map(|(i, e)| {
+                e.as_ref()
+                    .filter(|e| !e.conn.is_waiting())
+                    .map(|e| (e.conn.last_active(), i))
+            })
+            .min()
+            .map(|(_, i)| i)
+    }
+
+    fn admit<S: Service>(&mut self, service: &mut S, mut stream: TcpStream) {
+        if self.open >= self.max_connections {
+            match self.least_recently_active() {
+                Some(slot) => {
+                    log::debug!("connection limit reached: closing the least recently active");
+                    self.close(service, slot);
+                }
+                None => {
+                    log::warn!(
+                        "connection limit reached and every connection is busy; refusing one"
+                    );
+                    return; // dropping the stream closes it
+                }
+            }
+        }
+        let _ = stream.set_nodelay(true);
+        let slot = self.free.pop().unwrap_or_else(|| {
+            self.conns.push(None);
+            self.conns.len() - 1
+        });
+        if let Err(e) = self.poll.registry().register(
+            &mut stream,
+            conn_token(slot, self.next_generation + 1),
+            Interest::READABLE | Interest::WRITABLE,
+        ) {
+            log::warn!("cannot register a connection: {e}");
+            self.free.push(slot);
+            return;
+        }
+        self.next_generation += 1;
+        let entry = Entry::new(stream, self.next_generation, Instant::now());
+        if let Some(place) = self.conns.get_mut(slot) {
+            *place = Some(entry);
+        }
+        self.open += 1;
+        self.refresh_deadline(slot);
+        // The client may have sent its request already: an edge-triggered poll would
+        // not report data that arrived before registration.
+        self.drive(service, slot);
+    }
+
+    fn close<S: Service>(&mut self, service: &mut S, slot: usize) {
+        let Some(mut entry) = self.conns.get_mut(slot).and_then(Option::take) else {
+            return;
+        };
+        if let Some(deadline) = entry.deadline {
+            self.deadlines.remove(&(deadline, slot, entry.generation));
+        }
+        let _ = self.poll.registry().deregister(&mut entry.stream);
+        self.bodies.release(&entry);
+        if entry.conn.is_waiting() {
+            service.on_abandoned(entry.id(slot));
+        }
+        self.free.push(slot);
+        self.open -= 1;
+    }
+
+    fn refresh_deadline(&mut self, slot: usize) {
+        let Some(Some(entry)) = self.conns.get_mut(slot) else {
+            return;
+        };
+        let new = entry.conn.deadline();
+        if new != entry.deadline {
+            if let Some(old) = entry.deadline {
+                self.deadlines.remove(&(old, slot, entry.generation));
+            }
+            if let Some(new) = new {
+                self.deadlines.insert((new, slot, entry.generation));
+            }
+            entry.deadline = new;
+        }
+    }
+
+    /// Applies every deadline that has passed: the connection answers 408 or closes.
+    fn expire<S: Service>(&mut self, service: &mut S) {
+        let now = Instant::now();
+        while let Some(&(deadline, slot, generation)) = self.deadlines.first() {
+            if deadline > now {
+                break;
+            }
+            self.deadlines.pop_first();
+            match self.conns.get_mut(slot) {
+                Some(Some(entry)) if entry.generation == generation => {
+                    entry.deadline = None;
+                    entry.conn.expire(now);
+                }
+                _ => continue,
+            }
+            self.drive(service, slot);
+        }
+    }
+
+    /// Runs one connection as far as it can go without blocking.
+    fn drive<S: Service>(&mut self, service: &mut S, slot: usize) {
+        // Out of its slot while it runs; no callback of the service can reach it there.
+        let Some(mut entry) = self.conns.get_mut(slot).and_then(Option::take) else {
+            return;
+        };
+        let step = entry.step(
+            service,
+            slot,
+            &mut self.scratch,
+            &mut self.bodies,
+            self.exiting,
+        );
+        if let Some(place) = self.conns.get_mut(slot) {
+            *place = Some(entry);
+        }
+        match step {
+            Step::Close => self.close(service, slot),
+            Step::Park => self.refresh_deadline(slot),
+            Step::Yield => {
+                self.refresh_deadline(slot);
+                self.enqueue(slot);
+            }
+        }
+    }
+
+    /// The slot an event's token names, if that connection is still the one open there.
+    fn event_slot(&self, token: usize) -> Option<usize> {
+        let slot = (token & SLOT_MASK).checked_sub(FIRST_CONN)?;
+        match self.conns.get(slot) {
+            Some(Some(entry)) if conn_token(slot, entry.generation).0 == token => Some(slot),
+            _ => None,
+        }
+    }
+
+    /// Closes the connection if its request is waiting for a turn; whether it did.
+    fn close_if_waiting<S: Service>(&mut self, service: &mut S, slot: usize) -> bool {
+        if matches!(self.conns.get(slot), Some(Some(e)) if e.conn.is_waiting()) {
+            self.close(service, slot);
+            return true;
+        }
+        false
+    }
+
+    /// Puts a connection on the run queue (once, however many events it has).
+    fn enqueue(&mut self, slot: usize) {
+        if let Some(Some(entry)) = self.conns.get_mut(slot) {
+            if !entry.queued {
+                entry.queued = true;
+                self.ready.push_back((slot, entry.generation));
+            }
+        }
+    }
+}

@@ -1,0 +1,120 @@
+//! The listening socket and how many connections it may hold: loopback-only binding
+//! with a deep backlog, and the connection cap the open-files limit allows.
+
+use mio::net::TcpListener;
+use rustix::process::{getrlimit, Resource};
+use std::io::{self, ErrorKind};
+use std::net::SocketAddr;
+
+/// Open connections at most. When full, a new connection is admitted by closing the
+/// least recently active connection that is not waiting for a deferred answer (a turn
+/// queued or running): one reading a head or a body, writing an answer, lingering or
+/// idle may be closed, and activity is the last byte read from or written to it. When
+/// every connection waits for its turn, the new one is refused instead. Lower when the
+/// open-files limit (`ulimit -n`) leaves less room; see [`RESERVED_FDS`].
+pub const MAX_CONNECTIONS: usize = 1024;
+/// Descriptors kept free for everything that is not a connection (listener, poll,
+/// waker, signal pipe, stdio, config and registry files, engine pipes) when the
+/// open-files limit caps the number of connections.
+pub const RESERVED_FDS: usize = 64;
+/// The fewest connections served however low the open-files limit is.
+const MIN_CONNECTIONS: usize = 8;
+/// The listen backlog: connections the kernel queues before the loop accepts them.
+/// (The kernel caps it at `net.core.somaxconn`.)
+pub const LISTEN_BACKLOG: i32 = 1024;
+
+/// Binds a listener on `addr`, which must be a loopback address.
+///
+/// # Errors
+/// `addr` is not loopback (`PermissionDenied`), or the bind failed (in use, ...).
+pub fn bind_loopback(addr: SocketAddr) -> io::Result<TcpListener> {
+    // Exactly the two addresses clients dial and the Host check accepts; 127.0.0.2
+    // is loopback too, but nobody would find the instance there.
+    let ip = addr.ip();
+    if ip != std::net::Ipv4Addr::LOCALHOST && ip != std::net::Ipv6Addr::LOCALHOST {
+        return Err(io::Error::new(
+            ErrorKind::PermissionDenied,
+            format!(
+                "refusing to listen on {addr}: loopbus listens on the loopback addresses 127.0.0.1 and [::1] only"
+            ),
+        ));
+    }
+    use rustix::net::{AddressFamily, SocketFlags, SocketType};
+    let family = if addr.is_ipv4() {
+        AddressFamily::INET
+    } else {
+        AddressFamily::INET6
+    };
+    let socket = rustix::net::socket_with(
+        family,
+        SocketType::STREAM,
+        SocketFlags::CLOEXEC | SocketFlags::NONBLOCK,
+        None,
+    )?;
+    rustix::net::sockopt::set_socket_reuseaddr(&socket, true)?;
+    rustix::net::bind(&socket, &addr)?;
+    // std and mio listen with a backlog of 128; a burst of new connections larger
+    // than that would be dropped by the kernel before the loop could evict idle ones.
+    rustix::net::listen(&socket, LISTEN_BACKLOG)?;
+    Ok(TcpListener::from_std(std::net::TcpListener::from(socket)))
+}
+
+/// The connection cap this process can honour: [`MAX_CONNECTIONS`], or the soft limit
+/// on open files minus [`RESERVED_FDS`] if that is lower (logged). Otherwise accept
+/// would run out of descriptors first, and new connections (health checks included)
+/// would wait behind the backlog instead of evicting idle ones.
+pub(crate) fn connection_cap() -> usize {
+    // `None` is unlimited.
+    let soft = getrlimit(Resource::Nofile).current;
+    let cap = cap_for(soft);
+    if cap < MAX_CONNECTIONS {
+        let soft = soft.unwrap_or(u64::MAX);
+        log::warn!(
+            "the open-files limit is {soft}: serving at most {cap} connections \
+             instead of {MAX_CONNECTIONS} (raise it with `ulimit -n`)"
+        );
+    }
+    cap
+}
+
+/// The connection cap under the soft open-files limit `soft` (`None`: unlimited).
+fn cap_for(soft: Option<u64>) -> usize {
+    let soft = soft.map_or(usize::MAX, |s| usize::try_from(s).unwrap_or(usize::MAX));
+    if soft < MAX_CONNECTIONS + RESERVED_FDS {
+        soft.saturating_sub(RESERVED_FDS).max(MIN_CONNECTIONS)
+    } else {
+        MAX_CONNECTIONS
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_loopback_binds() {
+        for refused in ["0.0.0.0:0", "127.0.0.2:0", "[::]:0", "192.0.2.1:0"] {
+            let err = bind_loopback(refused.parse().unwrap()).unwrap_err();
+            assert_eq!(err.kind(), ErrorKind::PermissionDenied, "{refused}");
+        }
+        assert!(bind_loopback("127.0.0.1:0".parse().unwrap()).is_ok());
+    }
+
+    #[test]
+    fn connection_cap_table() {
+        let cases = [
+            (None, MAX_CONNECTIONS),
+            (Some(u64::MAX), MAX_CONNECTIONS),
+            (Some(1_048_576), MAX_CONNECTIONS),
+            (Some(1024 + 64), MAX_CONNECTIONS),
+            (Some(1024 + 63), 1023),
+            (Some(1024), 960),
+            (Some(256), 192),
+            (Some(70), MIN_CONNECTIONS),
+            (Some(0), MIN_CONNECTIONS),
+        ];
+        for (soft, want) in cases {
+            assert_eq!(cap_for(soft), want, "{soft:?}");
+        }
+    }
+}
