@@ -6,9 +6,11 @@
 //! ended. Their limits are named constants there.
 
 mod outcome;
+mod preflight;
 mod process;
 
 pub use outcome::TurnResult;
+pub use preflight::warnings;
 pub use process::RunningEngines;
 
 use crate::config::{Config, EngineConfig};
@@ -121,15 +123,20 @@ impl Engine {
                 ("LOOPBUS_DEPTH", request.depth.to_string().into()),
             ],
         };
-        let program = engine.command.first().map(String::as_str).unwrap_or("");
+        if let Some(refusal) = preflight::refusal(engine, &request.prompt) {
+            return Interpreted {
+                result: TurnResult::Failed(refusal),
+                usage: None,
+            };
+        }
         match process::run(&launch, &self.running) {
             Ended::NoCommand => {
                 Interpreted::failed(ErrorCode::EngineCli, "engine.command is empty")
             }
-            Ended::SpawnFailed(e) => Interpreted::failed(
-                ErrorCode::EngineCli,
-                format!("cannot start engine `{program}`: {e}"),
-            ),
+            Ended::SpawnFailed(e) => Interpreted {
+                result: TurnResult::Failed(preflight::spawn_failure(engine, &e)),
+                usage: None,
+            },
             Ended::WaitFailed(e) => Interpreted::failed(
                 ErrorCode::EngineCli,
                 format!("cannot wait for the engine: {e}"),

@@ -15,6 +15,13 @@ pub const MAX_ENGINE_MESSAGE_CHARS: usize = 1_000;
 /// How many of the last non-empty lines of stderr (or stdout) a failure message quotes.
 pub const MESSAGE_LINES: usize = 3;
 
+/// Exit statuses with which a shell says a command it ran was not executable (126) or
+/// not found (127): an engine failing so is not retryable.
+pub const COMMAND_NOT_FOUND_STATUSES: [i32; 2] = [126, 127];
+/// What the message of such a failure starts with when the output names `loopbus`.
+pub const NESTED_LOOPBUS_HINT: &str =
+    "the engine could not run `loopbus` (is it on the engine's PATH? set engine.env.PATH)";
+
 /// What a turn produced.
 #[derive(Debug, Clone, PartialEq)]
 pub enum TurnResult {
@@ -97,13 +104,25 @@ pub fn interpret(output: OutputMode, exit: Exit, stdout: &[u8], stderr: &[u8]) -
             Exit::Signal(signal) => format!("engine was killed by signal {signal}"),
             Exit::Unknown => "engine failed".to_owned(),
         };
-        let text = if message.is_empty() {
+        let mut text = if message.is_empty() {
             how
         } else {
             format!("{how}: {message}")
         };
+        let mut failure = Failure::new(code, "");
+        if failure.code == ErrorCode::EngineCli
+            && matches!(exit, Exit::Code(c) if COMMAND_NOT_FOUND_STATUSES.contains(&c))
+        {
+            // A command the engine runs is missing: retrying cannot fix that.
+            failure.retryable = false;
+            let lower = format!("{stderr_text}\n{stdout_text}").to_lowercase();
+            if lower.contains(super::preflight::DELEGATION_PROGRAM) {
+                text = format!("{NESTED_LOOPBUS_HINT}: {text}");
+            }
+        }
+        failure.error = bounded(&text);
         return Interpreted {
-            result: TurnResult::Failed(Failure::new(code, bounded(&text))),
+            result: TurnResult::Failed(failure),
             usage,
         };
     }
@@ -538,6 +557,33 @@ mod tests {
         };
         assert_eq!(f.code, ErrorCode::Auth);
         assert!(!f.retryable);
+    }
+
+    #[test]
+    fn bug_loopbus_missing_on_a_nested_engines_path_was_retryable() {
+        let run = interpret(
+            OutputMode::Text,
+            Exit::Code(127),
+            b"",
+            b"engine.sh: 3: loopbus: not found",
+        );
+        let TurnResult::Failed(f) = run.result else {
+            panic!("not a failure")
+        };
+        assert_eq!(f.code, ErrorCode::EngineCli);
+        assert!(!f.retryable);
+        assert!(f.error.starts_with(NESTED_LOOPBUS_HINT), "{f:?}");
+        // Another missing command: not retryable, no hint; another status: retryable.
+        let run = interpret(OutputMode::Text, Exit::Code(127), b"", b"jq: not found");
+        let TurnResult::Failed(f) = run.result else {
+            panic!("not a failure")
+        };
+        assert!(!f.retryable && !f.error.contains("loopbus"), "{f:?}");
+        let run = interpret(OutputMode::Text, Exit::Code(1), b"", b"loopbus: boom");
+        let TurnResult::Failed(f) = run.result else {
+            panic!("not a failure")
+        };
+        assert!(f.retryable);
     }
 
     #[test]

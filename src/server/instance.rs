@@ -191,6 +191,11 @@ impl Instance {
             engine.apply(&mut config);
         }
         warn_about_modes(&config_path, &root);
+        if let Some(engine) = &config.engine {
+            crate::engine::warnings(engine)
+                .iter()
+                .for_each(|w| log::warn!("{w}"));
+        }
 
         let serving = files::hold_lock(&state_dir.join(SERVE_LOCK_FILE))
             .map_err(|source| ServeError::Lock {

@@ -59,6 +59,15 @@ impl Bus {
                     },
                     new.bus.max_depth
                 );
+                if let Some(engine) = new
+                    .engine
+                    .as_ref()
+                    .filter(|e| Some(*e) != self.config.engine.as_ref())
+                {
+                    crate::engine::warnings(engine)
+                        .iter()
+                        .for_each(|w| log::warn!("{w}"));
+                }
                 self.config = Arc::new(new);
             }
             Err(e) => log::warn!("{e}; keeping the last good config"),
