@@ -112,8 +112,9 @@ impl InstanceOptions {
         self
     }
 
-    /// Whether SIGTERM and SIGINT stop the instance (off by default:
-    /// an embedder's process keeps its own signal handling; `loopbus serve` turns it on).
+    /// Whether SIGTERM, SIGINT, SIGHUP and SIGQUIT stop the instance
+    /// (off by default: an embedder's process keeps its own signal handling; `loopbus
+    /// serve` turns it on).
     pub fn handle_signals(mut self, on: bool) -> InstanceOptions {
         self.handle_signals = on;
         self
@@ -321,9 +322,19 @@ impl Instance {
             _signals,
             ..
         } = self;
-        // A bug that panics the loop must still take the instance out of the registry.
+        // A bug that panics the loop must still take the instance out of the registry,
+        // and leave no engine running.
+        let running = bus.running.clone();
         let result =
             std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| event_loop.run(&mut bus)));
+        let failed = !matches!(result, Ok(Ok(())));
+        if failed {
+            log::error!(
+                "the server loop failed; killing {} engine(s)",
+                running.count()
+            );
+            running.kill_all();
+        }
         if let Err(e) = registry::deregister(&root, &name, pid) {
             log::warn!("cannot deregister from the registry: {e}");
         }
@@ -404,10 +415,20 @@ fn interrupt_pair() -> io::Result<(mio::net::UnixStream, UnixStream)> {
     Ok((mio::net::UnixStream::from_std(read), write))
 }
 
-/// Routes SIGTERM and SIGINT to the stop pipe.
+/// The signals that stop an instance like [`ShutdownHandle::shutdown`] (contract 8):
+/// each deregisters and kills the engines before the exit, none leaves the registry
+/// entry or an engine behind.
+const STOP_SIGNALS: [i32; 4] = [
+    signal_hook::consts::SIGTERM,
+    signal_hook::consts::SIGINT,
+    signal_hook::consts::SIGHUP,
+    signal_hook::consts::SIGQUIT,
+];
+
+/// Routes the [`STOP_SIGNALS`] to the stop pipe.
 fn route_signals(write: &UnixStream) -> io::Result<Vec<signal_hook::SigId>> {
     let mut guards = Vec::new();
-    for signal in [signal_hook::consts::SIGTERM, signal_hook::consts::SIGINT] {
+    for signal in STOP_SIGNALS {
         guards.push(signal_hook::low_level::pipe::register(
             signal,
             write.try_clone()?,

@@ -89,6 +89,15 @@ impl Bus {
 
     pub(super) fn begin_shutdown(&mut self, control: &mut Control) {
         if self.stopping_since.is_some() {
+            // Asked twice: the running turns lose their grace.
+            if self.engines_killed_at.is_none() {
+                log::warn!(
+                    "asked again to stop: killing {} engine(s)",
+                    self.running.count()
+                );
+                self.running.kill_all();
+                self.engines_killed_at = Some(Instant::now());
+            }
             return;
         }
         log::info!("stopping: no new connections, queued turns get server_busy");

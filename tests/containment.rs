@@ -1,0 +1,94 @@
+//! Nothing left behind (contract 8): stop signals clean up, engines and whatever they
+//! start are killed and reaped, a turn leaves no thread or descriptor in the server,
+//! usage stays valid, temp files of a killed process are removed, the budget holds
+//! under concurrent turns.
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    reason = "tests fail loudly on the first broken expectation"
+)]
+mod common;
+use common::*;
+use serde_json::{json, Value};
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+fn engine_config(engine: Value) -> Value {
+    json!({"bus": {"peers": "*", "secret": "s"}, "engine": engine})
+}
+
+fn script(name: &str) -> String {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/engines")
+        .join(name)
+        .to_string_lossy()
+        .into_owned()
+}
+
+/// Whether `pid` is a process that has not exited (a zombie counts as exited).
+fn process_alive(pid: u32) -> bool {
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Ok(stat) => !stat
+            .rsplit_once(')')
+            .is_some_and(|(_, r)| r.trim_start().starts_with('Z')),
+        Err(_) => false,
+    }
+}
+
+/// The pid written to `path` by an engine, once it is there.
+fn read_pid(path: &Path) -> u32 {
+    let mut pid = None;
+    assert!(
+        eventually(Duration::from_secs(10), || {
+            pid = std::fs::read_to_string(path)
+                .ok()
+                .and_then(|s| s.trim().parse().ok());
+            pid.is_some()
+        }),
+        "no pid in {}",
+        path.display()
+    );
+    pid.unwrap()
+}
+
+fn stops_cleanly_on(signal_name: &str) {
+    let root = TestRoot::new(&format!("contain-{signal_name}"));
+    let pid_file = root.path.join("engine.pid");
+    let mut config = engine_config(json!({"command": [script("sleeper.sh")]}));
+    config["engine"]["env"] = json!({"PID_FILE": pid_file.to_str().unwrap()});
+    let mut instance = root.start("w", &config);
+    let turn = instance.spawn_talk("hold on");
+    let grandchild = read_pid(&pid_file);
+    signal(instance.pid(), signal_name);
+    assert!(
+        instance.wait_for_log("stopping", Duration::from_secs(10)),
+        "{}",
+        instance.stderr()
+    );
+    // Asked again: the running turn loses its grace, its engine is killed.
+    signal(instance.pid(), signal_name);
+    let status = instance.wait(Duration::from_secs(20));
+    assert_eq!(
+        status.code(),
+        Some(0),
+        "SIG{signal_name}: {status}\n{}",
+        instance.stderr()
+    );
+    let registry = root.registry();
+    assert!(registry["instances"].get("w").is_none(), "{registry}");
+    assert!(
+        eventually(Duration::from_secs(10), || !process_alive(grandchild)),
+        "the engine's child {grandchild} outlived SIG{signal_name}"
+    );
+    let _ = turn.join();
+}
+
+#[test]
+fn bug_sighup_killed_serve_with_no_cleanup() {
+    stops_cleanly_on("HUP");
+}
+
+#[test]
+fn bug_sigquit_killed_serve_with_no_cleanup() {
+    stops_cleanly_on("QUIT");
+}
