@@ -92,3 +92,32 @@ fn bug_sighup_killed_serve_with_no_cleanup() {
 fn bug_sigquit_killed_serve_with_no_cleanup() {
     stops_cleanly_on("QUIT");
 }
+
+#[test]
+fn bug_a_cost_of_1e308_made_usage_null_and_a_corrupt_file_per_turn() {
+    let root = TestRoot::new("contain-cost");
+    let mut config = engine_config(json!({"command": [script("huge_cost.sh")], "output": "json"}));
+    config["budgetUsd"] = json!(5);
+    let instance = root.start("w", &config);
+    for _ in 0..3 {
+        let v = instance.talk("c", "hi", 0).json();
+        assert_eq!(v["success"], false, "{v}");
+        assert_eq!(v["errorCode"], "engine_cli", "{v}");
+        assert!(
+            v["error"].as_str().unwrap().contains("MAX_TURN_COST_USD"),
+            "{v}"
+        );
+    }
+    let bytes = std::fs::read(instance.state_dir.join("usage.json")).unwrap();
+    let usage: Value = serde_json::from_slice(&bytes).unwrap();
+    assert_eq!(usage["totalCostUsd"], json!(0.0), "{usage}");
+    assert_eq!(usage["requestCount"], 3, "{usage}");
+    let corrupt: Vec<_> = std::fs::read_dir(&instance.state_dir)
+        .unwrap()
+        .flatten()
+        .filter(|e| e.file_name().to_string_lossy().contains(".corrupt-"))
+        .collect();
+    assert!(corrupt.is_empty(), "{corrupt:?}");
+    // The budget still works: a good turn is admitted.
+    assert_eq!(instance.health()["instance"], "w");
+}

@@ -104,7 +104,7 @@ impl Engine {
                 ErrorCode::BudgetExhausted,
                 format!("Budget unknown: {e}."),
             )),
-            Err(UsageError::Io(e)) => Some(Failure::new(
+            Err(e) => Some(Failure::new(
                 ErrorCode::InternalError,
                 format!("cannot read usage: {e}"),
             )),
