@@ -121,3 +121,24 @@ fn bug_a_cost_of_1e308_made_usage_null_and_a_corrupt_file_per_turn() {
     // The budget still works: a good turn is admitted.
     assert_eq!(instance.health()["instance"], "w");
 }
+
+#[test]
+fn bug_temp_files_left_by_kill_9_were_never_removed() {
+    let root = TestRoot::new("contain-temp");
+    let state_dir = root.state_dir("w");
+    std::fs::create_dir_all(&state_dir).unwrap();
+    // Beyond any pid_max: no live process owns these.
+    let stale_usage = state_dir.join(".usage.json.tmp.2147483646.0");
+    let stale_registry = root.path.join(".bus-registry.json.tmp.2147483646.3");
+    // This test process is alive: its temp file is kept.
+    let live = root
+        .path
+        .join(format!(".bus-registry.json.tmp.{}.1", std::process::id()));
+    for path in [&stale_usage, &stale_registry, &live] {
+        std::fs::write(path, b"{").unwrap();
+    }
+    let instance = root.start("w", &open_config("s"));
+    assert!(!stale_usage.exists(), "{}", instance.stderr());
+    assert!(!stale_registry.exists(), "{}", instance.stderr());
+    assert!(live.exists());
+}

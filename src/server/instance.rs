@@ -187,6 +187,7 @@ impl Instance {
         let name = InstanceName::new(name).map_err(|e| ServeError::InvalidName(e.to_string()))?;
         let root = registry::channel_root(&state_dir);
         let config_path = state_dir.join(CONFIG_FILE);
+        remove_stale_temp_files(&[&state_dir, &root]);
         let (mut config, config_bytes) = read_config(&state_dir)?;
         if let Some(engine) = &options.engine {
             engine.apply(&mut config);
@@ -361,6 +362,22 @@ fn read_config(state_dir: &Path) -> Result<(Config, Vec<u8>), ServeError> {
     let bytes = config::read_file(&path).map_err(fail)?;
     let config = config::parse_file(&path, &bytes).map_err(fail)?;
     Ok((config, bytes))
+}
+
+/// Removes the temp files that a writer killed mid-write left in `dirs` (the state
+/// directory and the channel root).
+fn remove_stale_temp_files(dirs: &[&Path]) {
+    for dir in dirs {
+        match files::remove_stale_temp_files(dir) {
+            Ok(removed) => {
+                for path in removed {
+                    log::info!("removed {}, left by a process that is gone", path.display());
+                }
+            }
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+            Err(e) => log::warn!("cannot look for stale temp files in {}: {e}", dir.display()),
+        }
+    }
 }
 
 fn warn_about_modes(config_path: &Path, root: &Path) {
