@@ -142,3 +142,95 @@ fn bug_temp_files_left_by_kill_9_were_never_removed() {
     assert!(!stale_registry.exists(), "{}", instance.stderr());
     assert!(live.exists());
 }
+
+/// Whether `/proc` has any entry for `pid`, a zombie included.
+fn process_exists(pid: u32) -> bool {
+    Path::new(&format!("/proc/{pid}")).exists()
+}
+
+/// How many entries `/proc/<pid>/<what>` has (`task`: threads, `fd`: descriptors).
+fn count_in_proc(pid: u32, what: &str) -> usize {
+    std::fs::read_dir(format!("/proc/{pid}/{what}"))
+        .map(|d| d.count())
+        .unwrap_or(0)
+}
+
+fn have_setsid() -> bool {
+    std::process::Command::new("setsid")
+        .arg("true")
+        .status()
+        .is_ok_and(|s| s.success())
+}
+
+/// Runs `turns` turns of an engine whose child escapes its group (holding its pipes,
+/// or not) and checks that each child is killed and reaped, and that the server's
+/// threads and descriptors return to where they were.
+fn escaped_children_are_killed_and_reaped(label: &str, hold_pipes: bool, turns: usize) {
+    if !have_setsid() {
+        eprintln!("skipped: no `setsid` (util-linux) to escape a process group with");
+        return;
+    }
+    let root = TestRoot::new(label);
+    let pid_file = root.path.join("escaped.pids");
+    let mut config = engine_config(json!({"command": [script("escape_group.sh")]}));
+    config["engine"]["env"] = json!({
+        "PID_FILE": pid_file.to_str().unwrap(),
+        "HOLD_PIPES": if hold_pipes { "1" } else { "0" },
+    });
+    let instance = root.start("w", &config);
+    let server = instance.pid();
+    let escaped = |n: usize| -> Vec<u32> {
+        let text = std::fs::read_to_string(&pid_file).unwrap_or_default();
+        let pids: Vec<u32> = text.lines().filter_map(|l| l.trim().parse().ok()).collect();
+        assert_eq!(pids.len(), n, "{text}");
+        pids
+    };
+    let all_gone = |pids: &[u32]| {
+        eventually(Duration::from_secs(10), || {
+            pids.iter().all(|pid| !process_exists(*pid))
+        })
+    };
+    // A first turn warms the server up; then the baseline.
+    assert_success(&instance.talk("c", "hi", 0), "w", "escaped", "warm-up");
+    assert!(
+        all_gone(&escaped(1)),
+        "the first escaped child outlived its turn"
+    );
+    let threads = count_in_proc(server, "task");
+    let fds = count_in_proc(server, "fd");
+    for n in 0..turns {
+        assert_success(
+            &instance.talk("c", "hi", 0),
+            "w",
+            "escaped",
+            &format!("turn {n}"),
+        );
+    }
+    let pids = escaped(turns + 1);
+    assert!(
+        all_gone(&pids),
+        "escaped children left behind: {:?}\n{}",
+        pids.iter()
+            .filter(|p| process_exists(**p))
+            .collect::<Vec<_>>(),
+        instance.stderr()
+    );
+    assert!(
+        eventually(Duration::from_secs(10), || count_in_proc(server, "task")
+            <= threads
+            && count_in_proc(server, "fd") <= fds),
+        "threads {} (was {threads}), fds {} (was {fds})",
+        count_in_proc(server, "task"),
+        count_in_proc(server, "fd")
+    );
+}
+
+#[test]
+fn bug_children_escaping_with_setsid_held_the_pipes_and_leaked_threads_and_fds() {
+    escaped_children_are_killed_and_reaped("contain-hold", true, 3);
+}
+
+#[test]
+fn bug_an_engines_child_that_escapes_its_group_was_never_killed() {
+    escaped_children_are_killed_and_reaped("contain-escape", false, 3);
+}

@@ -8,10 +8,13 @@
 mod outcome;
 mod preflight;
 mod process;
+mod reaper;
+mod running;
 
 pub use outcome::TurnResult;
 pub use preflight::warnings;
-pub use process::RunningEngines;
+pub use reaper::contain_leftovers;
+pub use running::RunningEngines;
 
 use crate::config::{Config, EngineConfig};
 use crate::protocol::{ErrorCode, Failure, TalkRequest};

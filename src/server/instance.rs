@@ -112,9 +112,11 @@ impl InstanceOptions {
         self
     }
 
-    /// Whether SIGTERM, SIGINT, SIGHUP and SIGQUIT stop the instance
-    /// (off by default: an embedder's process keeps its own signal handling; `loopbus
-    /// serve` turns it on).
+    /// Whether the process is the instance's own (`loopbus serve` turns it on; off by
+    /// default, so an embedder's process keeps its own handling): SIGTERM, SIGINT,
+    /// SIGHUP and SIGQUIT stop the instance, and the process becomes a child subreaper
+    /// that kills and reaps every child that is not a running engine (what an engine
+    /// left behind).
     pub fn handle_signals(mut self, on: bool) -> InstanceOptions {
         self.handle_signals = on;
         self
@@ -232,6 +234,12 @@ impl Instance {
 
         let engine = Engine::new(&name, state_dir.clone());
         let running = engine.running.clone();
+        if options.handle_signals {
+            // The process is the instance's own: what its engines leave behind is ours.
+            if let Err(e) = crate::engine::contain_leftovers(&running) {
+                log::warn!("cannot become a child subreaper: {e}; processes that escape an engine's group will outlive it");
+            }
+        }
         let waker = event_loop.waker();
         // The server glues the two: a worker runs a turn on the engine, then wakes the
         // loop. Waking fails only if the OS refuses the write to mio's eventfd; the
