@@ -234,3 +234,61 @@ fn bug_children_escaping_with_setsid_held_the_pipes_and_leaked_threads_and_fds()
 fn bug_an_engines_child_that_escapes_its_group_was_never_killed() {
     escaped_children_are_killed_and_reaped("contain-escape", false, 3);
 }
+
+/// Sends 8 talks at once to a $0.60 engine under a $1.00 budget; returns the total
+/// spent and how many turns succeeded.
+fn eight_concurrent_turns(instance: &Instance) -> (f64, usize) {
+    let talks: Vec<_> = (0..8).map(|_| instance.spawn_talk("spend")).collect();
+    let mut succeeded = 0;
+    for talk in talks {
+        let v = talk.join().unwrap().json();
+        if v["success"] == true {
+            succeeded += 1;
+        } else {
+            assert_eq!(v["errorCode"], "budget_exhausted", "{v}");
+        }
+    }
+    let usage: Value =
+        serde_json::from_slice(&std::fs::read(instance.state_dir.join("usage.json")).unwrap())
+            .unwrap();
+    (usage["totalCostUsd"].as_f64().unwrap(), succeeded)
+}
+
+fn budget_config(engine: Value) -> Value {
+    json!({
+        "bus": {"peers": "*", "secret": "s", "maxConcurrentTurns": 8},
+        "budgetUsd": 1.0,
+        "engine": engine,
+    })
+}
+
+/// The documented bound: the spend stays under budgetUsd plus one turn's cost.
+const BUDGET: f64 = 1.0;
+const TURN_COST: f64 = 0.6;
+
+#[test]
+fn bug_concurrent_turns_overshot_the_budget_threefold() {
+    let root = TestRoot::new("contain-budget");
+    let config = budget_config(json!({
+        "command": [script("cost_060.sh")], "output": "json", "maxTurnCostUsd": TURN_COST
+    }));
+    let instance = root.start("w", &config);
+    let (spent, succeeded) = eight_concurrent_turns(&instance);
+    assert!(spent < BUDGET + TURN_COST, "spent {spent} of {BUDGET}");
+    assert!(
+        (spent - TURN_COST * succeeded as f64).abs() < 1e-9,
+        "{spent} {succeeded}"
+    );
+    assert!(succeeded >= 1);
+}
+
+#[test]
+fn the_recent_mean_reserves_for_running_turns_without_a_cap() {
+    let root = TestRoot::new("contain-budget-mean");
+    let config = budget_config(json!({"command": [script("cost_060.sh")], "output": "json"}));
+    let instance = root.start("w", &config);
+    // One turn gives the mean.
+    assert_eq!(instance.talk("c", "first", 0).json()["success"], true);
+    let (spent, _) = eight_concurrent_turns(&instance);
+    assert!(spent < BUDGET + TURN_COST, "spent {spent} of {BUDGET}");
+}

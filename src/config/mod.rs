@@ -155,7 +155,7 @@ impl Peers {
 ///
 /// `Debug` shows the names of `env` but not their values, which may be credentials.
 /// Fields may be added: build one with [`EngineConfig::new`] and set fields.
-#[derive(Clone, PartialEq, Eq)]
+#[derive(Clone, PartialEq)]
 #[non_exhaustive]
 pub struct EngineConfig {
     /// `command`: the argv, never empty, with a non-empty program name first.
@@ -172,12 +172,16 @@ pub struct EngineConfig {
     pub cwd: Option<PathBuf>,
     /// `env`: variables added to the command's environment.
     pub env: BTreeMap<String, String>,
+    /// `maxTurnCostUsd`: what one turn may cost at most (finite, non-negative), counted
+    /// against `budgetUsd` for each running turn; `None`: the recent mean is counted.
+    pub max_turn_cost_usd: Option<f64>,
 }
 
 impl EngineConfig {
     /// The engine `command` (an argv) with every other field at its default: prompt on
     /// stdin, text output, [`DEFAULT_ENGINE_TIMEOUT_SECS`],
-    /// [`DEFAULT_ENGINE_MAX_OUTPUT_BYTES`], no `cwd`, no added `env`.
+    /// [`DEFAULT_ENGINE_MAX_OUTPUT_BYTES`], no `cwd`, no added `env`, no
+    /// `maxTurnCostUsd`.
     pub fn new(command: Vec<String>) -> EngineConfig {
         EngineConfig {
             command,
@@ -187,6 +191,7 @@ impl EngineConfig {
             max_output_bytes: DEFAULT_ENGINE_MAX_OUTPUT_BYTES,
             cwd: None,
             env: BTreeMap::new(),
+            max_turn_cost_usd: None,
         }
     }
 }
@@ -201,6 +206,7 @@ impl fmt::Debug for EngineConfig {
             .field("max_output_bytes", &self.max_output_bytes)
             .field("cwd", &self.cwd)
             .field("env", &self.env.keys().collect::<Vec<_>>())
+            .field("max_turn_cost_usd", &self.max_turn_cost_usd)
             .finish()
     }
 }

@@ -243,6 +243,18 @@ fn parse_engine(fields: &Map<String, Value>) -> Result<EngineConfig, ConfigError
             },
             "must be a non-empty string",
         )?,
+        max_turn_cost_usd: match fields.get("maxTurnCostUsd") {
+            None | Some(Value::Null) => None,
+            Some(value) => match value.as_f64() {
+                Some(usd) if usd.is_finite() && usd >= 0.0 => Some(usd),
+                _ => {
+                    return Err(ConfigError::field_error(
+                        "engine.maxTurnCostUsd",
+                        "must be a non-negative number",
+                    ))
+                }
+            },
+        },
         env: match fields.get("env") {
             None => BTreeMap::new(),
             Some(Value::Object(vars)) => parse_env(vars)?,

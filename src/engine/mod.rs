@@ -5,6 +5,7 @@
 //! kill, reap); `engine/outcome.rs` interprets, without I/O, what it wrote and how it
 //! ended. Their limits are named constants there.
 
+mod budget;
 mod outcome;
 mod preflight;
 mod process;
@@ -17,8 +18,8 @@ pub use reaper::contain_leftovers;
 pub use running::RunningEngines;
 
 use crate::config::{Config, EngineConfig};
-use crate::protocol::{ErrorCode, Failure, TalkRequest};
-use crate::usage::{self, UsageError, UsageStore};
+use crate::protocol::{ErrorCode, TalkRequest};
+use crate::usage::UsageStore;
 use outcome::{Exit, Interpreted};
 use process::{Ended, Launch};
 use std::path::PathBuf;
@@ -50,6 +51,8 @@ pub struct Engine {
     pub usage: UsageStore,
     /// Engines running now.
     pub running: RunningEngines,
+    /// The budget estimates of the turns running now.
+    reservations: budget::Reservations,
 }
 
 impl Engine {
@@ -60,6 +63,7 @@ impl Engine {
             usage: UsageStore::new(&state_dir),
             state_dir,
             running: RunningEngines::default(),
+            reservations: budget::Reservations::default(),
         }
     }
 
@@ -75,15 +79,22 @@ impl Engine {
     }
 
     /// Runs one turn to completion (on a worker thread: it may block until
-    /// `engine.timeoutSecs`). With a budget set, a spent (or unknowable) budget refuses
-    /// the turn before any engine runs; an engine turn's usage is then recorded.
+    /// `engine.timeoutSecs`). With a budget set, a spent (or unknowable) budget, counting
+    /// the estimates of the turns running now, refuses the turn before any engine runs
+    /// (see `engine/budget.rs`); an engine turn's usage is then recorded.
     pub fn run(&self, turn: &Turn) -> TurnResult {
-        if let Some(budget) = turn.config.budget_usd {
-            if let Some(refusal) = self.budget_refusal(budget) {
-                return TurnResult::Failed(refusal);
+        let engine = turn.config.engine.as_ref();
+        let reservation = match turn.config.budget_usd {
+            Some(budget) => {
+                let cap = engine.and_then(|e| e.max_turn_cost_usd);
+                match self.reservations.admit(&self.usage, budget, cap) {
+                    Ok(reservation) => Some(reservation),
+                    Err(refusal) => return TurnResult::Failed(refusal),
+                }
             }
-        }
-        let Some(engine) = &turn.config.engine else {
+            None => None,
+        };
+        let Some(engine) = engine else {
             return echo(&turn.request);
         };
         let run = self.run_command(engine, &turn.request);
@@ -92,26 +103,10 @@ impl Engine {
                 log::error!("cannot record usage: {e}");
             }
         }
-        run.result
-    }
-
-    /// The budget refusal, if the budget is spent (or unknowable).
-    fn budget_refusal(&self, budget: f64) -> Option<Failure> {
-        match self.usage.current() {
-            Ok(usage) if usage.total_cost_usd >= budget => Some(Failure::new(
-                ErrorCode::BudgetExhausted,
-                usage::budget_message(usage.total_cost_usd, budget),
-            )),
-            Ok(_) => None,
-            Err(e @ UsageError::Corrupt(_)) => Some(Failure::new(
-                ErrorCode::BudgetExhausted,
-                format!("Budget unknown: {e}."),
-            )),
-            Err(e) => Some(Failure::new(
-                ErrorCode::InternalError,
-                format!("cannot read usage: {e}"),
-            )),
+        if let Some(reservation) = reservation {
+            reservation.finish(run.usage.map(|u| u.cost_usd));
         }
+        run.result
     }
 
     /// Runs the engine command for `request` and interprets how it ended.
@@ -174,6 +169,7 @@ impl Engine {
 mod tests {
     use super::*;
     use crate::files::test_support::TestDir;
+    use crate::usage;
 
     fn turn(config: &str, prompt: &str) -> Turn {
         Turn {

@@ -394,6 +394,7 @@ mod tests {
             max_output_bytes: 1024 * 1024,
             cwd: None,
             env: Default::default(),
+            max_turn_cost_usd: None,
         }
     }
 
