@@ -171,6 +171,10 @@ pub fn run(launch: &Launch<'_>, running: &RunningEngines) -> Ended {
                 stderr,
             };
             let stop = supervise(&spawned, running, &mut io, deadline);
+            if matches!(stop, Err(_) | Ok(Some(Stop::WatchFailed))) {
+                // It may still run: it must exit before it is reaped.
+                running.kill(&spawned);
+            }
             let output = |p: Option<Pipe>| p.map(|p| p.bytes).unwrap_or_default();
             (stop, output(io.stdout), output(io.stderr))
         }

@@ -40,15 +40,15 @@ pub fn contain_leftovers(running: &RunningEngines) -> io::Result<()> {
 
 fn reap_forever(running: &RunningEngines) {
     let me = std::process::id();
-    // Leftover pid -> when it got SIGTERM (None once it got SIGKILL too).
+    // Leftover pid -> when it got SIGTERM (None once it got SIGKILL too). Only this
+    // thread reaps them, so until it does, their pids cannot be recycled.
     let mut leftovers: HashMap<u32, Option<Instant>> = HashMap::new();
     loop {
-        let wait = if leftovers.is_empty() {
+        running.wait_nudged(if leftovers.is_empty() {
             LEFTOVER_SCAN_INTERVAL
         } else {
             LEFTOVER_POLL
-        };
-        let state = running.wait_nudged(wait);
+        });
         leftovers.retain(|pid, termed| {
             if reap(*pid) {
                 return false;
@@ -59,9 +59,13 @@ fn reap_forever(running: &RunningEngines) {
             }
             true
         });
-        // Look after reaping: a reaped leftover's own children are ours now.
-        for pid in children_of(me) {
-            if state.is_engine(pid) || leftovers.contains_key(&pid) {
+        // Look after reaping: a reaped leftover's own children are ours now. The scan
+        // runs without the lock; each candidate is checked again under it, where an
+        // unreaped child of ours that is not an engine cannot change.
+        let candidates = children_of(me);
+        let state = running.lock();
+        for pid in candidates {
+            if state.is_engine(pid) || leftovers.contains_key(&pid) || parent_of(pid) != Some(me) {
                 continue;
             }
             log::info!("killing process {pid}, left behind by an engine that exited");
@@ -94,13 +98,13 @@ fn children_of(parent: u32) -> Vec<u32> {
     entries
         .flatten()
         .filter_map(|entry| entry.file_name().to_str()?.parse::<u32>().ok())
-        .filter(|pid| {
-            std::fs::read_to_string(format!("/proc/{pid}/stat"))
-                .ok()
-                .and_then(|stat| parent_in_stat(&stat))
-                == Some(parent)
-        })
+        .filter(|pid| parent_of(*pid) == Some(parent))
         .collect()
+}
+
+/// The parent of `pid`, from `/proc/<pid>/stat`.
+fn parent_of(pid: u32) -> Option<u32> {
+    parent_in_stat(&std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?)
 }
 
 /// The parent pid in the text of a `/proc/<pid>/stat` file: the second field after the

@@ -98,9 +98,8 @@ impl RunningEngines {
         kill_tree(spawned.pid, Signal::KILL);
     }
 
-    /// Waits until an engine exited ([`RunningEngines::nudge`]) or `timeout` passed;
-    /// returns the state, locked.
-    pub(super) fn wait_nudged(&self, timeout: Duration) -> MutexGuard<'_, State> {
+    /// Waits until an engine exited ([`RunningEngines::nudge`]) or `timeout` passed.
+    pub(super) fn wait_nudged(&self, timeout: Duration) {
         let state = self.lock();
         let (mut state, _) = self
             .shared
@@ -108,7 +107,6 @@ impl RunningEngines {
             .wait_timeout_while(state, timeout, |s| !s.nudged)
             .unwrap_or_else(PoisonError::into_inner);
         state.nudged = false;
-        state
     }
 
     /// How many engine processes are running.
