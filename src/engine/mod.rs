@@ -1,9 +1,13 @@
 //! Running one turn (contract section 8): the budget check, then the built-in echo
 //! engine or the configured engine command, then the usage record.
 //!
-//! `engine/process.rs` supervises the command's process (spawn, feed, drain, deadline,
-//! kill, reap); `engine/outcome.rs` interprets, without I/O, what it wrote and how it
-//! ended. Their limits are named constants there.
+//! `engine/budget.rs` admits a turn against the budget, counting the running turns'
+//! estimates; `engine/preflight.rs` refuses what can never start (and warns about it at
+//! start-up); `engine/process.rs` supervises the command's process (spawn, feed, drain,
+//! deadline, kill, reap) with `engine/running.rs`, the engines running now;
+//! `engine/reaper.rs` kills and reaps what they leave behind; `engine/outcome.rs`
+//! interprets, without I/O, what an engine wrote and how it ended. Their limits are
+//! named constants there.
 
 mod budget;
 mod outcome;
