@@ -58,6 +58,60 @@ pub fn write_atomic(path: &Path, bytes: &[u8], mode: u32) -> io::Result<()> {
     File::open(&dir)?.sync_all()
 }
 
+/// Removes the temp files of [`write_atomic`] (`.<name>.tmp.<pid>.<n>`) in `dir` that
+/// no live process owns: a writer killed mid-write (`kill -9`) leaves one behind, and
+/// nothing else ever removes it. A file whose pid is alive (another instance writing
+/// now, or a process that reused the pid) is kept. Returns the paths removed.
+///
+/// # Errors
+///
+/// An error listing `dir`; files that cannot be removed are skipped.
+pub fn remove_stale_temp_files(dir: &Path) -> io::Result<Vec<PathBuf>> {
+    let mut removed = Vec::new();
+    for entry in fs::read_dir(dir)?.flatten() {
+        let name = entry.file_name();
+        let Some(pid) = name.to_str().and_then(temp_file_pid) else {
+            continue;
+        };
+        // Symlinks are not followed; only a regular file can be ours.
+        if !entry.file_type().is_ok_and(|t| t.is_file()) || process_alive(pid) {
+            continue;
+        }
+        let path = entry.path();
+        if fs::remove_file(&path).is_ok() {
+            removed.push(path);
+        }
+    }
+    Ok(removed)
+}
+
+/// The writer's pid in a temp file name of [`write_atomic`]: `.<name>.tmp.<pid>.<n>`.
+fn temp_file_pid(name: &str) -> Option<u32> {
+    let rest = name.strip_prefix('.')?;
+    let (target, tail) = rest.rsplit_once(".tmp.")?;
+    let (pid, n) = tail.split_once('.')?;
+    let digits = |s: &str| !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit());
+    if target.is_empty() || !digits(pid) || !digits(n) {
+        return None;
+    }
+    pid.parse().ok()
+}
+
+/// Whether a process with this pid exists (signal 0 reaches it, or it is another
+/// user's).
+fn process_alive(pid: u32) -> bool {
+    let Some(pid) = i32::try_from(pid)
+        .ok()
+        .and_then(rustix::process::Pid::from_raw)
+    else {
+        return false;
+    };
+    !matches!(
+        rustix::process::test_kill_process(pid),
+        Err(rustix::io::Errno::SRCH)
+    )
+}
+
 /// The directory of `path` (`.` for a bare file name) and its file name.
 fn split_path(path: &Path) -> io::Result<(PathBuf, OsString)> {
     let name = path.file_name().ok_or_else(|| {
@@ -410,6 +464,31 @@ pub(crate) mod test_support {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn bug_temp_files_of_a_killed_writer_were_left_forever() {
+        use test_support::TestDir;
+        let dir = TestDir::new("files-stale-temp");
+        // A pid that is surely dead: beyond the kernel's pid_max.
+        let dead = ".usage.json.tmp.2147483646.0";
+        let ours = format!(".usage.json.tmp.{}.7", std::process::id());
+        let others = [
+            "usage.json",
+            ".usage.json.tmp.x.1",
+            ".tmp.1.1",
+            "notes.tmp.1.1",
+        ];
+        for name in [dead, ours.as_str()].into_iter().chain(others) {
+            std::fs::write(dir.path().join(name), b"x").unwrap();
+        }
+        let removed = remove_stale_temp_files(dir.path()).unwrap();
+        assert_eq!(removed, vec![dir.path().join(dead)]);
+        for name in [ours.as_str()].into_iter().chain(others) {
+            assert!(dir.path().join(name).exists(), "{name}");
+        }
+        assert_eq!(temp_file_pid(".registry.json.tmp.12.3"), Some(12));
+        assert_eq!(temp_file_pid(".a.tmp.12.3.4"), None);
+    }
+
     use super::test_support::TestDir;
     use super::*;
     use std::sync::Arc;

@@ -23,6 +23,10 @@ pub const USAGE_FILE: &str = "usage.json";
 pub const USAGE_BACKUP_FILE: &str = "usage.json.bak";
 /// A usage file larger than this is treated as corrupt rather than read.
 pub const MAX_USAGE_BYTES: u64 = 64 * 1024;
+/// The largest total cost recorded, in US dollars: far above any real bill, far below
+/// where adding to an `f64` loses cents or overflows to infinity (which JSON would
+/// carry as `null`).
+pub const MAX_TOTAL_COST_USD: f64 = 1e12;
 
 /// Accumulated usage of one instance.
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -104,15 +108,27 @@ impl Usage {
         })
     }
 
-    fn add(&mut self, turn: &TurnUsage) {
+    /// Adds `turn`. Token counts saturate; a cost that is not finite and
+    /// non-negative, or a total cost that would pass [`MAX_TOTAL_COST_USD`], is refused
+    /// (the totals are left as they were), so the file never holds `null` or `inf`.
+    fn add(&mut self, turn: &TurnUsage) -> Result<(), UsageError> {
+        let total = self.total_cost_usd + turn.cost_usd;
+        if !turn.cost_usd.is_finite()
+            || turn.cost_usd < 0.0
+            || !(total.is_finite() && total <= MAX_TOTAL_COST_USD)
+        {
+            return Err(UsageError::Overflow {
+                total: self.total_cost_usd,
+                cost: turn.cost_usd,
+            });
+        }
+        self.total_cost_usd = total;
         self.total_input_tokens = self.total_input_tokens.saturating_add(turn.input_tokens);
         self.total_output_tokens = self.total_output_tokens.saturating_add(turn.output_tokens);
         self.total_cached_tokens = self.total_cached_tokens.saturating_add(turn.cached_tokens);
-        if turn.cost_usd.is_finite() && turn.cost_usd > 0.0 {
-            self.total_cost_usd += turn.cost_usd;
-        }
         self.request_count = self.request_count.saturating_add(1);
         self.last_updated_at = Some(time::now_iso8601());
+        Ok(())
     }
 }
 
@@ -123,6 +139,14 @@ pub enum UsageError {
     Corrupt(PathBuf),
     /// Reading or writing failed.
     Io(io::Error),
+    /// Adding this turn's cost would take the total past [`MAX_TOTAL_COST_USD`] (or
+    /// the cost is not a finite, non-negative number); nothing was written.
+    Overflow {
+        /// The total before this turn, in US dollars.
+        total: f64,
+        /// The turn's cost.
+        cost: f64,
+    },
 }
 
 impl fmt::Display for UsageError {
@@ -134,6 +158,10 @@ impl fmt::Display for UsageError {
                 path.display()
             ),
             UsageError::Io(e) => write!(f, "usage file: {e}"),
+            UsageError::Overflow { total, cost } => write!(
+                f,
+                "a cost of ${cost} on a total of ${total} passes the bound of ${MAX_TOTAL_COST_USD}; not recorded"
+            ),
         }
     }
 }
@@ -182,7 +210,9 @@ impl UsageStore {
                 Ok(usage) => usage,
                 Err(e) => return Ok(Err(e)),
             };
-            usage.add(turn);
+            if let Err(e) = usage.add(turn) {
+                return Ok(Err(e));
+            }
             let bytes = usage.to_json();
             files::write_atomic(&self.path, &bytes, files::PRIVATE_FILE_MODE)?;
             files::write_atomic(&self.backup, &bytes, files::PRIVATE_FILE_MODE)?;
@@ -400,6 +430,38 @@ mod tests {
             UsageStore::new(dir.path()).current().unwrap(),
             Usage::default()
         );
+    }
+
+    #[test]
+    fn bug_totals_overflowed_to_null() {
+        let dir = TestDir::new("usage-overflow");
+        std::fs::write(
+            dir.path().join(USAGE_FILE),
+            format!(
+                r#"{{"totalCostUsd":{},"requestCount":1}}"#,
+                MAX_TOTAL_COST_USD - 1.0
+            ),
+        )
+        .unwrap();
+        let store = UsageStore::new(dir.path());
+        for cost in [2.0, f64::MAX, f64::INFINITY, f64::NAN, -1.0] {
+            assert!(
+                matches!(store.record(&turn(cost)), Err(UsageError::Overflow { .. })),
+                "{cost}"
+            );
+        }
+        // The file is unchanged and valid, and smaller costs still add up.
+        let usage = store.record(&turn(0.5)).unwrap();
+        assert_eq!(usage.request_count, 2);
+        let bytes = std::fs::read(dir.path().join(USAGE_FILE)).unwrap();
+        let v: Value = serde_json::from_slice(&bytes).unwrap();
+        assert!(v["totalCostUsd"].is_f64(), "{v}");
+        // Token totals saturate instead of wrapping.
+        let mut huge = turn(0.0);
+        huge.input_tokens = u64::MAX;
+        store.record(&huge).unwrap();
+        let usage = store.record(&huge).unwrap();
+        assert_eq!(usage.total_input_tokens, u64::MAX);
     }
 
     #[test]

@@ -250,8 +250,12 @@ fn spawn_failure_is_engine_cli() {
     );
     let (code, retryable, error) = failure(&a.talk("caller", "x", 0));
     assert_eq!(code, "engine_cli");
-    assert!(retryable);
-    assert!(error.contains("cannot start engine"), "{error}");
+    // A missing program cannot start on a retry either (issue 9).
+    assert!(!retryable);
+    assert!(
+        error.contains("`/nonexistent/engine-binary` not found"),
+        "{error}"
+    );
 }
 
 #[test]

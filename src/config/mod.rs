@@ -184,8 +184,8 @@ pub struct EngineConfig {
     pub timeout_secs: u64,
     /// `maxOutputBytes`: output past this is cut and the turn fails.
     pub max_output_bytes: u64,
-    /// `maxTurnCostUsd`: the most one turn is expected to cost, counted against the
-    /// budget while the turn runs; `None` when not set.
+    /// `maxTurnCostUsd`: what one turn may cost at most (finite, non-negative), counted
+    /// against `budgetUsd` for each running turn; `None`: the recent mean is counted.
     pub max_turn_cost_usd: Option<f64>,
     /// `cwd`: the working directory, if set.
     pub cwd: Option<PathBuf>,

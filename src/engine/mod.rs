@@ -1,19 +1,29 @@
 //! Running one turn (contract section 8): the budget check, then the built-in echo
 //! engine or the configured engine command, then the usage record.
 //!
-//! `engine/process.rs` supervises the command's process (spawn, feed, drain, deadline,
-//! kill, reap); `engine/outcome.rs` interprets, without I/O, what it wrote and how it
-//! ended. Their limits are named constants there.
+//! `engine/budget.rs` admits a turn against the budget, counting the running turns'
+//! estimates; `engine/preflight.rs` refuses what can never start (and warns about it at
+//! start-up); `engine/process.rs` supervises the command's process (spawn, feed, drain,
+//! deadline, kill, reap) with `engine/running.rs`, the engines running now;
+//! `engine/reaper.rs` kills and reaps what they leave behind; `engine/outcome.rs`
+//! interprets, without I/O, what an engine wrote and how it ended. Their limits are
+//! named constants there.
 
+mod budget;
 mod outcome;
+mod preflight;
 mod process;
+mod reaper;
+mod running;
 
 pub use outcome::TurnResult;
-pub use process::RunningEngines;
+pub use preflight::warnings;
+pub use reaper::contain_leftovers;
+pub use running::RunningEngines;
 
 use crate::config::{Config, EngineConfig};
-use crate::protocol::{ErrorCode, Failure, TalkRequest};
-use crate::usage::{self, UsageError, UsageStore};
+use crate::protocol::{ErrorCode, TalkRequest};
+use crate::usage::UsageStore;
 use outcome::{Exit, Interpreted};
 use process::{Ended, Launch};
 use std::path::PathBuf;
@@ -45,6 +55,8 @@ pub struct Engine {
     pub usage: UsageStore,
     /// Engines running now.
     pub running: RunningEngines,
+    /// The budget estimates of the turns running now.
+    reservations: budget::Reservations,
 }
 
 impl Engine {
@@ -55,6 +67,7 @@ impl Engine {
             usage: UsageStore::new(&state_dir),
             state_dir,
             running: RunningEngines::default(),
+            reservations: budget::Reservations::default(),
         }
     }
 
@@ -70,15 +83,22 @@ impl Engine {
     }
 
     /// Runs one turn to completion (on a worker thread: it may block until
-    /// `engine.timeoutSecs`). With a budget set, a spent (or unknowable) budget refuses
-    /// the turn before any engine runs; an engine turn's usage is then recorded.
+    /// `engine.timeoutSecs`). With a budget set, a spent (or unknowable) budget, counting
+    /// the estimates of the turns running now, refuses the turn before any engine runs
+    /// (see `engine/budget.rs`); an engine turn's usage is then recorded.
     pub fn run(&self, turn: &Turn) -> TurnResult {
-        if let Some(budget) = turn.config.budget_usd {
-            if let Some(refusal) = self.budget_refusal(budget) {
-                return TurnResult::Failed(refusal);
+        let engine = turn.config.engine.as_ref();
+        let reservation = match turn.config.budget_usd {
+            Some(budget) => {
+                let cap = engine.and_then(|e| e.max_turn_cost_usd);
+                match self.reservations.admit(&self.usage, budget, cap) {
+                    Ok(reservation) => Some(reservation),
+                    Err(refusal) => return TurnResult::Failed(refusal),
+                }
             }
-        }
-        let Some(engine) = &turn.config.engine else {
+            None => None,
+        };
+        let Some(engine) = engine else {
             return echo(&turn.request);
         };
         let run = self.run_command(engine, &turn.request);
@@ -87,26 +107,10 @@ impl Engine {
                 log::error!("cannot record usage: {e}");
             }
         }
-        run.result
-    }
-
-    /// The budget refusal, if the budget is spent (or unknowable).
-    fn budget_refusal(&self, budget: f64) -> Option<Failure> {
-        match self.usage.current() {
-            Ok(usage) if usage.total_cost_usd >= budget => Some(Failure::new(
-                ErrorCode::BudgetExhausted,
-                usage::budget_message(usage.total_cost_usd, budget),
-            )),
-            Ok(_) => None,
-            Err(e @ UsageError::Corrupt(_)) => Some(Failure::new(
-                ErrorCode::BudgetExhausted,
-                format!("Budget unknown: {e}."),
-            )),
-            Err(UsageError::Io(e)) => Some(Failure::new(
-                ErrorCode::InternalError,
-                format!("cannot read usage: {e}"),
-            )),
+        if let Some(reservation) = reservation {
+            reservation.finish(run.usage.map(|u| u.cost_usd));
         }
+        run.result
     }
 
     /// Runs the engine command for `request` and interprets how it ended.
@@ -121,15 +125,20 @@ impl Engine {
                 ("LOOPBUS_DEPTH", request.depth.to_string().into()),
             ],
         };
-        let program = engine.command.first().map(String::as_str).unwrap_or("");
+        if let Some(refusal) = preflight::refusal(engine, &request.prompt) {
+            return Interpreted {
+                result: TurnResult::Failed(refusal),
+                usage: None,
+            };
+        }
         match process::run(&launch, &self.running) {
             Ended::NoCommand => {
                 Interpreted::failed(ErrorCode::EngineCli, "engine.command is empty")
             }
-            Ended::SpawnFailed(e) => Interpreted::failed(
-                ErrorCode::EngineCli,
-                format!("cannot start engine `{program}`: {e}"),
-            ),
+            Ended::SpawnFailed(e) => Interpreted {
+                result: TurnResult::Failed(preflight::spawn_failure(engine, &e)),
+                usage: None,
+            },
             Ended::WaitFailed(e) => Interpreted::failed(
                 ErrorCode::EngineCli,
                 format!("cannot wait for the engine: {e}"),
@@ -164,6 +173,7 @@ impl Engine {
 mod tests {
     use super::*;
     use crate::files::test_support::TestDir;
+    use crate::usage;
 
     fn turn(config: &str, prompt: &str) -> Turn {
         Turn {

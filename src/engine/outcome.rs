@@ -15,6 +15,13 @@ pub const MAX_ENGINE_MESSAGE_CHARS: usize = 1_000;
 /// How many of the last non-empty lines of stderr (or stdout) a failure message quotes.
 pub const MESSAGE_LINES: usize = 3;
 
+/// Exit statuses with which a shell says a command it ran was not executable (126) or
+/// not found (127): an engine failing so is not retryable.
+pub const COMMAND_NOT_FOUND_STATUSES: [i32; 2] = [126, 127];
+/// What the message of such a failure starts with when the output names `loopbus`.
+pub const NESTED_LOOPBUS_HINT: &str =
+    "the engine could not run `loopbus` (is it on the engine's PATH? set engine.env.PATH)";
+
 /// What a turn produced.
 #[derive(Debug, Clone, PartialEq)]
 pub enum TurnResult {
@@ -78,7 +85,17 @@ pub fn interpret(output: OutputMode, exit: Exit, stdout: &[u8], stderr: &[u8]) -
         OutputMode::Json => json_object(&stdout_text),
         OutputMode::Text => None,
     };
-    let usage = json.as_ref().map(usage_of);
+    let usage = match json.as_ref().map(usage_of).transpose() {
+        Ok(usage) => usage,
+        Err(bad) => {
+            // Bad usage is bad output, whatever else the engine said. The turn still
+            // counts, at no cost: nothing it reported can be trusted.
+            return Interpreted {
+                result: TurnResult::Failed(Failure::new(ErrorCode::EngineCli, bounded(&bad))),
+                usage: Some(TurnUsage::default()),
+            };
+        }
+    };
     if exit != Exit::Code(0) {
         // Prefer the engine's structured message, then stderr, then stdout.
         let json_message = json
@@ -97,13 +114,25 @@ pub fn interpret(output: OutputMode, exit: Exit, stdout: &[u8], stderr: &[u8]) -
             Exit::Signal(signal) => format!("engine was killed by signal {signal}"),
             Exit::Unknown => "engine failed".to_owned(),
         };
-        let text = if message.is_empty() {
+        let mut text = if message.is_empty() {
             how
         } else {
             format!("{how}: {message}")
         };
+        let mut failure = Failure::new(code, "");
+        if failure.code == ErrorCode::EngineCli
+            && matches!(exit, Exit::Code(c) if COMMAND_NOT_FOUND_STATUSES.contains(&c))
+        {
+            // A command the engine runs is missing: retrying cannot fix that.
+            failure.retryable = false;
+            let lower = format!("{stderr_text}\n{stdout_text}").to_lowercase();
+            if lower.contains(super::preflight::DELEGATION_PROGRAM) {
+                text = format!("{NESTED_LOOPBUS_HINT}: {text}");
+            }
+        }
+        failure.error = bounded(&text);
         return Interpreted {
-            result: TurnResult::Failed(Failure::new(code, bounded(&text))),
+            result: TurnResult::Failed(failure),
             usage,
         };
     }
@@ -172,27 +201,45 @@ fn json_object(stdout: &str) -> Option<Value> {
     })
 }
 
-/// Cost and tokens from a `claude -p --output-format json` object; absent or invalid
-/// fields count as 0.
-fn usage_of(value: &Value) -> TurnUsage {
-    let tokens = |field: &str| {
-        value
-            .get("usage")
-            .and_then(|u| u.get(field))
-            .and_then(Value::as_u64)
-            .unwrap_or(0)
+/// The largest cost one turn may report, in US dollars: more is not a real bill but a
+/// broken or hostile engine, and is refused as bad output rather than counted.
+pub const MAX_TURN_COST_USD: f64 = 1_000.0;
+/// The largest token count (of each kind) one turn may report.
+pub const MAX_TURN_TOKENS: u64 = 1_000_000_000;
+
+/// Cost and tokens from a `claude -p --output-format json` object. An absent (or null)
+/// field counts as 0; a present one must be a finite, non-negative number within
+/// [`MAX_TURN_COST_USD`] (an integer within [`MAX_TURN_TOKENS`] for tokens), or the
+/// usage is bad engine output: `Err` says which field.
+fn usage_of(value: &Value) -> Result<TurnUsage, String> {
+    let present = |v: Option<&Value>| v.filter(|v| !v.is_null()).cloned();
+    let tokens = |field: &str| -> Result<u64, String> {
+        let Some(v) = present(value.get("usage").and_then(|u| u.get(field))) else {
+            return Ok(0);
+        };
+        v.as_u64().filter(|n| *n <= MAX_TURN_TOKENS).ok_or_else(|| {
+            format!(
+                "engine reported usage.{field} {v}, not a token count from 0 to {MAX_TURN_TOKENS} (MAX_TURN_TOKENS)"
+            )
+        })
     };
-    let cost = value
-        .get("total_cost_usd")
-        .and_then(Value::as_f64)
-        .filter(|c| c.is_finite() && *c >= 0.0)
-        .unwrap_or(0.0);
-    TurnUsage {
-        input_tokens: tokens("input_tokens"),
-        output_tokens: tokens("output_tokens"),
-        cached_tokens: tokens("cache_read_input_tokens"),
+    let cost = match present(value.get("total_cost_usd")) {
+        None => 0.0,
+        Some(v) => v
+            .as_f64()
+            .filter(|c| c.is_finite() && (0.0..=MAX_TURN_COST_USD).contains(c))
+            .ok_or_else(|| {
+                format!(
+                    "engine reported total_cost_usd {v}, not a cost from $0 to ${MAX_TURN_COST_USD} a turn (MAX_TURN_COST_USD)"
+                )
+            })?,
+    };
+    Ok(TurnUsage {
+        input_tokens: tokens("input_tokens")?,
+        output_tokens: tokens("output_tokens")?,
+        cached_tokens: tokens("cache_read_input_tokens")?,
         cost_usd: cost,
-    }
+    })
 }
 
 /// The classification rules, in the order they are tried: the first rule with a
@@ -541,6 +588,33 @@ mod tests {
     }
 
     #[test]
+    fn bug_loopbus_missing_on_a_nested_engines_path_was_retryable() {
+        let run = interpret(
+            OutputMode::Text,
+            Exit::Code(127),
+            b"",
+            b"engine.sh: 3: loopbus: not found",
+        );
+        let TurnResult::Failed(f) = run.result else {
+            panic!("not a failure")
+        };
+        assert_eq!(f.code, ErrorCode::EngineCli);
+        assert!(!f.retryable);
+        assert!(f.error.starts_with(NESTED_LOOPBUS_HINT), "{f:?}");
+        // Another missing command: not retryable, no hint; another status: retryable.
+        let run = interpret(OutputMode::Text, Exit::Code(127), b"", b"jq: not found");
+        let TurnResult::Failed(f) = run.result else {
+            panic!("not a failure")
+        };
+        assert!(!f.retryable && !f.error.contains("loopbus"), "{f:?}");
+        let run = interpret(OutputMode::Text, Exit::Code(1), b"", b"loopbus: boom");
+        let TurnResult::Failed(f) = run.result else {
+            panic!("not a failure")
+        };
+        assert!(f.retryable);
+    }
+
+    #[test]
     fn failure_message_is_bounded() {
         let long = "x".repeat(MAX_ENGINE_MESSAGE_CHARS * 2);
         let run = interpret(OutputMode::Text, Exit::Code(1), b"", long.as_bytes());
@@ -566,11 +640,11 @@ mod tests {
                 r#"{"result":"x","total_cost_usd":0.25,"usage":{"input_tokens":3,"output_tokens":4,"cache_read_input_tokens":5}}"#,
                 Some(full),
             ),
-            // Negative cost and non-integer tokens count as 0.
+            // Absent and null fields count as 0.
             (
                 OutputMode::Json,
                 Exit::Code(0),
-                r#"{"result":"x","total_cost_usd":-1,"usage":{"input_tokens":-2,"output_tokens":1.5}}"#,
+                r#"{"result":"x","total_cost_usd":null,"usage":{"input_tokens":null}}"#,
                 Some(TurnUsage::default()),
             ),
             // A failed JSON engine that still reported its cost: it counts.
@@ -601,6 +675,39 @@ mod tests {
             let run = interpret(*mode, *exit, out.as_bytes(), b"");
             assert_eq!(run.usage, *want, "{mode:?} {exit:?} {out:?}");
         }
+    }
+
+    #[test]
+    fn bug_a_cost_of_1e308_turned_the_total_into_null() {
+        // Each row is bad engine output: engine_cli, and nothing it reported counted.
+        let rows = [
+            r#"{"result":"x","total_cost_usd":1e308}"#,
+            r#"{"result":"x","total_cost_usd":-0.5}"#,
+            r#"{"result":"x","total_cost_usd":1000.01}"#,
+            r#"{"result":"x","total_cost_usd":"1"}"#,
+            r#"{"result":"x","usage":{"input_tokens":-2}}"#,
+            r#"{"result":"x","usage":{"output_tokens":1.5}}"#,
+            r#"{"result":"x","usage":{"cache_read_input_tokens":18446744073709551615}}"#,
+            r#"{"result":"x","usage":{"input_tokens":1000000001}}"#,
+            // serde_json refuses a number out of f64's range: not a JSON object.
+            r#"{"result":"x","total_cost_usd":1e400}"#,
+        ];
+        for out in rows {
+            for exit in [Exit::Code(0), Exit::Code(1)] {
+                let run = interpret(OutputMode::Json, exit, out.as_bytes(), b"");
+                let TurnResult::Failed(f) = &run.result else {
+                    panic!("accepted {out}")
+                };
+                assert_eq!(f.code, ErrorCode::EngineCli, "{out}");
+                let counted = run.usage.unwrap_or_default();
+                assert_eq!(counted, TurnUsage::default(), "{out}");
+            }
+        }
+        // The bounds themselves pass.
+        let at_bounds =
+            r#"{"result":"x","total_cost_usd":1000,"usage":{"input_tokens":1000000000}}"#;
+        let run = interpret(OutputMode::Json, Exit::Code(0), at_bounds.as_bytes(), b"");
+        assert_eq!(run.result, TurnResult::Reply("x".to_owned()));
     }
 
     #[test]

@@ -114,8 +114,11 @@ impl InstanceOptions {
         self
     }
 
-    /// Whether SIGTERM and SIGINT stop the instance (off by default:
-    /// an embedder's process keeps its own signal handling; `loopbus serve` turns it on).
+    /// Whether the process is the instance's own (`loopbus serve` turns it on; off by
+    /// default, so an embedder's process keeps its own handling): SIGTERM, SIGINT,
+    /// SIGHUP and SIGQUIT stop the instance, and the process becomes a child subreaper
+    /// that kills and reaps every child that is not a running engine (what an engine
+    /// left behind).
     pub fn handle_signals(mut self, on: bool) -> InstanceOptions {
         self.handle_signals = on;
         self
@@ -189,11 +192,17 @@ impl Instance {
         let name = InstanceName::new(name).map_err(|e| ServeError::InvalidName(e.to_string()))?;
         let root = registry::channel_root(&state_dir);
         let config_path = state_dir.join(CONFIG_FILE);
+        remove_stale_temp_files(&[&state_dir, &root]);
         let (mut config, config_bytes) = read_config(&state_dir)?;
         if let Some(engine) = &options.engine {
             engine.apply(&mut config);
         }
         warn_about_modes(&config_path, &root);
+        if let Some(engine) = &config.engine {
+            crate::engine::warnings(engine)
+                .iter()
+                .for_each(|w| log::warn!("{w}"));
+        }
 
         let serving = files::hold_lock(&state_dir.join(SERVE_LOCK_FILE))
             .map_err(|source| ServeError::Lock {
@@ -228,6 +237,12 @@ impl Instance {
 
         let engine = Engine::new(&name, state_dir.clone());
         let running = engine.running.clone();
+        if options.handle_signals {
+            // The process is the instance's own: what its engines leave behind is ours.
+            if let Err(e) = crate::engine::contain_leftovers(&running) {
+                log::warn!("cannot become a child subreaper: {e}; processes that escape an engine's group will outlive it");
+            }
+        }
         let waker = event_loop.waker();
         // The server glues the two: a worker runs a turn on the engine, then wakes the
         // loop. Waking fails only if the OS refuses the write to mio's eventfd; the
@@ -329,9 +344,19 @@ impl Instance {
             _signals,
             ..
         } = self;
-        // A bug that panics the loop must still take the instance out of the registry.
+        // A bug that panics the loop must still take the instance out of the registry,
+        // and leave no engine running.
+        let running = bus.running.clone();
         let result =
             std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| event_loop.run(&mut bus)));
+        let failed = !matches!(result, Ok(Ok(())));
+        if failed {
+            log::error!(
+                "the server loop failed; killing {} engine(s)",
+                running.count()
+            );
+            running.kill_all();
+        }
         // Stopped first, so that it cannot write the entry back.
         registry_check.stop();
         if let Err(e) = registry::deregister(&root, &name, pid) {
@@ -361,6 +386,22 @@ fn read_config(state_dir: &Path) -> Result<(Config, Vec<u8>), ServeError> {
     let bytes = config::read_file(&path).map_err(fail)?;
     let config = config::parse_file(&path, &bytes).map_err(fail)?;
     Ok((config, bytes))
+}
+
+/// Removes the temp files that a writer killed mid-write left in `dirs` (the state
+/// directory and the channel root).
+fn remove_stale_temp_files(dirs: &[&Path]) {
+    for dir in dirs {
+        match files::remove_stale_temp_files(dir) {
+            Ok(removed) => {
+                for path in removed {
+                    log::info!("removed {}, left by a process that is gone", path.display());
+                }
+            }
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+            Err(e) => log::warn!("cannot look for stale temp files in {}: {e}", dir.display()),
+        }
+    }
 }
 
 fn warn_about_modes(config_path: &Path, root: &Path) {
@@ -415,10 +456,20 @@ fn interrupt_pair() -> io::Result<(mio::net::UnixStream, UnixStream)> {
     Ok((mio::net::UnixStream::from_std(read), write))
 }
 
-/// Routes SIGTERM and SIGINT to the stop pipe.
+/// The signals that stop an instance like [`ShutdownHandle::shutdown`] (contract 8):
+/// each deregisters and kills the engines before the exit, none leaves the registry
+/// entry or an engine behind.
+const STOP_SIGNALS: [i32; 4] = [
+    signal_hook::consts::SIGTERM,
+    signal_hook::consts::SIGINT,
+    signal_hook::consts::SIGHUP,
+    signal_hook::consts::SIGQUIT,
+];
+
+/// Routes the [`STOP_SIGNALS`] to the stop pipe.
 fn route_signals(write: &UnixStream) -> io::Result<Vec<signal_hook::SigId>> {
     let mut guards = Vec::new();
-    for signal in [signal_hook::consts::SIGTERM, signal_hook::consts::SIGINT] {
+    for signal in STOP_SIGNALS {
         guards.push(signal_hook::low_level::pipe::register(
             signal,
             write.try_clone()?,

@@ -74,6 +74,15 @@ impl Bus {
                     },
                     new.bus.max_depth
                 );
+                if let Some(engine) = new
+                    .engine
+                    .as_ref()
+                    .filter(|e| Some(*e) != self.config.engine.as_ref())
+                {
+                    crate::engine::warnings(engine)
+                        .iter()
+                        .for_each(|w| log::warn!("{w}"));
+                }
                 self.config = Arc::new(new);
             }
             Err(e) => log::warn!("{e}; keeping the last good config"),
@@ -82,6 +91,15 @@ impl Bus {
 
     pub(super) fn begin_shutdown(&mut self, control: &mut Control) {
         if self.stopping_since.is_some() {
+            // Asked twice: the running turns lose their grace.
+            if self.engines_killed_at.is_none() {
+                log::warn!(
+                    "asked again to stop: killing {} engine(s)",
+                    self.running.count()
+                );
+                self.running.kill_all();
+                self.engines_killed_at = Some(Instant::now());
+            }
             return;
         }
         log::info!("stopping: no new connections, queued turns get server_busy");

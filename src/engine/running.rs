@@ -1,0 +1,137 @@
+//! The engines running now: spawned, signalled and reaped under one lock, so that a pid
+//! is only ever signalled while it is still ours (not yet reaped, so never recycled),
+//! and so that the leftover reaper ([`super::reaper`]) never mistakes an engine for a
+//! leftover.
+
+use rustix::process::{Pid, Signal};
+use std::collections::HashMap;
+use std::io;
+use std::process::{Child, Command, ExitStatus};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
+use std::time::Duration;
+
+/// The engines running now (spawned, not yet reaped), so that shutdown can kill them
+/// and the leftover reaper can tell them apart from leftovers.
+#[derive(Debug, Default, Clone)]
+pub struct RunningEngines {
+    shared: Arc<Shared>,
+}
+
+#[derive(Debug, Default)]
+struct Shared {
+    state: Mutex<State>,
+    /// Signalled when an engine exited: its leftovers may now be ours.
+    nudged: Condvar,
+}
+
+#[derive(Debug, Default)]
+pub(super) struct State {
+    /// Turn id -> the engine's pid (also its process group's id).
+    engines: HashMap<u64, u32>,
+    next: u64,
+    /// An engine exited since the reaper last looked.
+    pub(super) nudged: bool,
+}
+
+impl State {
+    /// Whether `pid` is a running engine.
+    pub(super) fn is_engine(&self, pid: u32) -> bool {
+        self.engines.values().any(|p| *p == pid)
+    }
+}
+
+/// A spawned engine: its registration and its process.
+#[derive(Debug)]
+pub struct Spawned {
+    id: u64,
+    /// The engine's process (reaped by [`RunningEngines::reap`]).
+    pub child: Child,
+    /// Its pid, which is also its process group's id.
+    pub pid: u32,
+}
+
+impl RunningEngines {
+    pub(super) fn lock(&self) -> MutexGuard<'_, State> {
+        // Nothing panics while holding this lock.
+        self.shared
+            .state
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Spawns `command` and registers it, under the lock, so that the reaper never sees
+    /// the new child before it is known as an engine.
+    ///
+    /// # Errors
+    /// The spawn failed.
+    pub(super) fn spawn(&self, command: &mut Command) -> io::Result<Spawned> {
+        let mut state = self.lock();
+        let child = command.spawn()?;
+        let pid = child.id();
+        let id = state.next;
+        state.next = state.next.wrapping_add(1);
+        state.engines.insert(id, pid);
+        Ok(Spawned { id, child, pid })
+    }
+
+    /// Reaps an engine that has exited and unregisters it, under the lock, so that
+    /// nothing signals its pid once it can be recycled; then tells the reaper its
+    /// leftovers may be waiting.
+    pub(super) fn reap(&self, spawned: &mut Spawned) -> io::Result<ExitStatus> {
+        let mut state = self.lock();
+        state.engines.remove(&spawned.id);
+        let status = spawned.child.wait();
+        drop(state);
+        self.nudge();
+        status
+    }
+
+    /// Tells the reaper that an engine has exited: its leftovers are ours now.
+    pub(super) fn nudge(&self) {
+        self.lock().nudged = true;
+        self.shared.nudged.notify_all();
+    }
+
+    /// Kills the engine `spawned` (its pid and its group), which is not reaped yet.
+    pub(super) fn kill(&self, spawned: &Spawned) {
+        let _state = self.lock();
+        kill_tree(spawned.pid, Signal::KILL);
+    }
+
+    /// Waits until an engine exited ([`RunningEngines::nudge`]) or `timeout` passed.
+    pub(super) fn wait_nudged(&self, timeout: Duration) {
+        let state = self.lock();
+        let (mut state, _) = self
+            .shared
+            .nudged
+            .wait_timeout_while(state, timeout, |s| !s.nudged)
+            .unwrap_or_else(PoisonError::into_inner);
+        state.nudged = false;
+    }
+
+    /// How many engine processes are running.
+    pub fn count(&self) -> usize {
+        self.lock().engines.len()
+    }
+
+    /// Kills every running engine, its pid and its process group (SIGKILL). Their turns
+    /// then end as failures ("engine was killed by signal 9"), classified from what the
+    /// engine wrote so far: `engine_cli` unless that matches a rule.
+    pub fn kill_all(&self) {
+        let state = self.lock();
+        for pid in state.engines.values() {
+            kill_tree(*pid, Signal::KILL);
+        }
+    }
+}
+
+/// Sends `signal` to the process `pid` and to the process group `pid` (when it leads
+/// one). The caller makes sure `pid` is an unreaped child of ours, so it cannot have
+/// been recycled; ESRCH (gone already) is ignored.
+pub(super) fn kill_tree(pid: u32, signal: Signal) {
+    let Some(pid) = i32::try_from(pid).ok().and_then(Pid::from_raw) else {
+        return;
+    };
+    let _ = rustix::process::kill_process(pid, signal);
+    let _ = rustix::process::kill_process_group(pid, signal);
+}
