@@ -436,6 +436,7 @@ fn a_second_serve_for_the_same_state_dir_is_refused() {
 fn health_answers_while_another_process_holds_the_registry_lock() {
     let root = TestRoot::new("reg-locked");
     let mut a = root.start("alpha", &open_config("s"));
+    let path = root.path.join(".bus-registry.json");
     let lock = std::fs::OpenOptions::new()
         .create(true)
         .truncate(false)
@@ -443,23 +444,34 @@ fn health_answers_while_another_process_holds_the_registry_lock() {
         .open(root.path.join(".bus-registry.json.lock"))
         .unwrap();
     lock.lock().unwrap();
-    std::fs::remove_file(root.path.join(".bus-registry.json")).unwrap();
-    let started = std::time::Instant::now();
-    while started.elapsed() < Duration::from_secs(5) {
+    // alpha's entry is lost. The one entry left is invalid, and every read of the file
+    // warns about it: the sign that the periodic check read the registry, found alpha
+    // missing, and went on to the lock.
+    let before = a.stderr().len();
+    let invalid = json!({"instances": {"port-zero": {"port": 0, "pid": 5, "secret": "x",
+        "updatedAt": "2026-01-01T00:00:00.000Z"}}});
+    write_file_atomic(&path, invalid.to_string().as_bytes());
+    let checked = eventually(Duration::from_secs(10), || {
         a.assert_alive("while the registry lock is held elsewhere");
-        std::thread::sleep(Duration::from_millis(100));
-    }
+        a.stderr()[before..].contains("ignoring an entry")
+    });
+    assert!(checked, "no registry check ran\nstderr:\n{}", a.stderr());
+    // The check met the held lock; the server still answers at once.
+    a.assert_alive("after a registry check met the held lock");
+    assert!(
+        root.registry()["instances"].get("alpha").is_none(),
+        "written without the lock"
+    );
     drop(lock);
     assert!(
-        eventually(Duration::from_secs(6), || root.registry()["instances"]
-            ["alpha"]["pid"]
-            == u64::from(a.pid())),
+        eventually(Duration::from_secs(10), || {
+            a.assert_alive("after the lock was released");
+            root.registry()["instances"]["alpha"]["pid"] == u64::from(a.pid())
+        }),
         "the lost entry was not written again once the lock was free"
     );
 }
 
-/// Regression: the registry self-check opened `.bus-registry.json` on the event loop
-/// with a blocking open, so a FIFO put in its place froze the server.
 #[test]
 fn a_fifo_in_place_of_the_registry_does_not_stall_the_server() {
     let root = TestRoot::new("reg-fifo");
@@ -471,16 +483,21 @@ fn a_fifo_in_place_of_the_registry_does_not_stall_the_server() {
         .status()
         .unwrap();
     assert!(status.success());
-    let started = std::time::Instant::now();
-    while started.elapsed() < Duration::from_secs(5) {
-        a.assert_alive("with a FIFO in place of the registry");
-        std::thread::sleep(Duration::from_millis(200));
-    }
-    // The FIFO is set aside and the entry written again.
+    // The periodic check meets the FIFO (opened without blocking), sets it aside and
+    // writes the entry again; health answers all along.
     assert!(
-        eventually(Duration::from_secs(6), || root.registry()["instances"]
-            ["alpha"]["pid"]
-            == u64::from(a.pid())),
-        "the entry was not written again"
+        eventually(Duration::from_secs(10), || {
+            a.assert_alive("with a FIFO in place of the registry");
+            root.registry()["instances"]["alpha"]["pid"] == u64::from(a.pid())
+        }),
+        "the entry was not written again\nstderr:\n{}",
+        a.stderr()
     );
+    a.assert_alive("after the FIFO was set aside");
+    let set_aside = std::fs::read_dir(&root.path).unwrap().flatten().any(|e| {
+        e.file_name()
+            .to_string_lossy()
+            .starts_with(".bus-registry.json.corrupt-")
+    });
+    assert!(set_aside, "the FIFO was not set aside");
 }

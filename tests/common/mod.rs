@@ -49,8 +49,14 @@ impl TestRoot {
         path
     }
 
+    /// The registry as JSON; `Null` when it is missing, not JSON, or not a regular file
+    /// (a test may put a FIFO there, and reading one would block).
     pub fn registry(&self) -> Value {
-        match std::fs::read(self.path.join(".bus-registry.json")) {
+        let path = self.path.join(".bus-registry.json");
+        if !std::fs::metadata(&path).is_ok_and(|m| m.is_file()) {
+            return Value::Null;
+        }
+        match std::fs::read(&path) {
             Ok(bytes) => serde_json::from_slice(&bytes).unwrap_or(Value::Null),
             Err(_) => Value::Null,
         }
