@@ -262,8 +262,8 @@ fn invalid_edits_keep_the_last_good_config_and_are_logged() {
             });
             assert!(
                 logged,
-                "{context}: no log line naming config.json and {field}\nstderr:\n{}",
-                w.stderr()
+                "{context}: no log line naming config.json and {field}\n{}",
+                w.describe()
             );
             // The last good config is still in force: peers [alice], maxDepth 2.
             let r = talk_from(&w, "mallory", 0);

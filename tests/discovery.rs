@@ -49,10 +49,8 @@ fn run_bounded(args: &[&str], limit: Duration) -> Output {
                 return;
             }
         }
-        let _ = Command::new("kill")
-            .arg("-KILL")
-            .arg(pid.to_string())
-            .status();
+        // It may have exited since the check above.
+        let _ = try_signal(pid, rustix::process::Signal::KILL);
     });
     let output = child.wait_with_output().unwrap();
     let _ = killer.join();
@@ -273,12 +271,12 @@ fn serve_prunes_stale_entries_at_startup() {
         names,
         ["beta", "foreign", "silent", "stopping"],
         "{}",
-        beta.stderr()
+        beta.describe()
     );
     assert!(
         beta.stderr().contains("stale registry entry of ghost"),
         "{}",
-        beta.stderr()
+        beta.describe()
     );
     // The impostor was asked for its health only.
     assert!(impostor

@@ -400,15 +400,15 @@ fn sigterm_answers_running_and_queued_turns_then_exits_zero() {
     assert!(!running.is_finished(), "the running turn was cut short");
     assert!(
         a.child.as_mut().unwrap().try_wait().unwrap().is_none(),
-        "exited with a turn still running\nstderr:\n{}",
-        a.stderr()
+        "exited with a turn still running\n{}",
+        a.describe()
     );
     gate.open();
     let running = running.join().unwrap();
     assert_eq!(running.status, 200);
     assert_eq!(running.json()["text"], "gated: first");
     let status = a.wait(Duration::from_secs(20));
-    assert_eq!(status.code(), Some(0), "stderr:\n{}", a.stderr());
+    assert_eq!(status.code(), Some(0), "{}", a.describe());
     assert!(root.registry()["instances"].get("worker").is_none());
 }
 
@@ -539,6 +539,11 @@ fn relative_state_dir_still_reaches_an_engine_in_another_cwd() {
         child: Some(child),
         stderr_path: root.path.join("rel.stderr"),
         state_dir: root.state_dir("worker"),
+        command: format!(
+            "(in {}) loopbus serve --state-dir worker",
+            root.path.display()
+        ),
+        stdout_path: None,
     };
     assert!(eventually(Duration::from_secs(10), || {
         root.registry()["instances"]["worker"]["port"]

@@ -131,7 +131,7 @@ fn stops_on_signal(signal_name: &str) {
         status.code(),
         Some(0),
         "SIG{signal_name}: {status}\n{}",
-        a.stderr()
+        a.describe()
     );
     let registry = root.registry();
     assert!(registry["instances"].get("alpha").is_none(), "{registry}");
@@ -382,7 +382,7 @@ fn sigterm_with_many_open_connections_exits_0_promptly() {
     w.assert_alive("before SIGTERM");
 
     let status = w.terminate(Duration::from_secs(15));
-    assert_eq!(status.code(), Some(0), "{status}\nstderr:\n{}", w.stderr());
+    assert_eq!(status.code(), Some(0), "{status}\n{}", w.describe());
     assert!(root.registry()["instances"].get("worker").is_none());
     assert!(
         closed_within(&mut kept, Duration::from_secs(2)),
@@ -455,7 +455,7 @@ fn health_answers_while_another_process_holds_the_registry_lock() {
         a.assert_alive("while the registry lock is held elsewhere");
         a.stderr()[before..].contains("ignoring an entry")
     });
-    assert!(checked, "no registry check ran\nstderr:\n{}", a.stderr());
+    assert!(checked, "no registry check ran\n{}", a.describe());
     // The check met the held lock; the server still answers at once.
     a.assert_alive("after a registry check met the held lock");
     assert!(
@@ -490,8 +490,8 @@ fn a_fifo_in_place_of_the_registry_does_not_stall_the_server() {
             a.assert_alive("with a FIFO in place of the registry");
             root.registry()["instances"]["alpha"]["pid"] == u64::from(a.pid())
         }),
-        "the entry was not written again\nstderr:\n{}",
-        a.stderr()
+        "the entry was not written again\n{}",
+        a.describe()
     );
     a.assert_alive("after the FIFO was set aside");
     let set_aside = std::fs::read_dir(&root.path).unwrap().flatten().any(|e| {
