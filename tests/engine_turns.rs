@@ -417,6 +417,15 @@ fn audit_lines_for_success_failure_and_each_refusal() {
     let root = TestRoot::new("audit");
     let secret = "audit-test-secret-4f1c9e";
     let mut config = json!({"bus": {"peers": ["caller"], "secret": secret, "maxDepth": 2}});
+    // Engine failures on instances of their own: started with those engines, rather
+    // than one instance's config edited and each edit waited for.
+    let with_engine = |name: &str, engine: &str| {
+        let mut config = config.clone();
+        config["engine"] = json!({"command": ["sh", script(engine)]});
+        root.start(name, &config)
+    };
+    let auth_failing = with_engine("auth-failing", "auth_fail.sh");
+    let quoting = with_engine("quoting", "quote_prompt_fail.sh");
     let a = root.start("worker", &config);
     assert_eq!(a.talk("caller", "secret prompt text", 0).status, 200);
     assert_eq!(a.talk("stranger", "x", 0).status, 403);
@@ -427,28 +436,28 @@ fn audit_lines_for_success_failure_and_each_refusal() {
     );
     assert_eq!(bad_auth.status, 401);
     assert_eq!(a.talk_body(&json!({"fromInstance": "caller"})).status, 400);
-    config["engine"] = json!({"command": ["sh", script("auth_fail.sh")]});
-    root.write_config("worker", &config);
-    assert!(eventually(Duration::from_secs(5), || a
-        .talk("caller", "x", 0)
-        .json()["errorCode"]
-        == "auth"));
-    // Regression: an engine that quotes the prompt in its error put the prompt's text
-    // into the audit log through the failure's message.
-    config["engine"] = json!({"command": ["sh", script("quote_prompt_fail.sh")]});
-    root.write_config("worker", &config);
-    assert!(eventually(Duration::from_secs(5), || {
-        a.talk("caller", "quoted secret prompt (engine.maxOutputBytes)", 0)
-            .json()["errorCode"]
-            == "engine_cli"
-    }));
     config["bus"]["peers"] = json!(false);
     root.write_config("worker", &config);
+    assert_eq!(
+        auth_failing.talk("caller", "x", 0).json()["errorCode"],
+        "auth"
+    );
+    // Regression: an engine that quotes the prompt in its error put the prompt's text
+    // into the audit log through the failure's message.
+    assert_eq!(
+        quoting
+            .talk("caller", "quoted secret prompt (engine.maxOutputBytes)", 0)
+            .json()["errorCode"],
+        "engine_cli"
+    );
     assert!(eventually(Duration::from_secs(5), || {
         a.talk("caller", "x", 0).json()["errorCode"] == "bus_disabled"
     }));
 
-    let lines = audit_lines(&a);
+    let lines: Vec<Value> = [&a, &auth_failing, &quoting]
+        .into_iter()
+        .flat_map(audit_lines)
+        .collect();
     let find = |outcome: &str, code: Option<&str>| {
         lines.iter().find(|l| {
             l["outcome"] == outcome
@@ -478,21 +487,27 @@ fn audit_lines_for_success_failure_and_each_refusal() {
             "no refused line for {code}"
         );
     }
-    assert!(find("failure", Some("auth")).is_some());
-    let text = std::fs::read_to_string(a.state_dir.join("audit.log.jsonl")).unwrap();
-    assert!(
-        !text.contains("secret prompt text"),
-        "the audit log must not hold prompt text"
-    );
-    assert!(
-        !text.contains("quoted secret prompt"),
-        "the audit log must not hold prompt text quoted by an engine"
-    );
-    assert!(
-        !text.contains(secret),
-        "the audit log must not hold the secret"
-    );
-    assert_eq!(file_mode(&a.state_dir.join("audit.log.jsonl")), 0o600);
+    let auth = find("failure", Some("auth")).expect("failure line for auth");
+    assert_eq!(auth["instanceName"], "auth-failing");
+    let quoted = find("failure", Some("engine_cli")).expect("failure line for engine_cli");
+    assert_eq!(quoted["instanceName"], "quoting");
+    for instance in [&a, &auth_failing, &quoting] {
+        let path = instance.state_dir.join("audit.log.jsonl");
+        let text = std::fs::read_to_string(&path).unwrap();
+        assert!(
+            !text.contains("secret prompt text"),
+            "the audit log must not hold prompt text"
+        );
+        assert!(
+            !text.contains("quoted secret prompt"),
+            "the audit log must not hold prompt text quoted by an engine"
+        );
+        assert!(
+            !text.contains(secret),
+            "the audit log must not hold the secret"
+        );
+        assert_eq!(file_mode(&path), 0o600);
+    }
 }
 
 #[test]
