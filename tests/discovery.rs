@@ -60,7 +60,7 @@ fn run_bounded(args: &[&str], limit: Duration) -> Output {
 fn list_json(root: &TestRoot) -> Vec<Value> {
     let root_arg = root.path.display().to_string();
     let args = ["list", "--root", root_arg.as_str(), "--json"];
-    let out = run(&args, &[], None);
+    let out = run_probing(&args, &[]);
     assert_eq!(out.status.code(), Some(0), "{}", describe(&args, &out));
     let v: Value = serde_json::from_slice(&out.stdout)
         .unwrap_or_else(|e| panic!("{e}: {}", describe(&args, &out)));
@@ -328,7 +328,7 @@ fn health_command() {
         vec!["health", "beta", "--port", &beta_port],
     ];
     for args in alive {
-        let out = run(&args, &[], None);
+        let out = run_probing(&args, &[]);
         assert_eq!(out.status.code(), Some(0), "{}", describe(&args, &out));
         let v: Value = serde_json::from_slice(&out.stdout).unwrap();
         assert_eq!(
@@ -337,7 +337,7 @@ fn health_command() {
         );
         assert!(!String::from_utf8_lossy(&out.stdout).contains("sb"));
     }
-    let out = run(&["health", "beta"], &[("LOOPBUS_STATE_DIR", &me)], None);
+    let out = run_probing(&["health", "beta"], &[("LOOPBUS_STATE_DIR", &me)]);
     assert_eq!(
         out.status.code(),
         Some(0),
@@ -359,11 +359,16 @@ fn health_command() {
             vec!["health", "other", "--port", &beta_port],
             "another instance",
         ),
-        (vec!["health", "--port", &silent_port], "no answer in time"),
+        (vec!["health", "--port", &silent_port], NO_ANSWER_IN_TIME),
     ];
     for (args, why) in not_alive {
         let started = Instant::now();
-        let out = run(&args, &[], None);
+        // A probe timeout is the point of the silent port's case only.
+        let out = if why == NO_ANSWER_IN_TIME {
+            run(&args, &[], None)
+        } else {
+            run_probing(&args, &[])
+        };
         assert_eq!(out.status.code(), Some(75), "{}", describe(&args, &out));
         assert!(
             String::from_utf8_lossy(&out.stderr).contains(why),
@@ -398,7 +403,7 @@ fn list_command_shows_liveness_and_never_secrets() {
     let root_arg = root.path.display().to_string();
 
     let args = ["list", "--root", root_arg.as_str()];
-    let out = run(&args, &[], None);
+    let out = run_probing(&args, &[]);
     assert_eq!(out.status.code(), Some(0), "{}", describe(&args, &out));
     let text = String::from_utf8_lossy(&out.stdout).into_owned();
     let lines: Vec<&str> = text.lines().collect();
@@ -461,7 +466,7 @@ fn list_command_shows_liveness_and_never_secrets() {
         vec!["list", "--state-dir", alpha_dir.as_str()],
         vec!["list", "--state-dir", alpha_dir.as_str(), "--json"],
     ] {
-        let out = run(&args, &[], None);
+        let out = run_probing(&args, &[]);
         assert_eq!(out.status.code(), Some(0), "{}", describe(&args, &out));
         let all = format!(
             "{}{}",
