@@ -5,7 +5,9 @@
     clippy::expect_used,
     reason = "tests fail loudly on purpose"
 )]
+mod client_support;
 mod common;
+use client_support::*;
 use common::*;
 use serde_json::{json, Value};
 use std::path::Path;
@@ -500,4 +502,77 @@ fn a_fifo_in_place_of_the_registry_does_not_stall_the_server() {
             .starts_with(".bus-registry.json.corrupt-")
     });
     assert!(set_aside, "the FIFO was not set aside");
+}
+
+/// (In this file rather than with the other lookups in discovery.rs so that its wait for
+/// the 2 s registry check runs beside the other long waits here.)
+#[test]
+fn invalid_entries_and_a_torn_registry_do_not_break_lookup() {
+    let root = TestRoot::new("disc-torn");
+    root.write_config("me", &json!({"bus": {"peers": "*"}}));
+    let me = root.state_dir("me");
+    let beta = root.start("beta", &open_config("sb"));
+
+    // Invalid entries beside the valid one are skipped.
+    let mut registry = root.registry();
+    let t = "2026-01-01T00:00:00.000Z";
+    registry["instances"]["port-zero"] =
+        json!({"port": 0, "pid": 1, "secret": "s", "updatedAt": t});
+    registry["instances"]["no-secret"] = json!({"port": beta.port, "pid": 1, "updatedAt": t});
+    registry["instances"]["bad-time"] =
+        json!({"port": beta.port, "pid": 1, "secret": "s", "updatedAt": "yesterday"});
+    registry["instances"]["-bad name"] =
+        json!({"port": beta.port, "pid": 1, "secret": "s", "updatedAt": t});
+    registry["instances"]["not-an-object"] = json!(42);
+    registry["unexpected"] = json!([1, 2, 3]);
+    std::fs::write(root.path.join(".bus-registry.json"), registry.to_string()).unwrap();
+
+    let t1 = talk(&me, &["beta", "still there"], &[], None);
+    assert_eq!(t1.code(), Some(0), "{}", t1.describe());
+    assert_eq!(t1.stdout(), "still there");
+    let names: Vec<Value> = list_json(&root).iter().map(|i| i["name"].clone()).collect();
+    assert_eq!(names, [json!("beta")]);
+    talk(&me, &["port-zero", "hi", "--json"], &[], None).assert_failure(
+        75,
+        "instance_unavailable",
+        true,
+    );
+
+    // A torn file (cut mid-JSON) reads as an empty registry: a clean "not available",
+    // never a crash or a usage error.
+    let bytes = std::fs::read(root.path.join(".bus-registry.json")).unwrap();
+    std::fs::write(
+        root.path.join(".bus-registry.json"),
+        &bytes[..bytes.len() / 2],
+    )
+    .unwrap();
+    let t2 = talk(&me, &["no-such-instance", "hi", "--json"], &[], None);
+    t2.assert_failure(75, "instance_unavailable", true);
+
+    // The next registration sets the torn file aside and rewrites a valid one, and
+    // lookups work again.
+    let _gamma = root.start("gamma", &open_config("sc"));
+    let t3 = talk(&me, &["gamma", "recovered"], &[], None);
+    assert_eq!(t3.code(), Some(0), "{}", t3.describe());
+    assert_eq!(t3.stdout(), "recovered");
+    let aside = std::fs::read_dir(&root.path)
+        .unwrap()
+        .flatten()
+        .filter(|e| {
+            e.file_name()
+                .to_string_lossy()
+                .starts_with(".bus-registry.json.corrupt-")
+        })
+        .count();
+    assert_eq!(aside, 1, "the torn registry was not set aside");
+
+    // Regression: a live instance whose entry was lost with the torn file stayed
+    // invisible until restarted. It now notices and registers again.
+    assert!(
+        eventually(Duration::from_secs(6), || {
+            talk(&me, &["beta", "back again"], &[], None).code() == Some(0)
+        }),
+        "beta did not re-register after its entry was lost"
+    );
+    drop(beta);
 }

@@ -3,7 +3,7 @@
 //! `loopbus talk` runs.
 #![allow(dead_code, clippy::unwrap_used, clippy::expect_used)]
 
-use crate::common::{describe, run};
+use crate::common::{describe, run, TestRoot};
 use serde_json::{json, Value};
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
@@ -365,4 +365,15 @@ pub fn talk_once(
         args: all,
         took: started.elapsed(),
     }
+}
+
+/// `loopbus list --root ROOT --json`: the instances it lists.
+pub fn list_json(root: &TestRoot) -> Vec<Value> {
+    let root_arg = root.path.display().to_string();
+    let args = ["list", "--root", root_arg.as_str(), "--json"];
+    let out = run_probing(&args, &[]);
+    assert_eq!(out.status.code(), Some(0), "{}", describe(&args, &out));
+    let v: Value = serde_json::from_slice(&out.stdout)
+        .unwrap_or_else(|e| panic!("{e}: {}", describe(&args, &out)));
+    v["instances"].as_array().unwrap().clone()
 }

@@ -10,6 +10,11 @@ use std::process::{Child, Command, Output, Stdio};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
+/// How often the harness looks again at something it waits for (a registration, an
+/// exit, a condition): often enough that waiting adds little to a test, rarely enough
+/// to cost little CPU next to the servers it polls.
+pub const POLL_INTERVAL: Duration = Duration::from_millis(10);
+
 /// Path of the binary under test.
 pub fn bin() -> &'static str {
     env!("CARGO_BIN_EXE_loopbus")
@@ -180,7 +185,7 @@ impl Instance {
                 "loopbus serve for {name} did not register in time\n{}",
                 instance.describe()
             );
-            std::thread::sleep(Duration::from_millis(20));
+            std::thread::sleep(POLL_INTERVAL);
         }
     }
 
@@ -227,7 +232,7 @@ impl Instance {
                 "instance did not exit in time\n{}",
                 self.describe()
             );
-            std::thread::sleep(Duration::from_millis(20));
+            std::thread::sleep(POLL_INTERVAL);
         }
     }
 
@@ -471,7 +476,7 @@ pub fn eventually(limit: Duration, mut f: impl FnMut() -> bool) -> bool {
         if f() {
             return true;
         }
-        std::thread::sleep(Duration::from_millis(25));
+        std::thread::sleep(POLL_INTERVAL);
     }
     f()
 }
