@@ -44,7 +44,7 @@ fn run_bounded(args: &[&str], limit: Duration) -> Output {
     let deadline = Instant::now() + limit;
     let killer = std::thread::spawn(move || {
         while Instant::now() < deadline {
-            std::thread::sleep(Duration::from_millis(20));
+            std::thread::sleep(POLL_INTERVAL);
             if !std::path::Path::new(&format!("/proc/{pid}")).exists() {
                 return;
             }
@@ -132,7 +132,7 @@ fn twenty_concurrent_serve_processes_lose_no_registration() {
                 "an instance did not stop\n{}",
                 stderr_of_all()
             );
-            std::thread::sleep(Duration::from_millis(20));
+            std::thread::sleep(POLL_INTERVAL);
         };
         assert_eq!(status.code(), Some(0), "{}", stderr_of_all());
     }
