@@ -480,11 +480,12 @@ fn a_fifo_in_place_of_the_registry_does_not_stall_the_server() {
     let mut a = root.start("alpha", &open_config("s"));
     let path = root.path.join(".bus-registry.json");
     std::fs::remove_file(&path).unwrap();
-    let status = std::process::Command::new("mkfifo")
-        .arg(&path)
-        .status()
-        .unwrap();
-    assert!(status.success());
+    rustix::fs::mkfifoat(
+        rustix::fs::CWD,
+        &path,
+        rustix::fs::Mode::from_raw_mode(0o600),
+    )
+    .unwrap_or_else(|e| panic!("mkfifo {}: {e}", path.display()));
     // The periodic check meets the FIFO (opened without blocking), sets it aside and
     // writes the entry again; health answers all along.
     assert!(
