@@ -34,66 +34,107 @@ fn bus(fields: Value) -> Value {
     json!({ "bus": bus })
 }
 
+/// Runs `check` on every case at once, each on its own thread with its own instance.
+/// The server looks at config.json every 500 ms, so each edit waits for the next look;
+/// edits in a row on one instance would add those waits up.
+fn each_at_once<T: Send>(cases: Vec<T>, check: impl Fn(T) + Sync) {
+    std::thread::scope(|scope| {
+        for case in cases {
+            let check = &check;
+            scope.spawn(move || check(case));
+        }
+    });
+}
+
 #[test]
 fn peers_edit_takes_effect_without_restart() {
-    let root = TestRoot::new("reload-peers");
-    let mut w = root.start("worker", &bus(json!({})));
-    let pid = w.pid();
-    assert_success(&talk_from(&w, "mallory", 0), "worker", "p", "peers *");
-
-    w.write_config(&bus(json!({"peers": ["alice"]})));
-    assert!(becomes(&w, "mallory", 0, 403), "peers edit not applied");
-    let r = talk_from(&w, "mallory", 0);
-    assert_failure(&r, "worker", 403, "peer_not_allowed", "after peers edit");
-    assert_success(&talk_from(&w, "alice", 0), "worker", "p", "alice allowed");
-
-    w.write_config(&bus(json!({"peers": ["alice", "mallory"]})));
-    assert!(
-        becomes(&w, "mallory", 0, 200),
-        "second peers edit not applied"
+    // (peers before, peers after, a caller, its status before and after the edit)
+    let cases = vec![
+        (json!("*"), json!(["alice"]), "mallory", 200, 403),
+        (
+            json!(["alice"]),
+            json!(["alice", "mallory"]),
+            "mallory",
+            403,
+            200,
+        ),
+        (json!(["alice"]), json!(true), "anyone", 403, 200),
+    ];
+    each_at_once(
+        cases,
+        |(before, after, from, status_before, status_after)| {
+            let context = format!("peers {before} -> {after}");
+            let root = TestRoot::new("reload-peers");
+            let mut w = root.start("worker", &bus(json!({ "peers": before })));
+            let pid = w.pid();
+            let assert_answer = |status: u16, context: &str| {
+                let r = talk_from(&w, from, 0);
+                if status == 403 {
+                    assert_failure(&r, "worker", 403, "peer_not_allowed", context);
+                } else {
+                    assert_success(&r, "worker", "p", context);
+                }
+            };
+            assert_answer(status_before, &format!("{context}: before"));
+            w.write_config(&bus(json!({ "peers": after })));
+            assert!(becomes(&w, from, 0, status_after), "{context}: not applied");
+            assert_answer(status_after, &context);
+            // alice is allowed before and after every one of these edits.
+            assert_success(&talk_from(&w, "alice", 0), "worker", "p", &context);
+            assert_eq!(w.health()["pid"], u64::from(pid), "{context}: no restart");
+            w.assert_alive(&context);
+        },
     );
-    w.write_config(&bus(json!({"peers": true})));
-    assert!(becomes(&w, "anyone", 0, 200), "peers true not applied");
-
-    assert_eq!(w.health()["pid"], u64::from(pid), "no restart");
-    w.assert_alive("after peers edits");
 }
 
 #[test]
 fn max_depth_edit_takes_effect_without_restart() {
-    let root = TestRoot::new("reload-depth");
-    let w = root.start("worker", &bus(json!({"maxDepth": 3})));
-    assert_eq!(talk_from(&w, "alice", 2).status, 200);
+    // (bus before, bus after, the depth refused after, the depth below it)
+    let cases = vec![
+        (bus(json!({"maxDepth": 3})), bus(json!({"maxDepth": 2})), 2),
+        (bus(json!({"maxDepth": 3})), bus(json!({"maxDepth": 6})), 6),
+        // Removing the field restores the default of 3.
+        (
+            bus(json!({"maxDepth": 6})),
+            json!({"bus": {"peers": "*", "secret": "reload-secret"}}),
+            3,
+        ),
+    ];
+    each_at_once(cases, |(before, after, refused)| {
+        let context = format!("{before} -> {after}");
+        let root = TestRoot::new("reload-depth");
+        let w = root.start("worker", &before);
+        let max_before = before["bus"]["maxDepth"].as_u64().unwrap();
+        assert_eq!(
+            talk_from(&w, "alice", max_before - 1).status,
+            200,
+            "{context}"
+        );
+        assert_eq!(talk_from(&w, "alice", max_before).status, 429, "{context}");
 
-    w.write_config(&bus(json!({"maxDepth": 2})));
-    assert!(becomes(&w, "alice", 2, 429), "maxDepth 2 not applied");
-    assert_failure(
-        &talk_from(&w, "alice", 2),
-        "worker",
-        429,
-        "max_depth_exceeded",
-        "after maxDepth edit",
-    );
-    assert_eq!(talk_from(&w, "alice", 1).status, 200);
-
-    w.write_config(&bus(json!({"maxDepth": 6})));
-    assert!(becomes(&w, "alice", 5, 200), "maxDepth 6 not applied");
-    assert_eq!(talk_from(&w, "alice", 6).status, 429);
-
-    // Removing the field restores the default of 3.
-    w.write_config(&json!({"bus": {"peers": "*", "secret": "reload-secret"}}));
-    assert!(
-        becomes(&w, "alice", 3, 429),
-        "default maxDepth not restored"
-    );
-    assert_eq!(talk_from(&w, "alice", 2).status, 200);
+        w.write_config(&after);
+        if refused < max_before {
+            assert!(becomes(&w, "alice", refused, 429), "{context}: not applied");
+        } else {
+            assert!(
+                becomes(&w, "alice", refused - 1, 200),
+                "{context}: not applied"
+            );
+        }
+        assert_failure(
+            &talk_from(&w, "alice", refused),
+            "worker",
+            429,
+            "max_depth_exceeded",
+            &context,
+        );
+        assert_eq!(talk_from(&w, "alice", refused - 1).status, 200, "{context}");
+    });
 }
 
 #[test]
 fn disabling_and_enabling_the_bus_without_restart() {
-    let root = TestRoot::new("reload-bus");
-    let w = root.start("worker", &bus(json!({})));
-    let disabled = [
+    let disabled = vec![
         json!({"bus": false}),
         json!({"bus": null}),
         json!({}),
@@ -101,7 +142,10 @@ fn disabling_and_enabling_the_bus_without_restart() {
         bus(json!({"peers": []})),
         bus(json!({"peers": false})),
     ];
-    for config in disabled {
+    each_at_once(disabled, |config| {
+        let root = TestRoot::new("reload-bus");
+        let w = root.start("worker", &bus(json!({})));
+        assert_eq!(talk_from(&w, "alice", 0).status, 200, "before {config}");
         w.write_config(&config);
         assert!(becomes(&w, "alice", 0, 403), "not disabled by {config}");
         assert_failure(
@@ -118,7 +162,7 @@ fn disabling_and_enabling_the_bus_without_restart() {
             becomes(&w, "alice", 0, 200),
             "not re-enabled after {config}"
         );
-    }
+    });
 }
 
 #[test]
@@ -152,87 +196,86 @@ fn secret_and_port_are_fixed_for_the_process_lifetime() {
     );
 }
 
+/// One bad edit of config.json: what is written (`None`: the file is deleted), and what
+/// the log line about it names.
+type BadEdit = (&'static str, Option<Vec<u8>>, &'static str);
+
 #[test]
 fn invalid_edits_keep_the_last_good_config_and_are_logged() {
-    let root = TestRoot::new("reload-invalid");
-    let mut w = root.start("worker", &bus(json!({"peers": ["alice"], "maxDepth": 2})));
-    let config_path = w.state_dir.join("config.json");
-    let cases: Vec<(&str, Vec<u8>, &str)> = vec![
+    let bad = |config: Value| Some(config.to_string().into_bytes());
+    let edits: Vec<BadEdit> = vec![
         (
             "maxDepth a string",
-            bus(json!({"peers": "*", "maxDepth": "three"}))
-                .to_string()
-                .into_bytes(),
+            bad(bus(json!({"peers": "*", "maxDepth": "three"}))),
             "bus.maxDepth",
         ),
         (
             "maxDepth zero",
-            bus(json!({"peers": "*", "maxDepth": 0}))
-                .to_string()
-                .into_bytes(),
+            bad(bus(json!({"peers": "*", "maxDepth": 0}))),
             "bus.maxDepth",
         ),
         (
             "peers a bare name",
-            bus(json!({"peers": "mallory"})).to_string().into_bytes(),
+            bad(bus(json!({"peers": "mallory"}))),
             "bus.peers",
         ),
         (
             "peers with a number",
-            bus(json!({"peers": ["alice", 5]})).to_string().into_bytes(),
+            bad(bus(json!({"peers": ["alice", 5]}))),
             "bus.peers[1]",
         ),
         (
             "budget negative",
-            json!({"bus": {"peers": "*"}, "budgetUsd": -1})
-                .to_string()
-                .into_bytes(),
+            bad(json!({"bus": {"peers": "*"}, "budgetUsd": -1})),
             "budgetUsd",
         ),
         (
             "truncated JSON",
-            br#"{"bus": {"peers": "*""#.to_vec(),
+            Some(br#"{"bus": {"peers": "*""#.to_vec()),
             "config.json",
         ),
-        ("not an object", b"[]".to_vec(), "config.json"),
+        ("not an object", Some(b"[]".to_vec()), "config.json"),
+        // A deleted config.json is logged and changes nothing either.
+        ("deleted", None, "config.json"),
     ];
-    for (context, bytes, field) in cases {
-        let before = w.stderr().len();
-        write_file_atomic(&config_path, &bytes);
-        let logged = eventually(RELOAD_BOUND, || {
-            let stderr = w.stderr();
-            stderr[before..]
-                .lines()
-                .any(|l| l.contains("config.json") && l.contains(field))
-        });
-        assert!(
-            logged,
-            "{context}: no log line naming config.json and {field}\nstderr:\n{}",
-            w.stderr()
-        );
-        // The last good config is still in force: peers [alice], maxDepth 2.
-        let r = talk_from(&w, "mallory", 0);
-        assert_failure(&r, "worker", 403, "peer_not_allowed", context);
-        assert_eq!(talk_from(&w, "alice", 1).status, 200, "{context}");
-        assert_eq!(talk_from(&w, "alice", 2).status, 429, "{context}");
+    // Two bad edits in a row on each instance, then a good one.
+    let mut runs: Vec<Vec<BadEdit>> = Vec::new();
+    let mut edits = edits.into_iter();
+    while let Some(first) = edits.next() {
+        runs.push([Some(first), edits.next()].into_iter().flatten().collect());
     }
-
-    // A deleted config.json is logged and changes nothing either.
-    let before = w.stderr().len();
-    std::fs::remove_file(&config_path).unwrap();
-    assert!(
-        eventually(RELOAD_BOUND, || w.stderr()[before..]
-            .contains("config.json")),
-        "deleting config.json is not logged\nstderr:\n{}",
-        w.stderr()
-    );
-    assert_eq!(talk_from(&w, "mallory", 0).status, 403);
-    assert_eq!(talk_from(&w, "alice", 0).status, 200);
-
-    // A valid edit after all that applies.
-    w.write_config(&bus(json!({"peers": "*", "maxDepth": 4})));
-    assert!(becomes(&w, "mallory", 3, 200), "valid edit not applied");
-    w.assert_alive("after invalid edits");
+    each_at_once(runs, |run| {
+        let root = TestRoot::new("reload-invalid");
+        let mut w = root.start("worker", &bus(json!({"peers": ["alice"], "maxDepth": 2})));
+        let config_path = w.state_dir.join("config.json");
+        for (context, bytes, field) in run {
+            let before = w.stderr().len();
+            match bytes {
+                Some(bytes) => write_file_atomic(&config_path, &bytes),
+                None => std::fs::remove_file(&config_path).unwrap(),
+            }
+            let logged = eventually(RELOAD_BOUND, || {
+                let stderr = w.stderr();
+                stderr[before..]
+                    .lines()
+                    .any(|l| l.contains("config.json") && l.contains(field))
+            });
+            assert!(
+                logged,
+                "{context}: no log line naming config.json and {field}\n{}",
+                w.describe()
+            );
+            // The last good config is still in force: peers [alice], maxDepth 2.
+            let r = talk_from(&w, "mallory", 0);
+            assert_failure(&r, "worker", 403, "peer_not_allowed", context);
+            assert_eq!(talk_from(&w, "alice", 1).status, 200, "{context}");
+            assert_eq!(talk_from(&w, "alice", 2).status, 429, "{context}");
+        }
+        // A valid edit after all that applies.
+        w.write_config(&bus(json!({"peers": "*", "maxDepth": 4})));
+        assert!(becomes(&w, "mallory", 3, 200), "valid edit not applied");
+        w.assert_alive("after invalid edits");
+    });
 }
 
 /// Runs `serve` expecting a startup failure: non-zero exit, one line on stderr

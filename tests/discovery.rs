@@ -44,29 +44,17 @@ fn run_bounded(args: &[&str], limit: Duration) -> Output {
     let deadline = Instant::now() + limit;
     let killer = std::thread::spawn(move || {
         while Instant::now() < deadline {
-            std::thread::sleep(Duration::from_millis(20));
+            std::thread::sleep(POLL_INTERVAL);
             if !std::path::Path::new(&format!("/proc/{pid}")).exists() {
                 return;
             }
         }
-        let _ = Command::new("kill")
-            .arg("-KILL")
-            .arg(pid.to_string())
-            .status();
+        // It may have exited since the check above.
+        let _ = try_signal(pid, rustix::process::Signal::KILL);
     });
     let output = child.wait_with_output().unwrap();
     let _ = killer.join();
     output
-}
-
-fn list_json(root: &TestRoot) -> Vec<Value> {
-    let root_arg = root.path.display().to_string();
-    let args = ["list", "--root", root_arg.as_str(), "--json"];
-    let out = run(&args, &[], None);
-    assert_eq!(out.status.code(), Some(0), "{}", describe(&args, &out));
-    let v: Value = serde_json::from_slice(&out.stdout)
-        .unwrap_or_else(|e| panic!("{e}: {}", describe(&args, &out)));
-    v["instances"].as_array().unwrap().clone()
 }
 
 #[test]
@@ -144,7 +132,7 @@ fn twenty_concurrent_serve_processes_lose_no_registration() {
                 "an instance did not stop\n{}",
                 stderr_of_all()
             );
-            std::thread::sleep(Duration::from_millis(20));
+            std::thread::sleep(POLL_INTERVAL);
         };
         assert_eq!(status.code(), Some(0), "{}", stderr_of_all());
     }
@@ -154,77 +142,6 @@ fn twenty_concurrent_serve_processes_lose_no_registration() {
         "{}",
         stderr_of_all()
     );
-}
-
-#[test]
-fn invalid_entries_and_a_torn_registry_do_not_break_lookup() {
-    let root = TestRoot::new("disc-torn");
-    root.write_config("me", &json!({"bus": {"peers": "*"}}));
-    let me = root.state_dir("me");
-    let beta = root.start("beta", &open_config("sb"));
-
-    // Invalid entries beside the valid one are skipped.
-    let mut registry = root.registry();
-    let t = "2026-01-01T00:00:00.000Z";
-    registry["instances"]["port-zero"] =
-        json!({"port": 0, "pid": 1, "secret": "s", "updatedAt": t});
-    registry["instances"]["no-secret"] = json!({"port": beta.port, "pid": 1, "updatedAt": t});
-    registry["instances"]["bad-time"] =
-        json!({"port": beta.port, "pid": 1, "secret": "s", "updatedAt": "yesterday"});
-    registry["instances"]["-bad name"] =
-        json!({"port": beta.port, "pid": 1, "secret": "s", "updatedAt": t});
-    registry["instances"]["not-an-object"] = json!(42);
-    registry["unexpected"] = json!([1, 2, 3]);
-    std::fs::write(root.path.join(".bus-registry.json"), registry.to_string()).unwrap();
-
-    let t1 = talk(&me, &["beta", "still there"], &[], None);
-    assert_eq!(t1.code(), Some(0), "{}", t1.describe());
-    assert_eq!(t1.stdout(), "still there");
-    let names: Vec<Value> = list_json(&root).iter().map(|i| i["name"].clone()).collect();
-    assert_eq!(names, [json!("beta")]);
-    talk(&me, &["port-zero", "hi", "--json"], &[], None).assert_failure(
-        75,
-        "instance_unavailable",
-        true,
-    );
-
-    // A torn file (cut mid-JSON) reads as an empty registry: a clean "not available",
-    // never a crash or a usage error.
-    let bytes = std::fs::read(root.path.join(".bus-registry.json")).unwrap();
-    std::fs::write(
-        root.path.join(".bus-registry.json"),
-        &bytes[..bytes.len() / 2],
-    )
-    .unwrap();
-    let t2 = talk(&me, &["no-such-instance", "hi", "--json"], &[], None);
-    t2.assert_failure(75, "instance_unavailable", true);
-
-    // The next registration sets the torn file aside and rewrites a valid one, and
-    // lookups work again.
-    let _gamma = root.start("gamma", &open_config("sc"));
-    let t3 = talk(&me, &["gamma", "recovered"], &[], None);
-    assert_eq!(t3.code(), Some(0), "{}", t3.describe());
-    assert_eq!(t3.stdout(), "recovered");
-    let aside = std::fs::read_dir(&root.path)
-        .unwrap()
-        .flatten()
-        .filter(|e| {
-            e.file_name()
-                .to_string_lossy()
-                .starts_with(".bus-registry.json.corrupt-")
-        })
-        .count();
-    assert_eq!(aside, 1, "the torn registry was not set aside");
-
-    // Regression: a live instance whose entry was lost with the torn file stayed
-    // invisible until restarted. It now notices and registers again.
-    assert!(
-        eventually(Duration::from_secs(6), || {
-            talk(&me, &["beta", "back again"], &[], None).code() == Some(0)
-        }),
-        "beta did not re-register after its entry was lost"
-    );
-    drop(beta);
 }
 
 #[test]
@@ -273,12 +190,12 @@ fn serve_prunes_stale_entries_at_startup() {
         names,
         ["beta", "foreign", "silent", "stopping"],
         "{}",
-        beta.stderr()
+        beta.describe()
     );
     assert!(
         beta.stderr().contains("stale registry entry of ghost"),
         "{}",
-        beta.stderr()
+        beta.describe()
     );
     // The impostor was asked for its health only.
     assert!(impostor
@@ -330,7 +247,7 @@ fn health_command() {
         vec!["health", "beta", "--port", &beta_port],
     ];
     for args in alive {
-        let out = run(&args, &[], None);
+        let out = run_probing(&args, &[]);
         assert_eq!(out.status.code(), Some(0), "{}", describe(&args, &out));
         let v: Value = serde_json::from_slice(&out.stdout).unwrap();
         assert_eq!(
@@ -339,7 +256,7 @@ fn health_command() {
         );
         assert!(!String::from_utf8_lossy(&out.stdout).contains("sb"));
     }
-    let out = run(&["health", "beta"], &[("LOOPBUS_STATE_DIR", &me)], None);
+    let out = run_probing(&["health", "beta"], &[("LOOPBUS_STATE_DIR", &me)]);
     assert_eq!(
         out.status.code(),
         Some(0),
@@ -361,11 +278,16 @@ fn health_command() {
             vec!["health", "other", "--port", &beta_port],
             "another instance",
         ),
-        (vec!["health", "--port", &silent_port], "no answer in time"),
+        (vec!["health", "--port", &silent_port], NO_ANSWER_IN_TIME),
     ];
     for (args, why) in not_alive {
         let started = Instant::now();
-        let out = run(&args, &[], None);
+        // A probe timeout is the point of the silent port's case only.
+        let out = if why == NO_ANSWER_IN_TIME {
+            run(&args, &[], None)
+        } else {
+            run_probing(&args, &[])
+        };
         assert_eq!(out.status.code(), Some(75), "{}", describe(&args, &out));
         assert!(
             String::from_utf8_lossy(&out.stderr).contains(why),
@@ -400,7 +322,7 @@ fn list_command_shows_liveness_and_never_secrets() {
     let root_arg = root.path.display().to_string();
 
     let args = ["list", "--root", root_arg.as_str()];
-    let out = run(&args, &[], None);
+    let out = run_probing(&args, &[]);
     assert_eq!(out.status.code(), Some(0), "{}", describe(&args, &out));
     let text = String::from_utf8_lossy(&out.stdout).into_owned();
     let lines: Vec<&str> = text.lines().collect();
@@ -463,7 +385,7 @@ fn list_command_shows_liveness_and_never_secrets() {
         vec!["list", "--state-dir", alpha_dir.as_str()],
         vec!["list", "--state-dir", alpha_dir.as_str(), "--json"],
     ] {
-        let out = run(&args, &[], None);
+        let out = run_probing(&args, &[]);
         assert_eq!(out.status.code(), Some(0), "{}", describe(&args, &out));
         let all = format!(
             "{}{}",

@@ -9,7 +9,6 @@ mod common;
 use common::*;
 use serde_json::{json, Value};
 use std::path::PathBuf;
-use std::thread;
 use std::time::Duration;
 
 fn script(name: &str) -> String {
@@ -22,6 +21,38 @@ fn script(name: &str) -> String {
 
 fn engine_config(engine: Value) -> Value {
     json!({"bus": {"peers": "*", "secret": "s"}, "engine": engine})
+}
+
+/// An engine (`gate.sh`) whose turns wait until [`Gate::open`]: the test decides when
+/// turns finish, instead of an engine that sleeps for long enough.
+struct Gate {
+    path: PathBuf,
+}
+
+impl Gate {
+    fn new(root: &TestRoot) -> Gate {
+        Gate {
+            path: root.path.join("gate"),
+        }
+    }
+
+    /// The engine section: `gate.sh`, with `env` added to its environment.
+    fn engine(&self, mut env: Value) -> Value {
+        env["GATE"] = json!(self.path.to_string_lossy());
+        json!({"command": ["sh", script("gate.sh")], "env": env})
+    }
+
+    /// Lets every waiting and future turn finish.
+    fn open(&self) {
+        std::fs::write(&self.path, b"").unwrap();
+    }
+}
+
+/// Polls `instance`'s health until `turns.<field>` is `n`.
+fn turns_reach(instance: &Instance, field: &str, n: u64) -> bool {
+    eventually(Duration::from_secs(5), || {
+        instance.health()["turns"][field] == n
+    })
 }
 
 fn failure(r: &HttpResponse) -> (String, bool, String) {
@@ -40,6 +71,61 @@ fn audit_lines(instance: &Instance) -> Vec<Value> {
         .lines()
         .map(|l| serde_json::from_str(l).unwrap())
         .collect()
+}
+
+/// The state letter of process `pid` (R, S, T, Z, ...), from /proc.
+fn process_state(pid: u32) -> Option<char> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    stat.rsplit_once(')')?.1.trim_start().chars().next()
+}
+
+/// How many sockets process `pid` has open, from /proc (files it opens for a moment,
+/// such as config.json, don't count).
+fn open_sockets(pid: u32) -> usize {
+    std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .unwrap()
+        .flatten()
+        .filter(|fd| {
+            std::fs::read_link(fd.path())
+                .is_ok_and(|target| target.to_string_lossy().starts_with("socket:"))
+        })
+        .count()
+}
+
+/// The state (hex, as in /proc/net/tcp: 01 established, 08 close-wait) and receive
+/// queue length of the IPv4 socket whose local port is `local` and remote port
+/// `remote`.
+fn tcp_socket(local: u16, remote: u16) -> Option<(String, u64)> {
+    let table = std::fs::read_to_string("/proc/net/tcp").unwrap();
+    table.lines().skip(1).find_map(|line| {
+        let fields: Vec<&str> = line.split_whitespace().collect();
+        let port = |address: &str| u16::from_str_radix(address.rsplit_once(':')?.1, 16).ok();
+        if port(fields.get(1)?)? != local || port(fields.get(2)?)? != remote {
+            return None;
+        }
+        let rx_queue = u64::from_str_radix(fields.get(4)?.split_once(':')?.1, 16).ok()?;
+        Some(((*fields.get(3)?).to_owned(), rx_queue))
+    })
+}
+
+/// Children of `pid` in any state, from /proc.
+fn children(pid: u32) -> Vec<u32> {
+    let mut found = Vec::new();
+    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Ok(child) = entry.file_name().to_string_lossy().parse::<u32>() else {
+            continue;
+        };
+        let Ok(stat) = std::fs::read_to_string(format!("/proc/{child}/stat")) else {
+            continue;
+        };
+        let Some(rest) = stat.rsplit_once(')').map(|(_, r)| r) else {
+            continue;
+        };
+        if rest.split_whitespace().nth(1) == Some(pid.to_string().as_str()) {
+            found.push(child);
+        }
+    }
+    found
 }
 
 /// Children of `pid` that are zombies (state Z), from /proc.
@@ -261,18 +347,16 @@ fn spawn_failure_is_engine_cli() {
 #[test]
 fn health_answers_while_turns_run_and_a_full_queue_is_server_busy() {
     let root = TestRoot::new("busy");
-    let mut config =
-        engine_config(json!({"command": ["sh", script("slow.sh")], "env": {"SLOW_SECS": "3"}}));
+    let gate = Gate::new(&root);
+    let mut config = engine_config(gate.engine(json!({})));
     config["bus"]["maxConcurrentTurns"] = json!(2);
     config["bus"]["maxQueuedTurns"] = json!(1);
     let a = root.start("worker", &config);
     let callers: Vec<_> = (0..3).map(|i| a.spawn_talk(&format!("p{i}"))).collect();
     assert!(
-        eventually(Duration::from_secs(5), || {
-            let h = a.health();
-            h["turns"]["running"] == 2 && h["turns"]["queued"] == 1
-        }),
-        "turns did not reach 2 running + 1 queued"
+        turns_reach(&a, "running", 2) && turns_reach(&a, "queued", 1),
+        "turns did not reach 2 running + 1 queued: {}",
+        a.health()
     );
     health_within(a.port, LIVENESS_BOUND).expect("health answers while turns run");
     assert_eq!(a.health()["turns"]["max"], 2);
@@ -281,11 +365,19 @@ fn health_answers_while_turns_run_and_a_full_queue_is_server_busy() {
     let (code, retryable, _) = failure(&busy);
     assert_eq!(code, "server_busy");
     assert!(retryable);
-    for caller in callers {
-        let r = caller.join().unwrap();
-        assert_eq!(r.status, 200, "{r:?}");
-        assert!(r.json()["text"].as_str().unwrap().starts_with("slow: p"));
-    }
+    // Nobody was answered while the turns could not finish.
+    assert!(callers.iter().all(|c| !c.is_finished()));
+    gate.open();
+    let mut texts: Vec<String> = callers
+        .into_iter()
+        .map(|caller| {
+            let r = caller.join().unwrap();
+            assert_eq!(r.status, 200, "{r:?}");
+            r.json()["text"].as_str().unwrap().to_owned()
+        })
+        .collect();
+    texts.sort();
+    assert_eq!(texts, ["gated: p0", "gated: p1", "gated: p2"]);
     let lines = audit_lines(&a);
     assert!(lines
         .iter()
@@ -295,27 +387,32 @@ fn health_answers_while_turns_run_and_a_full_queue_is_server_busy() {
 #[test]
 fn sigterm_answers_running_and_queued_turns_then_exits_zero() {
     let root = TestRoot::new("shutdown");
-    let mut config =
-        engine_config(json!({"command": ["sh", script("slow.sh")], "env": {"SLOW_SECS": "2"}}));
+    let gate = Gate::new(&root);
+    let mut config = engine_config(gate.engine(json!({})));
     config["bus"]["maxConcurrentTurns"] = json!(1);
     config["bus"]["maxQueuedTurns"] = json!(4);
     let mut a = root.start("worker", &config);
     let running = a.spawn_talk("first");
-    assert!(eventually(Duration::from_secs(5), || a.health()["turns"]
-        ["running"]
-        == 1));
+    assert!(turns_reach(&a, "running", 1));
     let queued = a.spawn_talk("second");
-    assert!(eventually(Duration::from_secs(5), || a.health()["turns"]
-        ["queued"]
-        == 1));
-    let status = a.terminate(Duration::from_secs(20));
-    assert_eq!(status.code(), Some(0), "stderr:\n{}", a.stderr());
-    let running = running.join().unwrap();
-    assert_eq!(running.status, 200);
-    assert_eq!(running.json()["text"], "slow: first");
+    assert!(turns_reach(&a, "queued", 1));
+    signal(a.pid(), "TERM");
+    // The queued turn is answered at once; the running one may still finish.
     let queued = queued.join().unwrap();
     assert_eq!(queued.status, 503);
     assert_eq!(queued.json()["errorCode"], "server_busy");
+    assert!(!running.is_finished(), "the running turn was cut short");
+    assert!(
+        a.child.as_mut().unwrap().try_wait().unwrap().is_none(),
+        "exited with a turn still running\n{}",
+        a.describe()
+    );
+    gate.open();
+    let running = running.join().unwrap();
+    assert_eq!(running.status, 200);
+    assert_eq!(running.json()["text"], "gated: first");
+    let status = a.wait(Duration::from_secs(20));
+    assert_eq!(status.code(), Some(0), "{}", a.describe());
     assert!(root.registry()["instances"].get("worker").is_none());
 }
 
@@ -324,6 +421,15 @@ fn audit_lines_for_success_failure_and_each_refusal() {
     let root = TestRoot::new("audit");
     let secret = "audit-test-secret-4f1c9e";
     let mut config = json!({"bus": {"peers": ["caller"], "secret": secret, "maxDepth": 2}});
+    // Engine failures on instances of their own: started with those engines, rather
+    // than one instance's config edited and each edit waited for.
+    let with_engine = |name: &str, engine: &str| {
+        let mut config = config.clone();
+        config["engine"] = json!({"command": ["sh", script(engine)]});
+        root.start(name, &config)
+    };
+    let auth_failing = with_engine("auth-failing", "auth_fail.sh");
+    let quoting = with_engine("quoting", "quote_prompt_fail.sh");
     let a = root.start("worker", &config);
     assert_eq!(a.talk("caller", "secret prompt text", 0).status, 200);
     assert_eq!(a.talk("stranger", "x", 0).status, 403);
@@ -334,28 +440,28 @@ fn audit_lines_for_success_failure_and_each_refusal() {
     );
     assert_eq!(bad_auth.status, 401);
     assert_eq!(a.talk_body(&json!({"fromInstance": "caller"})).status, 400);
-    config["engine"] = json!({"command": ["sh", script("auth_fail.sh")]});
-    root.write_config("worker", &config);
-    assert!(eventually(Duration::from_secs(5), || a
-        .talk("caller", "x", 0)
-        .json()["errorCode"]
-        == "auth"));
-    // Regression: an engine that quotes the prompt in its error put the prompt's text
-    // into the audit log through the failure's message.
-    config["engine"] = json!({"command": ["sh", script("quote_prompt_fail.sh")]});
-    root.write_config("worker", &config);
-    assert!(eventually(Duration::from_secs(5), || {
-        a.talk("caller", "quoted secret prompt (engine.maxOutputBytes)", 0)
-            .json()["errorCode"]
-            == "engine_cli"
-    }));
     config["bus"]["peers"] = json!(false);
     root.write_config("worker", &config);
+    assert_eq!(
+        auth_failing.talk("caller", "x", 0).json()["errorCode"],
+        "auth"
+    );
+    // Regression: an engine that quotes the prompt in its error put the prompt's text
+    // into the audit log through the failure's message.
+    assert_eq!(
+        quoting
+            .talk("caller", "quoted secret prompt (engine.maxOutputBytes)", 0)
+            .json()["errorCode"],
+        "engine_cli"
+    );
     assert!(eventually(Duration::from_secs(5), || {
         a.talk("caller", "x", 0).json()["errorCode"] == "bus_disabled"
     }));
 
-    let lines = audit_lines(&a);
+    let lines: Vec<Value> = [&a, &auth_failing, &quoting]
+        .into_iter()
+        .flat_map(audit_lines)
+        .collect();
     let find = |outcome: &str, code: Option<&str>| {
         lines.iter().find(|l| {
             l["outcome"] == outcome
@@ -385,21 +491,27 @@ fn audit_lines_for_success_failure_and_each_refusal() {
             "no refused line for {code}"
         );
     }
-    assert!(find("failure", Some("auth")).is_some());
-    let text = std::fs::read_to_string(a.state_dir.join("audit.log.jsonl")).unwrap();
-    assert!(
-        !text.contains("secret prompt text"),
-        "the audit log must not hold prompt text"
-    );
-    assert!(
-        !text.contains("quoted secret prompt"),
-        "the audit log must not hold prompt text quoted by an engine"
-    );
-    assert!(
-        !text.contains(secret),
-        "the audit log must not hold the secret"
-    );
-    assert_eq!(file_mode(&a.state_dir.join("audit.log.jsonl")), 0o600);
+    let auth = find("failure", Some("auth")).expect("failure line for auth");
+    assert_eq!(auth["instanceName"], "auth-failing");
+    let quoted = find("failure", Some("engine_cli")).expect("failure line for engine_cli");
+    assert_eq!(quoted["instanceName"], "quoting");
+    for instance in [&a, &auth_failing, &quoting] {
+        let path = instance.state_dir.join("audit.log.jsonl");
+        let text = std::fs::read_to_string(&path).unwrap();
+        assert!(
+            !text.contains("secret prompt text"),
+            "the audit log must not hold prompt text"
+        );
+        assert!(
+            !text.contains("quoted secret prompt"),
+            "the audit log must not hold prompt text quoted by an engine"
+        );
+        assert!(
+            !text.contains(secret),
+            "the audit log must not hold the secret"
+        );
+        assert_eq!(file_mode(&path), 0o600);
+    }
 }
 
 #[test]
@@ -446,6 +558,11 @@ fn relative_state_dir_still_reaches_an_engine_in_another_cwd() {
         child: Some(child),
         stderr_path: root.path.join("rel.stderr"),
         state_dir: root.state_dir("worker"),
+        command: format!(
+            "(in {}) loopbus serve --state-dir worker",
+            root.path.display()
+        ),
+        stdout_path: None,
     };
     assert!(eventually(Duration::from_secs(10), || {
         root.registry()["instances"]["worker"]["port"]
@@ -466,40 +583,34 @@ fn a_queued_turn_whose_caller_hangs_up_never_runs() {
     use std::io::Write;
     let root = TestRoot::new("abandon");
     let calls = root.path.join("calls");
-    let mut config = engine_config(json!({
-        "command": ["sh", "-c", "echo call >> \"$CALLS_FILE\"; sleep 2; cat"],
-        "env": {"CALLS_FILE": calls.to_string_lossy()},
-    }));
+    let gate = Gate::new(&root);
+    let mut config = engine_config(gate.engine(json!({"CALLS_FILE": calls.to_string_lossy()})));
     config["bus"]["maxConcurrentTurns"] = json!(1);
     let a = root.start("worker", &config);
     let first = a.spawn_talk("kept");
-    assert!(eventually(Duration::from_secs(5), || a.health()["turns"]
-        ["running"]
-        == 1));
+    assert!(turns_reach(&a, "running", 1));
     for i in 0..3 {
         let mut stream = connect(a.port);
         stream
             .write_all(&a.talk_request("c", &format!("dropped {i}"), 0))
             .unwrap();
-        assert!(eventually(Duration::from_secs(5), || a.health()["turns"]
-            ["queued"]
-            == 1));
+        assert!(turns_reach(&a, "queued", 1));
         drop(stream);
         assert!(
-            eventually(Duration::from_secs(5), || a.health()["turns"]["queued"]
-                == 0),
+            turns_reach(&a, "queued", 0),
             "the turn of hung-up caller {i} stayed queued"
         );
     }
-    assert!(
-        eventually(Duration::from_secs(5), || a.health()["turns"]["queued"]
-            == 0),
-        "the hung-up callers' turns stayed queued"
-    );
-    assert_eq!(first.join().unwrap().json()["text"], "kept");
-    thread::sleep(Duration::from_millis(300));
+    // A last caller queues behind wherever the hung-up callers' turns could be: once it
+    // has its answer, every turn queued before it has had its chance to run.
+    let last = a.spawn_talk("last");
+    assert!(turns_reach(&a, "queued", 1));
+    gate.open();
+    assert_eq!(first.join().unwrap().json()["text"], "gated: kept");
+    assert_eq!(last.join().unwrap().json()["text"], "gated: last");
+    assert!(turns_reach(&a, "running", 0) && turns_reach(&a, "queued", 0));
     let runs = std::fs::read_to_string(&calls).unwrap().lines().count();
-    assert_eq!(runs, 1, "turns of callers that hung up were run");
+    assert_eq!(runs, 2, "turns of callers that hung up were run");
     let abandoned = audit_lines(&a)
         .iter()
         .filter(|l| l["outcome"] == "abandoned" && l["metadata"]["status"].is_null())
@@ -514,25 +625,44 @@ fn a_queued_turn_whose_caller_hangs_up_never_runs() {
 fn a_stale_event_of_an_evicted_connection_does_not_close_its_successor() {
     use std::io::Write;
     let root = TestRoot::new("stale-event");
-    root.write_config(
-        "worker",
-        &engine_config(json!({"command": ["sh", "-c", "sleep 1; cat"]})),
-    );
+    let gate = Gate::new(&root);
+    root.write_config("worker", &engine_config(gate.engine(json!({}))));
     // 72 open files leave room for 8 connections (64 are kept for everything else).
     let a = Instance::spawn_with_fd_limit(&root, "worker", 72);
+    let sockets = open_sockets(a.pid());
     let mut idle: Vec<_> = (0..8).map(|_| connect(a.port)).collect();
-    thread::sleep(Duration::from_millis(200));
+    assert!(
+        eventually(Duration::from_secs(5), || open_sockets(a.pid())
+            == sockets + 8),
+        "the server did not take the 8 connections"
+    );
     signal(a.pid(), "STOP");
+    assert!(eventually(Duration::from_secs(5), || process_state(
+        a.pid()
+    ) == Some('T')));
     // The oldest connection hangs up, and a new caller arrives, both while the server
     // is stopped: on waking, one poll reports both, and admitting the caller evicts the
     // oldest slot, the one with the hang-up event pending.
-    drop(idle.remove(0));
+    let gone = idle.remove(0);
+    let gone_port = gone.local_addr().unwrap().port();
+    drop(gone);
     let mut caller = connect(a.port);
-    caller
-        .write_all(&a.talk_request("c", "still here", 0))
-        .unwrap();
-    thread::sleep(Duration::from_millis(200));
+    let request = a.talk_request("c", "still here", 0);
+    caller.write_all(&request).unwrap();
+    let caller_port = caller.local_addr().unwrap().port();
+    // Both are in the kernel's hands before the server wakes.
+    assert!(
+        eventually(Duration::from_secs(5), || {
+            tcp_socket(a.port, gone_port).is_some_and(|(state, _)| state == "08")
+                && tcp_socket(a.port, caller_port)
+                    .is_some_and(|(_, queued)| queued == request.len() as u64)
+        }),
+        "the hang-up and the request did not reach the stopped server's sockets"
+    );
     signal(a.pid(), "CONT");
+    // The caller's turn is running (its engine waits for the gate) before it may end.
+    assert!(eventually(Duration::from_secs(5), || !children(a.pid()).is_empty()));
+    gate.open();
     let r = read_response(&mut caller).expect("the new caller lost its answer");
-    assert_eq!(r.json()["text"], "still here");
+    assert_eq!(r.json()["text"], "gated: still here");
 }

@@ -10,6 +10,11 @@ use std::process::{Child, Command, Output, Stdio};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
+/// How often the harness looks again at something it waits for (a registration, an
+/// exit, a condition): often enough that waiting adds little to a test, rarely enough
+/// to cost little CPU next to the servers it polls.
+pub const POLL_INTERVAL: Duration = Duration::from_millis(10);
+
 /// Path of the binary under test.
 pub fn bin() -> &'static str {
     env!("CARGO_BIN_EXE_loopbus")
@@ -49,8 +54,14 @@ impl TestRoot {
         path
     }
 
+    /// The registry as JSON; `Null` when it is missing, not JSON, or not a regular file
+    /// (a test may put a FIFO there, and reading one would block).
     pub fn registry(&self) -> Value {
-        match std::fs::read(self.path.join(".bus-registry.json")) {
+        let path = self.path.join(".bus-registry.json");
+        if !std::fs::metadata(&path).is_ok_and(|m| m.is_file()) {
+            return Value::Null;
+        }
+        match std::fs::read(&path) {
             Ok(bytes) => serde_json::from_slice(&bytes).unwrap_or(Value::Null),
             Err(_) => Value::Null,
         }
@@ -82,6 +93,10 @@ pub struct Instance {
     pub child: Option<Child>,
     pub stderr_path: PathBuf,
     pub state_dir: PathBuf,
+    /// The command line it was started with, for failure messages.
+    pub command: String,
+    /// Where its stdout goes (`None`: nowhere).
+    pub stdout_path: Option<PathBuf>,
 }
 
 impl Instance {
@@ -120,7 +135,9 @@ impl Instance {
         fd_limit(); // raise it first: the server inherits it
         let state_dir = root.state_dir(name);
         let stderr_path = root.path.join(format!("{name}.stderr"));
+        let stdout_path = root.path.join(format!("{name}.stdout"));
         let stderr = std::fs::File::create(&stderr_path).unwrap();
+        let stdout = std::fs::File::create(&stdout_path).unwrap();
         command
             .arg("serve")
             .arg("--state-dir")
@@ -128,12 +145,15 @@ impl Instance {
             .args(extra_args)
             .env("RUST_LOG", "debug")
             .stdin(Stdio::null())
-            .stdout(Stdio::null())
+            .stdout(stdout)
             .stderr(stderr);
         for (k, v) in env {
             command.env(k, v);
         }
-        let child = command.spawn().unwrap();
+        let command_line = format!("{command:?}");
+        let child = command
+            .spawn()
+            .unwrap_or_else(|e| panic!("cannot run {command_line}: {e}"));
         let pid = child.id();
         let mut instance = Instance {
             name: name.to_owned(),
@@ -142,6 +162,8 @@ impl Instance {
             child: Some(child),
             stderr_path,
             state_dir,
+            command: command_line,
+            stdout_path: Some(stdout_path),
         };
         let deadline = Instant::now() + Duration::from_secs(20);
         loop {
@@ -154,16 +176,16 @@ impl Instance {
             }
             if let Some(status) = instance.child.as_mut().unwrap().try_wait().unwrap() {
                 panic!(
-                    "loopbus serve for {name} exited with {status} before registering\nstderr:\n{}",
-                    instance.stderr()
+                    "loopbus serve for {name} exited with {status} before registering\n{}",
+                    instance.describe()
                 );
             }
             assert!(
                 Instant::now() < deadline,
-                "loopbus serve for {name} did not register in time\nstderr:\n{}",
-                instance.stderr()
+                "loopbus serve for {name} did not register in time\n{}",
+                instance.describe()
             );
-            std::thread::sleep(Duration::from_millis(20));
+            std::thread::sleep(POLL_INTERVAL);
         }
     }
 
@@ -173,6 +195,19 @@ impl Instance {
 
     pub fn stderr(&self) -> String {
         std::fs::read_to_string(&self.stderr_path).unwrap_or_default()
+    }
+
+    /// The command, its stdout and its stderr so far, for failure messages.
+    pub fn describe(&self) -> String {
+        let stdout = match &self.stdout_path {
+            Some(path) => std::fs::read_to_string(path).unwrap_or_default(),
+            None => "(not kept)".to_owned(),
+        };
+        format!(
+            "command: {}\nstdout:\n{stdout}\nstderr:\n{}",
+            self.command,
+            self.stderr()
+        )
     }
 
     pub fn host(&self) -> String {
@@ -194,10 +229,10 @@ impl Instance {
             }
             assert!(
                 Instant::now() < deadline,
-                "instance did not exit in time\nstderr:\n{}",
-                self.stderr()
+                "instance did not exit in time\n{}",
+                self.describe()
             );
-            std::thread::sleep(Duration::from_millis(20));
+            std::thread::sleep(POLL_INTERVAL);
         }
     }
 
@@ -220,8 +255,8 @@ impl Instance {
         assert_eq!(
             response.status,
             200,
-            "health: {response:?}\nstderr:\n{}",
-            self.stderr()
+            "health: {response:?}\n{}",
+            self.describe()
         );
         response.json()
     }
@@ -275,13 +310,34 @@ impl Drop for Instance {
     }
 }
 
+/// Sends the signal `name` (`TERM`, `INT`, `KILL`, `STOP`, `CONT`, `HUP`) to `pid`.
 pub fn signal(pid: u32, name: &str) {
-    let status = Command::new("kill")
-        .arg(format!("-{name}"))
-        .arg(pid.to_string())
-        .status()
-        .unwrap();
-    assert!(status.success(), "kill -{name} {pid} failed");
+    use rustix::process::Signal;
+    let signal = match name {
+        "TERM" => Signal::TERM,
+        "INT" => Signal::INT,
+        "KILL" => Signal::KILL,
+        "STOP" => Signal::STOP,
+        "CONT" => Signal::CONT,
+        "HUP" => Signal::HUP,
+        other => panic!("no signal named {other:?} in the test harness"),
+    };
+    send_signal(pid, signal);
+}
+
+/// Sends `signal` to `pid`, failing the test if it can't be sent.
+pub fn send_signal(pid: u32, signal: rustix::process::Signal) {
+    if let Err(e) = try_signal(pid, signal) {
+        panic!("kill({pid}, {signal:?}) failed: {e}");
+    }
+}
+
+/// Sends `signal` to `pid`; an error if there is no such process (any more).
+pub fn try_signal(pid: u32, signal: rustix::process::Signal) -> std::io::Result<()> {
+    let raw = rustix::process::RawPid::try_from(pid).map_err(std::io::Error::other)?;
+    let target = rustix::process::Pid::from_raw(raw)
+        .ok_or_else(|| std::io::Error::other("pid 0 is not a process"))?;
+    Ok(rustix::process::kill_process(target, signal)?)
 }
 
 /// A parsed HTTP response.
@@ -328,8 +384,15 @@ pub fn request(port: u16, raw: &str) -> HttpResponse {
 
 pub fn request_bytes(port: u16, raw: &[u8]) -> HttpResponse {
     let mut stream = connect(port);
-    stream.write_all(raw).unwrap();
-    read_response(&mut stream).expect("no response")
+    let head = |raw: &[u8]| {
+        let text = String::from_utf8_lossy(raw);
+        text.lines().next().unwrap_or_default().to_owned()
+    };
+    stream
+        .write_all(raw)
+        .unwrap_or_else(|e| panic!("port {port}: cannot send {:?}: {e}", head(raw)));
+    read_response(&mut stream)
+        .unwrap_or_else(|| panic!("port {port}: no response to {:?}", head(raw)))
 }
 
 /// Reads one response (head + Content-Length body) from `stream`.
@@ -413,7 +476,7 @@ pub fn eventually(limit: Duration, mut f: impl FnMut() -> bool) -> bool {
         if f() {
             return true;
         }
-        std::thread::sleep(Duration::from_millis(25));
+        std::thread::sleep(POLL_INTERVAL);
     }
     f()
 }
@@ -682,12 +745,12 @@ impl Instance {
     pub fn assert_alive(&mut self, context: &str) {
         if let Some(status) = self.child.as_mut().unwrap().try_wait().unwrap() {
             panic!(
-                "{context}: loopbus exited with {status}\nstderr:\n{}",
-                self.stderr()
+                "{context}: loopbus exited with {status}\n{}",
+                self.describe()
             );
         }
         if let Err(e) = health_within(self.port, LIVENESS_BOUND) {
-            panic!("{context}: health failed: {e}\nstderr:\n{}", self.stderr());
+            panic!("{context}: health failed: {e}\n{}", self.describe());
         }
     }
 
@@ -714,40 +777,27 @@ pub fn write_file_atomic(path: &Path, bytes: &[u8]) {
     std::fs::rename(&tmp, path).unwrap();
 }
 
-/// The (soft, hard) open-files limits of this process; `unlimited` is `u64::MAX`.
-fn fd_limits() -> (u64, u64) {
-    let limits = std::fs::read_to_string("/proc/self/limits").unwrap_or_default();
-    let line = limits
-        .lines()
-        .find(|l| l.starts_with("Max open files"))
-        .unwrap_or("");
-    let mut fields = line.split_whitespace().skip(3);
-    let mut next = || match fields.next() {
-        Some("unlimited") => u64::MAX,
-        Some(n) => n.parse().unwrap_or(1024),
-        None => 1024,
-    };
-    (next(), next())
-}
-
 /// The open-files soft limit of this test process. The first call raises it towards
-/// 16,384 (within the hard limit, with `prlimit` when it is installed), so that the
-/// connection-flood tests also run under a default `ulimit -n` of 1,024. Servers
-/// spawned afterwards inherit it.
+/// 16,384 (within the hard limit), so that the connection-flood tests also run under a
+/// default `ulimit -n` of 1,024. Servers spawned afterwards inherit it.
 pub fn fd_limit() -> u64 {
+    use rustix::process::{getrlimit, prlimit, Resource, Rlimit};
     static LIMIT: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
     *LIMIT.get_or_init(|| {
-        let (soft, hard) = fd_limits();
-        let want = hard.min(16_384);
+        // `None` is "unlimited".
+        let Rlimit { current, maximum } = getrlimit(Resource::Nofile);
+        let soft = current.unwrap_or(u64::MAX);
+        let want = maximum.unwrap_or(u64::MAX).min(16_384);
         if soft < want {
-            let _ = Command::new("prlimit")
-                .arg(format!("--pid={}", std::process::id()))
-                .arg(format!("--nofile={want}:"))
-                .stdout(Stdio::null())
-                .stderr(Stdio::null())
-                .status();
+            let raised = Rlimit {
+                current: Some(want),
+                maximum,
+            };
+            if let Err(e) = prlimit(None, Resource::Nofile, raised) {
+                eprintln!("note: cannot raise the open-files limit from {soft} to {want}: {e}");
+            }
         }
-        fd_limits().0
+        getrlimit(Resource::Nofile).current.unwrap_or(u64::MAX)
     })
 }
 
