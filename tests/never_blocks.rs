@@ -132,6 +132,9 @@ fn bug_a_stalled_stderr_pipe_froze_the_server() {
         child: Some(child),
         stderr_path: root.path.join("unused.stderr"),
         state_dir: root.state_dir("worker"),
+        command: "loopbus serve --state-dir worker (RUST_LOG=debug, stderr piped and not read)"
+            .to_owned(),
+        stdout_path: None,
     };
     assert!(registered, "serve did not register");
 

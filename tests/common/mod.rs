@@ -310,7 +310,7 @@ impl Drop for Instance {
     }
 }
 
-/// Sends the signal `name` (`TERM`, `INT`, `KILL`, `STOP`, `CONT`, `HUP`) to `pid`.
+/// Sends the signal `name` (`TERM`, `INT`, `KILL`, `STOP`, `CONT`, `HUP`, `QUIT`) to `pid`.
 pub fn signal(pid: u32, name: &str) {
     use rustix::process::Signal;
     let signal = match name {
@@ -320,6 +320,7 @@ pub fn signal(pid: u32, name: &str) {
         "STOP" => Signal::STOP,
         "CONT" => Signal::CONT,
         "HUP" => Signal::HUP,
+        "QUIT" => Signal::QUIT,
         other => panic!("no signal named {other:?} in the test harness"),
     };
     send_signal(pid, signal);
