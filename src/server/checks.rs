@@ -110,33 +110,18 @@ mod tests {
         }
     }
 
+    /// The rule itself is tabled in `http::headers`; here, that each way it fails
+    /// becomes its own refusal.
     #[test]
-    fn content_length_table() {
+    fn content_length_failures_map_to_their_refusals() {
         type Row<'a> = (&'a [(&'a str, &'a str)], Result<u64, Refusal>);
         let cases: &[Row] = &[
             (&[("Content-Length", "10")], Ok(10)),
-            (&[("Content-Length", "0")], Ok(0)),
-            (&[("Content-Length", "007")], Ok(7)),
-            (&[("Content-Length", "5"), ("content-length", "5")], Ok(5)),
-            (&[("Content-Length", "5"), ("content-length", "005")], Ok(5)),
-            (
-                &[("Content-Length", "99999999999999999999999")],
-                Ok(u64::MAX),
-            ),
             (&[], Err(Refusal::LengthMissing)),
-            (&[("Content-Length", "")], Err(Refusal::LengthInvalid)),
-            (&[("Content-Length", "-1")], Err(Refusal::LengthInvalid)),
-            (&[("Content-Length", "+1")], Err(Refusal::LengthInvalid)),
             (&[("Content-Length", "1 ")], Err(Refusal::LengthInvalid)),
-            (&[("Content-Length", "1,1")], Err(Refusal::LengthInvalid)),
-            (&[("Content-Length", "0x10")], Err(Refusal::LengthInvalid)),
             (
                 &[("Content-Length", "5"), ("Content-Length", "6")],
                 Err(Refusal::LengthConflict),
-            ),
-            (
-                &[("Transfer-Encoding", "chunked")],
-                Err(Refusal::TransferEncoding),
             ),
             (
                 &[("Transfer-Encoding", "identity"), ("Content-Length", "5")],
