@@ -219,13 +219,7 @@ fn lock_within<T>(
     let (dir, name) = split_path(path)?;
     let mut lock_name = name;
     lock_name.push(".lock");
-    let lock_file = OpenOptions::new()
-        .read(true)
-        .write(true)
-        .create(true)
-        .truncate(false)
-        .mode(PRIVATE_FILE_MODE)
-        .open(dir.join(lock_name))?;
+    let lock_file = open_lock_file(&dir.join(lock_name))?;
     let deadline = std::time::Instant::now() + patience;
     loop {
         match lock_file.try_lock() {
@@ -254,18 +248,31 @@ fn lock_within<T>(
 ///
 /// An error opening the file or locking it.
 pub fn hold_lock(path: &Path) -> io::Result<Option<File>> {
-    let file = OpenOptions::new()
-        .read(true)
-        .write(true)
-        .create(true)
-        .truncate(false)
-        .mode(PRIVATE_FILE_MODE)
-        .open(path)?;
+    let file = open_lock_file(path)?;
     match file.try_lock() {
         Ok(()) => Ok(Some(file)),
         Err(fs::TryLockError::WouldBlock) => Ok(None),
         Err(fs::TryLockError::Error(e)) => Err(e),
     }
+}
+
+/// Opens (creating, 0600) a lock file like every other state file: without blocking,
+/// without following a symlink, and only if it is a regular file, so that a FIFO or a
+/// link planted in its place can neither stall nor redirect the locker.
+fn open_lock_file(path: &Path) -> io::Result<File> {
+    use rustix::fs::{Mode, OFlags};
+    let file = open_no_follow(
+        path,
+        OFlags::RDWR | OFlags::CREATE,
+        Mode::from_raw_mode(PRIVATE_FILE_MODE),
+    )?;
+    if !file.metadata()?.is_file() {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidData,
+            format!("{}: not a regular file", path.display()),
+        ));
+    }
+    Ok(file)
 }
 
 // ---------------------------------------------------------------------------------------
@@ -700,5 +707,27 @@ mod tests {
             );
         }
         assert!(mode_is_wider(&dir.path().join("absent"), 0o600).is_err());
+    }
+
+    #[test]
+    fn bug_lock_files_followed_symlinks_and_blocked_on_fifos() {
+        let dir = TestDir::new("lock-kinds");
+        let target = dir.path().join("elsewhere");
+        fs::write(&target, b"").unwrap();
+        let link = dir.path().join("linked");
+        std::os::unix::fs::symlink(&target, dir.path().join("linked.lock")).unwrap();
+        let err = with_lock(&link, || Ok(())).unwrap_err();
+        assert_eq!(err.kind(), io::ErrorKind::InvalidData, "{err}");
+        let fifo = dir.path().join("fifo.lock");
+        rustix::fs::mkfifoat(
+            rustix::fs::CWD,
+            &fifo,
+            rustix::fs::Mode::from_raw_mode(0o600),
+        )
+        .unwrap();
+        // Without O_NONBLOCK this open would wait for a writer forever.
+        let err = hold_lock(&fifo).unwrap_err();
+        assert_eq!(err.kind(), io::ErrorKind::InvalidData, "{err}");
+        assert!(hold_lock(&dir.path().join("plain.lock")).unwrap().is_some());
     }
 }
