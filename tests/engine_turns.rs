@@ -510,13 +510,14 @@ fn a_queued_turn_whose_caller_hangs_up_never_runs() {
 fn a_stale_event_of_an_evicted_connection_does_not_close_its_successor() {
     use std::io::Write;
     let root = TestRoot::new("stale-event");
-    root.write_config(
-        "worker",
-        &engine_config(json!({"command": ["sh", "-c", "sleep 1; cat"]})),
-    );
-    // 72 open files leave room for 8 connections (64 are kept for everything else).
-    let a = Instance::spawn_with_fd_limit(&root, "worker", 72);
-    let mut idle: Vec<_> = (0..8).map(|_| connect(a.port)).collect();
+    let mut config = engine_config(json!({"command": ["sh", "-c", "sleep 1; cat"]}));
+    config["bus"]["maxConcurrentTurns"] = json!(1);
+    config["bus"]["maxQueuedTurns"] = json!(4);
+    root.write_config("worker", &config);
+    // 104 open files leave room for 40 connections (64 are kept for everything else),
+    // 8 of them for talks (32 are kept for health).
+    let a = Instance::spawn_with_fd_limit(&root, "worker", 104);
+    let mut idle: Vec<_> = (0..40).map(|_| connect(a.port)).collect();
     thread::sleep(Duration::from_millis(200));
     signal(a.pid(), "STOP");
     // The oldest connection hangs up, and a new caller arrives, both while the server

@@ -193,6 +193,7 @@ impl Instance {
         if let Some(engine) = &options.engine {
             engine.apply(&mut config);
         }
+        check_turns_fit(&config, &config_path)?;
         warn_about_modes(&config_path, &root);
 
         let serving = files::hold_lock(&state_dir.join(SERVE_LOCK_FILE))
@@ -361,6 +362,25 @@ fn read_config(state_dir: &Path) -> Result<(Config, Vec<u8>), ServeError> {
     let bytes = config::read_file(&path).map_err(fail)?;
     let config = config::parse_file(&path, &bytes).map_err(fail)?;
     Ok((config, bytes))
+}
+
+/// Refuses a config whose running plus queued turns could not all wait on their
+/// callers' connections while [`http::HEALTH_RESERVE`] connections stay free (contract
+/// section 3, "open connections").
+fn check_turns_fit(config: &Config, config_path: &Path) -> Result<(), ServeError> {
+    let turns = config
+        .bus
+        .max_concurrent_turns
+        .saturating_add(config.bus.max_queued_turns);
+    let cap = http::connection_cap();
+    if turns > http::max_authorized(cap) {
+        return Err(ServeError::TurnsExceedConnections {
+            config_path: config_path.to_path_buf(),
+            turns,
+            cap,
+        });
+    }
+    Ok(())
 }
 
 fn warn_about_modes(config_path: &Path, root: &Path) {
