@@ -22,9 +22,9 @@ pub enum ServeError {
         /// What is wrong with it.
         error: ConfigError,
     },
-    /// config.json allows more running plus queued turns than connections can hold
-    /// them: each waits on its caller's connection, and a reserve (`http::HEALTH_RESERVE`, 32)
-    /// connections are kept from talks so that health always has room.
+    /// config.json allows more running plus queued turns than connections can hold:
+    /// each waits on its caller's connection, and a reserve of connections
+    /// (`http::HEALTH_RESERVE`, 32) is kept from talks so that health always has room.
     TurnsExceedConnections {
         /// Its config.json.
         config_path: PathBuf,
