@@ -302,3 +302,51 @@ fn bug_answers_during_shutdown_kept_the_connection_open() {
     assert!(closed_within(&mut running, BOUND));
     assert!(w.wait(BOUND).success());
 }
+
+/// Reads a response head only (through the blank line): its status.
+fn read_status(stream: &mut TcpStream) -> Option<u16> {
+    let mut head = Vec::new();
+    let mut byte = [0u8; 1];
+    while !head.ends_with(b"\r\n\r\n") {
+        match std::io::Read::read(stream, &mut byte) {
+            Ok(1) => head.push(byte[0]),
+            _ => return None,
+        }
+    }
+    let head = String::from_utf8(head).ok()?;
+    head.split(' ').nth(1)?.parse().ok()
+}
+
+/// Regression: response bytes had no budget: many clients that never read, each owed
+/// a 6 MiB engine reply, grew the server's memory by 6 MiB each. Past the response
+/// budget (16 MiB) an answer is replaced by a small 503 `server_busy`.
+#[test]
+fn bug_non_reading_clients_grew_response_memory_without_bound() {
+    let root = TestRoot::new("response-budget");
+    let engine = json!({
+        "command": ["sh", "-c", "cat > /dev/null; head -c 6000000 /dev/zero | tr '\\0' x"],
+        "maxOutputBytes": 8_000_000
+    });
+    root.write_config("worker", &config((3, 0), Some(engine)));
+    let w = Instance::spawn(&root, "worker", &[]);
+    let mut clients: Vec<TcpStream> = (0..3)
+        .map(|i| {
+            let mut stream = connect(w.port);
+            // A small receive buffer: with the server's send buffer (4 MiB at most by
+            // default) the kernel can't take a whole reply off the server's hands.
+            rustix::net::sockopt::set_socket_recv_buffer_size(&stream, 4096).unwrap();
+            stream
+                .write_all(&w.talk_request("c", &format!("p{i}"), 0))
+                .unwrap();
+            stream
+        })
+        .collect();
+    // Each keeps its connection open and reads no more than the head.
+    let statuses: Vec<Option<u16>> = clients.iter_mut().map(read_status).collect();
+    let ok = statuses.iter().filter(|s| **s == Some(200)).count();
+    let busy = statuses.iter().filter(|s| **s == Some(503)).count();
+    // 6 MB each, more than the kernel takes off a connection that is not read: two fit
+    // in the budget, the third would go past it.
+    assert_eq!((ok, busy), (2, 1), "{statuses:?}\nstderr:\n{}", w.stderr());
+    drop(clients);
+}

@@ -5,7 +5,7 @@
 
 use super::conn::{Class, STEP_MAX_READ};
 use super::drive::{Entry, InFlight, Step};
-use super::listener::{connection_cap, max_authorized, MAX_CONNECTIONS};
+use super::listener::{connection_cap, max_authorized, warn_if_reduced};
 use super::service::{Control, Service};
 use mio::net::{TcpListener, TcpStream, UnixStream};
 use mio::{Events, Interest, Poll, Token, Waker};
@@ -101,12 +101,7 @@ impl EventLoop {
                 .register(stream, INTERRUPT, Interest::READABLE)?;
         }
         let max_connections = connection_cap();
-        if max_connections < MAX_CONNECTIONS {
-            log::warn!(
-                "the open-files limit allows {max_connections} connections instead of \
-                 {MAX_CONNECTIONS} (raise it with `ulimit -n`)"
-            );
-        }
+        warn_if_reduced(max_connections);
         Ok(EventLoop {
             poll,
             listener: Some(listener),

@@ -68,12 +68,24 @@ pub fn bind_loopback(addr: SocketAddr) -> io::Result<TcpListener> {
 }
 
 /// The connection cap this process can honour: [`MAX_CONNECTIONS`], or the soft limit
-/// on open files minus [`RESERVED_FDS`] if that is lower (the event loop logs it).
+/// on open files minus [`RESERVED_FDS`] if that is lower (the event loop logs that).
 /// Otherwise accept would run out of descriptors first, and new connections (health
 /// checks included) would wait behind the backlog instead of evicting idle ones.
 pub fn connection_cap() -> usize {
     // `None` is unlimited.
     cap_for(getrlimit(Resource::Nofile).current)
+}
+
+/// Logs (a warning) that the open-files limit lowered the connection cap to `cap`, if
+/// it did.
+pub(crate) fn warn_if_reduced(cap: usize) {
+    if cap < MAX_CONNECTIONS {
+        let soft = getrlimit(Resource::Nofile).current.unwrap_or(u64::MAX);
+        log::warn!(
+            "the open-files limit is {soft}: serving at most {cap} connections \
+             instead of {MAX_CONNECTIONS} (raise it with `ulimit -n`)"
+        );
+    }
 }
 
 /// Most connections that may hold authorized work under the connection cap `cap`: the
