@@ -294,7 +294,8 @@ impl Conn {
         }
     }
 
-    /// `bytes` were read from the socket at `now`.
+    /// `bytes` were read from the socket at `now`. (Reading starts no clock: each
+    /// phase's deadline counts from its start, and eviction from it too.)
     pub fn received(&mut self, bytes: &[u8], _now: Instant) {
         self.step_read += bytes.len();
         match self.phase {

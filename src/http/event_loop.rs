@@ -297,9 +297,7 @@ impl EventLoop {
                     // Out of descriptors (EMFILE/ENFILE) or a transient failure: make
                     // room if we can and try again shortly; never spin.
                     log::warn!("accept failed: {e}");
-                    if let Some(slot) = self.victim() {
-                        self.close(service, slot);
-                    }
+                    self.make_room(service);
                     self.accept_paused_until = Some(Instant::now() + ACCEPT_BACKOFF);
                     return;
                 }
@@ -315,26 +313,44 @@ impl EventLoop {
         }))
     }
 
-    fn admit<S: Service>(&mut self, service: &mut S, mut stream: TcpStream) {
-        if self.open >= self.max_connections {
-            match self.victim() {
-                Some(slot) => {
-                    if let Some(Some(e)) = self.conns.get(slot) {
-                        log::debug!(
-                            "connection limit reached: closing one ({:?})",
-                            e.conn.class()
-                        );
-                    }
-                    self.close(service, slot);
-                }
-                None => {
-                    log::warn!(
-                        "connection limit reached and every connection holds authorized \
-                         work; refusing one"
-                    );
-                    return; // dropping the stream closes it
-                }
+    /// Closes one connection to admit a new one (see [`eviction_victim`]); whether
+    /// there is room now. An incomplete head is read once more before it is judged:
+    /// its bytes may have arrived since the last read (its readiness event waiting
+    /// behind the accept), and hold a head that passes its checks, which is then
+    /// authorized work. Each connection is read at most once per call, so the work is
+    /// bounded by the connections open.
+    fn make_room<S: Service>(&mut self, service: &mut S) -> bool {
+        let mut read_again = Vec::new();
+        loop {
+            if self.open < self.max_connections {
+                return true; // reading one closed it
             }
+            let Some(slot) = self.victim() else {
+                return false;
+            };
+            let Some(Some(entry)) = self.conns.get_mut(slot) else {
+                return false; // a victim is always an open connection
+            };
+            let class = entry.conn.class();
+            if class == Class::IncompleteHead && !read_again.contains(&slot) {
+                read_again.push(slot);
+                entry.readable = true;
+                self.drive(service, slot);
+                continue;
+            }
+            log::debug!("connection limit reached: closing one ({class:?})");
+            self.close(service, slot);
+            return true;
+        }
+    }
+
+    fn admit<S: Service>(&mut self, service: &mut S, mut stream: TcpStream) {
+        if self.open >= self.max_connections && !self.make_room(service) {
+            log::warn!(
+                "connection limit reached and every connection holds authorized work; \
+                 refusing one"
+            );
+            return; // dropping the stream closes it
         }
         let _ = stream.set_nodelay(true);
         let slot = self.free.pop().unwrap_or_else(|| {
