@@ -75,7 +75,8 @@ pub enum Class {
     Idle,
     /// Authorized work: a request the service agreed to read the body of (its head
     /// passed checks 1-6) from then until its answer is written: reading its body,
-    /// waiting for or running a turn, being answered (a 408 for a late body too).
+    /// waiting for or running a turn, being answered (a 408 for a late body, or the
+    /// 503 that replaces an answer past the response budget, too).
     /// Never evicted; a client that never reads its answer is still bounded by
     /// [`WRITE_TIMEOUT`].
     Authorized,
