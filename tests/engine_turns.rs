@@ -626,15 +626,19 @@ fn a_stale_event_of_an_evicted_connection_does_not_close_its_successor() {
     use std::io::Write;
     let root = TestRoot::new("stale-event");
     let gate = Gate::new(&root);
-    root.write_config("worker", &engine_config(gate.engine(json!({}))));
-    // 72 open files leave room for 8 connections (64 are kept for everything else).
-    let a = Instance::spawn_with_fd_limit(&root, "worker", 72);
+    let mut config = engine_config(gate.engine(json!({})));
+    config["bus"]["maxConcurrentTurns"] = json!(1);
+    config["bus"]["maxQueuedTurns"] = json!(4);
+    root.write_config("worker", &config);
+    // 104 open files leave room for 40 connections (64 are kept for everything else),
+    // 8 of them for talks (32 are kept for health).
+    let a = Instance::spawn_with_fd_limit(&root, "worker", 104);
     let sockets = open_sockets(a.pid());
-    let mut idle: Vec<_> = (0..8).map(|_| connect(a.port)).collect();
+    let mut idle: Vec<_> = (0..40).map(|_| connect(a.port)).collect();
     assert!(
         eventually(Duration::from_secs(5), || open_sockets(a.pid())
-            == sockets + 8),
-        "the server did not take the 8 connections"
+            == sockets + 40),
+        "the server did not take the 40 connections"
     );
     signal(a.pid(), "STOP");
     assert!(eventually(Duration::from_secs(5), || process_state(

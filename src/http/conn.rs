@@ -54,6 +54,41 @@ pub enum CloseReason {
     ServerAsked,
 }
 
+/// What closing a connection would lose, for eviction when the connection table is
+/// full. The variants are in eviction order: the loop closes a connection of the first
+/// class present, and within a class the one whose phase began first
+/// ([`Conn::class_since`]). [`Class::Authorized`] is never evicted.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Class {
+    /// The answer is out: lingering over input nobody reads, or closing. Nothing is
+    /// lost but the courtesy of the linger.
+    Done,
+    /// A request head not complete yet (oldest first), including a new connection that
+    /// sent nothing, or a complete head the service has not decided on.
+    IncompleteHead,
+    /// An answer that is not authorized work being written: health, a refusal, an
+    /// error the HTTP layer answers itself, or a 503 from a budget. It is small and
+    /// bounded by [`WRITE_TIMEOUT`]; one still being written is stalled behind a client
+    /// that does not read.
+    Answering,
+    /// A kept-alive connection between requests (longest idle first).
+    Idle,
+    /// Authorized work: a request the service agreed to read the body of (its head
+    /// passed checks 1-6) from then until its answer is written: reading its body,
+    /// waiting for or running a turn, being answered (a 408 for a late body, or the
+    /// 503 that replaces an answer past the response budget, too).
+    /// Never evicted; a client that never reads its answer is still bounded by
+    /// [`WRITE_TIMEOUT`].
+    Authorized,
+}
+
+impl Class {
+    /// Whether a connection of this class may be closed to admit a new one.
+    pub fn evictable(self) -> bool {
+        self != Class::Authorized
+    }
+}
+
 /// What happens once the current response is written.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum After {
@@ -140,10 +175,11 @@ pub struct Conn {
     head: Option<Head>,
     /// Whether at least one response was completed (the idle timeout applies).
     served: bool,
+    /// Whether the request being served is authorized work: the service agreed to read
+    /// its body ([`Conn::read_body`]). Cleared once its answer is written.
+    authorized: bool,
     /// Start of the current phase's clock.
     phase_started: Instant,
-    /// Last time a byte of a request was read or a byte of a response was written.
-    last_active: Instant,
     /// Heads served and bytes read in this step.
     step_heads: usize,
     step_read: usize,
@@ -158,8 +194,8 @@ impl Conn {
             scanned: 0,
             head: None,
             served: false,
+            authorized: false,
             phase_started: now,
-            last_active: now,
             step_heads: 0,
             step_read: 0,
         }
@@ -259,22 +295,19 @@ impl Conn {
         }
     }
 
-    /// `bytes` were read from the socket at `now`.
-    pub fn received(&mut self, bytes: &[u8], now: Instant) {
+    /// `bytes` were read from the socket at `now`. (Reading starts no clock: each
+    /// phase's deadline counts from its start, and eviction from it too.)
+    pub fn received(&mut self, bytes: &[u8], _now: Instant) {
         self.step_read += bytes.len();
         match self.phase {
             Phase::Lingering { .. } => {}
             Phase::ReadingBody { len, .. } => {
-                self.last_active = now;
                 if self.inbuf.capacity() == 0 {
                     self.inbuf.reserve_exact(len);
                 }
                 self.inbuf.extend_from_slice(bytes);
             }
-            _ => {
-                self.last_active = now;
-                self.inbuf.extend_from_slice(bytes);
-            }
+            _ => self.inbuf.extend_from_slice(bytes),
         }
     }
 
@@ -289,13 +322,13 @@ impl Conn {
             return;
         };
         *written = (*written + n).min(out.len());
-        self.last_active = now;
         if *written < out.len() {
             return;
         }
         let after = *after;
         self.head = None;
         self.served = true;
+        self.authorized = false;
         self.phase_started = now;
         self.phase = match after {
             After::Linger => {
@@ -325,6 +358,7 @@ impl Conn {
             len > self.inbuf.len() && self.head.as_ref().is_some_and(Head::expects_continue);
         self.phase = Phase::ReadingBody { len, send_continue };
         self.phase_started = now;
+        self.authorized = true;
     }
 
     /// Starts writing `response` at `now`: the answer to a head (its body is never
@@ -426,17 +460,40 @@ impl Conn {
         self.phase == Phase::ReadingHead && self.inbuf.is_empty()
     }
 
+    /// What closing this connection would lose: its eviction class (see [`Class`]).
+    pub fn class(&self) -> Class {
+        match self.phase {
+            Phase::Lingering { .. } | Phase::Closing(_) => Class::Done,
+            _ if self.authorized => Class::Authorized,
+            Phase::ReadingHead if self.idle() => Class::Idle,
+            Phase::ReadingHead | Phase::Deciding => Class::IncompleteHead,
+            Phase::Failing(_) | Phase::Writing { .. } => Class::Answering,
+            // Only an authorized request reads a body or waits for a deferred answer.
+            Phase::ReadingBody { .. } | Phase::Waiting => Class::Authorized,
+        }
+    }
+
+    /// When the current phase began: the order within a [`Class`] for eviction (the
+    /// head clock of an incomplete head, the end of the last answer of an idle one).
+    pub fn class_since(&self) -> Instant {
+        self.phase_started
+    }
+
+    /// The bytes of the response being written (head and body), or 0: its share of
+    /// the loop's response budget.
+    pub fn response_in_flight(&self) -> usize {
+        match &self.phase {
+            Phase::Writing { out, .. } => out.len(),
+            _ => 0,
+        }
+    }
+
     /// The declared length of the body being read, or 0.
     pub fn body_in_flight(&self) -> usize {
         match self.phase {
             Phase::ReadingBody { len, .. } => len,
             _ => 0,
         }
-    }
-
-    /// The last time a request byte was read or a response byte written.
-    pub fn last_active(&self) -> Instant {
-        self.last_active
     }
 }
 
@@ -991,22 +1048,123 @@ mod tests {
     }
 
     #[test]
-    fn between_requests_and_last_activity() {
-        let mut clock = clock();
-        let start = clock.now();
-        let mut conn = Conn::new(start);
+    fn between_requests() {
+        let clock = clock();
+        let mut conn = Conn::new(clock.now());
         assert!(conn.is_between_requests());
         feed(&mut conn, &clock, b"GET / HTTP/1.1\r\n");
         assert!(!conn.is_between_requests());
-        let later = clock.advance(Duration::from_secs(2));
         feed(&mut conn, &clock, b"\r\n");
         assert!(conn.is_between_requests());
-        assert_eq!(conn.last_active(), later);
-        // Discarded lingering input is no activity.
-        let mut conn = Conn::new(start);
-        feed(&mut conn, &clock, b"\x00garbage\r\n\r\n");
+    }
+
+    /// The eviction class through every phase of a request, authorized or not, with
+    /// the instant each class counts from.
+    #[test]
+    fn eviction_class_per_phase() {
+        let mut clock = clock();
+        let accepted = clock.now();
+        let mut conn = Conn::new(accepted);
+        // A new connection that sent nothing: an incomplete head since accept.
+        assert_eq!(conn.class(), Class::IncompleteHead);
+        assert_eq!(conn.class_since(), accepted);
         clock.advance(Duration::from_secs(1));
-        feed(&mut conn, &clock, b"more");
-        assert_eq!(conn.last_active(), later);
+        feed(
+            &mut conn,
+            &clock,
+            b"POST /defer HTTP/1.1\r\nContent-Length: 4\r\n",
+        );
+        assert_eq!(
+            (conn.class(), conn.class_since()),
+            (Class::IncompleteHead, accepted)
+        );
+        // The head is complete: deciding is not authorized yet.
+        conn.received(b"\r\nbo", clock.now());
+        let Seen::Head(..) = seen(&mut conn, clock.now()) else {
+            panic!("no head")
+        };
+        assert_eq!(conn.class(), Class::IncompleteHead);
+        // The service agreed to read the body: authorized from here until answered.
+        conn.read_body(4, clock.now());
+        assert_eq!(conn.class(), Class::Authorized);
+        assert!(!conn.class().evictable());
+        conn.received(b"dy", clock.now());
+        assert_eq!(
+            seen(&mut conn, clock.now()),
+            Seen::Request("/defer".into(), b"body".to_vec())
+        );
+        assert_eq!(conn.class(), Class::Authorized);
+        // Its answer, stalled behind a client that does not read: still authorized.
+        conn.respond(answer(200, "later"), clock.now());
+        conn.wrote(3, clock.now());
+        assert_eq!(conn.class(), Class::Authorized);
+        assert!(conn.response_in_flight() > 0);
+        let Action::Write(rest) = conn.poll(clock.now()) else {
+            panic!("nothing to write")
+        };
+        let rest = rest.len();
+        let answered = clock.advance(Duration::from_secs(1));
+        conn.wrote(rest, answered);
+        assert_eq!(conn.response_in_flight(), 0);
+        // Kept alive: idle since the answer.
+        assert_eq!((conn.class(), conn.class_since()), (Class::Idle, answered));
+        // A head that is not authorized work, answered from the head alone (health,
+        // a refusal): being written, it may be evicted.
+        conn.received(b"GET /a HTTP/1.1\r\n\r\n", clock.now());
+        let Seen::Head(..) = seen(&mut conn, clock.now()) else {
+            panic!("no head")
+        };
+        conn.respond(answer(200, "x"), clock.now());
+        assert_eq!(conn.class(), Class::Answering);
+        let (next, _) = run(&mut conn, &clock);
+        assert_eq!(next, Seen::Read(HEAD_LIMIT_READ));
+        assert_eq!(conn.class(), Class::Idle);
+
+        // An authorized body that came late: its 408 is still authorized work.
+        let mut conn = Conn::new(clock.now());
+        conn.received(
+            b"POST /body HTTP/1.1\r\nContent-Length: 9\r\n\r\n",
+            clock.now(),
+        );
+        let Seen::Head(..) = seen(&mut conn, clock.now()) else {
+            panic!("no head")
+        };
+        conn.read_body(9, clock.now());
+        assert!(conn.expire(clock.advance(BODY_TIMEOUT)));
+        assert_eq!(conn.class(), Class::Authorized);
+        // Once that answer is out, lingering loses nothing.
+        let (next, _) = run(&mut conn, &clock);
+        assert_eq!(next, Seen::Read(usize::MAX));
+        assert_eq!(conn.class(), Class::Done);
+
+        // A head refused before its body is read (a budget's 503): not authorized.
+        let mut conn = Conn::new(clock.now());
+        conn.received(
+            b"POST /body HTTP/1.1\r\nContent-Length: 9\r\n\r\n",
+            clock.now(),
+        );
+        let Seen::Head(..) = seen(&mut conn, clock.now()) else {
+            panic!("no head")
+        };
+        conn.respond_error(answer(503, "busy"), clock.now());
+        assert_eq!(conn.class(), Class::Answering);
+        // Closing after an answer.
+        let mut conn = Conn::new(clock.now());
+        feed(&mut conn, &clock, b"GET /a HTTP/1.0\r\n\r\n");
+        assert_eq!(conn.class(), Class::Done);
+    }
+
+    #[test]
+    fn eviction_order_of_the_classes() {
+        let order = [
+            Class::Done,
+            Class::IncompleteHead,
+            Class::Answering,
+            Class::Idle,
+            Class::Authorized,
+        ];
+        assert!(order.windows(2).all(|w| w[0] < w[1]));
+        let evictable: Vec<bool> = order.iter().map(|c| c.evictable()).collect();
+        assert_eq!(evictable, [true, true, true, true, false]);
     }
 }

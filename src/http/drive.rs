@@ -2,7 +2,7 @@
 //! socket, the [`Service`] calls its requests need, and the body budget all
 //! connections share.
 
-use super::conn::{Action, Conn, CONTINUE};
+use super::conn::{Action, Class, Conn, CONTINUE};
 use super::message::{HttpError, Response};
 use super::service::{ConnId, HeadAction, Service};
 use mio::net::TcpStream;
@@ -15,31 +15,96 @@ use std::time::Instant;
 /// many connections each sending a large body slowly can't grow memory without bound.
 pub const MAX_BODY_BYTES_IN_FLIGHT: usize = 8 * 1024 * 1024;
 
-/// The declared lengths of the bodies being read now, all connections together.
-#[derive(Debug, Default)]
-pub(super) struct BodyBudget {
-    in_flight: usize,
+/// Response bytes (head and body) all connections together may hold while writing an
+/// answer to an authorized request (a turn's answer, large when the engine's reply is).
+/// An answer that would go past it is replaced by a small 503 `server_busy` and the
+/// connection closes, so that many clients that never read what they are owed can't
+/// grow memory without bound. An answer that finds nothing else in flight is always
+/// written, however large: the bound is this budget plus one answer. The answers from
+/// a head alone (health, refusals, HTTP-layer errors) are a few hundred bytes, one per
+/// connection at most, and are not counted.
+pub const MAX_RESPONSE_BYTES_IN_FLIGHT: usize = 16 * 1024 * 1024;
+
+/// What every connection together holds now, against the limits that bound it: body
+/// bytes being read, response bytes being written, and connections holding authorized
+/// work (see [`super::conn::Class::Authorized`]).
+#[derive(Debug)]
+pub(super) struct InFlight {
+    bodies: usize,
+    responses: usize,
+    authorized: usize,
+    /// Most connections that may hold authorized work: the connection cap less
+    /// [`super::HEALTH_RESERVE`].
+    max_authorized: usize,
 }
 
-impl BodyBudget {
-    /// Brings `entry`'s share up to date with what its connection is reading.
+/// One connection's share of [`InFlight`], as last counted.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub(super) struct Share {
+    body: usize,
+    response: usize,
+    authorized: bool,
+}
+
+impl Share {
+    fn of(conn: &Conn) -> Share {
+        Share {
+            body: conn.body_in_flight(),
+            response: conn.response_in_flight(),
+            authorized: conn.class() == Class::Authorized,
+        }
+    }
+}
+
+impl InFlight {
+    /// Nothing in flight; at most `max_authorized` connections may hold authorized work.
+    pub(super) fn new(max_authorized: usize) -> InFlight {
+        InFlight {
+            bodies: 0,
+            responses: 0,
+            authorized: 0,
+            max_authorized,
+        }
+    }
+
+    /// Brings `entry`'s share up to date with what its connection holds now.
     fn account(&mut self, entry: &mut Entry) {
-        let now = entry.conn.body_in_flight();
-        self.in_flight = self
-            .in_flight
-            .saturating_sub(entry.counted)
-            .saturating_add(now);
+        let now = Share::of(&entry.conn);
+        self.replace(entry.counted, now);
         entry.counted = now;
+    }
+
+    fn replace(&mut self, old: Share, new: Share) {
+        self.bodies = self
+            .bodies
+            .saturating_sub(old.body)
+            .saturating_add(new.body);
+        self.responses = self
+            .responses
+            .saturating_sub(old.response)
+            .saturating_add(new.response);
+        self.authorized = self
+            .authorized
+            .saturating_sub(usize::from(old.authorized))
+            .saturating_add(usize::from(new.authorized));
     }
 
     /// Gives back `entry`'s share: its connection is closing.
     pub(super) fn release(&mut self, entry: &Entry) {
-        self.in_flight = self.in_flight.saturating_sub(entry.counted);
+        self.replace(entry.counted, Share::default());
     }
 
-    /// Whether another body of `len` bytes fits.
-    fn admits(&self, len: usize) -> bool {
-        self.in_flight.saturating_add(len) <= MAX_BODY_BYTES_IN_FLIGHT
+    /// Whether a new authorized request with a body of `len` bytes may be read: the
+    /// body fits the body budget, and a connection is left outside the health reserve.
+    fn admits_request(&self, len: usize) -> bool {
+        self.bodies.saturating_add(len) <= MAX_BODY_BYTES_IN_FLIGHT
+            && self.authorized < self.max_authorized
+    }
+
+    /// Whether an answer of `len` bytes fits the response budget (always, when no other
+    /// answer is in flight).
+    fn admits_response(&self, len: usize) -> bool {
+        self.responses == 0 || self.responses.saturating_add(len) <= MAX_RESPONSE_BYTES_IN_FLIGHT
     }
 }
 
@@ -55,8 +120,8 @@ pub(super) struct Entry {
     pub(super) peer_closed: bool,
     /// The deadline registered in the loop's set for this connection.
     pub(super) deadline: Option<Instant>,
-    /// This connection's share of the [`BodyBudget`].
-    counted: usize,
+    /// This connection's share of [`InFlight`].
+    counted: Share,
     pub(super) conn: Conn,
 }
 
@@ -70,10 +135,11 @@ pub(super) enum Step {
     Yield,
 }
 
-/// A response as it will be written: once the loop is exiting, every connection
-/// closes after its answer.
-pub(super) fn finalize(mut response: Response, exiting: bool) -> Response {
-    response.close |= exiting;
+/// A response as it will be written: once the loop is stopping (no longer accepting,
+/// or exiting), every connection closes after its answer, and says so
+/// (`Connection: close`).
+pub(super) fn finalize(mut response: Response, stopping: bool) -> Response {
+    response.close |= stopping;
     response
 }
 
@@ -87,7 +153,7 @@ impl Entry {
             readable: true,
             peer_closed: false,
             deadline: None,
-            counted: 0,
+            counted: Share::default(),
             conn: Conn::new(now),
         }
     }
@@ -107,13 +173,13 @@ impl Entry {
         service: &mut S,
         slot: usize,
         scratch: &mut [u8],
-        bodies: &mut BodyBudget,
-        exiting: bool,
+        in_flight: &mut InFlight,
+        stopping: bool,
     ) -> Step {
         let id = self.id(slot);
         self.conn.begin_step();
         loop {
-            bodies.account(self);
+            in_flight.account(self);
             match self.conn.poll(Instant::now()) {
                 Action::Read(wanted) => {
                     let cap = wanted.min(scratch.len());
@@ -144,10 +210,12 @@ impl Entry {
                 }
                 Action::Head(head) => match service.on_head(id, head) {
                     HeadAction::Respond(response) => {
-                        let response = finalize(response, exiting);
+                        let response = finalize(response, stopping);
                         self.conn.respond(response, Instant::now());
                     }
-                    HeadAction::ReadBody(len) if bodies.admits(len) => {
+                    // Past the body budget, or into the health reserve: refused the
+                    // way the service refuses (and audits) an HTTP-layer error.
+                    HeadAction::ReadBody(len) if in_flight.admits_request(len) => {
                         self.conn.read_body(len, Instant::now());
                     }
                     HeadAction::ReadBody(_) => {
@@ -158,8 +226,7 @@ impl Entry {
                 },
                 Action::Request(head, body) => {
                     if let Some(response) = service.on_request(id, head, body) {
-                        let response = finalize(response, exiting);
-                        self.conn.respond(response, Instant::now());
+                        self.answer(service, response, in_flight, stopping);
                     }
                 }
                 Action::Error(error, head) => {
@@ -171,6 +238,34 @@ impl Entry {
                 Action::Close(_) => return Step::Close,
             }
         }
+    }
+}
+
+impl Entry {
+    /// Starts writing `response`, the answer to this connection's authorized request
+    /// (now or deferred), if it fits the response budget; otherwise a small 503 from
+    /// the service, after which the connection closes.
+    pub(super) fn answer<S: Service>(
+        &mut self,
+        service: &mut S,
+        response: Response,
+        in_flight: &mut InFlight,
+        stopping: bool,
+    ) {
+        let now = Instant::now();
+        if in_flight.admits_response(response.body.len()) {
+            self.conn.respond(finalize(response, stopping), now);
+        } else {
+            log::debug!(
+                "{} response bytes in flight: answering 503 instead of a {}-byte answer",
+                in_flight.responses,
+                response.body.len()
+            );
+            let refusal = service.error_response(HttpError::Overloaded, self.conn.head());
+            self.conn.respond_error(refusal, now);
+        }
+        // Counted now, so that the next answer decided before this one is driven sees it.
+        in_flight.account(self);
     }
 }
 
@@ -209,5 +304,69 @@ fn read_some(
             Err(e) if e.kind() == ErrorKind::Interrupted => {}
             Err(_) => return ReadOutcome::Closed,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn share(body: usize, response: usize, authorized: bool) -> Share {
+        Share {
+            body,
+            response,
+            authorized,
+        }
+    }
+
+    #[test]
+    fn the_health_reserve_refuses_authorized_work_past_its_limit() {
+        let mut in_flight = InFlight::new(2);
+        assert!(in_flight.admits_request(10));
+        in_flight.replace(Share::default(), share(10, 0, true));
+        assert!(in_flight.admits_request(10));
+        in_flight.replace(Share::default(), share(0, 0, true));
+        // Two connections hold authorized work: the rest is the reserve.
+        assert!(!in_flight.admits_request(0));
+        // One of them is answered and goes idle: room again.
+        in_flight.replace(share(10, 0, true), Share::default());
+        assert!(in_flight.admits_request(0));
+    }
+
+    #[test]
+    fn the_body_budget_refuses_a_body_past_it() {
+        let mut in_flight = InFlight::new(usize::MAX);
+        in_flight.replace(
+            Share::default(),
+            share(MAX_BODY_BYTES_IN_FLIGHT - 5, 0, true),
+        );
+        assert!(in_flight.admits_request(5));
+        assert!(!in_flight.admits_request(6));
+    }
+
+    #[test]
+    fn the_response_budget_refuses_an_answer_past_it_but_never_the_only_one() {
+        let mut in_flight = InFlight::new(usize::MAX);
+        // Nothing in flight: any answer goes, however large.
+        assert!(in_flight.admits_response(MAX_RESPONSE_BYTES_IN_FLIGHT * 2));
+        let big = share(0, MAX_RESPONSE_BYTES_IN_FLIGHT - 100, true);
+        in_flight.replace(Share::default(), big);
+        assert!(in_flight.admits_response(100));
+        assert!(!in_flight.admits_response(101));
+        // Released when that answer is written (or its connection closes).
+        in_flight.replace(big, Share::default());
+        assert!(in_flight.admits_response(MAX_RESPONSE_BYTES_IN_FLIGHT));
+    }
+
+    #[test]
+    fn answers_close_once_the_loop_is_stopping() {
+        let response = Response {
+            status: 200,
+            headers: Vec::new(),
+            body: Vec::new(),
+            close: false,
+        };
+        assert!(!finalize(response.clone(), false).close);
+        assert!(finalize(response, true).close);
     }
 }

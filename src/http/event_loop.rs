@@ -3,9 +3,9 @@
 //! eviction. Running one connection is `drive`'s job; its HTTP state is a sans-IO
 //! `Conn`.
 
-use super::conn::STEP_MAX_READ;
-use super::drive::{finalize, BodyBudget, Entry, Step};
-use super::listener::connection_cap;
+use super::conn::{Class, STEP_MAX_READ};
+use super::drive::{Entry, InFlight, Step};
+use super::listener::{connection_cap, max_authorized, warn_if_reduced};
 use super::service::{Control, Service};
 use mio::net::{TcpListener, TcpStream, UnixStream};
 use mio::{Events, Interest, Poll, Token, Waker};
@@ -44,6 +44,17 @@ fn conn_token(slot: usize, generation: u64) -> Token {
     Token(((generation as usize) << SLOT_BITS) | (slot + FIRST_CONN))
 }
 
+/// The connection to close to admit a new one, from each open connection's slot,
+/// [`Class`] and when that class began: the first class in eviction order (an
+/// incomplete head before an idle keep-alive connection), and within it the oldest.
+/// `None` when every connection holds authorized work, which is never evicted.
+fn eviction_victim(conns: impl Iterator<Item = (usize, Class, Instant)>) -> Option<usize> {
+    conns
+        .filter(|(_, class, _)| class.evictable())
+        .min_by_key(|&(slot, class, since)| (class, since, slot))
+        .map(|(slot, _, _)| slot)
+}
+
 /// The event loop: owns the listener and every connection.
 pub struct EventLoop {
     poll: Poll,
@@ -56,12 +67,15 @@ pub struct EventLoop {
     open: usize,
     /// [`super::MAX_CONNECTIONS`], or fewer if the open-files limit is lower.
     max_connections: usize,
-    /// Declared body bytes of the connections reading a body now.
-    bodies: BodyBudget,
+    /// Body and response bytes, and authorized connections, of every connection now.
+    in_flight: InFlight,
     next_generation: u64,
     deadlines: BTreeSet<(Instant, usize, u64)>,
     scratch: Box<[u8]>,
     accept_paused_until: Option<Instant>,
+    /// The service stopped accepting or asked to exit: every answer closes its
+    /// connection from now on.
+    stopping: bool,
     exiting: bool,
     /// The run queue: connections with an event or with work left, in FIFO order.
     ready: VecDeque<(usize, u64)>,
@@ -86,6 +100,8 @@ impl EventLoop {
             poll.registry()
                 .register(stream, INTERRUPT, Interest::READABLE)?;
         }
+        let max_connections = connection_cap();
+        warn_if_reduced(max_connections);
         Ok(EventLoop {
             poll,
             listener: Some(listener),
@@ -95,12 +111,13 @@ impl EventLoop {
             conns: Vec::new(),
             free: Vec::new(),
             open: 0,
-            max_connections: connection_cap(),
-            bodies: BodyBudget::default(),
+            max_connections,
+            in_flight: InFlight::new(max_authorized(max_connections)),
             next_generation: 0,
             deadlines: BTreeSet::new(),
             scratch: vec![0u8; READ_CHUNK].into_boxed_slice(),
             accept_paused_until: None,
+            stopping: false,
             exiting: false,
             ready: VecDeque::new(),
             next_tick: Instant::now(),
@@ -227,13 +244,14 @@ impl EventLoop {
     }
 
     fn apply<S: Service>(&mut self, service: &mut S, control: Control) {
+        // First, so that the answers given with the stop already say they close.
+        self.stopping |= control.stop_accepting || control.exit;
         for (id, response) in control.responses {
-            let response = finalize(response, self.exiting);
             match self.conns.get_mut(id.slot) {
                 Some(Some(entry))
                     if entry.generation == id.generation && entry.conn.is_waiting() =>
                 {
-                    entry.conn.respond(response, Instant::now());
+                    entry.answer(service, response, &mut self.in_flight, self.stopping);
                 }
                 _ => continue,
             }
@@ -279,9 +297,7 @@ impl EventLoop {
                     // Out of descriptors (EMFILE/ENFILE) or a transient failure: make
                     // room if we can and try again shortly; never spin.
                     log::warn!("accept failed: {e}");
-                    if let Some(slot) = self.least_recently_active() {
-                        self.close(service, slot);
-                    }
+                    self.make_room(service);
                     self.accept_paused_until = Some(Instant::now() + ACCEPT_BACKOFF);
                     return;
                 }
@@ -289,36 +305,52 @@ impl EventLoop {
         }
     }
 
-    /// The connection to evict: the least recently active one that is not waiting for
-    /// a deferred answer. A response stuck behind a client that does not read is fair
-    /// game: its activity stopped at its last successful write.
-    fn least_recently_active(&self) -> Option<usize> {
-        self.conns
-            .iter()
-            .enumerate()
-            .filter_map(|(i, e)| {
-                e.as_ref()
-                    .filter(|e| !e.conn.is_waiting())
-                    .map(|e| (e.conn.last_active(), i))
-            })
-            .min()
-            .map(|(_, i)| i)
+    /// The connection to close to admit a new one (see [`eviction_victim`]).
+    fn victim(&self) -> Option<usize> {
+        eviction_victim(self.conns.iter().enumerate().filter_map(|(slot, e)| {
+            e.as_ref()
+                .map(|e| (slot, e.conn.class(), e.conn.class_since()))
+        }))
+    }
+
+    /// Closes one connection to admit a new one (see [`eviction_victim`]); whether
+    /// there is room now. An incomplete head is read once more before it is judged:
+    /// its bytes may have arrived since the last read (its readiness event waiting
+    /// behind the accept), and hold a head that passes its checks, which is then
+    /// authorized work. Each connection is read at most once per call, so the work is
+    /// bounded by the connections open.
+    fn make_room<S: Service>(&mut self, service: &mut S) -> bool {
+        let mut read_again = Vec::new();
+        loop {
+            if self.open < self.max_connections {
+                return true; // reading one closed it
+            }
+            let Some(slot) = self.victim() else {
+                return false;
+            };
+            let Some(Some(entry)) = self.conns.get_mut(slot) else {
+                return false; // a victim is always an open connection
+            };
+            let class = entry.conn.class();
+            if class == Class::IncompleteHead && !read_again.contains(&slot) {
+                read_again.push(slot);
+                entry.readable = true;
+                self.drive(service, slot);
+                continue;
+            }
+            log::debug!("connection limit reached: closing one ({class:?})");
+            self.close(service, slot);
+            return true;
+        }
     }
 
     fn admit<S: Service>(&mut self, service: &mut S, mut stream: TcpStream) {
-        if self.open >= self.max_connections {
-            match self.least_recently_active() {
-                Some(slot) => {
-                    log::debug!("connection limit reached: closing the least recently active");
-                    self.close(service, slot);
-                }
-                None => {
-                    log::warn!(
-                        "connection limit reached and every connection is busy; refusing one"
-                    );
-                    return; // dropping the stream closes it
-                }
-            }
+        if self.open >= self.max_connections && !self.make_room(service) {
+            log::warn!(
+                "connection limit reached and every connection holds authorized work; \
+                 refusing one"
+            );
+            return; // dropping the stream closes it
         }
         let _ = stream.set_nodelay(true);
         let slot = self.free.pop().unwrap_or_else(|| {
@@ -354,7 +386,7 @@ impl EventLoop {
             self.deadlines.remove(&(deadline, slot, entry.generation));
         }
         let _ = self.poll.registry().deregister(&mut entry.stream);
-        self.bodies.release(&entry);
+        self.in_flight.release(&entry);
         if entry.conn.is_waiting() {
             service.on_abandoned(entry.id(slot));
         }
@@ -407,14 +439,18 @@ impl EventLoop {
             service,
             slot,
             &mut self.scratch,
-            &mut self.bodies,
-            self.exiting,
+            &mut self.in_flight,
+            self.stopping,
         );
+        // An answer begun before the stop, now written, leaves a kept-alive connection
+        // that will never get another: close it.
+        let done = self.stopping && entry.conn.is_between_requests();
         if let Some(place) = self.conns.get_mut(slot) {
             *place = Some(entry);
         }
         match step {
             Step::Close => self.close(service, slot),
+            _ if done => self.close(service, slot),
             Step::Park => self.refresh_deadline(slot),
             Step::Yield => {
                 self.refresh_deadline(slot);
@@ -448,6 +484,72 @@ impl EventLoop {
                 entry.queued = true;
                 self.ready.push_back((slot, entry.generation));
             }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn eviction_takes_incomplete_heads_oldest_first_then_idle_never_authorized() {
+        let t0 = Instant::now();
+        let at = |secs| t0 + Duration::from_secs(secs);
+        type Row<'a> = (&'a str, &'a [(usize, Class, u64)], Option<usize>);
+        let cases: &[Row] = &[
+            ("empty", &[], None),
+            (
+                "only authorized work",
+                &[(0, Class::Authorized, 0), (1, Class::Authorized, 5)],
+                None,
+            ),
+            (
+                "an incomplete head before an older idle one",
+                &[
+                    (0, Class::Idle, 0),
+                    (1, Class::IncompleteHead, 9),
+                    (2, Class::Authorized, 0),
+                ],
+                Some(1),
+            ),
+            (
+                "the oldest incomplete head",
+                &[
+                    (0, Class::IncompleteHead, 7),
+                    (1, Class::IncompleteHead, 3),
+                    (2, Class::IncompleteHead, 5),
+                ],
+                Some(1),
+            ),
+            (
+                "the longest idle",
+                &[
+                    (0, Class::Idle, 4),
+                    (1, Class::Authorized, 0),
+                    (2, Class::Idle, 2),
+                ],
+                Some(2),
+            ),
+            (
+                "a stalled answer that is not authorized work before idle",
+                &[(0, Class::Idle, 0), (1, Class::Answering, 8)],
+                Some(1),
+            ),
+            (
+                "a lingering one first",
+                &[(0, Class::IncompleteHead, 0), (1, Class::Done, 8)],
+                Some(1),
+            ),
+            (
+                "ties go to the lower slot",
+                &[(4, Class::Idle, 1), (2, Class::Idle, 1)],
+                Some(2),
+            ),
+        ];
+        for (context, conns, want) in cases {
+            let got = eviction_victim(conns.iter().map(|&(slot, c, s)| (slot, c, at(s))));
+            assert_eq!(got, *want, "{context}");
         }
     }
 }

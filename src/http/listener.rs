@@ -6,13 +6,21 @@ use rustix::process::{getrlimit, Resource};
 use std::io::{self, ErrorKind};
 use std::net::SocketAddr;
 
-/// Open connections at most. When full, a new connection is admitted by closing the
-/// least recently active connection that is not waiting for a deferred answer (a turn
-/// queued or running): one reading a head or a body, writing an answer, lingering or
-/// idle may be closed, and activity is the last byte read from or written to it. When
-/// every connection waits for its turn, the new one is refused instead. Lower when the
-/// open-files limit (`ulimit -n`) leaves less room; see [`RESERVED_FDS`].
+/// Open connections at most. When full, a new connection is admitted by closing, in
+/// this order, a connection whose answer is already out (lingering), one whose request
+/// head is incomplete (oldest first), one writing an answer that is not authorized
+/// work (health, a refusal), then an idle keep-alive connection (longest idle first).
+/// A connection holding authorized work (its head passed checks 1-6: reading its body,
+/// waiting for or running a turn, being answered) is never evicted; when nothing can
+/// be, the new connection is closed. Lower when the open-files limit (`ulimit -n`)
+/// leaves less room; see [`RESERVED_FDS`].
 pub const MAX_CONNECTIONS: usize = 1024;
+/// Connections that authorized work may not take, so that health (and every other
+/// request) always finds room: once the connection cap less this many connections hold
+/// authorized work, a new talk head that passed its checks is answered 503
+/// `server_busy` at once. A config whose running plus queued turns cannot fit under
+/// the cap less this reserve is refused at startup.
+pub const HEALTH_RESERVE: usize = 32;
 /// Descriptors kept free for everything that is not a connection (listener, poll,
 /// waker, signal pipe, stdio, config and registry files, engine pipes) when the
 /// open-files limit caps the number of connections.
@@ -60,21 +68,30 @@ pub fn bind_loopback(addr: SocketAddr) -> io::Result<TcpListener> {
 }
 
 /// The connection cap this process can honour: [`MAX_CONNECTIONS`], or the soft limit
-/// on open files minus [`RESERVED_FDS`] if that is lower (logged). Otherwise accept
-/// would run out of descriptors first, and new connections (health checks included)
-/// would wait behind the backlog instead of evicting idle ones.
-pub(crate) fn connection_cap() -> usize {
+/// on open files minus [`RESERVED_FDS`] if that is lower (the event loop logs that).
+/// Otherwise accept would run out of descriptors first, and new connections (health
+/// checks included) would wait behind the backlog instead of evicting idle ones.
+pub fn connection_cap() -> usize {
     // `None` is unlimited.
-    let soft = getrlimit(Resource::Nofile).current;
-    let cap = cap_for(soft);
+    cap_for(getrlimit(Resource::Nofile).current)
+}
+
+/// Logs (a warning) that the open-files limit lowered the connection cap to `cap`, if
+/// it did.
+pub(crate) fn warn_if_reduced(cap: usize) {
     if cap < MAX_CONNECTIONS {
-        let soft = soft.unwrap_or(u64::MAX);
+        let soft = getrlimit(Resource::Nofile).current.unwrap_or(u64::MAX);
         log::warn!(
             "the open-files limit is {soft}: serving at most {cap} connections \
              instead of {MAX_CONNECTIONS} (raise it with `ulimit -n`)"
         );
     }
-    cap
+}
+
+/// Most connections that may hold authorized work under the connection cap `cap`: the
+/// cap less [`HEALTH_RESERVE`]. Running plus queued turns must fit under it.
+pub fn max_authorized(cap: usize) -> usize {
+    cap.saturating_sub(HEALTH_RESERVE)
 }
 
 /// The connection cap under the soft open-files limit `soft` (`None`: unlimited).
@@ -116,5 +133,15 @@ mod tests {
         for (soft, want) in cases {
             assert_eq!(cap_for(soft), want, "{soft:?}");
         }
+    }
+
+    #[test]
+    fn the_health_reserve_is_kept_from_authorized_work() {
+        assert_eq!(
+            max_authorized(MAX_CONNECTIONS),
+            MAX_CONNECTIONS - HEALTH_RESERVE
+        );
+        assert_eq!(max_authorized(64), 32);
+        assert_eq!(max_authorized(MIN_CONNECTIONS), 0);
     }
 }

@@ -152,7 +152,10 @@ pub enum HttpError {
     TooManyHeaders,
     /// The body did not arrive within [`super::BODY_TIMEOUT`].
     BodyTimeout,
-    /// Reading the body would exceed [`super::MAX_BODY_BYTES_IN_FLIGHT`].
+    /// The loop has no room for this request: reading its body would go past the body
+    /// budget (`MAX_BODY_BYTES_IN_FLIGHT`), only the health reserve
+    /// ([`super::HEALTH_RESERVE`]) is left outside authorized work, or its answer would
+    /// go past the response budget (`MAX_RESPONSE_BYTES_IN_FLIGHT`).
     Overloaded,
 }
 
@@ -163,7 +166,7 @@ impl std::fmt::Display for HttpError {
             HttpError::HeadTooLarge => "request head too large",
             HttpError::TooManyHeaders => "too many request headers",
             HttpError::BodyTimeout => "request body not received in time",
-            HttpError::Overloaded => "too many request bodies in flight; try again shortly",
+            HttpError::Overloaded => "the server is busy with other requests; try again shortly",
         })
     }
 }

@@ -6,8 +6,11 @@
 //! whatever [`Response`] comes back, now or later (a deferred answer arrives through
 //! [`Control::respond`] after a [`mio::Waker`] woke the loop). Every socket is
 //! non-blocking; no callback may block. Memory per connection is bounded by
-//! [`MAX_HEAD_BYTES`] plus the body length the service agreed to read, and the number
-//! of connections by [`MAX_CONNECTIONS`].
+//! [`MAX_HEAD_BYTES`] plus the body length the service agreed to read, bodies and
+//! answers in flight by budgets shared by all connections, and the number of
+//! connections by a cap (`MAX_CONNECTIONS`, lower under a low open-files limit) of
+//! which [`HEALTH_RESERVE`] are kept from authorized work. When the cap is reached, a
+//! connection is evicted by class (`conn::Class`): never one holding authorized work.
 //!
 //! The parts, each in its own file:
 //! - `headers`: what both directions share (head limits, endpoint paths, the
@@ -32,6 +35,6 @@ mod service;
 
 pub use event_loop::EventLoop;
 pub use headers::{LengthError, HEALTH_PATH, MAX_HEADERS, MAX_HEAD_BYTES, TALK_PATH};
-pub use listener::bind_loopback;
+pub use listener::{bind_loopback, connection_cap, max_authorized, HEALTH_RESERVE};
 pub use message::{parse_request_head, Head, HttpError, Response};
 pub use service::{ConnId, Control, HeadAction, Service};

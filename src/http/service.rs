@@ -19,7 +19,13 @@ pub enum HeadAction {
     /// Answer now without reading any body. If the head announced a body, the
     /// connection closes after the answer.
     Respond(Response),
-    /// Read exactly this many body bytes, then call [`Service::on_request`].
+    /// Read exactly this many body bytes, then call [`Service::on_request`]. Only for
+    /// a head that passed the service's checks of the head (for the bus: checks 1-6):
+    /// from here until its answer is written the connection holds authorized work,
+    /// which is never evicted. The loop refuses it instead, through
+    /// [`Service::error_response`] with [`HttpError::Overloaded`], when the body would
+    /// go past the body budget or when only [`super::HEALTH_RESERVE`] connections are
+    /// left outside authorized work.
     ReadBody(usize),
 }
 
@@ -43,7 +49,9 @@ impl Control {
         self.tick_at = Some(self.tick_at.map_or(at, |t| t.min(at)));
     }
 
-    /// Closes the listener: no new connection is accepted from now on.
+    /// Closes the listener: no new connection is accepted from now on, idle keep-alive
+    /// connections close, and every answer from now on (those given with this call
+    /// too) closes its connection (`Connection: close`).
     pub fn stop_accepting(&mut self) {
         self.stop_accepting = true;
     }
@@ -61,7 +69,9 @@ pub trait Service {
     fn on_head(&mut self, id: ConnId, head: &Head) -> HeadAction;
 
     /// The body agreed to in [`HeadAction::ReadBody`] arrived. Return `Some` to answer
-    /// now, or `None` to answer later through [`Control::respond`].
+    /// now, or `None` to answer later through [`Control::respond`]. Either answer is
+    /// replaced by [`Service::error_response`] with [`HttpError::Overloaded`] when it
+    /// would go past the response budget.
     fn on_request(&mut self, id: ConnId, head: &Head, body: Vec<u8>) -> Option<Response>;
 
     /// The body of an error the HTTP layer answers itself, with the request's head

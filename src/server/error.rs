@@ -2,6 +2,7 @@
 //! a message that names the file, address or name concerned, never a secret.
 
 use crate::config::ConfigError;
+use crate::http;
 use std::fmt;
 use std::io;
 use std::net::SocketAddr;
@@ -20,6 +21,17 @@ pub enum ServeError {
         state_dir: PathBuf,
         /// What is wrong with it.
         error: ConfigError,
+    },
+    /// config.json allows more running plus queued turns than connections can hold:
+    /// each waits on its caller's connection, and a reserve of connections
+    /// (`http::HEALTH_RESERVE`, 32) is kept from talks so that health always has room.
+    TurnsExceedConnections {
+        /// Its config.json.
+        config_path: PathBuf,
+        /// `bus.maxConcurrentTurns` + `bus.maxQueuedTurns`.
+        turns: usize,
+        /// The connection cap (lower under a low open-files limit).
+        cap: usize,
     },
     /// The state directory's serve lock could not be taken.
     Lock {
@@ -92,6 +104,20 @@ impl fmt::Display for ServeError {
                 }
                 Ok(())
             }
+            ServeError::TurnsExceedConnections {
+                config_path,
+                turns,
+                cap,
+            } => write!(
+                f,
+                "{}: bus.maxConcurrentTurns + bus.maxQueuedTurns is {turns}, but at most \
+                 {room} connections can hold talks (the connection cap of {cap} less {reserve} \
+                 kept for health); lower bus.maxQueuedTurns, or raise the open-files limit \
+                 (`ulimit -n`) if it lowered the cap",
+                config_path.display(),
+                room = http::max_authorized(*cap),
+                reserve = http::HEALTH_RESERVE,
+            ),
             ServeError::Lock { state_dir, source } => {
                 write!(f, "{}: cannot lock: {source}", state_dir.display())
             }

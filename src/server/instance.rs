@@ -197,6 +197,7 @@ impl Instance {
         if let Some(engine) = &options.engine {
             engine.apply(&mut config);
         }
+        check_turns_fit(&config, &config_path)?;
         warn_about_modes(&config_path, &root);
         if let Some(engine) = &config.engine {
             crate::engine::warnings(engine)
@@ -402,6 +403,25 @@ fn remove_stale_temp_files(dirs: &[&Path]) {
             Err(e) => log::warn!("cannot look for stale temp files in {}: {e}", dir.display()),
         }
     }
+}
+
+/// Refuses a config whose running plus queued turns could not all wait on their
+/// callers' connections while [`http::HEALTH_RESERVE`] connections stay free (contract
+/// section 3, "open connections").
+fn check_turns_fit(config: &Config, config_path: &Path) -> Result<(), ServeError> {
+    let turns = config
+        .bus
+        .max_concurrent_turns
+        .saturating_add(config.bus.max_queued_turns);
+    let cap = http::connection_cap();
+    if turns > http::max_authorized(cap) {
+        return Err(ServeError::TurnsExceedConnections {
+            config_path: config_path.to_path_buf(),
+            turns,
+            cap,
+        });
+    }
+    Ok(())
 }
 
 fn warn_about_modes(config_path: &Path, root: &Path) {
