@@ -250,6 +250,14 @@ impl Connection {
         }
     }
 
+    /// The address this connection is connected to.
+    ///
+    /// # Errors
+    /// The socket is no longer connected.
+    pub fn peer_addr(&self) -> io::Result<SocketAddr> {
+        self.stream.peer_addr()
+    }
+
     /// Whether another request may be sent on this connection: the last response was
     /// HTTP/1.1, framed by `Content-Length`, without `Connection: close`.
     pub fn is_reusable(&self) -> bool {
