@@ -397,17 +397,18 @@ pub fn delegate(options: &DelegateOptions) -> Result<Reply, DelegateError> {
     }
 
     // --- Same-user check (contract section 6.1) --------------------------------------
-    // A peer that cannot prove itself gets the secret only when the socket it listens
-    // on belongs to our own uid. Checked on the connection the secret goes out on.
+    // A peer that cannot prove itself gets the secret only when the socket at the other
+    // end of the connection the secret goes out on, and the listener on its port,
+    // belong to our own uid.
     // TODO(proof): only for entries without proof (`if !entry.proof { ... }`).
-    match connection.peer_addr() {
-        Ok(addr) => registry::check_listener_owner(addr.ip(), addr.port()).map_err(|mismatch| {
+    match connection.addresses() {
+        Ok((peer, local)) => registry::check_connection_owner(peer, local).map_err(|mismatch| {
             DelegateError::ForeignListener {
                 target: target.to_string(),
                 mismatch,
             }
         })?,
-        Err(e) => log::debug!("listener owner of port {} not checked: {e}", entry.port),
+        Err(e) => log::debug!("owner of port {} not checked: {e}", entry.port),
     }
     // --- end of the same-user check --------------------------------------------------
 

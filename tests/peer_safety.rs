@@ -25,7 +25,9 @@ const OSC52_ESCAPED: &str = "\\x1b]52;c;aGk=\\x07";
 
 /// A tiny HTTP server that answers every request as the legacy instance `worker`
 /// (kind cc-telegram-bridge, no proof), prints its port first and then every request
-/// head it gets on stdout, flushed line by line.
+/// head it gets on stdout, flushed line by line. With `CLOSE_LISTENER` set it closes
+/// its listening socket as soon as it accepts the first connection, keeping only that.
+/// Run with a first line `CLOSE_LISTENER = True` or `False`.
 const SQUATTER: &str = r#"
 import socket, sys
 s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
@@ -35,6 +37,8 @@ print(s.getsockname()[1], flush=True)
 body = b'{"kind":"cc-telegram-bridge","instance":"worker","status":"ok"}'
 while True:
     c, _ = s.accept()
+    if CLOSE_LISTENER:
+        s.close()
     c.settimeout(5)
     data = b""
     try:
@@ -53,6 +57,8 @@ while True:
         sys.stdout.write("error " + repr(e) + "\n")
         sys.stdout.flush()
     c.close()
+    if CLOSE_LISTENER:
+        break
 "#;
 
 /// Why this machine cannot run a process under another uid, if it cannot.
@@ -80,11 +86,26 @@ impl Drop for Reaped {
 
 #[test]
 fn bug_a_squatter_of_another_uid_on_a_legacy_peers_port_got_the_secret() {
+    squatter_of_another_uid_gets_nothing(false);
+}
+
+#[test]
+fn bug_a_squatter_that_closed_its_listener_after_the_probe_got_the_secret() {
+    squatter_of_another_uid_gets_nothing(true);
+}
+
+/// A squatter running as `nobody` on a legacy entry's port: `talk` refuses with the uid
+/// message, and the squatter sees the health probe only.
+fn squatter_of_another_uid_gets_nothing(close_listener: bool) {
     if let Some(why) = second_uid_unavailable() {
         eprintln!("skipped: the uid check needs a second uid ({why})");
         return;
     }
     let root = TestRoot::new("uid-squatter");
+    let script = format!(
+        "CLOSE_LISTENER = {}\n{SQUATTER}",
+        if close_listener { "True" } else { "False" }
+    );
     root.write_config("me", &open_config("caller-secret-1a2b"));
     let mut squatter = Reaped(
         Command::new("/usr/bin/setpriv")
@@ -94,7 +115,7 @@ fn bug_a_squatter_of_another_uid_on_a_legacy_peers_port_got_the_secret() {
                 "--clear-groups",
                 "/usr/bin/python3",
                 "-c",
-                SQUATTER,
+                &script,
             ])
             .current_dir("/")
             .stdin(Stdio::null())
@@ -156,18 +177,16 @@ fn bug_a_squatter_of_another_uid_on_a_legacy_peers_port_got_the_secret() {
         "{shown}"
     );
 
-    // --json says the same in the envelope.
-    let json_args = [&args[..4], &["--json", "p"]].concat();
-    let output = run(&json_args, &[], None);
-    assert_eq!(
-        output.status.code(),
-        Some(1),
-        "{}",
-        describe(&json_args, &output)
-    );
-    let envelope: Value = serde_json::from_slice(&output.stdout).unwrap();
-    assert_eq!(envelope["errorCode"], "instance_unavailable");
-    assert_eq!(envelope["retryable"], false);
+    if !close_listener {
+        // --json says the same in the envelope.
+        let json_args = [&args[..4], &["--json", "p"]].concat();
+        let output = run(&json_args, &[], None);
+        let shown = describe(&json_args, &output);
+        assert_eq!(output.status.code(), Some(1), "{shown}");
+        let envelope: Value = serde_json::from_slice(&output.stdout).unwrap();
+        assert_eq!(envelope["errorCode"], "instance_unavailable", "{shown}");
+        assert_eq!(envelope["retryable"], false, "{shown}");
+    }
 
     drop(squatter);
     let requests = receiver

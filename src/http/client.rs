@@ -250,12 +250,12 @@ impl Connection {
         }
     }
 
-    /// The address this connection is connected to.
+    /// The server's address and this end's address of the connection.
     ///
     /// # Errors
     /// The socket is no longer connected.
-    pub fn peer_addr(&self) -> io::Result<SocketAddr> {
-        self.stream.peer_addr()
+    pub fn addresses(&self) -> io::Result<(SocketAddr, SocketAddr)> {
+        Ok((self.stream.peer_addr()?, self.stream.local_addr()?))
     }
 
     /// Whether another request may be sent on this connection: the last response was

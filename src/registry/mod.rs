@@ -15,7 +15,7 @@ pub mod owner;
 pub mod probe;
 pub mod store;
 
-pub use owner::{check_listener_owner, OwnerMismatch};
+pub use owner::{check_connection_owner, OwnerMismatch};
 pub use probe::{list, probe_port, prune, running, Listed, ProbeError, Probed};
 pub use store::{
     channel_root, default_name, deregister, ensure_registered, lookup, register, registry_path,
