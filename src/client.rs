@@ -36,7 +36,7 @@ use crate::protocol::{
     self, encode_talk_request, Envelope, ErrorCode, Failure, InstanceName, TalkRequest,
     MAX_BODY_BYTES,
 };
-use crate::registry::{self, ProbeError};
+use crate::registry::{self, OwnerMismatch, ProbeError};
 use std::fmt;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
@@ -174,6 +174,14 @@ pub enum DelegateError {
         /// What the probe found.
         reason: ProbeError,
     },
+    /// The target's port is held by another user's process (contract section 6.1):
+    /// the secret was not sent. Not retryable: it needs someone to look.
+    ForeignListener {
+        /// The target asked for.
+        target: String,
+        /// The port and the uid holding it.
+        mismatch: OwnerMismatch,
+    },
     /// The connection for the request could not be made, or broke.
     Connection {
         /// The target asked for.
@@ -218,6 +226,7 @@ impl DelegateError {
             DelegateError::Registry { .. }
             | DelegateError::NotRegistered { .. }
             | DelegateError::ProbeFailed { .. }
+            | DelegateError::ForeignListener { .. }
             | DelegateError::Connection { .. } => ErrorCode::InstanceUnavailable,
             DelegateError::Timeout { .. } => ErrorCode::Timeout,
             DelegateError::InvalidResponse { .. } => ErrorCode::InvalidResponse,
@@ -230,6 +239,7 @@ impl DelegateError {
     pub fn retryable(&self) -> bool {
         match self {
             DelegateError::Remote { failure, .. } => failure.retryable,
+            DelegateError::ForeignListener { .. } => false,
             other => other.code().retryable(),
         }
     }
@@ -282,6 +292,9 @@ impl fmt::Display for DelegateError {
             DelegateError::ProbeFailed { target, reason } => {
                 write!(f, "instance {target} is not available: {reason}")
             }
+            DelegateError::ForeignListener { target, mismatch } => {
+                write!(f, "instance {target} is not available: {mismatch}")
+            }
             DelegateError::Connection { target, reason } => {
                 write!(f, "instance {target} is not available: {reason}")
             }
@@ -320,7 +333,8 @@ impl std::error::Error for DelegateError {}
 /// A [`DelegateError`] for every row of contract section 5's table, decided in this
 /// order: own bus disabled, target not among own peers, depth at own `maxDepth`, body
 /// too large, registry unreadable, target not registered, health probe not matching
-/// (the secret is then never sent), connection refused or broken, no answer within
+/// (the secret is then never sent), the target's port held by another user's process
+/// (nor then), connection refused or broken, no answer within
 /// `options.timeout`, an answer that is not an envelope, a failure envelope.
 pub fn delegate(options: &DelegateOptions) -> Result<Reply, DelegateError> {
     let bus = &options.bus;
@@ -381,6 +395,23 @@ pub fn delegate(options: &DelegateOptions) -> Result<Reply, DelegateError> {
         connection = Connection::open_local(entry.port, deadline)
             .map_err(|e| transport_error(target, options.timeout, e))?;
     }
+
+    // --- Same-user check (contract section 6.1) --------------------------------------
+    // A peer that cannot prove itself gets the secret only when the socket at the other
+    // end of the connection the secret goes out on, and the listener on its port,
+    // belong to our own uid.
+    // TODO(proof): only for entries without proof (`if !entry.proof { ... }`).
+    match connection.addresses() {
+        Ok((peer, local)) => registry::check_connection_owner(peer, local).map_err(|mismatch| {
+            DelegateError::ForeignListener {
+                target: target.to_string(),
+                mismatch,
+            }
+        })?,
+        Err(e) => log::debug!("owner of port {} not checked: {e}", entry.port),
+    }
+    // --- end of the same-user check --------------------------------------------------
+
     let response = connection
         .post_talk(&entry.secret, &body, deadline)
         .map_err(|e| transport_error(target, options.timeout, e))?;
@@ -516,6 +547,17 @@ mod tests {
                 },
                 "instance_unavailable",
                 true,
+            ),
+            (
+                DelegateError::ForeignListener {
+                    target: t(),
+                    mismatch: OwnerMismatch {
+                        port: 7701,
+                        uid: 65534,
+                    },
+                },
+                "instance_unavailable",
+                false,
             ),
             (
                 DelegateError::Connection {

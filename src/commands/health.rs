@@ -1,7 +1,9 @@
 //! `loopbus health TARGET`: is an instance alive?
 
+use super::terminal;
 use crate::cli::{local, usage, Args, CommandError, EXIT_OK, EXIT_RETRYABLE};
 use crate::registry::{self, Probed};
+use std::io::IsTerminal;
 
 /// Help text.
 pub const HELP: &str = "\
@@ -66,10 +68,10 @@ pub fn run(args: &[String]) -> Result<i32, CommandError> {
                 ))
             })?;
             let Some(entry) = entry else {
-                eprintln!(
+                terminal::eprint_line(&format!(
                     "loopbus: {name} is not registered in {}",
                     registry::registry_path(&root).display()
-                );
+                ));
                 return Ok(EXIT_RETRYABLE);
             };
             (
@@ -88,14 +90,16 @@ pub fn run(args: &[String]) -> Result<i32, CommandError> {
     let kinds = super::accept_kinds(state_dir.as_deref())?;
     match registry::probe_port(port, target.as_ref(), Some(&kinds)) {
         Ok(Probed { answer, .. }) => {
-            println!(
-                "{}",
-                serde_json::to_string_pretty(&answer.body).unwrap_or_default()
-            );
+            let json = serde_json::to_string_pretty(&answer.body).unwrap_or_default();
+            if std::io::stdout().is_terminal() {
+                println!("{}", terminal::escape_json_controls(&json));
+            } else {
+                println!("{json}");
+            }
             Ok(EXIT_OK)
         }
         Err(reason) => {
-            eprintln!("loopbus: {shown} is not alive: {reason}");
+            terminal::eprint_line(&format!("loopbus: {shown} is not alive: {reason}"));
             Ok(EXIT_RETRYABLE)
         }
     }

@@ -13,6 +13,11 @@ Create the state directory DIR (mode 0700) and write DIR/config.json (mode 0600)
 the bus enabled, every peer allowed, maxDepth 3, an OS-chosen port, and a fresh
 random secret. An existing config.json is left alone unless --force is given.
 
+The engine gets each prompt on stdin (engine.prompt \"stdin\", the default). With
+engine.prompt \"arg\" the prompt is the command's last argument instead, and every
+local user can read it in the process list (ps, /proc/PID/cmdline): use \"arg\" only
+for an engine that cannot read stdin, on a machine no one else uses.
+
 Example:
   loopbus init ~/.loopbus/worker && loopbus serve --state-dir ~/.loopbus/worker
 ";

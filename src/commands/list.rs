@@ -1,9 +1,11 @@
 //! `loopbus list`: the registry's instances, each probed for liveness.
 
+use super::terminal;
 use crate::cli::{local, Args, CommandError, EXIT_OK};
 use crate::registry::{self, Listed};
 use crate::time;
 use serde_json::{json, Value};
+use std::io::IsTerminal;
 use std::time::{Duration, SystemTime};
 
 /// Help text.
@@ -45,11 +47,18 @@ pub fn run(args: &[String]) -> Result<i32, CommandError> {
     let listed = registry::list(&root, Some(&kinds))
         .map_err(|e| local(format!("cannot read {}: {e}", path.display())))?;
     let now = SystemTime::now();
+    // Names come from the registry, problems quote what a peer's health said.
+    let terminal = std::io::stdout().is_terminal();
     if args.switch("json") {
         let instances: Vec<Value> = listed.iter().map(|l| as_json(l, now)).collect();
-        println!("{}", json!({ "instances": instances }));
+        let text = json!({ "instances": instances }).to_string();
+        if terminal {
+            println!("{}", terminal::escape_json_controls(&text));
+        } else {
+            println!("{text}");
+        }
     } else if listed.is_empty() {
-        eprintln!("no instances registered in {}", path.display());
+        terminal::eprint_line(&format!("no instances registered in {}", path.display()));
     } else {
         print!("{}", table(&listed, now));
     }
@@ -112,7 +121,8 @@ fn as_json(listed: &Listed, now: SystemTime) -> Value {
     })
 }
 
-/// A plain-text table, columns padded to their widest cell.
+/// A plain-text table, columns padded to their widest cell, every cell's control
+/// characters shown escaped (a table is for people, piped or not).
 fn table(listed: &[Listed], now: SystemTime) -> String {
     let mut rows = vec![[
         "NAME".to_owned(),
@@ -123,14 +133,17 @@ fn table(listed: &[Listed], now: SystemTime) -> String {
         String::new(),
     ]];
     for l in listed {
-        rows.push([
-            l.name.to_string(),
-            l.entry.port.to_string(),
-            l.entry.pid.to_string(),
-            if l.liveness.is_ok() { "yes" } else { "no" }.to_owned(),
-            short_age(age(l, now)),
-            note(l),
-        ]);
+        rows.push(
+            [
+                l.name.to_string(),
+                l.entry.port.to_string(),
+                l.entry.pid.to_string(),
+                if l.liveness.is_ok() { "yes" } else { "no" }.to_owned(),
+                short_age(age(l, now)),
+                note(l),
+            ]
+            .map(|cell| terminal::escape_controls(&cell).into_owned()),
+        );
     }
     let mut widths = [0usize; 6];
     for row in &rows {

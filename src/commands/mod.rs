@@ -6,6 +6,7 @@ pub mod init;
 pub mod list;
 pub mod serve;
 pub mod talk;
+pub mod terminal;
 
 use crate::cli::{local, usage, CommandError, UsageError};
 use crate::config::{self, Config, ConfigError, CONFIG_FILE};

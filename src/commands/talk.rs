@@ -1,5 +1,6 @@
 //! `loopbus talk TARGET [PROMPT]`: delegate one prompt to another instance.
 
+use super::terminal;
 use crate::cli::{usage, Args, CommandError, UsageError, EXIT_FAILURE, EXIT_OK, EXIT_RETRYABLE};
 use crate::client::{self, DelegateOptions, DEFAULT_TIMEOUT};
 use crate::protocol::MAX_BODY_BYTES;
@@ -10,7 +11,7 @@ use std::time::{Duration, Instant};
 /// Help text.
 pub const HELP: &str = "\
 loopbus talk TARGET [PROMPT] [--state-dir DIR] [--name NAME] [--depth N]
-             [--timeout SECS] [--json]
+             [--timeout SECS] [--json | --raw]
 
 Send PROMPT (read from stdin when absent or `-`) to the instance TARGET and print
 its reply on stdout. Acts as the instance whose state directory is DIR (default:
@@ -27,6 +28,12 @@ Options:
                     the request carries N + 1
   --timeout SECS    how long to wait for the answer (default 1800)
   --json            print the whole v1 envelope, also for failures
+  --raw             print the reply's exact bytes: no escaping, no added newline
+
+The reply is printed as it came when stdout is not a terminal. On a terminal,
+control characters other than newline and tab (escape sequences a peer could
+use to write the clipboard or move the cursor) are shown escaped, as `\x1b`;
+the error on stderr is always escaped that way.
 
 Exit status: 0 reply received; 1 failure that is not retryable (bus_disabled,
 peer_not_allowed, max_depth_exceeded, request_too_large, or the peer's own);
@@ -46,12 +53,19 @@ Examples:
 /// prompt on stdin that is not UTF-8. Delegation failures are not errors: they map
 /// to exit statuses 1 and 75.
 pub fn run(args: &[String]) -> Result<i32, CommandError> {
-    let args = Args::parse(args, &["state-dir", "name", "depth", "timeout"], &["json"])?;
+    let args = Args::parse(
+        args,
+        &["state-dir", "name", "depth", "timeout"],
+        &["json", "raw"],
+    )?;
     if args.help {
         print!("{HELP}");
         return Ok(EXIT_OK);
     }
     args.at_most(2)?;
+    if args.switch("json") && args.switch("raw") {
+        return Err(usage("`--json` and `--raw` exclude each other").into());
+    }
     let target = args
         .positionals
         .first()
@@ -87,23 +101,34 @@ pub fn run(args: &[String]) -> Result<i32, CommandError> {
     let started = Instant::now();
     let outcome = client::delegate(&options);
     let mut stdout = std::io::stdout().lock();
+    let terminal = stdout.is_terminal();
+    let json = |bytes: Vec<u8>| {
+        let text = String::from_utf8_lossy(&bytes).into_owned();
+        if terminal {
+            terminal::escape_json_controls(&text).into_owned()
+        } else {
+            text
+        }
+    };
     // A closed stdout is the reader's choice; the exit status still tells the outcome.
     let _ = match &outcome {
         Ok(reply) if args.switch("json") => {
-            writeln!(
+            writeln!(stdout, "{}", json(reply.to_envelope().to_json()))
+        }
+        Ok(reply) if args.switch("raw") => stdout.write_all(reply.text.as_bytes()),
+        Ok(reply) if terminal => {
+            let newline = if reply.text.ends_with('\n') { "" } else { "\n" };
+            write!(
                 stdout,
-                "{}",
-                String::from_utf8_lossy(&reply.to_envelope().to_json())
+                "{}{newline}",
+                terminal::escape_controls(&reply.text)
             )
         }
-        Ok(reply) => {
-            let newline = stdout.is_terminal() && !reply.text.ends_with('\n');
-            write!(stdout, "{}{}", reply.text, if newline { "\n" } else { "" })
-        }
+        Ok(reply) => stdout.write_all(reply.text.as_bytes()),
         Err(error) if args.switch("json") => {
             let took = u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX);
             let envelope = error.to_envelope(&caller, took);
-            writeln!(stdout, "{}", String::from_utf8_lossy(&envelope.to_json()))
+            writeln!(stdout, "{}", json(envelope.to_json()))
         }
         Err(_) => Ok(()),
     };
@@ -112,7 +137,7 @@ pub fn run(args: &[String]) -> Result<i32, CommandError> {
         Ok(_) => Ok(EXIT_OK),
         Err(error) => {
             let retryable = error.retryable();
-            eprintln!(
+            terminal::eprint_line(&format!(
                 "loopbus: talk to {target}: {error} [{}, {}]",
                 error.code(),
                 if retryable {
@@ -120,7 +145,7 @@ pub fn run(args: &[String]) -> Result<i32, CommandError> {
                 } else {
                     "not retryable"
                 }
-            );
+            ));
             Ok(if retryable {
                 EXIT_RETRYABLE
             } else {

@@ -250,6 +250,14 @@ impl Connection {
         }
     }
 
+    /// The server's address and this end's address of the connection.
+    ///
+    /// # Errors
+    /// The socket is no longer connected.
+    pub fn addresses(&self) -> io::Result<(SocketAddr, SocketAddr)> {
+        Ok((self.stream.peer_addr()?, self.stream.local_addr()?))
+    }
+
     /// Whether another request may be sent on this connection: the last response was
     /// HTTP/1.1, framed by `Content-Length`, without `Connection: close`.
     pub fn is_reusable(&self) -> bool {

@@ -11,9 +11,11 @@
 //! the [`probe`](mod@probe) asks an entry's port whether that instance still answers there, and
 //! lists and prunes by asking. Neither imports `client`.
 
+pub mod owner;
 pub mod probe;
 pub mod store;
 
+pub use owner::{check_connection_owner, OwnerMismatch};
 pub use probe::{list, probe_port, prune, running, Listed, ProbeError, Probed};
 pub use store::{
     channel_root, default_name, deregister, ensure_registered, lookup, register, registry_path,
