@@ -64,7 +64,7 @@ pub use server::{EngineOverride, Instance, InstanceOptions, ServeError, Shutdown
 #[doc(hidden)]
 pub mod __cli {
     pub use crate::cli::{CommandError, EXIT_FAILURE, EXIT_USAGE};
-    pub use crate::commands::entry::run;
+    pub use crate::commands::entry::{report, run};
 }
 
 /// The parsers the fuzz targets and the benchmark drive; not part of the API.

@@ -2,13 +2,13 @@
 //! status, in one `match`.
 #![forbid(unsafe_code)]
 
-use loopbus::__cli::{run, CommandError, EXIT_FAILURE, EXIT_USAGE};
+use loopbus::__cli::{report, run, CommandError, EXIT_FAILURE, EXIT_USAGE};
 
 fn main() {
     let code = match run(std::env::args_os().skip(1)) {
         Ok(code) => code,
         Err(error) => {
-            eprintln!("loopbus: {error}");
+            report(&error);
             match error {
                 CommandError::Serve(e) if e.while_serving() => EXIT_FAILURE,
                 CommandError::Serve(_) | CommandError::Usage(_) | CommandError::Local(_) => {

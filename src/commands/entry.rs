@@ -331,3 +331,9 @@ mod tests {
         queue.flush(Duration::from_millis(10));
     }
 }
+
+/// Writes why a command failed to stderr as `loopbus: MESSAGE`, control characters
+/// escaped (a path or a peer's text may carry them).
+pub fn report(error: &CommandError) {
+    super::terminal::eprint_line(&format!("loopbus: {error}"));
+}
