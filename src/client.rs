@@ -174,6 +174,16 @@ pub enum DelegateError {
         /// What the probe found.
         reason: ProbeError,
     },
+    /// Whatever holds the target's registered address did not prove it holds the
+    /// target's secret, so the secret was not sent (contract 6.1); not retryable.
+    Unproven {
+        /// The target asked for.
+        target: String,
+        /// The port it is registered on.
+        port: u16,
+        /// Why the port's holder is not trusted.
+        reason: ProbeError,
+    },
     /// The connection for the request could not be made, or broke.
     Connection {
         /// The target asked for.
@@ -218,6 +228,7 @@ impl DelegateError {
             DelegateError::Registry { .. }
             | DelegateError::NotRegistered { .. }
             | DelegateError::ProbeFailed { .. }
+            | DelegateError::Unproven { .. }
             | DelegateError::Connection { .. } => ErrorCode::InstanceUnavailable,
             DelegateError::Timeout { .. } => ErrorCode::Timeout,
             DelegateError::InvalidResponse { .. } => ErrorCode::InvalidResponse,
@@ -230,6 +241,8 @@ impl DelegateError {
     pub fn retryable(&self) -> bool {
         match self {
             DelegateError::Remote { failure, .. } => failure.retryable,
+            // Trying again reaches the same squatter: an operator must look.
+            DelegateError::Unproven { .. } => false,
             other => other.code().retryable(),
         }
     }
@@ -281,6 +294,16 @@ impl fmt::Display for DelegateError {
             }
             DelegateError::ProbeFailed { target, reason } => {
                 write!(f, "instance {target} is not available: {reason}")
+            }
+            DelegateError::Unproven {
+                target,
+                port,
+                reason,
+            } => {
+                write!(
+                    f,
+                    "instance {target} is not available on port {port}: {reason}"
+                )
             }
             DelegateError::Connection { target, reason } => {
                 write!(f, "instance {target} is not available: {reason}")
@@ -357,13 +380,7 @@ pub fn delegate(options: &DelegateOptions) -> Result<Reply, DelegateError> {
         .ok_or_else(|| DelegateError::NotRegistered {
             target: target.to_string(),
         })?;
-    let probed = registry::probe_port(entry.port, Some(target), Some(&bus.accept_kinds)).map_err(
-        |reason| DelegateError::ProbeFailed {
-            target: target.to_string(),
-            reason,
-        },
-    )?;
-    let mut connection = probed.connection;
+    let mut connection = connection_for_the_secret(target, &entry, &bus.accept_kinds)?;
     log::debug!(
         "delegating to {target} on port {} ({} prompt chars, depth {})",
         entry.port,
@@ -371,20 +388,74 @@ pub fn delegate(options: &DelegateOptions) -> Result<Reply, DelegateError> {
         options.depth.saturating_add(1)
     );
 
-    // The secret goes out on the connection whose probe matched. Only if the server
-    // closed it after the health answer does a new connection to the same port follow.
     // A timeout too large for the clock means "no deadline worth the name": a year.
     let deadline = Instant::now()
         .checked_add(options.timeout)
         .unwrap_or_else(|| Instant::now() + Duration::from_secs(365 * 24 * 3600));
     if !connection.is_reusable() {
-        connection = Connection::open_local(entry.port, deadline)
+        if entry.proof {
+            // The proof holds for the connection it came on only.
+            return Err(DelegateError::Connection {
+                target: target.to_string(),
+                reason: ClientError::Closed,
+            });
+        }
+        connection = Connection::open_at(entry.host, entry.port, deadline)
             .map_err(|e| transport_error(target, options.timeout, e))?;
     }
     let response = connection
         .post_talk(&entry.secret, &body, deadline)
         .map_err(|e| transport_error(target, options.timeout, e))?;
     interpret(target, response)
+}
+
+/// The connection the secret may go out on: the one whose health probe of exactly the
+/// entry's address matched (name, kind, and for an entry with `proof: true` a valid
+/// proof of the entry's secret, contract 6.1). Nothing of the secret or the prompt
+/// has been sent when this fails.
+///
+/// # Errors
+///
+/// [`DelegateError::Unproven`] (not retryable) when the port's holder fails the proof;
+/// [`DelegateError::ProbeFailed`] for any other probe failure.
+fn connection_for_the_secret(
+    target: &InstanceName,
+    entry: &registry::Entry,
+    accept_kinds: &[String],
+) -> Result<Connection, DelegateError> {
+    let probed = registry::probe_entry(target, entry, Some(accept_kinds)).map_err(|reason| {
+        if reason.is_failed_proof() {
+            DelegateError::Unproven {
+                target: target.to_string(),
+                port: entry.port,
+                reason,
+            }
+        } else {
+            DelegateError::ProbeFailed {
+                target: target.to_string(),
+                reason,
+            }
+        }
+    })?;
+    if !entry.proof {
+        check_unproven_peer(target, entry)?;
+    }
+    Ok(probed.connection)
+}
+
+/// The check for a peer that cannot prove itself (an entry without `proof`: the
+/// original implementation) before its secret is sent: the same-user check of
+/// contract 6.1 belongs here. Today it lets every such peer through.
+///
+/// # Errors
+///
+/// None yet; a refusal is to be [`DelegateError::Unproven`]-like: `instance_unavailable`,
+/// not retryable, naming the port and why.
+fn check_unproven_peer(
+    _target: &InstanceName,
+    _entry: &registry::Entry,
+) -> Result<(), DelegateError> {
+    Ok(())
 }
 
 /// Maps a failed exchange to the table's row.
