@@ -537,6 +537,24 @@ mod tests {
         let cases: Vec<(DelegateError, &str, bool)> = vec![
             (DelegateError::BusDisabled, "bus_disabled", false),
             (
+                DelegateError::Unproven {
+                    target: t(),
+                    port: 7701,
+                    reason: ProbeError::NoProof,
+                },
+                "instance_unavailable",
+                false,
+            ),
+            (
+                DelegateError::Unproven {
+                    target: t(),
+                    port: 7701,
+                    reason: ProbeError::WrongProof,
+                },
+                "instance_unavailable",
+                false,
+            ),
+            (
                 DelegateError::PeerNotAllowed { target: t() },
                 "peer_not_allowed",
                 false,
