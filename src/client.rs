@@ -182,6 +182,16 @@ pub enum DelegateError {
         /// The port and the uid holding it.
         mismatch: OwnerMismatch,
     },
+    /// Whatever holds the target's registered address did not prove it holds the
+    /// target's secret, so the secret was not sent (contract 6.1); not retryable.
+    Unproven {
+        /// The target asked for.
+        target: String,
+        /// The port it is registered on.
+        port: u16,
+        /// Why the port's holder is not trusted.
+        reason: ProbeError,
+    },
     /// The connection for the request could not be made, or broke.
     Connection {
         /// The target asked for.
@@ -227,6 +237,7 @@ impl DelegateError {
             | DelegateError::NotRegistered { .. }
             | DelegateError::ProbeFailed { .. }
             | DelegateError::ForeignListener { .. }
+            | DelegateError::Unproven { .. }
             | DelegateError::Connection { .. } => ErrorCode::InstanceUnavailable,
             DelegateError::Timeout { .. } => ErrorCode::Timeout,
             DelegateError::InvalidResponse { .. } => ErrorCode::InvalidResponse,
@@ -240,6 +251,8 @@ impl DelegateError {
         match self {
             DelegateError::Remote { failure, .. } => failure.retryable,
             DelegateError::ForeignListener { .. } => false,
+            // Trying again reaches the same squatter: an operator must look.
+            DelegateError::Unproven { .. } => false,
             other => other.code().retryable(),
         }
     }
@@ -294,6 +307,16 @@ impl fmt::Display for DelegateError {
             }
             DelegateError::ForeignListener { target, mismatch } => {
                 write!(f, "instance {target} is not available: {mismatch}")
+            }
+            DelegateError::Unproven {
+                target,
+                port,
+                reason,
+            } => {
+                write!(
+                    f,
+                    "instance {target} is not available on port {port}: {reason}"
+                )
             }
             DelegateError::Connection { target, reason } => {
                 write!(f, "instance {target} is not available: {reason}")
@@ -371,13 +394,7 @@ pub fn delegate(options: &DelegateOptions) -> Result<Reply, DelegateError> {
         .ok_or_else(|| DelegateError::NotRegistered {
             target: target.to_string(),
         })?;
-    let probed = registry::probe_port(entry.port, Some(target), Some(&bus.accept_kinds)).map_err(
-        |reason| DelegateError::ProbeFailed {
-            target: target.to_string(),
-            reason,
-        },
-    )?;
-    let mut connection = probed.connection;
+    let mut connection = connection_for_the_secret(target, &entry, &bus.accept_kinds)?;
     log::debug!(
         "delegating to {target} on port {} ({} prompt chars, depth {})",
         entry.port,
@@ -385,14 +402,19 @@ pub fn delegate(options: &DelegateOptions) -> Result<Reply, DelegateError> {
         options.depth.saturating_add(1)
     );
 
-    // The secret goes out on the connection whose probe matched. Only if the server
-    // closed it after the health answer does a new connection to the same port follow.
     // A timeout too large for the clock means "no deadline worth the name": a year.
     let deadline = Instant::now()
         .checked_add(options.timeout)
         .unwrap_or_else(|| Instant::now() + Duration::from_secs(365 * 24 * 3600));
     if !connection.is_reusable() {
-        connection = Connection::open_local(entry.port, deadline)
+        if entry.proof {
+            // The proof holds for the connection it came on only.
+            return Err(DelegateError::Connection {
+                target: target.to_string(),
+                reason: ClientError::Closed,
+            });
+        }
+        connection = Connection::open_at(entry.host, entry.port, deadline)
             .map_err(|e| transport_error(target, options.timeout, e))?;
     }
 
@@ -400,15 +422,18 @@ pub fn delegate(options: &DelegateOptions) -> Result<Reply, DelegateError> {
     // A peer that cannot prove itself gets the secret only when the socket at the other
     // end of the connection the secret goes out on, and the listener on its port,
     // belong to our own uid.
-    // TODO(proof): only for entries without proof (`if !entry.proof { ... }`).
-    match connection.addresses() {
-        Ok((peer, local)) => registry::check_connection_owner(peer, local).map_err(|mismatch| {
-            DelegateError::ForeignListener {
-                target: target.to_string(),
-                mismatch,
+    if !entry.proof {
+        match connection.addresses() {
+            Ok((peer, local)) => {
+                registry::check_connection_owner(peer, local).map_err(|mismatch| {
+                    DelegateError::ForeignListener {
+                        target: target.to_string(),
+                        mismatch,
+                    }
+                })?
             }
-        })?,
-        Err(e) => log::debug!("owner of port {} not checked: {e}", entry.port),
+            Err(e) => log::debug!("owner of port {} not checked: {e}", entry.port),
+        }
     }
     // --- end of the same-user check --------------------------------------------------
 
@@ -416,6 +441,37 @@ pub fn delegate(options: &DelegateOptions) -> Result<Reply, DelegateError> {
         .post_talk(&entry.secret, &body, deadline)
         .map_err(|e| transport_error(target, options.timeout, e))?;
     interpret(target, response)
+}
+
+/// The connection the secret may go out on: the one whose health probe of exactly the
+/// entry's address matched (name, kind, and for an entry with `proof: true` a valid
+/// proof of the entry's secret, contract 6.1). Nothing of the secret or the prompt
+/// has been sent when this fails.
+///
+/// # Errors
+///
+/// [`DelegateError::Unproven`] (not retryable) when the port's holder fails the proof;
+/// [`DelegateError::ProbeFailed`] for any other probe failure.
+fn connection_for_the_secret(
+    target: &InstanceName,
+    entry: &registry::Entry,
+    accept_kinds: &[String],
+) -> Result<Connection, DelegateError> {
+    let probed = registry::probe_entry(target, entry, Some(accept_kinds)).map_err(|reason| {
+        if reason.is_failed_proof() {
+            DelegateError::Unproven {
+                target: target.to_string(),
+                port: entry.port,
+                reason,
+            }
+        } else {
+            DelegateError::ProbeFailed {
+                target: target.to_string(),
+                reason,
+            }
+        }
+    })?;
+    Ok(probed.connection)
 }
 
 /// Maps a failed exchange to the table's row.
@@ -496,6 +552,24 @@ mod tests {
         };
         let cases: Vec<(DelegateError, &str, bool)> = vec![
             (DelegateError::BusDisabled, "bus_disabled", false),
+            (
+                DelegateError::Unproven {
+                    target: t(),
+                    port: 7701,
+                    reason: ProbeError::NoProof,
+                },
+                "instance_unavailable",
+                false,
+            ),
+            (
+                DelegateError::Unproven {
+                    target: t(),
+                    port: 7701,
+                    reason: ProbeError::WrongProof,
+                },
+                "instance_unavailable",
+                false,
+            ),
             (
                 DelegateError::PeerNotAllowed { target: t() },
                 "peer_not_allowed",

@@ -4,6 +4,15 @@ use std::fmt;
 use std::fs::File;
 use std::io::{self, Read};
 
+use hmac::{Hmac, KeyInit, Mac};
+use sha2::Sha256;
+
+/// HMAC-SHA256, the proof's MAC (contract section 6.1).
+type HmacSha256 = Hmac<Sha256>;
+
+/// Bytes in an HMAC-SHA256 tag (written as twice as many hex digits in a proof).
+pub const PROOF_BYTES: usize = 32;
+
 /// Bytes of OS randomness in a generated secret (written as twice as many hex digits).
 pub const SECRET_BYTES: usize = 32;
 
@@ -62,6 +71,67 @@ impl Secret {
         }
         diff == 0
     }
+
+    /// The HMAC-SHA256 of `message` keyed with the secret's UTF-8 bytes, as lowercase
+    /// hex (`PROOF_BYTES` bytes, so twice as many digits): what a server answers as
+    /// its health `proof` (contract section 6.1).
+    pub fn proof(&self, message: &[u8]) -> String {
+        let mut mac = self.mac();
+        mac.update(message);
+        hex(&mac.finalize().into_bytes())
+    }
+
+    /// Whether `proof` is the lowercase hex of [`Secret::proof`] of `message`. The tag
+    /// comparison is constant-time (the `hmac` crate's `verify_slice`); decoding the
+    /// hex depends only on `proof`, which the peer chose.
+    pub fn verify_proof(&self, message: &[u8], proof: &str) -> bool {
+        let Some(tag) = decode_lower_hex(proof) else {
+            return false;
+        };
+        if tag.len() != PROOF_BYTES {
+            return false;
+        }
+        let mut mac = self.mac();
+        mac.update(message);
+        mac.verify_slice(&tag).is_ok()
+    }
+
+    /// A MAC keyed with the secret.
+    fn mac(&self) -> HmacSha256 {
+        // HMAC takes keys of any length (long ones are hashed), so this never fails;
+        // the fallback keeps the signature total without an `expect`.
+        HmacSha256::new_from_slice(self.0.as_bytes())
+            .unwrap_or_else(|_| HmacSha256::new(&Default::default()))
+    }
+}
+
+/// `bytes` as lowercase hex.
+fn hex(bytes: &[u8]) -> String {
+    const DIGITS: &[u8; 16] = b"0123456789abcdef";
+    let mut hex = String::with_capacity(bytes.len() * 2);
+    for byte in bytes {
+        hex.push(char::from(DIGITS[usize::from(byte >> 4)]));
+        hex.push(char::from(DIGITS[usize::from(byte & 0x0f)]));
+    }
+    hex
+}
+
+/// The bytes of an even-length string of lowercase hex digits, or `None`.
+fn decode_lower_hex(text: &str) -> Option<Vec<u8>> {
+    fn digit(c: u8) -> Option<u8> {
+        match c {
+            b'0'..=b'9' => Some(c - b'0'),
+            b'a'..=b'f' => Some(c - b'a' + 10),
+            _ => None,
+        }
+    }
+    let text = text.as_bytes();
+    if !text.len().is_multiple_of(2) {
+        return None;
+    }
+    text.chunks(2)
+        .map(|pair| Some(digit(pair[0])? << 4 | digit(pair[1])?))
+        .collect()
 }
 
 impl fmt::Debug for Secret {
@@ -85,13 +155,19 @@ impl fmt::Display for Secret {
 pub(crate) fn random_hex(bytes: usize) -> io::Result<String> {
     let mut buf = vec![0u8; bytes];
     File::open("/dev/urandom")?.read_exact(&mut buf)?;
-    const DIGITS: &[u8; 16] = b"0123456789abcdef";
-    let mut hex = String::with_capacity(bytes * 2);
-    for byte in buf {
-        hex.push(char::from(DIGITS[usize::from(byte >> 4)]));
-        hex.push(char::from(DIGITS[usize::from(byte & 0x0f)]));
-    }
-    Ok(hex)
+    Ok(hex(&buf))
+}
+
+/// Bytes of randomness in a proof nonce (contract section 6.1: 128 bits).
+pub const NONCE_BYTES: usize = 16;
+
+/// A fresh proof nonce: `NONCE_BYTES` random bytes as lowercase hex.
+///
+/// # Errors
+///
+/// The OS's randomness could not be read.
+pub fn nonce() -> io::Result<String> {
+    random_hex(NONCE_BYTES)
 }
 
 #[cfg(test)]
@@ -146,6 +222,45 @@ mod tests {
             );
         }
         assert_ne!(random_hex(32).unwrap(), random_hex(32).unwrap());
+    }
+
+    /// RFC 4231 test case 2 (key "Jefe"), checking the HMAC-SHA256 wiring.
+    #[test]
+    fn proof_matches_rfc_4231_test_case_2() {
+        let s = Secret::new("Jefe").unwrap();
+        let message = b"what do ya want for nothing?";
+        let want = "5bdcc146bf60754e6a042426089575c75a003f089d2739839dec58b964ec3843";
+        assert_eq!(s.proof(message), want);
+        assert!(s.verify_proof(message, want));
+        let cases = [
+            (&want[..63], "short"),
+            ("", "empty"),
+            (
+                "5BDCC146BF60754E6A042426089575C75A003F089D2739839DEC58B964EC3843",
+                "uppercase",
+            ),
+            (
+                "6bdcc146bf60754e6a042426089575c75a003f089d2739839dec58b964ec3843",
+                "one digit off",
+            ),
+            (
+                "5bdcc146bf60754e6a042426089575c75a003f089d2739839dec58b964ec384300",
+                "long",
+            ),
+            ("zz", "not hex"),
+        ];
+        for (proof, why) in cases {
+            assert!(!s.verify_proof(message, proof), "{why}");
+        }
+        assert!(!Secret::new("jefe").unwrap().verify_proof(message, want));
+        assert!(!s.verify_proof(b"what do ya want for nothing!", want));
+    }
+
+    #[test]
+    fn nonces_are_128_bits_of_fresh_hex() {
+        let a = nonce().unwrap();
+        assert_eq!(a.len(), 2 * NONCE_BYTES);
+        assert_ne!(a, nonce().unwrap());
     }
 
     #[test]

@@ -410,7 +410,13 @@ fn health_answer() {
     assert_eq!(v["status"], "ok", "{v}");
     assert_eq!(v["pid"], u64::from(w.pid()), "{v}");
     assert_eq!(v["protocolVersion"], 1, "{v}");
-    assert_eq!(v["capabilities"], json!(CAPABILITIES), "{v}");
+    // Health lists every capability this build implements (contract 4.1): envelopes'
+    // base two and `secret-proof` (6.1).
+    assert_eq!(
+        v["capabilities"],
+        json!(["structured-errors", "retryable-errors", "secret-proof"]),
+        "{v}"
+    );
     // A query string does not change the path.
     let r = Req::new("GET", "/api/health?probe=1")
         .header("Host", &w.host())

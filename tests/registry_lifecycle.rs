@@ -250,7 +250,8 @@ fn init_then_serve_needs_no_hand_editing() {
     // A channel root that does not exist yet: loopbus creates it.
     let channel = root.path.join("fresh-root");
     let dir = channel.join("inst");
-    let output = init(&dir, &[]);
+    // A fixed secret (`--fixed-secret`; a plain init writes none: tests/secret_proof.rs).
+    let output = init(&dir, &["--fixed-secret"]);
     assert!(output.status.success(), "{}", describe(&["init"], &output));
     let config_path = dir.join("config.json");
     assert_eq!(file_mode(&config_path), 0o600, "config.json mode");
@@ -295,7 +296,7 @@ fn init_then_serve_needs_no_hand_editing() {
     );
     let unchanged: Value = serde_json::from_slice(&std::fs::read(&config_path).unwrap()).unwrap();
     assert_eq!(unchanged, config);
-    let output = init(&dir, &["--force"]);
+    let output = init(&dir, &["--force", "--fixed-secret"]);
     assert!(
         output.status.success(),
         "{}",

@@ -53,10 +53,10 @@ pub fn run(args: &[String]) -> Result<i32, CommandError> {
         })
         .transpose()?;
 
-    let (port, state_dir, shown) = match (port, &target) {
+    let (port, entry, state_dir, shown) = match (port, &target) {
         (Some(port), _) => {
             let state_dir = super::state_dir_from(args.value("state-dir")).ok();
-            (port, state_dir, format!("port {port}"))
+            (port, None, state_dir, format!("port {port}"))
         }
         (None, Some(name)) => {
             let (root, state_dir) =
@@ -76,6 +76,7 @@ pub fn run(args: &[String]) -> Result<i32, CommandError> {
             };
             (
                 entry.port,
+                Some((name, entry.clone())),
                 state_dir,
                 format!("{name} (port {})", entry.port),
             )
@@ -88,7 +89,12 @@ pub fn run(args: &[String]) -> Result<i32, CommandError> {
         }
     };
     let kinds = super::accept_kinds(state_dir.as_deref())?;
-    match registry::probe_port(port, target.as_ref(), Some(&kinds)) {
+    // A registered instance is probed at its own address, proof included.
+    let probed = match &entry {
+        Some((name, entry)) => registry::probe_entry(name, entry, Some(&kinds)),
+        None => registry::probe_port(port, target.as_ref(), Some(&kinds)),
+    };
+    match probed {
         Ok(Probed { answer, .. }) => {
             let json = serde_json::to_string_pretty(&answer.body).unwrap_or_default();
             if std::io::stdout().is_terminal() {

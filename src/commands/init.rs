@@ -7,11 +7,17 @@ use crate::{files, registry};
 
 /// Help text.
 pub const HELP: &str = "\
-loopbus init DIR [--force]
+loopbus init DIR [--force] [--fixed-secret]
 
 Create the state directory DIR (mode 0700) and write DIR/config.json (mode 0600):
-the bus enabled, every peer allowed, maxDepth 3, an OS-chosen port, and a fresh
-random secret. An existing config.json is left alone unless --force is given.
+the bus enabled, every peer allowed, maxDepth 3 and an OS-chosen port. No secret is
+written: the instance makes a fresh one at each start and publishes it only in the
+registry (mode 0600). An existing config.json is left alone unless --force is given.
+
+--fixed-secret  also write a random bus.secret, kept across restarts (for scripts
+                that call a fixed port with curl). It costs this: a secret that
+                leaks, or that a squatter on a stale port learns, keeps working
+                after every restart until you change it by hand.
 
 The engine gets each prompt on stdin (engine.prompt \"stdin\", the default). With
 engine.prompt \"arg\" the prompt is the command's last argument instead, and every
@@ -27,7 +33,7 @@ Example:
 /// # Errors
 /// Bad arguments, an existing config without `--force`, or a file system error.
 pub fn run(args: &[String]) -> Result<i32, CommandError> {
-    let args = Args::parse(args, &[], &["force"])?;
+    let args = Args::parse(args, &[], &["force", "fixed-secret"])?;
     if args.help {
         print!("{HELP}");
         return Ok(EXIT_OK);
@@ -36,7 +42,7 @@ pub fn run(args: &[String]) -> Result<i32, CommandError> {
     let dir = args
         .positionals
         .first()
-        .ok_or_else(|| usage("missing DIR; usage: loopbus init DIR [--force]"))?;
+        .ok_or_else(|| usage("missing DIR; usage: loopbus init DIR [--force] [--fixed-secret]"))?;
     let dir = std::path::PathBuf::from(dir);
     let name = super::instance_name(&dir, None)?;
     let path = dir.join(CONFIG_FILE);
@@ -52,11 +58,17 @@ pub fn run(args: &[String]) -> Result<i32, CommandError> {
         files::create_dir_private(path)
             .map_err(|e| local(format!("{}: cannot create: {e}", path.display())))?;
     }
-    let secret = Secret::generate()
-        .map_err(|e| local(format!("cannot read random bytes from the OS: {e}")))?;
+    let secret = if args.switch("fixed-secret") {
+        Some(
+            Secret::generate()
+                .map_err(|e| local(format!("cannot read random bytes from the OS: {e}")))?,
+        )
+    } else {
+        None
+    };
     files::write_atomic(
         &path,
-        config::default_config_json(&secret).as_bytes(),
+        config::default_config_json(secret.as_ref()).as_bytes(),
         files::PRIVATE_FILE_MODE,
     )
     .map_err(|e| local(format!("{}: cannot write: {e}", path.display())))?;

@@ -250,14 +250,20 @@ pub enum OutputMode {
     Json,
 }
 
-/// The `config.json` that `loopbus init` writes: the bus on, every peer allowed, the
-/// given secret, default depth, and an OS-chosen port.
-pub fn default_config_json(secret: &Secret) -> String {
+/// The `config.json` that `loopbus init` writes: the bus on, every peer allowed,
+/// default depth, an OS-chosen port, and `secret` only when one is given (`init
+/// --fixed-secret`): without it each start makes a fresh secret.
+pub fn default_config_json(secret: Option<&Secret>) -> String {
     // `Value`'s Display writes a properly escaped JSON string.
-    let secret = Value::String(secret.expose().to_owned());
+    let secret_line = secret
+        .map(|secret| {
+            let secret = Value::String(secret.expose().to_owned());
+            format!(",\n    \"secret\": {secret}")
+        })
+        .unwrap_or_default();
     format!(
         "{{\n  \"bus\": {{\n    \"peers\": \"*\",\n    \"maxDepth\": {DEFAULT_MAX_DEPTH},\n    \
-         \"port\": 0,\n    \"secret\": {secret}\n  }}\n}}\n"
+         \"port\": 0{secret_line}\n  }}\n}}\n"
     )
 }
 

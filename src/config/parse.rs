@@ -838,8 +838,10 @@ mod tests {
     #[test]
     fn default_config_round_trips() {
         let secret = Secret::new("ab\"c\\d").unwrap();
-        let json = default_config_json(&secret);
+        let json = default_config_json(Some(&secret));
         let config = parse(json.as_bytes()).unwrap();
+        let without = parse(default_config_json(None).as_bytes()).unwrap();
+        assert_eq!(without.bus, bus_defaults_enabled());
         assert_eq!(
             config.bus,
             BusConfig {

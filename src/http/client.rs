@@ -16,7 +16,7 @@ use super::headers::{self, LengthError, HEALTH_PATH, MAX_HEADERS, MAX_HEAD_BYTES
 use crate::secret::Secret;
 use std::fmt;
 use std::io::{self, ErrorKind, Read, Write};
-use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, TcpStream};
+use std::net::{IpAddr, SocketAddr, TcpStream};
 use std::time::{Duration, Instant};
 
 /// Longest wait for a loopback connect. A live loopback listener accepts at once (the
@@ -178,6 +178,10 @@ pub fn parse_response_head(bytes: &[u8]) -> Result<Option<(ResponseHead, usize)>
     )))
 }
 
+/// The request header that carries a health probe's proof nonce (contract 6.1; the
+/// same name as `protocol::proof::NONCE_HEADER`, which this layer may not import).
+pub const NONCE_HEADER: &str = "X-Loopbus-Nonce";
+
 /// One connection to a loopback HTTP/1.1 server.
 #[derive(Debug)]
 pub struct Connection {
@@ -235,19 +239,14 @@ impl Connection {
         })
     }
 
-    /// Connects to `127.0.0.1:port`, or to `[::1]:port` when nothing listens on the
-    /// former (an instance started with `--bind ::1`; the registry holds only ports).
+    /// Connects to exactly `ip:port` (a registry entry's `host` and `port`), never to
+    /// another address or family: a listener on 127.0.0.1 must not catch a client of
+    /// an instance bound to `::1` (contract 6).
     ///
     /// # Errors
-    /// As [`Connection::open`]; when both addresses refuse, the IPv4 error.
-    pub fn open_local(port: u16, deadline: Instant) -> Result<Connection, ClientError> {
-        match Connection::open(SocketAddr::from((Ipv4Addr::LOCALHOST, port)), deadline) {
-            Err(ClientError::Connect(refused)) => {
-                Connection::open(SocketAddr::from((Ipv6Addr::LOCALHOST, port)), deadline)
-                    .map_err(|_| ClientError::Connect(refused))
-            }
-            other => other,
-        }
+    /// As [`Connection::open`].
+    pub fn open_at(ip: IpAddr, port: u16, deadline: Instant) -> Result<Connection, ClientError> {
+        Connection::open(SocketAddr::new(ip, port), deadline)
     }
 
     /// The server's address and this end's address of the connection.
@@ -264,13 +263,25 @@ impl Connection {
         self.reusable
     }
 
-    /// `GET /api/health`, keeping the connection open for a following request.
+    /// `GET /api/health`, keeping the connection open for a following request, with
+    /// `X-Loopbus-Nonce: <nonce>` when `nonce` is given (contract 6.1; the nonce's
+    /// format is the protocol's business, the header's is this layer's).
     ///
     /// # Errors
-    /// See [`ClientError`]; also [`ClientError::Closed`] if the connection is not reusable.
-    pub fn get_health(&mut self, deadline: Instant) -> Result<ReceivedResponse, ClientError> {
+    /// See [`ClientError`]; also [`ClientError::Closed`] if the connection is not
+    /// reusable, and [`ClientError::Malformed`] for a nonce that is no header value.
+    pub fn get_health(
+        &mut self,
+        nonce: Option<&str>,
+        deadline: Instant,
+    ) -> Result<ReceivedResponse, ClientError> {
+        let nonce_line = match nonce {
+            Some(nonce) if is_header_value(nonce) => format!("{NONCE_HEADER}: {nonce}\r\n"),
+            Some(_) => return Err(ClientError::Malformed("the proof nonce is no header value")),
+            None => String::new(),
+        };
         let head = format!(
-            "GET {HEALTH_PATH} HTTP/1.1\r\nHost: {}\r\nAccept: application/json\r\nUser-Agent: loopbus/{}\r\n\r\n",
+            "GET {HEALTH_PATH} HTTP/1.1\r\nHost: {}\r\nAccept: application/json\r\nUser-Agent: loopbus/{}\r\n{nonce_line}\r\n",
             self.host,
             env!("CARGO_PKG_VERSION")
         );
@@ -414,6 +425,7 @@ impl Connection {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::net::{Ipv4Addr, Ipv6Addr};
 
     #[test]
     fn response_head_table() {
@@ -530,15 +542,21 @@ mod tests {
         let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         let port = listener.local_addr().unwrap().port();
         for bad in ["a\r\nX-Injected: 1", "nul\0", "bell\u{7}"] {
-            let mut connection = Connection::open_local(port, soon).unwrap();
+            let mut connection =
+                Connection::open_at(Ipv4Addr::LOCALHOST.into(), port, soon).unwrap();
             let secret = Secret::new(bad).unwrap();
             let error = connection.post_talk(&secret, b"{}", soon).unwrap_err();
             assert!(matches!(error, ClientError::UnsendableSecret), "{error}");
             assert!(!error.to_string().contains(bad));
         }
-        // Nobody listening on either loopback address: refused, quickly.
+        // Nobody listening: refused, quickly; and never another family instead.
         drop(listener);
-        let error = Connection::open_local(port, soon).unwrap_err();
+        let error = Connection::open_at(Ipv4Addr::LOCALHOST.into(), port, soon).unwrap_err();
         assert!(matches!(error, ClientError::Connect(_)), "{error}");
+        if let Ok(v4) = std::net::TcpListener::bind("127.0.0.1:0") {
+            let port = v4.local_addr().unwrap().port();
+            let error = Connection::open_at(Ipv6Addr::LOCALHOST.into(), port, soon).unwrap_err();
+            assert!(matches!(error, ClientError::Connect(_)), "{error}");
+        }
     }
 }

@@ -5,7 +5,7 @@ use serde_json::{Map, Value};
 use std::fmt;
 
 use super::{
-    non_negative_integer, truncate_chars, ErrorCode, CAPABILITIES, MAX_ERROR_CHARS,
+    non_negative_integer, truncate_chars, ErrorCode, BASE_CAPABILITIES, MAX_ERROR_CHARS,
     PROTOCOL_VERSION,
 };
 
@@ -57,7 +57,7 @@ impl Envelope {
             from_instance: from_instance.to_owned(),
             duration_ms,
             protocol_version: Some(PROTOCOL_VERSION),
-            capabilities: CAPABILITIES.iter().map(|c| (*c).to_owned()).collect(),
+            capabilities: BASE_CAPABILITIES.iter().map(|c| (*c).to_owned()).collect(),
             failure: None,
         }
     }

@@ -28,6 +28,9 @@ pub struct Health {
     /// `busEnabled`: whether the instance's bus takes talks (a disabled bus still
     /// answers health, with 200); `None` when a peer left it out.
     pub bus_enabled: Option<bool>,
+    /// `proof`: the answer to the probe's nonce (contract section 6.1), when the server
+    /// gave one.
+    pub proof: Option<String>,
 }
 
 /// The `turns` object of a health answer.
@@ -60,6 +63,15 @@ impl Health {
             capabilities: CAPABILITIES.iter().map(|c| (*c).to_owned()).collect(),
             turns: None,
             bus_enabled: None,
+            proof: None,
+        }
+    }
+
+    /// The same answer with a `proof` of the probe's nonce.
+    pub fn with_proof(self, proof: String) -> Health {
+        Health {
+            proof: Some(proof),
+            ..self
         }
     }
 
@@ -85,8 +97,8 @@ impl Health {
     }
 
     /// The answer as JSON: `kind`, `instance`, `status`, `pid`, `protocolVersion`
-    /// (when set), `capabilities`, `turns` (when set), `busEnabled` (when set), in that
-    /// order.
+    /// (when set), `capabilities`, `turns` (when set), `busEnabled` (when set), `proof`
+    /// (when set), in that order.
     pub fn to_json(&self) -> Vec<u8> {
         let wire = WireHealth {
             kind: &self.kind,
@@ -101,6 +113,7 @@ impl Health {
                 max: t.max,
             }),
             bus_enabled: self.bus_enabled,
+            proof: self.proof.as_deref(),
         };
         // Serializing strings and integers into a Vec cannot fail.
         serde_json::to_vec(&wire).unwrap_or_default()
@@ -123,6 +136,8 @@ struct WireHealth<'a> {
     turns: Option<WireTurns>,
     #[serde(skip_serializing_if = "Option::is_none")]
     bus_enabled: Option<bool>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    proof: Option<&'a str>,
 }
 
 /// The wire form of a [`TurnLoad`].
@@ -135,7 +150,7 @@ struct WireTurns {
 
 /// Parses a health answer, ignoring fields this build does not know. Only `kind`,
 /// `instance` and `status` are required; `pid`, `protocolVersion`, `capabilities`,
-/// `turns` and `busEnabled` are read when they have the right shape and left out
+/// `turns`, `busEnabled` and `proof` are read when they have the right shape and left out
 /// otherwise.
 ///
 /// # Errors
@@ -184,6 +199,10 @@ pub fn parse_health(body: &[u8]) -> Result<Health, super::ResponseError> {
         },
         turns,
         bus_enabled: object.get("busEnabled").and_then(Value::as_bool),
+        proof: object
+            .get("proof")
+            .and_then(Value::as_str)
+            .map(str::to_owned),
     })
 }
 
@@ -241,14 +260,19 @@ mod tests {
         });
         assert_eq!(
             String::from_utf8(health.to_json()).unwrap(),
-            r#"{"kind":"loopbus","instance":"w","status":"ok","pid":42,"protocolVersion":1,"capabilities":["structured-errors","retryable-errors"],"turns":{"running":1,"queued":2,"max":4}}"#
+            r#"{"kind":"loopbus","instance":"w","status":"ok","pid":42,"protocolVersion":1,"capabilities":["structured-errors","retryable-errors","secret-proof"],"turns":{"running":1,"queued":2,"max":4}}"#
         );
         assert_eq!(parse_health(&health.to_json()).unwrap(), health);
         let health = health.with_bus_enabled(false);
         assert_eq!(
             String::from_utf8(health.to_json()).unwrap(),
-            r#"{"kind":"loopbus","instance":"w","status":"ok","pid":42,"protocolVersion":1,"capabilities":["structured-errors","retryable-errors"],"turns":{"running":1,"queued":2,"max":4},"busEnabled":false}"#
+            r#"{"kind":"loopbus","instance":"w","status":"ok","pid":42,"protocolVersion":1,"capabilities":["structured-errors","retryable-errors","secret-proof"],"turns":{"running":1,"queued":2,"max":4},"busEnabled":false}"#
         );
+        assert_eq!(parse_health(&health.to_json()).unwrap(), health);
+        let health = health.with_proof("ab".to_owned());
+        assert!(String::from_utf8(health.to_json())
+            .unwrap()
+            .ends_with(r#""busEnabled":false,"proof":"ab"}"#));
         assert_eq!(parse_health(&health.to_json()).unwrap(), health);
         assert!(health.is_ok());
         assert!(!Health::new("loopbus", "w", Health::STOPPING, 1).is_ok());

@@ -11,6 +11,7 @@ mod envelope;
 mod health;
 mod name;
 mod number;
+pub mod proof;
 mod request;
 
 pub use codes::ErrorCode;
@@ -24,8 +25,16 @@ pub use request::{
 /// The protocol version this build speaks and emits.
 pub const PROTOCOL_VERSION: u64 = 1;
 
-/// The capabilities this build implements, advertised on every envelope and on health.
-pub const CAPABILITIES: [&str; 2] = ["structured-errors", "retryable-errors"];
+/// The base capabilities (contract 4.1): the only ones requests and envelopes list,
+/// since the original implementation rejects any other string there.
+pub const BASE_CAPABILITIES: [&str; 2] = ["structured-errors", "retryable-errors"];
+
+/// Every capability this build implements, as health lists them (contract 4.1): the
+/// base two and `secret-proof` (6.1), which lives on health alone.
+pub const CAPABILITIES: [&str; 3] = ["structured-errors", "retryable-errors", SECRET_PROOF];
+
+/// The capability of a server that answers the health proof (contract 6.1).
+pub const SECRET_PROOF: &str = "secret-proof";
 
 /// The largest `/api/talk` request body accepted (and sent by the client), in bytes.
 pub const MAX_BODY_BYTES: u64 = 262_144;

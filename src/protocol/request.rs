@@ -5,7 +5,7 @@ use serde_json::{Map, Value};
 use std::fmt;
 
 use super::number::{is_integer_text, top_level_value};
-use super::{non_negative_integer, CAPABILITIES, PROTOCOL_VERSION};
+use super::{non_negative_integer, BASE_CAPABILITIES, PROTOCOL_VERSION};
 
 /// Longest `fromInstance` accepted, in bytes (contract section 3, check 7).
 pub const MAX_FROM_INSTANCE_BYTES: usize = 1024;
@@ -148,7 +148,7 @@ pub fn encode_talk_request(request: &TalkRequest) -> Vec<u8> {
 
 fn capabilities_value() -> Value {
     Value::Array(
-        CAPABILITIES
+        BASE_CAPABILITIES
             .iter()
             .map(|c| Value::String((*c).to_owned()))
             .collect(),

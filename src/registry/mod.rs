@@ -1,8 +1,11 @@
 //! `<root>/.bus-registry.json`: who is listening where (contract section 6).
 //!
 //! ```json
-//! {"instances": {"<name>": {"port": 1234, "pid": 42, "secret": "...", "updatedAt": "2026-01-01T00:00:00.000Z"}}}
+//! {"instances": {"<name>": {"port": 1234, "pid": 42, "secret": "...", "updatedAt": "2026-01-01T00:00:00.000Z", "host": "::1", "proof": true}}}
 //! ```
+//!
+//! (`host` is left out for 127.0.0.1; `proof: true` marks an instance that answers the
+//! health proof of contract 6.1.)
 //!
 //! Two parts: the [`store`](mod@store) reads, validates and rewrites the file (forgiving on read:
 //! a missing, torn or malformed file is an empty registry and invalid entries are
@@ -16,7 +19,8 @@ pub mod probe;
 pub mod store;
 
 pub use owner::{check_connection_owner, OwnerMismatch};
-pub use probe::{list, probe_port, prune, running, Listed, ProbeError, Probed};
+pub use probe::{list, probe_entry, probe_port, prune, running, Listed, ProbeError, Probed};
 pub use store::{
-    channel_root, default_name, deregister, ensure_registered, lookup, register, registry_path,
+    channel_root, default_name, deregister, ensure_registered, lookup, register_at, registry_path,
+    Entry,
 };

@@ -15,7 +15,8 @@ use serde_json::Value;
 
 use super::store::{self, Entry};
 use crate::http::client::{ClientError, Connection, ReceivedResponse};
-use crate::protocol::{self, Health, InstanceName, ResponseError};
+use crate::protocol::{self, proof, Health, InstanceName, ResponseError};
+use crate::secret;
 
 /// How long a liveness probe may take, connect included (contract section 6).
 pub const PROBE_TIMEOUT: Duration = Duration::from_millis(500);
@@ -53,6 +54,12 @@ pub enum ProbeError {
     NotReady(Box<Health>),
     /// The instance answered, but its `kind` is not one the caller accepts.
     KindNotAccepted(Box<Health>),
+    /// The entry says the instance proves itself (`proof: true`), but the answer holds
+    /// no proof of the probe's nonce: whatever holds the port is not that instance
+    /// (contract 6.1).
+    NoProof,
+    /// The answer's proof is not the HMAC of the probe's nonce under the entry's secret.
+    WrongProof,
 }
 
 /// A peer-supplied string, quoted and cut to [`MAX_QUOTED_CHARS`].
@@ -84,6 +91,12 @@ impl fmt::Display for ProbeError {
             ProbeError::KindNotAccepted(h) => {
                 write!(f, "the instance's kind {} is not accepted", quoted(&h.kind))
             }
+            ProbeError::NoProof => f.write_str(
+                "whatever holds the port gave no proof of the instance's secret; not sending it",
+            ),
+            ProbeError::WrongProof => f.write_str(
+                "whatever holds the port gave a wrong proof of the instance's secret; not sending it",
+            ),
         }
     }
 }
@@ -91,6 +104,13 @@ impl fmt::Display for ProbeError {
 impl std::error::Error for ProbeError {}
 
 impl ProbeError {
+    /// Whether the probe showed that the port is held by something that cannot prove
+    /// it holds the entry's secret: a squatter, refused without retrying (contract
+    /// 6.1).
+    pub fn is_failed_proof(&self) -> bool {
+        matches!(self, ProbeError::NoProof | ProbeError::WrongProof)
+    }
+
     /// Whether the entry is certainly stale, so that `prune` may remove it: nothing
     /// listens on its port, or whatever does is not that instance (not HTTP, not a
     /// health endpoint, or another instance's). A timeout or a broken connection is
@@ -102,7 +122,9 @@ impl ProbeError {
             | ProbeError::Http(ClientError::Closed)
             | ProbeError::Status(_)
             | ProbeError::NotHealth(_)
-            | ProbeError::OtherInstance(_) => true,
+            | ProbeError::OtherInstance(_)
+            | ProbeError::NoProof
+            | ProbeError::WrongProof => true,
             ProbeError::Http(
                 ClientError::NotLoopback(_)
                 | ClientError::Timeout
@@ -157,9 +179,10 @@ pub struct Probed {
     pub answer: HealthAnswer,
 }
 
-/// The one health probe: connects to `127.0.0.1:port` (or `[::1]`), asks `GET
-/// /api/health`, and checks the answer as [`check_health`] does, all within
-/// [`PROBE_TIMEOUT`].
+/// The health probe of a bare port (`loopbus health --port N`): connects to
+/// `127.0.0.1:port`, asks `GET /api/health`, and checks the answer as [`check_health`]
+/// does, all within [`PROBE_TIMEOUT`]. No proof is asked for: there is no entry, so no
+/// secret to check one with, and none to send.
 ///
 /// # Errors
 ///
@@ -171,23 +194,63 @@ pub fn probe_port(
     accept_kinds: Option<&[String]>,
 ) -> Result<Probed, ProbeError> {
     let deadline = Instant::now() + PROBE_TIMEOUT;
-    let mut connection = Connection::open_local(port, deadline).map_err(ProbeError::Http)?;
-    let response = connection.get_health(deadline).map_err(ProbeError::Http)?;
+    let mut connection =
+        Connection::open_at(store::DEFAULT_HOST, port, deadline).map_err(ProbeError::Http)?;
+    let response = connection
+        .get_health(None, deadline)
+        .map_err(ProbeError::Http)?;
     let answer = check_health(&response, name.map(InstanceName::as_str), accept_kinds)?;
     Ok(Probed { connection, answer })
 }
 
-/// Probes whether the instance `name` answers on `127.0.0.1:port`; see [`probe_port`].
+/// The health probe of a registry entry, the one a caller must pass before it sends
+/// the entry's secret: connects to exactly the entry's `host` and `port`, sends a
+/// fresh nonce with `GET /api/health`, checks the answer as [`check_health`] does,
+/// and, for an entry with `proof: true`, requires the answer's `proof` to be the HMAC
+/// of the proof message under the entry's secret (constant-time compare; contract
+/// 6.1). All within [`PROBE_TIMEOUT`]. The connection handed back is the one the
+/// proof came on.
 ///
 /// # Errors
 ///
-/// As [`probe_port`].
+/// As [`probe_port`], and [`ProbeError::NoProof`] or [`ProbeError::WrongProof`].
+pub fn probe_entry(
+    name: &InstanceName,
+    entry: &Entry,
+    accept_kinds: Option<&[String]>,
+) -> Result<Probed, ProbeError> {
+    let deadline = Instant::now() + PROBE_TIMEOUT;
+    let nonce = secret::nonce().map_err(|e| ProbeError::Http(ClientError::Io(e)))?;
+    let mut connection =
+        Connection::open_at(entry.host, entry.port, deadline).map_err(ProbeError::Http)?;
+    let response = connection
+        .get_health(Some(&nonce), deadline)
+        .map_err(ProbeError::Http)?;
+    let answer = check_health(&response, Some(name.as_str()), accept_kinds)?;
+    if entry.proof {
+        let message = proof::proof_message(name.as_str(), entry.host, entry.port, &nonce);
+        match &answer.health.proof {
+            None => return Err(ProbeError::NoProof),
+            Some(given) if !entry.secret.verify_proof(&message, given) => {
+                return Err(ProbeError::WrongProof)
+            }
+            Some(_) => {}
+        }
+    }
+    Ok(Probed { connection, answer })
+}
+
+/// Probes whether the instance `name` answers as its entry says; see [`probe_entry`].
+///
+/// # Errors
+///
+/// As [`probe_entry`].
 pub fn probe(
     name: &InstanceName,
-    port: u16,
+    entry: &Entry,
     accept_kinds: Option<&[String]>,
 ) -> Result<HealthAnswer, ProbeError> {
-    probe_port(port, Some(name), accept_kinds).map(|probed| probed.answer)
+    probe_entry(name, entry, accept_kinds).map(|probed| probed.answer)
 }
 
 /// One registry entry with the outcome of its liveness probe.
@@ -216,7 +279,7 @@ fn probe_all(
                 .map(|(name, entry)| {
                     let spawned = std::thread::Builder::new()
                         .name(format!("probe-{name}"))
-                        .spawn_scoped(scope, move || probe(name, entry.port, accept_kinds));
+                        .spawn_scoped(scope, move || probe(name, entry, accept_kinds));
                     (name, entry, spawned)
                 })
                 .collect();
@@ -230,7 +293,7 @@ fn probe_all(
                             "the probe failed unexpectedly",
                         ))))),
                     // No thread to spare: probe here instead.
-                    Err(_) => probe(name, entry.port, accept_kinds),
+                    Err(_) => probe(name, entry, accept_kinds),
                 };
                 listed.push(Listed {
                     name: name.clone(),
@@ -275,8 +338,11 @@ pub fn prune(root: &Path) -> io::Result<Vec<InstanceName>> {
     store::remove_unchanged(root, stale)
 }
 
-/// The entry of `name` if a process answers on its port as that instance with
-/// `status: "ok"`, of any kind: an instance of that name is running.
+/// The entry of `name` if a process answers on its address as that instance with
+/// `status: "ok"`, of any kind, and (for an entry with `proof: true`) proves it holds
+/// the entry's secret: an instance of that name is running. A holder of the port that
+/// fails the proof is logged (the port and why) and is not running: the caller may
+/// take the entry over.
 ///
 /// # Errors
 ///
@@ -285,7 +351,18 @@ pub fn running(root: &Path, name: &InstanceName) -> io::Result<Option<Entry>> {
     let Some(entry) = store::lookup(root, name)? else {
         return Ok(None);
     };
-    Ok(probe(name, entry.port, None).is_ok().then_some(entry))
+    match probe(name, &entry, None) {
+        Ok(_) => Ok(Some(entry)),
+        Err(e) if e.is_failed_proof() => {
+            log::warn!(
+                "{name}'s registered port {} on {} is held by a process that is not {name}: {e}; taking the entry over",
+                entry.port,
+                entry.host
+            );
+            Ok(None)
+        }
+        Err(_) => Ok(None),
+    }
 }
 
 #[cfg(test)]
@@ -393,6 +470,8 @@ mod tests {
                 ProbeError::KindNotAccepted(health("other", "w", "ok")),
                 false,
             ),
+            (ProbeError::NoProof, true),
+            (ProbeError::WrongProof, true),
         ];
         for (error, stale) in cases {
             assert_eq!(error.is_stale(), stale, "{error:?}");

@@ -5,6 +5,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::hash::{DefaultHasher, Hash, Hasher};
 use std::io;
+use std::net::{IpAddr, Ipv4Addr};
 use std::path::{Path, PathBuf};
 use std::sync::{Mutex, PoisonError};
 
@@ -43,7 +44,16 @@ pub struct Entry {
     pub secret: Secret,
     /// When it registered, as ISO-8601 (validated, kept as written).
     pub updated_at: String,
+    /// The loopback address it is bound to, the only one a client dials (`host`;
+    /// absent means 127.0.0.1).
+    pub host: IpAddr,
+    /// Whether it answers the health proof (`proof: true`, contract 6.1): a client
+    /// then sends the secret only after a valid proof.
+    pub proof: bool,
 }
+
+/// The address of an entry without `host`.
+pub const DEFAULT_HOST: IpAddr = IpAddr::V4(Ipv4Addr::LOCALHOST);
 
 /// The registry file of the channel root `root`.
 pub fn registry_path(root: &Path) -> PathBuf {
@@ -151,6 +161,7 @@ fn check_entry(port: u16, pid: u32) -> io::Result<()> {
 ///
 /// `InvalidInput` for port 0 or pid 0 (neither of which [`read`] would accept);
 /// otherwise any I/O error creating the root, locking, reading or writing.
+#[cfg(test)]
 pub fn register(
     root: &Path,
     name: &InstanceName,
@@ -158,16 +169,34 @@ pub fn register(
     pid: u32,
     secret: &Secret,
 ) -> io::Result<()> {
+    register_at(root, name, DEFAULT_HOST, port, pid, secret)
+}
+
+/// [`register`] for an instance bound to `host`: the entry records `host` and
+/// `proof: true` (every instance of this build answers the health proof).
+///
+/// # Errors
+///
+/// As [`register`].
+pub fn register_at(
+    root: &Path,
+    name: &InstanceName,
+    host: IpAddr,
+    port: u16,
+    pid: u32,
+    secret: &Secret,
+) -> io::Result<()> {
     check_entry(port, pid)?;
     files::create_dir_private(root)?;
     let path = registry_path(root);
-    files::with_lock(&path, || insert_locked(root, name, port, pid, secret))
+    files::with_lock(&path, || insert_locked(root, name, host, port, pid, secret))
 }
 
 /// Inserts or replaces `name`'s entry; the caller holds the registry lock.
 fn insert_locked(
     root: &Path,
     name: &InstanceName,
+    host: IpAddr,
     port: u16,
     pid: u32,
     secret: &Secret,
@@ -182,6 +211,8 @@ fn insert_locked(
             pid,
             secret: secret.clone(),
             updated_at: time::now_iso8601(),
+            host,
+            proof: true,
         },
     );
     write(&path, &entries)
@@ -200,6 +231,7 @@ fn insert_locked(
 pub fn ensure_registered(
     root: &Path,
     name: &InstanceName,
+    host: IpAddr,
     port: u16,
     pid: u32,
     secret: &Secret,
@@ -212,7 +244,7 @@ pub fn ensure_registered(
         if read(root)?.contains_key(name) {
             return Ok(false);
         }
-        insert_locked(root, name, port, pid, secret)?;
+        insert_locked(root, name, host, port, pid, secret)?;
         Ok(true)
     })?;
     written.unwrap_or(Ok(false))
@@ -314,6 +346,12 @@ fn write(path: &Path, entries: &BTreeMap<InstanceName, Entry>) -> io::Result<()>
             fields.insert("pid".into(), entry.pid.into());
             fields.insert("secret".into(), entry.secret.expose().into());
             fields.insert("updatedAt".into(), entry.updated_at.as_str().into());
+            if entry.host != DEFAULT_HOST {
+                fields.insert("host".into(), entry.host.to_string().into());
+            }
+            if entry.proof {
+                fields.insert("proof".into(), true.into());
+            }
             (name.to_string(), Value::Object(fields))
         })
         .collect();
@@ -379,11 +417,26 @@ fn parse_entry(value: &Value) -> Result<Entry, &'static str> {
         .and_then(Value::as_str)
         .filter(|s| time::parse_iso8601(s).is_some())
         .ok_or("updatedAt must be an ISO-8601 time")?;
+    // Only a loopback address is ever dialled; anything else makes the entry invalid
+    // rather than quietly pointing elsewhere.
+    let host = match value.get("host") {
+        None => DEFAULT_HOST,
+        Some(host) => host
+            .as_str()
+            .and_then(|h| h.parse::<IpAddr>().ok())
+            .filter(IpAddr::is_loopback)
+            .ok_or("host must be a loopback address such as \"127.0.0.1\" or \"::1\"")?,
+    };
+    // `proof` other than `true` (absent, false, or of another shape) is an entry that
+    // does not claim to prove itself.
+    let proof = value.get("proof").and_then(Value::as_bool).unwrap_or(false);
     Ok(Entry {
         port,
         pid,
         secret,
         updated_at: updated_at.to_owned(),
+        host,
+        proof,
     })
 }
 
@@ -612,12 +665,56 @@ mod tests {
     }
 
     #[test]
+    fn host_and_proof_are_recorded_and_read() {
+        let dir = TestDir::new("registry-host");
+        let root = dir.path();
+        let v6: IpAddr = "::1".parse().unwrap();
+        register_at(root, &name("six"), v6, 4300, 7, &secret("s6")).unwrap();
+        register(root, &name("four"), 4301, 8, &secret("s4")).unwrap();
+        let entries = read(root).unwrap();
+        assert_eq!((entries["six"].host, entries["six"].proof), (v6, true));
+        assert_eq!(
+            (entries["four"].host, entries["four"].proof),
+            (DEFAULT_HOST, true)
+        );
+        let raw: Value =
+            serde_json::from_slice(&std::fs::read(registry_path(root)).unwrap()).unwrap();
+        assert_eq!(raw["instances"]["six"]["host"], "::1");
+        assert_eq!(raw["instances"]["six"]["proof"], true);
+        assert!(raw["instances"]["four"].get("host").is_none());
+
+        let base = r#""port":1,"pid":2,"secret":"s","updatedAt":"2026-01-01T00:00:00.000Z""#;
+        let cases: &[(&str, Option<(&str, bool)>)] = &[
+            ("", Some(("127.0.0.1", false))),
+            (r#","host":"::1""#, Some(("::1", false))),
+            (
+                r#","host":"127.0.0.1","proof":true"#,
+                Some(("127.0.0.1", true)),
+            ),
+            (r#","proof":"yes""#, Some(("127.0.0.1", false))),
+            (r#","host":"192.0.2.1""#, None),
+            (r#","host":"localhost""#, None),
+            (r#","host":1"#, None),
+        ];
+        for (extra, want) in cases {
+            let value: Value = serde_json::from_str(&format!("{{{base}{extra}}}")).unwrap();
+            let got = parse_entry(&value)
+                .ok()
+                .map(|e| (e.host.to_string(), e.proof));
+            let want = want.map(|(h, p)| (h.to_owned(), p));
+            assert_eq!(got, want, "{extra}");
+        }
+    }
+
+    #[test]
     fn entry_debug_redacts_the_secret() {
         let entry = Entry {
             port: 1,
             pid: 2,
             secret: secret("top-secret-value"),
             updated_at: "2026-01-01T00:00:00.000Z".into(),
+            host: DEFAULT_HOST,
+            proof: true,
         };
         let shown = format!("{entry:?}");
         assert!(!shown.contains("top-secret-value"), "{shown}");

@@ -4,8 +4,8 @@
 use super::{Bus, Refusal};
 use crate::audit;
 use crate::engine::TurnResult;
-use crate::http::{ConnId, Response};
-use crate::protocol::{Envelope, ErrorCode, Failure, Health, TurnLoad};
+use crate::http::{ConnId, Head, Response};
+use crate::protocol::{proof, Envelope, ErrorCode, Failure, Health, TurnLoad};
 use crate::turns::{Done, Outcome};
 use std::time::Instant;
 
@@ -108,7 +108,9 @@ impl Bus {
         });
     }
 
-    pub(super) fn health(&self) -> Response {
+    /// The health answer, with a `proof` of the request's `X-Loopbus-Nonce` when it
+    /// carries a well-formed one (contract 6.1).
+    pub(super) fn health(&self, head: &Head) -> Response {
         let load = self.pool.load();
         let status = if self.stopping_since.is_some() {
             Health::STOPPING
@@ -120,9 +122,20 @@ impl Bus {
             queued: load.queued,
             max: load.max,
         };
-        let body = Health::new(&self.config.bus.kind, &self.name, status, self.pid)
+        let mut body = Health::new(&self.config.bus.kind, &self.name, status, self.pid)
             .with_turns(turns)
             .with_bus_enabled(self.config.bus.enabled);
+        // One nonce header exactly: two would leave open which one was answered.
+        let mut nonces = head.header_values(proof::NONCE_HEADER);
+        if let (Some(nonce), None) = (nonces.next(), nonces.next()) {
+            if proof::is_valid_nonce(nonce) {
+                // A valid nonce is ASCII hex, so this conversion is lossless.
+                let nonce = String::from_utf8_lossy(nonce);
+                let message =
+                    proof::proof_message(self.name.as_str(), self.host, self.port, &nonce);
+                body = body.with_proof(self.secret.proof(&message));
+            }
+        }
         Bus::json(200, body.to_json())
     }
 

@@ -13,6 +13,7 @@ use crate::protocol::{self, InstanceName};
 use crate::secret::Secret;
 use crate::turns::{Busy, Done, Outcome, TurnPool};
 use std::collections::HashMap;
+use std::net::IpAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Instant;
@@ -34,6 +35,9 @@ pub struct ServerSettings {
     pub secret: Secret,
     /// The bound port.
     pub port: u16,
+    /// The bound address (the instance binds one): the `host` of the health proof's
+    /// message (contract 6.1).
+    pub host: IpAddr,
     /// The audit log, its writer thread running.
     pub audit: AuditLog,
     /// The engines running now, killed if they outlive the shutdown grace.
@@ -57,6 +61,9 @@ pub struct Bus {
     pub(super) running: RunningEngines,
     /// This process's id, for health (asked once: it is a syscall).
     pub(super) pid: u32,
+    /// The bound address and port, which every connection arrives on.
+    pub(super) host: IpAddr,
+    pub(super) port: u16,
 }
 
 impl Bus {
@@ -65,6 +72,8 @@ impl Bus {
         let port = settings.port;
         Bus {
             pid: std::process::id(),
+            host: settings.host,
+            port,
             audit: settings.audit,
             running: settings.running,
             engines_killed_at: None,
@@ -101,7 +110,7 @@ impl Service for Bus {
             return HeadAction::Respond(response);
         }
         match (path, head.method.as_str()) {
-            (HEALTH_PATH, "GET") => HeadAction::Respond(self.health()),
+            (HEALTH_PATH, "GET") => HeadAction::Respond(self.health(head)),
             (HEALTH_PATH, _) => HeadAction::Respond(
                 self.refusal_response(&Refusal::MethodNotAllowed("GET"), received_at),
             ),

@@ -263,14 +263,14 @@ impl Instance {
         // Started before registering, so that no failure comes after it; its first
         // check is one interval away.
         let registry_check =
-            RegistryCheck::start(root.clone(), name.clone(), addr.port(), pid, secret.clone())
+            RegistryCheck::start(root.clone(), name.clone(), addr, pid, secret.clone())
                 .map_err(setup("start the registry check"))?;
-        registry::register(&root, &name, addr.port(), pid, &secret).map_err(|source| {
-            ServeError::Register {
+        registry::register_at(&root, &name, addr.ip(), addr.port(), pid, &secret).map_err(
+            |source| ServeError::Register {
                 path: registry::registry_path(&root),
                 source,
-            }
-        })?;
+            },
+        )?;
         log::info!("serving {name} on {addr} (pid {pid})");
         if !config.bus.enabled {
             super::upkeep::warn_bus_disabled(&config_path);
@@ -283,6 +283,7 @@ impl Instance {
             engine_override: options.engine,
             secret: secret.clone(),
             port: addr.port(),
+            host: addr.ip(),
             audit,
             running,
         };

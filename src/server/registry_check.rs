@@ -9,6 +9,7 @@ use crate::protocol::InstanceName;
 use crate::registry;
 use crate::secret::Secret;
 use std::io;
+use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender, SyncSender};
 use std::time::Duration;
@@ -25,7 +26,7 @@ const STOP_PATIENCE: Duration = Duration::from_secs(5);
 struct Entry {
     root: PathBuf,
     name: InstanceName,
-    port: u16,
+    addr: SocketAddr,
     pid: u32,
     secret: Secret,
 }
@@ -48,14 +49,14 @@ impl RegistryCheck {
     pub(super) fn start(
         root: PathBuf,
         name: InstanceName,
-        port: u16,
+        addr: SocketAddr,
         pid: u32,
         secret: Secret,
     ) -> io::Result<RegistryCheck> {
         let entry = Entry {
             root,
             name,
-            port,
+            addr,
             pid,
             secret,
         };
@@ -98,11 +99,11 @@ fn check(entry: &Entry, last_error: &mut Option<String>) {
     let Entry {
         root,
         name,
-        port,
+        addr,
         pid,
         secret,
     } = entry;
-    match registry::ensure_registered(root, name, *port, *pid, secret) {
+    match registry::ensure_registered(root, name, addr.ip(), addr.port(), *pid, secret) {
         Ok(written) => {
             if written {
                 log::warn!("the registry entry of {name} was missing; registered again");
