@@ -256,6 +256,12 @@ fn drain(lines: &Receiver<Vec<u8>>, shared: &Shared, out: &mut impl Write) {
     }
 }
 
+/// Writes why a command failed to stderr as `loopbus: MESSAGE`, control characters
+/// escaped (a path or a peer's text may carry them).
+pub fn report(error: &CommandError) {
+    super::terminal::eprint_line(&format!("loopbus: {error}"));
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -330,10 +336,4 @@ mod tests {
         let (queue, _lines) = LogQueue::new(2);
         queue.flush(Duration::from_millis(10));
     }
-}
-
-/// Writes why a command failed to stderr as `loopbus: MESSAGE`, control characters
-/// escaped (a path or a peer's text may carry them).
-pub fn report(error: &CommandError) {
-    super::terminal::eprint_line(&format!("loopbus: {error}"));
 }
