@@ -33,8 +33,8 @@
 use crate::config::BusConfig;
 use crate::http::client::{ClientError, Connection, ReceivedResponse};
 use crate::protocol::{
-    self, encode_talk_request, Envelope, ErrorCode, Failure, InstanceName, TalkRequest,
-    MAX_BODY_BYTES,
+    self, encode_talk_request, encode_talk_request_with, Envelope, ErrorCode, Failure,
+    InstanceName, TalkRequest, MAX_BODY_BYTES,
 };
 use crate::registry::{self, OwnerMismatch, ProbeError};
 use std::fmt;
@@ -122,12 +122,29 @@ pub struct Reply {
     pub from_instance: String,
     /// How long the peer says the answer took.
     pub duration_ms: u64,
+    /// What the peer's envelope said of its protocol.
+    pub peer: PeerProtocol,
+}
+
+/// What a peer's envelope said of its protocol, kept so that `loopbus talk --json`
+/// prints the peer's own answer, not ours.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct PeerProtocol {
+    /// The peer's `protocolVersion` (`None`: a legacy peer left it out).
+    pub protocol_version: Option<u64>,
+    /// The peer's `capabilities` (`None`: a legacy peer left them out).
+    pub capabilities: Option<Vec<String>>,
 }
 
 impl Reply {
-    /// The reply as a v1 success envelope, as `loopbus talk --json` prints it.
+    /// The reply as the peer's success envelope, as `loopbus talk --json` prints it:
+    /// with the peer's own `protocolVersion` and `capabilities`, absent ones absent.
     pub fn to_envelope(&self) -> Envelope {
-        Envelope::success(&self.from_instance, self.text.clone(), self.duration_ms)
+        Envelope {
+            protocol_version: self.peer.protocol_version,
+            capabilities: self.peer.capabilities.clone(),
+            ..Envelope::success(&self.from_instance, self.text.clone(), self.duration_ms)
+        }
     }
 }
 
@@ -221,6 +238,8 @@ pub enum DelegateError {
         failure: Failure,
         /// How long the peer says it took.
         duration_ms: u64,
+        /// What the peer's envelope said of its protocol.
+        peer: Box<PeerProtocol>,
     },
 }
 
@@ -257,8 +276,9 @@ impl DelegateError {
         }
     }
 
-    /// The failure as a v1 envelope, as `loopbus talk --json` prints it. A remote
-    /// failure keeps the peer's name, message, code and flag; a failure decided here
+    /// The failure as an envelope, as `loopbus talk --json` prints it. A remote
+    /// failure keeps the peer's name, message, code, flag, `protocolVersion` and
+    /// `capabilities` (absent ones absent: a legacy peer's); a failure decided here
     /// names `caller` (the instance that produced it) and took `duration_ms`.
     pub fn to_envelope(&self, caller: &str, duration_ms: u64) -> Envelope {
         match self {
@@ -266,7 +286,12 @@ impl DelegateError {
                 from_instance,
                 failure,
                 duration_ms,
-            } => Envelope::failure(from_instance, failure.clone(), *duration_ms),
+                peer,
+            } => Envelope {
+                protocol_version: peer.protocol_version,
+                capabilities: peer.capabilities.clone(),
+                ..Envelope::failure(from_instance, failure.clone(), *duration_ms)
+            },
             other => Envelope::failure(
                 caller,
                 Failure {
@@ -376,12 +401,13 @@ pub fn delegate(options: &DelegateOptions) -> Result<Reply, DelegateError> {
             max: bus.max_depth,
         });
     }
-    let body = encode_talk_request(&TalkRequest {
+    let request = TalkRequest {
         from_instance: options.caller.to_string(),
         prompt: options.prompt.clone(),
         // `depth < max_depth <= u64::MAX`, so this cannot overflow.
         depth: options.depth.saturating_add(1),
-    });
+    };
+    let body = encode_talk_request(&request);
     if body.len() as u64 > MAX_BODY_BYTES {
         return Err(DelegateError::TooLarge { bytes: body.len() });
     }
@@ -394,7 +420,13 @@ pub fn delegate(options: &DelegateOptions) -> Result<Reply, DelegateError> {
         .ok_or_else(|| DelegateError::NotRegistered {
             target: target.to_string(),
         })?;
-    let mut connection = connection_for_the_secret(target, &entry, &bus.accept_kinds)?;
+    let (mut connection, listed) = connection_for_the_secret(target, &entry, &bus.accept_kinds)?;
+    // The request lists the base two plus the extensions the target's health listed
+    // that this build implements (contract 4.1): the original accepts no other string.
+    let body = encode_talk_request_with(&request, &protocol::negotiate(&listed));
+    if body.len() as u64 > MAX_BODY_BYTES {
+        return Err(DelegateError::TooLarge { bytes: body.len() });
+    }
     log::debug!(
         "delegating to {target} on port {} ({} prompt chars, depth {})",
         entry.port,
@@ -445,8 +477,8 @@ pub fn delegate(options: &DelegateOptions) -> Result<Reply, DelegateError> {
 
 /// The connection the secret may go out on: the one whose health probe of exactly the
 /// entry's address matched (name, kind, and for an entry with `proof: true` a valid
-/// proof of the entry's secret, contract 6.1). Nothing of the secret or the prompt
-/// has been sent when this fails.
+/// proof of the entry's secret, contract 6.1), with the capabilities its health
+/// listed. Nothing of the secret or the prompt has been sent when this fails.
 ///
 /// # Errors
 ///
@@ -456,7 +488,7 @@ fn connection_for_the_secret(
     target: &InstanceName,
     entry: &registry::Entry,
     accept_kinds: &[String],
-) -> Result<Connection, DelegateError> {
+) -> Result<(Connection, Vec<String>), DelegateError> {
     let probed = registry::probe_entry(target, entry, Some(accept_kinds)).map_err(|reason| {
         if reason.is_failed_proof() {
             DelegateError::Unproven {
@@ -471,7 +503,7 @@ fn connection_for_the_secret(
             }
         }
     })?;
-    Ok(probed.connection)
+    Ok((probed.connection, probed.answer.health.capabilities))
 }
 
 /// Maps a failed exchange to the table's row.
@@ -497,27 +529,34 @@ fn transport_error(target: &str, timeout: Duration, error: ClientError) -> Deleg
 /// Turns a complete answer into a reply or an error. Any status may carry a failure
 /// envelope (refusals come as 4xx/5xx); a success envelope counts only with 200.
 fn interpret(target: &str, response: ReceivedResponse) -> Result<Reply, DelegateError> {
-    let envelope =
-        protocol::parse_response(&response.body).map_err(|e| DelegateError::InvalidResponse {
+    let envelope = protocol::parse_answer(response.status, &response.body).map_err(|e| {
+        DelegateError::InvalidResponse {
             target: target.to_owned(),
             reason: format!("HTTP {}: {e}", response.status),
-        })?;
+        }
+    })?;
     // The probe established that `target` answers on this port.
     let from_instance = if envelope.from_instance.is_empty() {
         target.to_owned()
     } else {
         envelope.from_instance
     };
+    let peer = PeerProtocol {
+        protocol_version: envelope.protocol_version,
+        capabilities: envelope.capabilities,
+    };
     match envelope.failure {
         Some(failure) => Err(DelegateError::Remote {
             from_instance,
             failure,
             duration_ms: envelope.duration_ms,
+            peer: Box::new(peer),
         }),
         None if response.status == 200 => Ok(Reply {
             text: envelope.text,
             from_instance,
             duration_ms: envelope.duration_ms,
+            peer,
         }),
         None => Err(DelegateError::InvalidResponse {
             target: target.to_owned(),
@@ -549,6 +588,10 @@ mod tests {
                 retryable,
             },
             duration_ms: 1,
+            peer: Box::new(PeerProtocol {
+                protocol_version: Some(1),
+                capabilities: None,
+            }),
         };
         let cases: Vec<(DelegateError, &str, bool)> = vec![
             (DelegateError::BusDisabled, "bus_disabled", false),

@@ -45,7 +45,7 @@ mod time;
 mod turns;
 mod usage;
 
-pub use client::{delegate, DelegateError, DelegateOptions, Reply, DEFAULT_TIMEOUT};
+pub use client::{delegate, DelegateError, DelegateOptions, PeerProtocol, Reply, DEFAULT_TIMEOUT};
 pub use config::{
     load as load_config, parse as parse_config, BusConfig, Config, ConfigError, EngineConfig,
     OutputMode, Peers, PromptMode,

@@ -7,7 +7,7 @@ use crate::{files, registry};
 
 /// Help text.
 pub const HELP: &str = "\
-loopbus init DIR [--force] [--fixed-secret]
+loopbus init DIR [--force] [--fixed-secret] [--kind NAME]
 
 Create the state directory DIR (mode 0700) and write DIR/config.json (mode 0600):
 the bus enabled, every peer allowed, maxDepth 3 and an OS-chosen port. No secret is
@@ -18,6 +18,11 @@ registry (mode 0600). An existing config.json is left alone unless --force is gi
                 that call a fixed port with curl). It costs this: a secret that
                 leaks, or that a squatter on a stale port learns, keeps working
                 after every restart until you change it by hand.
+
+--kind NAME     write bus.kind NAME (the `kind` health answers with) and a
+                bus.acceptKinds that keeps both loopbus and cc-telegram-bridge.
+                `--kind cc-telegram-bridge` lets the original TypeScript bus find
+                this instance (see the README, \"Running beside cc-telegram-bridge\").
 
 The engine gets each prompt on stdin (engine.prompt \"stdin\", the default). With
 engine.prompt \"arg\" the prompt is the command's last argument instead, and every
@@ -33,16 +38,19 @@ Example:
 /// # Errors
 /// Bad arguments, an existing config without `--force`, or a file system error.
 pub fn run(args: &[String]) -> Result<i32, CommandError> {
-    let args = Args::parse(args, &[], &["force", "fixed-secret"])?;
+    let args = Args::parse(args, &["kind"], &["force", "fixed-secret"])?;
     if args.help {
         print!("{HELP}");
         return Ok(EXIT_OK);
     }
     args.at_most(1)?;
-    let dir = args
-        .positionals
-        .first()
-        .ok_or_else(|| usage("missing DIR; usage: loopbus init DIR [--force] [--fixed-secret]"))?;
+    let dir = args.positionals.first().ok_or_else(|| {
+        usage("missing DIR; usage: loopbus init DIR [--force] [--fixed-secret] [--kind NAME]")
+    })?;
+    let kind = args.value("kind");
+    if kind.is_some_and(|kind| kind.is_empty() || kind.chars().any(char::is_control)) {
+        return Err(usage("`--kind` must be a non-empty name without control characters").into());
+    }
     let dir = std::path::PathBuf::from(dir);
     let name = super::instance_name(&dir, None)?;
     let path = dir.join(CONFIG_FILE);
@@ -68,7 +76,7 @@ pub fn run(args: &[String]) -> Result<i32, CommandError> {
     };
     files::write_atomic(
         &path,
-        config::default_config_json(secret.as_ref()).as_bytes(),
+        config::default_config_json_with(secret.as_ref(), kind).as_bytes(),
         files::PRIVATE_FILE_MODE,
     )
     .map_err(|e| local(format!("{}: cannot write: {e}", path.display())))?;

@@ -252,8 +252,19 @@ pub enum OutputMode {
 
 /// The `config.json` that `loopbus init` writes: the bus on, every peer allowed,
 /// default depth, an OS-chosen port, and `secret` only when one is given (`init
-/// --fixed-secret`): without it each start makes a fresh secret.
+/// --fixed-secret`): without it each start makes a fresh secret. (`init` itself calls
+/// [`default_config_json_with`].)
+#[cfg(test)]
 pub fn default_config_json(secret: Option<&Secret>) -> String {
+    default_config_json_with(secret, None)
+}
+
+/// [`default_config_json`], and with a `kind` (`init --kind NAME`) also `bus.kind`
+/// NAME and an explicit `bus.acceptKinds` that keeps both default kinds
+/// ([`DEFAULT_ACCEPT_KINDS`]) and adds NAME when it is neither: an instance of kind
+/// `cc-telegram-bridge` is found by the original's client and still finds loopbus
+/// peers.
+pub fn default_config_json_with(secret: Option<&Secret>, kind: Option<&str>) -> String {
     // `Value`'s Display writes a properly escaped JSON string.
     let secret_line = secret
         .map(|secret| {
@@ -261,9 +272,23 @@ pub fn default_config_json(secret: Option<&Secret>) -> String {
             format!(",\n    \"secret\": {secret}")
         })
         .unwrap_or_default();
+    let kind_lines = kind
+        .map(|kind| {
+            let mut accept: Vec<Value> = DEFAULT_ACCEPT_KINDS
+                .iter()
+                .map(|k| Value::String((*k).to_owned()))
+                .collect();
+            if !DEFAULT_ACCEPT_KINDS.contains(&kind) {
+                accept.push(Value::String(kind.to_owned()));
+            }
+            let kind = Value::String(kind.to_owned());
+            let accept = Value::Array(accept);
+            format!(",\n    \"kind\": {kind},\n    \"acceptKinds\": {accept}")
+        })
+        .unwrap_or_default();
     format!(
         "{{\n  \"bus\": {{\n    \"peers\": \"*\",\n    \"maxDepth\": {DEFAULT_MAX_DEPTH},\n    \
-         \"port\": 0{secret_line}\n  }}\n}}\n"
+         \"port\": 0{kind_lines}{secret_line}\n  }}\n}}\n"
     )
 }
 
@@ -285,5 +310,26 @@ mod tests {
         for (peers, name, want) in cases {
             assert_eq!(peers.allows(name), want, "{peers:?} {name}");
         }
+    }
+
+    /// `init` could not write a config the original's client finds (contract 4.1,
+    /// issue 12): `--kind` sets `bus.kind` and keeps both kinds accepted.
+    #[test]
+    fn bug_init_could_not_set_the_kind() {
+        for (kind, accept) in [
+            ("cc-telegram-bridge", vec!["loopbus", "cc-telegram-bridge"]),
+            ("loopbus", vec!["loopbus", "cc-telegram-bridge"]),
+            (
+                "other \"q\"",
+                vec!["loopbus", "cc-telegram-bridge", "other \"q\""],
+            ),
+        ] {
+            let json = default_config_json_with(None, Some(kind));
+            let config = parse::parse(json.as_bytes()).unwrap();
+            assert_eq!(config.bus.kind, kind);
+            assert_eq!(config.bus.accept_kinds, accept);
+        }
+        let plain = parse::parse(default_config_json(None).as_bytes()).unwrap();
+        assert_eq!(plain.bus.kind, DEFAULT_KIND);
     }
 }

@@ -4,6 +4,7 @@
 //! Nothing here touches a process or a file, so every rule is tested with plain values.
 
 use crate::config::OutputMode;
+use crate::protocol::classify;
 use crate::protocol::{ErrorCode, Failure};
 use crate::usage::TurnUsage;
 use serde_json::Value;
@@ -239,72 +240,6 @@ fn usage_of(value: &Value) -> Result<TurnUsage, String> {
         output_tokens: tokens("output_tokens")?,
         cached_tokens: tokens("cache_read_input_tokens")?,
         cost_usd: cost,
-    })
-}
-
-/// The classification rules, in the order they are tried: the first rule with a
-/// phrase found in the engine's output (case-insensitive) gives the code. Output that
-/// matches no rule is `engine_cli` for a failed exit and `unknown` for an engine that
-/// reported an error itself.
-pub const CLASSIFICATION_RULES: [(ErrorCode, &[&str]); 3] = [
-    (
-        ErrorCode::Auth,
-        &[
-            "not logged in",
-            "unauthorized",
-            "invalid api key",
-            "invalid x-api-key",
-            "authentication failed",
-            "authentication_error",
-            "please run /login",
-            "401 unauthorized",
-            "status 401",
-            "status code 401",
-            "http 401",
-            "error 401",
-            "(401)",
-        ],
-    ),
-    (
-        ErrorCode::WritePermission,
-        &[
-            "read-only",
-            "read only file system",
-            "permission denied",
-            "operation not permitted",
-            "eacces",
-            "not allowed to write",
-        ],
-    ),
-    (
-        ErrorCode::SessionState,
-        &[
-            "no conversation found",
-            "no such session",
-            "session not found",
-        ],
-    ),
-];
-
-/// The code of the first rule that matches `text`, if any.
-pub fn classify(text: &str) -> Option<ErrorCode> {
-    let lower = text.to_lowercase();
-    CLASSIFICATION_RULES
-        .iter()
-        .find(|(_, phrases)| phrases.iter().any(|p| contains_phrase(&lower, p)))
-        .map(|(code, _)| code.clone())
-}
-
-/// Whether `phrase` occurs in `text`; a numeric phrase (like `401`) must not be part of
-/// a longer number.
-fn contains_phrase(text: &str, phrase: &str) -> bool {
-    if !phrase.bytes().all(|b| b.is_ascii_digit()) {
-        return text.contains(phrase);
-    }
-    text.match_indices(phrase).any(|(i, _)| {
-        let before = text[..i].bytes().next_back();
-        let after = text[i + phrase.len()..].bytes().next();
-        !before.is_some_and(|b| b.is_ascii_digit()) && !after.is_some_and(|b| b.is_ascii_digit())
     })
 }
 

@@ -43,21 +43,25 @@ pub struct Envelope {
     pub duration_ms: u64,
     /// `Some(1)` for v1 envelopes, `None` for legacy ones.
     pub protocol_version: Option<u64>,
-    /// The peer's advertised capabilities.
-    pub capabilities: Vec<String>,
+    /// The advertised capabilities: always `Some` in this build's envelopes, `None`
+    /// when a legacy peer left the field out (and then it is left out again).
+    pub capabilities: Option<Vec<String>>,
     /// `None` on success.
     pub failure: Option<Failure>,
 }
 
 impl Envelope {
-    /// A v1 success envelope from this build.
+    /// A v1 success envelope from this build. It lists the base capabilities plus
+    /// those of the request's that this server implements for `/api/talk` (contract
+    /// 4.1): [`negotiate`](super::negotiate) of any request's list, which is the base
+    /// two while [`TALK_EXTENSIONS`](super::TALK_EXTENSIONS) is empty.
     pub fn success(from_instance: &str, text: String, duration_ms: u64) -> Envelope {
         Envelope {
             text,
             from_instance: from_instance.to_owned(),
             duration_ms,
             protocol_version: Some(PROTOCOL_VERSION),
-            capabilities: BASE_CAPABILITIES.iter().map(|c| (*c).to_owned()).collect(),
+            capabilities: Some(BASE_CAPABILITIES.iter().map(|c| (*c).to_owned()).collect()),
             failure: None,
         }
     }
@@ -86,7 +90,7 @@ impl Envelope {
             retryable: self.failure.as_ref().map(|f| f.retryable),
             duration_ms: self.duration_ms,
             protocol_version: self.protocol_version,
-            capabilities: &self.capabilities,
+            capabilities: self.capabilities.as_deref(),
         };
         // Serializing strings, numbers and booleans into a Vec cannot fail.
         serde_json::to_vec(&wire).unwrap_or_default()
@@ -109,7 +113,8 @@ struct WireEnvelope<'a> {
     duration_ms: u64,
     #[serde(skip_serializing_if = "Option::is_none")]
     protocol_version: Option<u64>,
-    capabilities: &'a [String],
+    #[serde(skip_serializing_if = "Option::is_none")]
+    capabilities: Option<&'a [String]>,
 }
 
 /// Why a peer's answer is not an envelope.
@@ -152,16 +157,27 @@ fn optional_string(
     }
 }
 
-/// Parses a peer's `/api/talk` answer: a v1 envelope, a legacy success without
-/// `protocolVersion`, or a legacy failure with only `success: false` and `error`.
+/// Parses a peer's `/api/talk` answer that came with HTTP 200; see [`parse_answer`].
 ///
-/// A failure without `errorCode` is `unknown`; one without `retryable` takes it from
-/// the retry table; codes this build does not know are kept as they are.
+/// # Errors
+/// As [`parse_answer`].
+pub fn parse_response(body: &[u8]) -> Result<Envelope, ResponseError> {
+    parse_answer(200, body)
+}
+
+/// Parses a peer's `/api/talk` answer that came with HTTP `status`: a v1 envelope, a
+/// legacy success without `protocolVersion`, or a legacy failure with only
+/// `success: false` and `error`.
+///
+/// A failure without `errorCode` (a legacy peer) takes its code from `status` and its
+/// text ([`legacy_failure_code`](super::legacy_failure_code), contract 4); one without
+/// `retryable` takes it from the retry table; codes this build does not know are kept
+/// as they are.
 ///
 /// # Errors
 /// The body is not a JSON object with a boolean `success`, or a known field has the
 /// wrong type.
-pub fn parse_response(body: &[u8]) -> Result<Envelope, ResponseError> {
+pub fn parse_answer(status: u16, body: &[u8]) -> Result<Envelope, ResponseError> {
     let value: Value = serde_json::from_slice(body).map_err(|_| ResponseError::NotJson)?;
     let Value::Object(object) = value else {
         return Err(ResponseError::NotObject);
@@ -183,26 +199,29 @@ pub fn parse_response(body: &[u8]) -> Result<Envelope, ResponseError> {
         }
     };
     let capabilities = match object.get("capabilities") {
-        None | Some(Value::Null) => Vec::new(),
-        Some(Value::Array(items)) => items
-            .iter()
-            .filter_map(|item| item.as_str().map(str::to_owned))
-            .collect(),
+        None | Some(Value::Null) => None,
+        Some(Value::Array(items)) => Some(
+            items
+                .iter()
+                .filter_map(|item| item.as_str().map(str::to_owned))
+                .collect(),
+        ),
         Some(_) => return Err(ResponseError::FieldType("capabilities")),
     };
     let failure = if success {
         None
     } else {
-        let code = optional_string(&object, "errorCode")?
-            .map(|c| ErrorCode::from_wire(&c))
-            .unwrap_or(ErrorCode::Unknown);
+        let given = optional_string(&object, "error")?;
+        let code = match optional_string(&object, "errorCode")? {
+            Some(code) => ErrorCode::from_wire(&code),
+            None => super::legacy_failure_code(status, given.as_deref().unwrap_or("")),
+        };
         let retryable = match object.get("retryable") {
             None | Some(Value::Null) => code.retryable(),
             Some(Value::Bool(b)) => *b,
             Some(_) => return Err(ResponseError::FieldType("retryable")),
         };
-        let error = optional_string(&object, "error")?
-            .unwrap_or_else(|| format!("peer reported a failure ({code})"));
+        let error = given.unwrap_or_else(|| format!("peer reported a failure ({code})"));
         Some(Failure {
             error: truncate_chars(error, MAX_ERROR_CHARS),
             code,
@@ -259,6 +278,7 @@ mod tests {
         );
         let cases: &[Row] = &[
             (br#"{"success":true,"text":"hi","fromInstance":"w","durationMs":3,"protocolVersion":1,"capabilities":[]}"#, true, None, None, Some(1)),
+            (br#"{"success":false,"error":"Invalid API key"}"#, false, Some("auth"), Some(false), None),
             (br#"{"success":true,"text":"legacy"}"#, true, None, None, None),
             (br#"{"success":false,"error":"boom"}"#, false, Some("unknown"), Some(true), None),
             (br#"{"success":false,"error":"x","errorCode":"budget_exhausted"}"#, false, Some("budget_exhausted"), Some(false), None),
@@ -289,6 +309,49 @@ mod tests {
         for (body, want) in errors {
             assert_eq!(parse_response(body).unwrap_err(), *want);
         }
+    }
+
+    /// A legacy peer's wrong-secret 401 was `unknown` and retryable, so callers retried
+    /// a failure only an operator can fix, forever.
+    #[test]
+    fn bug_a_legacy_401_was_a_retryable_unknown() {
+        let body = br#"{"success":false,"error":"Unauthorized"}"#;
+        let cases = [
+            (400, "invalid_request", false),
+            (401, "auth_failed", false),
+            (403, "peer_not_allowed", false),
+            (413, "request_too_large", false),
+            (429, "max_depth_exceeded", false),
+            (500, "internal_error", true),
+            (503, "server_busy", true),
+            (200, "auth", false),
+        ];
+        for (status, code, retryable) in cases {
+            let env = parse_answer(status, body).unwrap();
+            let failure = env.failure.unwrap();
+            assert_eq!(
+                (failure.code.as_str(), failure.retryable),
+                (code, retryable),
+                "{status}"
+            );
+            assert_eq!(env.capabilities, None);
+            assert_eq!(env.protocol_version, None);
+        }
+        let plain = parse_answer(200, br#"{"success":false,"error":"boom"}"#).unwrap();
+        assert_eq!(plain.failure.unwrap().code, ErrorCode::Unknown);
+        // A v1 failure keeps its own code whatever the status.
+        let v1 = br#"{"success":false,"error":"x","errorCode":"timeout","retryable":true}"#;
+        assert_eq!(
+            parse_answer(401, v1).unwrap().failure.unwrap().code,
+            ErrorCode::Timeout
+        );
+        // A legacy envelope prints without the fields it did not have.
+        let legacy = parse_answer(200, br#"{"success":true,"text":"hi"}"#).unwrap();
+        let v: Value = serde_json::from_slice(&legacy.to_json()).unwrap();
+        assert!(
+            v.get("capabilities").is_none() && v.get("protocolVersion").is_none(),
+            "{v}"
+        );
     }
 
     #[test]

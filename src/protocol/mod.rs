@@ -6,6 +6,7 @@
 
 use serde_json::Value;
 
+mod classify;
 mod codes;
 mod envelope;
 mod health;
@@ -14,12 +15,14 @@ mod number;
 pub mod proof;
 mod request;
 
+pub use classify::{classify, legacy_failure_code};
 pub use codes::ErrorCode;
-pub use envelope::{parse_response, Envelope, Failure, ResponseError};
+pub use envelope::{parse_answer, parse_response, Envelope, Failure, ResponseError};
 pub use health::{parse_health, Health, TurnLoad};
 pub use name::{InstanceName, InvalidInstanceName, MAX_INSTANCE_NAME_LEN};
 pub use request::{
-    encode_talk_request, parse_talk_request, RequestError, TalkRequest, MAX_FROM_INSTANCE_BYTES,
+    encode_talk_request, encode_talk_request_with, parse_talk_request, RequestError, TalkRequest,
+    MAX_FROM_INSTANCE_BYTES,
 };
 
 /// The protocol version this build speaks and emits.
@@ -32,6 +35,35 @@ pub const BASE_CAPABILITIES: [&str; 2] = ["structured-errors", "retryable-errors
 /// Every capability this build implements, as health lists them (contract 4.1): the
 /// base two and `secret-proof` (6.1), which lives on health alone.
 pub const CAPABILITIES: [&str; 3] = ["structured-errors", "retryable-errors", SECRET_PROOF];
+
+/// The extended capabilities this build implements on `/api/talk` itself, in requests
+/// and envelopes (contract 4.1): none yet. `secret-proof` is not one: it is about
+/// health alone, so a request never lists it, nor an envelope.
+pub const TALK_EXTENSIONS: [&str; 0] = [];
+
+/// The top-level fields a request may carry (contract 4.1): the original rejects any
+/// other, so extension data goes only inside `ext`.
+pub const REQUEST_FIELDS: [&str; 6] = [
+    "fromInstance",
+    "prompt",
+    "depth",
+    "protocolVersion",
+    "capabilities",
+    "ext",
+];
+
+/// The capabilities of one exchange (contract 4.1): the base two plus those of
+/// `listed` (the target's health, for a request; the request's, for an envelope) that
+/// this build implements on `/api/talk` ([`TALK_EXTENSIONS`]), in that order.
+pub fn negotiate(listed: &[String]) -> Vec<String> {
+    let mut capabilities: Vec<String> = BASE_CAPABILITIES.iter().map(|c| (*c).to_owned()).collect();
+    for extension in TALK_EXTENSIONS {
+        if listed.iter().any(|c| c == extension) {
+            capabilities.push(extension.to_owned());
+        }
+    }
+    capabilities
+}
 
 /// The capability of a server that answers the health proof (contract 6.1).
 pub const SECRET_PROOF: &str = "secret-proof";
@@ -74,6 +106,17 @@ pub fn truncate_chars(mut s: String, max: usize) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A loopbus health lists `secret-proof`; a request that echoed it would be
+    /// rejected by the original's strict parser (contract 4.1).
+    #[test]
+    fn bug_negotiation_never_lists_a_health_only_capability() {
+        let health: Vec<String> = CAPABILITIES.iter().map(|c| (*c).to_owned()).collect();
+        assert_eq!(negotiate(&health), BASE_CAPABILITIES);
+        assert_eq!(negotiate(&[]), BASE_CAPABILITIES);
+        let odd = vec!["usage-report".to_owned(), "x".to_owned()];
+        assert_eq!(negotiate(&odd), BASE_CAPABILITIES);
+    }
 
     /// A tiny deterministic generator, so these runs repeat exactly.
     fn xorshift(state: &mut u64) -> u64 {

@@ -131,9 +131,19 @@ pub fn parse_talk_request(body: &[u8]) -> Result<TalkRequest, RequestError> {
     })
 }
 
-/// Serializes a v1 request as the client sends it (`depth` as given: the caller
-/// increments it before calling).
+/// Serializes a v1 request listing the base capabilities; see
+/// [`encode_talk_request_with`].
 pub fn encode_talk_request(request: &TalkRequest) -> Vec<u8> {
+    let base: Vec<String> = BASE_CAPABILITIES.iter().map(|c| (*c).to_owned()).collect();
+    encode_talk_request_with(request, &base)
+}
+
+/// Serializes a v1 request as the client sends it (`depth` as given: the caller
+/// increments it before calling), listing `capabilities` (the negotiated ones,
+/// [`negotiate`](super::negotiate)). It carries only fields of
+/// [`REQUEST_FIELDS`](super::REQUEST_FIELDS), which the original's strict parser
+/// accepts.
+pub fn encode_talk_request_with(request: &TalkRequest, capabilities: &[String]) -> Vec<u8> {
     let mut object = Map::new();
     object.insert(
         "fromInstance".into(),
@@ -142,22 +152,45 @@ pub fn encode_talk_request(request: &TalkRequest) -> Vec<u8> {
     object.insert("prompt".into(), Value::String(request.prompt.clone()));
     object.insert("depth".into(), Value::from(request.depth));
     object.insert("protocolVersion".into(), Value::from(PROTOCOL_VERSION));
-    object.insert("capabilities".into(), capabilities_value());
+    object.insert(
+        "capabilities".into(),
+        Value::Array(capabilities.iter().cloned().map(Value::String).collect()),
+    );
+    debug_assert!(object
+        .keys()
+        .all(|k| super::REQUEST_FIELDS.contains(&k.as_str())));
     Value::Object(object).to_string().into_bytes()
-}
-
-fn capabilities_value() -> Value {
-    Value::Array(
-        BASE_CAPABILITIES
-            .iter()
-            .map(|c| Value::String((*c).to_owned()))
-            .collect(),
-    )
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Every request the client encodes passes the original's strict schema: only the
+    /// six fields, only base capability strings (contract 4.1).
+    #[test]
+    fn bug_requests_carry_only_fields_the_original_accepts() {
+        let request = TalkRequest {
+            from_instance: "a".into(),
+            prompt: "p".into(),
+            depth: 1,
+        };
+        let health: Vec<String> = super::super::CAPABILITIES
+            .iter()
+            .map(|c| (*c).to_owned())
+            .collect();
+        for body in [
+            encode_talk_request(&request),
+            encode_talk_request_with(&request, &super::super::negotiate(&health)),
+        ] {
+            let v: Value = serde_json::from_slice(&body).unwrap();
+            let object = v.as_object().unwrap();
+            assert!(object
+                .keys()
+                .all(|k| super::super::REQUEST_FIELDS.contains(&k.as_str())));
+            assert_eq!(v["capabilities"], serde_json::json!(BASE_CAPABILITIES));
+        }
+    }
 
     #[test]
     fn request_validation_table() {
