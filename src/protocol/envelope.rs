@@ -53,8 +53,8 @@ pub struct Envelope {
 impl Envelope {
     /// A v1 success envelope from this build. It lists the base capabilities plus
     /// those of the request's that this server implements for `/api/talk` (contract
-    /// 4.1): [`negotiate`](super::negotiate) of any request's list, which is the base
-    /// two while [`TALK_EXTENSIONS`](super::TALK_EXTENSIONS) is empty.
+    /// 4.1): `negotiate` of any request's list, which is the base
+    /// two while `TALK_EXTENSIONS` is empty.
     pub fn success(from_instance: &str, text: String, duration_ms: u64) -> Envelope {
         Envelope {
             text,
@@ -157,10 +157,10 @@ fn optional_string(
     }
 }
 
-/// Parses a peer's `/api/talk` answer that came with HTTP 200; see [`parse_answer`].
+/// Parses a peer's `/api/talk` answer that came with HTTP 200; see `parse_answer`.
 ///
 /// # Errors
-/// As [`parse_answer`].
+/// As `parse_answer`.
 pub fn parse_response(body: &[u8]) -> Result<Envelope, ResponseError> {
     parse_answer(200, body)
 }
@@ -170,7 +170,7 @@ pub fn parse_response(body: &[u8]) -> Result<Envelope, ResponseError> {
 /// `success: false` and `error`.
 ///
 /// A failure without `errorCode` (a legacy peer) takes its code from `status` and its
-/// text ([`legacy_failure_code`](super::legacy_failure_code), contract 4); one without
+/// text (`legacy_failure_code`, contract 4); one without
 /// `retryable` takes it from the retry table; codes this build does not know are kept
 /// as they are.
 ///

@@ -132,7 +132,7 @@ pub fn parse_talk_request(body: &[u8]) -> Result<TalkRequest, RequestError> {
 }
 
 /// Serializes a v1 request listing the base capabilities; see
-/// [`encode_talk_request_with`].
+/// `encode_talk_request_with`.
 pub fn encode_talk_request(request: &TalkRequest) -> Vec<u8> {
     let base: Vec<String> = BASE_CAPABILITIES.iter().map(|c| (*c).to_owned()).collect();
     encode_talk_request_with(request, &base)
@@ -140,8 +140,8 @@ pub fn encode_talk_request(request: &TalkRequest) -> Vec<u8> {
 
 /// Serializes a v1 request as the client sends it (`depth` as given: the caller
 /// increments it before calling), listing `capabilities` (the negotiated ones,
-/// [`negotiate`](super::negotiate)). It carries only fields of
-/// [`REQUEST_FIELDS`](super::REQUEST_FIELDS), which the original's strict parser
+/// `negotiate`). It carries only fields of
+/// `REQUEST_FIELDS`, which the original's strict parser
 /// accepts.
 pub fn encode_talk_request_with(request: &TalkRequest, capabilities: &[String]) -> Vec<u8> {
     let mut object = Map::new();
