@@ -535,10 +535,13 @@ fn request_shape_bearer_secret_and_incremented_depth() {
     );
     assert_eq!(t.code(), Some(0), "{}", t.describe());
     let envelope = t.envelope();
-    // A legacy success (no fromInstance, no protocolVersion) comes out as v1.
+    // A legacy success (no fromInstance, no protocolVersion) keeps the peer's own
+    // protocolVersion and capabilities, absent ones absent (issue 12); the name is the
+    // target's, whom the probe found on that port.
     assert_eq!(envelope["text"], "legacy ok");
     assert_eq!(envelope["fromInstance"], "worker");
-    assert_eq!(envelope["protocolVersion"], 1);
+    assert!(envelope.get("protocolVersion").is_none(), "{envelope}");
+    assert!(envelope.get("capabilities").is_none(), "{envelope}");
 
     let talks: Vec<Seen> = peer
         .requests()

@@ -27,7 +27,9 @@ Options:
   --depth N         the current delegation depth (default: $LOOPBUS_DEPTH, else 0);
                     the request carries N + 1
   --timeout SECS    how long to wait for the answer (default 1800)
-  --json            print the whole v1 envelope, also for failures
+  --json            print the whole envelope, also for failures: the peer's own
+                    (a legacy peer's without protocolVersion and capabilities),
+                    or a v1 one for a failure decided here
   --raw             print the reply's exact bytes: no escaping, no added newline
 
 The reply is printed as it came when stdout is not a terminal. On a terminal,
