@@ -215,6 +215,34 @@ fn check(target: SocketAddr, ours: Option<SocketAddr>) -> Result<(), OwnerMismat
         log::debug!("owner of port {port} not checked: not Linux");
         return Ok(());
     }
+    let own_uid = rustix::process::getuid().as_raw();
+    // The kernel writes these tables a bucket at a time and resumes a later read by
+    // offset, so sockets opened or closed meanwhile can hide an entry from one reading:
+    // a socket not found is looked for again before it counts as not listed.
+    for _ in 0..TABLE_READINGS {
+        let Some(sockets) = read_tables() else {
+            log::debug!("owner of port {port} not checked: no socket table readable");
+            return Ok(());
+        };
+        match verdict(&sockets, target, ours, own_uid) {
+            Verdict::Own => return Ok(()),
+            Verdict::Foreign(uid) => return Err(OwnerMismatch { port, uid }),
+            Verdict::NoListener => {}
+        }
+    }
+    log::debug!("owner of port {port} not checked: {target} not in the socket tables");
+    Ok(())
+}
+
+/// How many times the socket tables are read before a socket counts as not listed.
+const TABLE_READINGS: usize = 3;
+
+/// Bytes asked for in one read of a socket table: a reading in few large reads gives
+/// the kernel few chances to shift entries between them.
+const TABLE_READ_CHUNK: usize = 256 * 1024;
+
+/// Every socket of both tables, or `None` when neither can be read.
+fn read_tables() -> Option<Vec<Socket>> {
     let mut sockets = Vec::new();
     let mut readable = false;
     for path in [PROC_NET_TCP, PROC_NET_TCP6] {
@@ -226,25 +254,13 @@ fn check(target: SocketAddr, ours: Option<SocketAddr>) -> Result<(), OwnerMismat
             Err(e) => log::debug!("cannot read {path}: {e}"),
         }
     }
-    if !readable {
-        log::debug!("owner of port {port} not checked: no socket table readable");
-        return Ok(());
-    }
-    let own_uid = rustix::process::getuid().as_raw();
-    match verdict(&sockets, target, ours, own_uid) {
-        Verdict::Own => Ok(()),
-        Verdict::Foreign(uid) => Err(OwnerMismatch { port, uid }),
-        Verdict::NoListener => {
-            log::debug!("owner of port {port} not checked: {target} not in the socket tables");
-            Ok(())
-        }
-    }
+    readable.then_some(sockets)
 }
 
 /// At most [`MAX_PROC_NET_BYTES`] of `path` as text. `files::read_regular_file` won't
 /// do: files under /proc report size 0.
 fn read_bounded(path: &str) -> std::io::Result<String> {
-    let mut bytes = Vec::new();
+    let mut bytes = Vec::with_capacity(TABLE_READ_CHUNK);
     std::fs::File::open(path)?
         .take(MAX_PROC_NET_BYTES)
         .read_to_end(&mut bytes)?;
@@ -526,8 +542,12 @@ mod tests {
         assert_eq!(check_listener_owner(target.ip(), target.port()), Ok(()));
         assert_eq!(check_connection_owner(target, ours), Ok(()));
         if cfg!(target_os = "linux") {
-            let sockets = parse_sockets(&read_bounded(PROC_NET_TCP).unwrap());
             let own = rustix::process::getuid().as_raw();
+            // As `check` does: a reading that raced other sockets is read again.
+            let sockets = (0..TABLE_READINGS)
+                .map(|_| read_tables().unwrap())
+                .find(|s| verdict(s, target, Some(ours), own) != Verdict::NoListener)
+                .expect("our own listener and connection in the socket tables");
             assert_eq!(verdict(&sockets, target, Some(ours), own), Verdict::Own);
             // Seen as another user, both the listener and the accepted end are foreign.
             assert_eq!(
