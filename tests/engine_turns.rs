@@ -73,6 +73,20 @@ fn audit_lines(instance: &Instance) -> Vec<Value> {
         .collect()
 }
 
+/// The audit lines once `ready` holds for them. Lines are written by the instance's
+/// writer thread, a moment after the answer they record: a test that reads the log
+/// right after an answer waits for the line it looks for (bounded) instead of racing
+/// the writer.
+fn audit_lines_once(instance: &Instance, ready: impl Fn(&[Value]) -> bool) -> Vec<Value> {
+    let mut lines = audit_lines(instance);
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while !ready(&lines) && std::time::Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(10));
+        lines = audit_lines(instance);
+    }
+    lines
+}
+
 /// The state letter of process `pid` (R, S, T, Z, ...), from /proc.
 fn process_state(pid: u32) -> Option<char> {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
@@ -245,7 +259,7 @@ fn auth_failure_is_classified_and_not_retryable() {
     assert_eq!(code, "auth");
     assert!(!retryable);
     assert!(error.contains("Invalid API key"), "{error}");
-    let lines = audit_lines(&a);
+    let lines = audit_lines_once(&a, |l| !l.is_empty());
     let last = lines.last().unwrap();
     assert_eq!(last["outcome"], "failure");
     assert_eq!(last["metadata"]["errorCode"], "auth");
@@ -378,10 +392,9 @@ fn health_answers_while_turns_run_and_a_full_queue_is_server_busy() {
         .collect();
     texts.sort();
     assert_eq!(texts, ["gated: p0", "gated: p1", "gated: p2"]);
-    let lines = audit_lines(&a);
-    assert!(lines
-        .iter()
-        .any(|l| l["metadata"]["errorCode"] == "server_busy" && l["outcome"] == "refused"));
+    let busy = |l: &Value| l["metadata"]["errorCode"] == "server_busy" && l["outcome"] == "refused";
+    let lines = audit_lines_once(&a, |lines| lines.iter().any(busy));
+    assert!(lines.iter().any(busy));
 }
 
 #[test]
@@ -458,10 +471,13 @@ fn audit_lines_for_success_failure_and_each_refusal() {
         a.talk("caller", "x", 0).json()["errorCode"] == "bus_disabled"
     }));
 
-    let lines: Vec<Value> = [&a, &auth_failing, &quoting]
-        .into_iter()
-        .flat_map(audit_lines)
-        .collect();
+    // The last outcome of each instance is in its log: a's bus_disabled refusal, the
+    // others' one failure.
+    let disabled = |l: &Value| l["metadata"]["errorCode"] == "bus_disabled";
+    let mut lines = audit_lines_once(&a, |l| l.iter().any(disabled));
+    for instance in [&auth_failing, &quoting] {
+        lines.extend(audit_lines_once(instance, |l| !l.is_empty()));
+    }
     let find = |outcome: &str, code: Option<&str>| {
         lines.iter().find(|l| {
             l["outcome"] == outcome
@@ -611,10 +627,13 @@ fn a_queued_turn_whose_caller_hangs_up_never_runs() {
     assert!(turns_reach(&a, "running", 0) && turns_reach(&a, "queued", 0));
     let runs = std::fs::read_to_string(&calls).unwrap().lines().count();
     assert_eq!(runs, 2, "turns of callers that hung up were run");
-    let abandoned = audit_lines(&a)
-        .iter()
-        .filter(|l| l["outcome"] == "abandoned" && l["metadata"]["status"].is_null())
-        .count();
+    let abandoned_lines = |lines: &[Value]| {
+        lines
+            .iter()
+            .filter(|l| l["outcome"] == "abandoned" && l["metadata"]["status"].is_null())
+            .count()
+    };
+    let abandoned = abandoned_lines(&audit_lines_once(&a, |l| abandoned_lines(l) >= 3));
     assert_eq!(abandoned, 3, "one audit line per caller that hung up");
 }
 
