@@ -22,6 +22,12 @@ pub const REGISTRY_FILE: &str = ".bus-registry.json";
 /// A registry file larger than this is not read (it counts as unreadable).
 pub const MAX_REGISTRY_BYTES: u64 = 1 << 20;
 
+/// How many times, [`lock::POLL_INTERVAL`] apart, a registry file that is not a JSON
+/// object is read again before it is set aside as torn: the original implementation's
+/// older releases rewrite it in place and without the lock, so a torn read may be a
+/// write in progress.
+const TORN_REREADS: u32 = 5;
+
 /// The suffix (before `-<millis>`) of a torn registry file that was set aside.
 const CORRUPT_SUFFIX: &str = "corrupt";
 
@@ -255,15 +261,22 @@ pub fn ensure_registered(
     written.unwrap_or(Ok(false))
 }
 
-/// A registry file that is not JSON at all (torn by something that did not write it
+/// A registry file that is not a JSON object (torn by something that did not write it
 /// atomically) is set aside as `.bus-registry.json.corrupt-<millis>` before it is
-/// rewritten, so nothing is destroyed without a trace. The caller holds the lock.
+/// rewritten, so nothing is destroyed without a trace. It is first read again up to
+/// [`TORN_REREADS`] times, since a writer without the lock may be halfway through.
+/// The caller holds the lock.
 fn set_aside_if_torn(path: &Path) {
-    match files::read_regular_file(path, MAX_REGISTRY_BYTES) {
-        Ok(bytes) if parse(&bytes).is_ok() => return,
-        Ok(_) => {}
-        Err(e) if e.kind() == io::ErrorKind::InvalidData => {}
-        Err(_) => return,
+    for attempt in 0..=TORN_REREADS {
+        if attempt > 0 {
+            std::thread::sleep(lock::POLL_INTERVAL);
+        }
+        match files::read_regular_file(path, MAX_REGISTRY_BYTES) {
+            Ok(bytes) if matches!(serde_json::from_slice(&bytes), Ok(Value::Object(_))) => return,
+            Ok(_) => {}
+            Err(e) if e.kind() == io::ErrorKind::InvalidData => break,
+            Err(_) => return,
+        }
     }
     match files::set_aside(path, CORRUPT_SUFFIX) {
         Ok(aside) => log::warn!(
@@ -680,6 +693,23 @@ mod tests {
         // An invalid entry is never ours to deregister.
         assert!(!deregister(root, &name("torn-entry"), 1).unwrap());
         assert_eq!(reread(), want);
+    }
+
+    #[test]
+    fn a_document_without_instances_keeps_its_other_fields() {
+        let dir = TestDir::new("registry-no-instances");
+        let root = dir.path();
+        for raw in [
+            r#"{"other": {"a": 1}}"#,
+            r#"{"other": {"a": 1}, "instances": [3]}"#,
+        ] {
+            std::fs::write(registry_path(root), raw).unwrap();
+            register(root, &name("a"), 4000, 1, &secret("s")).unwrap();
+            let after: Value =
+                serde_json::from_slice(&std::fs::read(registry_path(root)).unwrap()).unwrap();
+            assert_eq!(after["other"], serde_json::json!({"a": 1}), "{raw}");
+            assert_eq!(after["instances"]["a"]["port"], 4000, "{raw}");
+        }
     }
 
     #[test]
