@@ -192,19 +192,6 @@ pub fn with_lock<T>(path: &Path, f: impl FnOnce() -> io::Result<T>) -> io::Resul
     }
 }
 
-/// Like [`with_lock`], but gives up at once if the lock is taken: `Ok(None)`. For
-/// callers that must not wait, such as the event loop.
-///
-/// # Errors
-///
-/// An error opening the lock file.
-pub fn try_with_lock<T>(
-    path: &Path,
-    f: impl FnOnce() -> io::Result<T>,
-) -> io::Result<Option<io::Result<T>>> {
-    lock_within(path, Duration::ZERO, f)
-}
-
 /// How long [`with_lock`] waits for a lock another process holds.
 pub const LOCK_TIMEOUT: Duration = Duration::from_secs(10);
 /// How often a taken lock is tried again.
@@ -595,9 +582,17 @@ mod tests {
         let got = lock_within(&path, Duration::from_millis(100), || Ok(1)).unwrap();
         assert!(got.is_none(), "the lock was taken while held");
         assert!(started.elapsed() >= Duration::from_millis(100));
-        assert!(try_with_lock(&path, || Ok(1)).unwrap().is_none());
+        assert!(lock_within(&path, Duration::ZERO, || Ok(1))
+            .unwrap()
+            .is_none());
         drop(holder);
-        assert_eq!(try_with_lock(&path, || Ok(1)).unwrap().unwrap().unwrap(), 1);
+        assert_eq!(
+            lock_within(&path, Duration::ZERO, || Ok(1))
+                .unwrap()
+                .unwrap()
+                .unwrap(),
+            1
+        );
         // hold_lock: one holder at a time.
         let serving = dir.path().join(".serve.lock");
         let first = hold_lock(&serving).unwrap();

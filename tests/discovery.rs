@@ -162,11 +162,18 @@ fn serve_prunes_stale_entries_at_startup() {
     });
     let not_http = FakePeer::start(|_| Answer::Respond(404, b"nope".to_vec()));
     let silent = TcpListener::bind("127.0.0.1:0").unwrap();
-    register_by_hand(&root.path, "ghost", closed_port(), 1, "s1");
+    // Only an entry whose pid is gone is pruned (contract 6): a reaped child's pid.
+    let gone = {
+        let mut child = std::process::Command::new("true").spawn().unwrap();
+        let pid = child.id();
+        child.wait().unwrap();
+        pid
+    };
+    register_by_hand(&root.path, "ghost", closed_port(), gone, "s1");
     register_by_hand(&root.path, "impostor", impostor.port, 1, "s2");
     register_by_hand(&root.path, "stopping", stopping.port, 1, "s3");
     register_by_hand(&root.path, "foreign", other_kind.port, 1, "s4");
-    register_by_hand(&root.path, "web", not_http.port, 1, "s5");
+    register_by_hand(&root.path, "web", not_http.port, gone, "s5");
     register_by_hand(
         &root.path,
         "silent",
@@ -183,12 +190,12 @@ fn serve_prunes_stale_entries_at_startup() {
         .cloned()
         .collect();
     names.sort();
-    // Certainly stale: nothing listening, another instance's name, not a health
-    // endpoint. Kept: a timeout proves nothing, a stopping instance deregisters
-    // itself, and an instance of another kind is still that instance.
+    // Certainly stale: the pid is gone (whatever holds the port). Kept while the pid
+    // lives: another instance's name on the port, a timeout, a stopping instance, an
+    // instance of another kind (the original implementation's entries among them).
     assert_eq!(
         names,
-        ["beta", "foreign", "silent", "stopping"],
+        ["beta", "foreign", "impostor", "silent", "stopping"],
         "{}",
         beta.describe()
     );

@@ -7,13 +7,16 @@
 //! (`host` is left out for 127.0.0.1; `proof: true` marks an instance that answers the
 //! health proof of contract 6.1.)
 //!
-//! Two parts: the [`store`](mod@store) reads, validates and rewrites the file (forgiving on read:
+//! Three parts: the [`store`](mod@store) reads, validates and rewrites the file (forgiving on read:
 //! a missing, torn or malformed file is an empty registry and invalid entries are
 //! skipped; every write a read-modify-write under the registry lock, written
-//! atomically, so concurrent `serve` processes never lose each other's entries), and
-//! the [`probe`](mod@probe) asks an entry's port whether that instance still answers there, and
-//! lists and prunes by asking. Neither imports `client`.
+//! atomically, keeping every entry and field it does not change, so concurrent
+//! `serve` processes and other programs sharing the root never lose each other's
+//! entries); the [`lock`](mod@lock) is the original implementation's lock directory;
+//! and the [`probe`](mod@probe) asks an entry's port whether that instance still answers there,
+//! and lists by asking. Neither imports `client`.
 
+pub mod lock;
 pub mod owner;
 pub mod probe;
 pub mod store;

@@ -1,5 +1,5 @@
 //! The registry's liveness probe: `GET /api/health` over [`crate::http::client`], and
-//! the listing and pruning that probe every entry (contract section 6).
+//! the listing that probes every entry, and start-up pruning (contract section 6).
 //!
 //! An entry says where an instance *was* listening; only a probe says whether it still
 //! is. A caller sends an entry's secret only on the connection whose probe matched
@@ -13,6 +13,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
+use super::lock;
 use super::store::{self, Entry};
 use crate::http::client::{ClientError, Connection, ReceivedResponse};
 use crate::protocol::{self, proof, Health, InstanceName, ResponseError};
@@ -21,7 +22,7 @@ use crate::secret;
 /// How long a liveness probe may take, connect included (contract section 6).
 pub const PROBE_TIMEOUT: Duration = Duration::from_millis(500);
 
-/// Most probes run at once by [`list`] and [`prune`].
+/// Most probes run at once by [`list`].
 pub const MAX_PARALLEL_PROBES: usize = 32;
 
 /// Longest peer-supplied string (instance name, kind, status) quoted in an error.
@@ -316,24 +317,21 @@ pub fn list(root: &Path, accept_kinds: Option<&[String]>) -> io::Result<Vec<List
     Ok(probe_all(store::read(root)?, accept_kinds))
 }
 
-/// Removes the entries whose probe shows they are stale ([`ProbeError::is_stale`]) and
-/// returns their names. Probes run without the lock; the removal then happens under
-/// it, and only for entries that did not change meanwhile
-/// ([`store::remove_unchanged`]), so an instance that re-registered in between is
-/// kept.
+/// Removes the entries whose pid certainly no longer exists ([`lock::pid_is_gone`])
+/// and returns their names (contract 6). Nothing else is proof enough: an entry of
+/// another program sharing the root (the original implementation, of a kind loopbus
+/// does not accept, or one that does not answer loopbus's probe as expected) stays
+/// while its process lives. The removal happens under the lock, and only for entries
+/// that did not change meanwhile ([`store::remove_unchanged`]), so an instance that
+/// re-registered in between is kept; invalid entries are never removed.
 ///
 /// # Errors
 ///
 /// Any I/O error reading, locking or writing the registry.
 pub fn prune(root: &Path) -> io::Result<Vec<InstanceName>> {
-    let entries = store::read(root)?;
-    if entries.is_empty() {
-        return Ok(Vec::new());
-    }
-    let stale: Vec<(InstanceName, Entry)> = probe_all(entries, None)
+    let stale: Vec<(InstanceName, Entry)> = store::read(root)?
         .into_iter()
-        .filter(|listed| listed.liveness.as_ref().is_err_and(ProbeError::is_stale))
-        .map(|listed| (listed.name, listed.entry))
+        .filter(|(_, entry)| lock::pid_is_gone(entry.pid))
         .collect();
     store::remove_unchanged(root, stale)
 }
@@ -488,7 +486,7 @@ mod tests {
     }
 
     #[test]
-    fn lookup_probe_and_prune_of_dead_entries() {
+    fn lookup_probe_and_list_of_dead_entries() {
         let dir = TestDir::new("registry-prune");
         let root = dir.path();
         assert!(prune(&root.join("absent")).unwrap().is_empty());
@@ -506,8 +504,30 @@ mod tests {
             let err = l.liveness.as_ref().unwrap_err();
             assert!(err.is_stale(), "{err}");
         }
-        assert_eq!(prune(root).unwrap(), ["a", "b"]);
-        assert!(read(root).unwrap().is_empty());
+    }
+
+    /// The pid of a process that has exited and been reaped.
+    fn dead_pid() -> u32 {
+        let mut child = std::process::Command::new("true").spawn().unwrap();
+        let pid = child.id();
+        child.wait().unwrap();
+        pid
+    }
+
+    #[test]
+    fn bug_prune_removed_live_entries_that_failed_the_probe() {
+        let dir = TestDir::new("registry-prune-pid");
+        let root = dir.path();
+        let live = std::process::id();
+        // Nothing answers on these ports, and yet only the entry whose pid is gone
+        // goes: an entry of the original implementation (another kind, no proof,
+        // a probe loopbus does not like) stays while its process lives.
+        register(root, &name("gone"), closed_port(), dead_pid(), &secret("g")).unwrap();
+        register(root, &name("alive"), closed_port(), live, &secret("a")).unwrap();
+        register(root, &name("root-owned"), closed_port(), 1, &secret("r")).unwrap();
+        assert_eq!(prune(root).unwrap(), ["gone"]);
+        let left: Vec<_> = read(root).unwrap().into_keys().collect();
+        assert_eq!(left, ["alive", "root-owned"]);
         assert!(prune(root).unwrap().is_empty());
     }
 }

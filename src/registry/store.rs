@@ -11,6 +11,7 @@ use std::sync::{Mutex, PoisonError};
 
 use serde_json::{Map, Value};
 
+use super::lock;
 use crate::protocol::{non_negative_integer, InstanceName};
 use crate::secret::Secret;
 use crate::{files, time};
@@ -20,6 +21,12 @@ pub const REGISTRY_FILE: &str = ".bus-registry.json";
 
 /// A registry file larger than this is not read (it counts as unreadable).
 pub const MAX_REGISTRY_BYTES: u64 = 1 << 20;
+
+/// How many times, [`lock::POLL_INTERVAL`] apart, a registry file that is not a JSON
+/// object is read again before it is set aside as torn: the original implementation's
+/// older releases rewrite it in place and without the lock, so a torn read may be a
+/// write in progress.
+const TORN_REREADS: u32 = 5;
 
 /// The suffix (before `-<millis>`) of a torn registry file that was set aside.
 const CORRUPT_SUFFIX: &str = "corrupt";
@@ -154,8 +161,9 @@ fn check_entry(port: u16, pid: u32) -> io::Result<()> {
 }
 
 /// Registers (or re-registers) `name` as listening on `port` in process `pid`, stamped
-/// with the current time. Creates `root` (mode 0700) if it is missing. Invalid entries
-/// already in the file are dropped; the file is left with mode 0600.
+/// with the current time. Creates `root` (mode 0700) if it is missing. Every other
+/// entry (valid or not), every top-level field and every field of `name`'s old entry
+/// that loopbus does not write are kept as they were; the file is left with mode 0600.
 ///
 /// # Errors
 ///
@@ -188,8 +196,7 @@ pub fn register_at(
 ) -> io::Result<()> {
     check_entry(port, pid)?;
     files::create_dir_private(root)?;
-    let path = registry_path(root);
-    files::with_lock(&path, || insert_locked(root, name, host, port, pid, secret))
+    lock::with_registry_lock(root, || insert_locked(root, name, host, port, pid, secret))
 }
 
 /// Inserts or replaces `name`'s entry; the caller holds the registry lock.
@@ -202,20 +209,24 @@ fn insert_locked(
     secret: &Secret,
 ) -> io::Result<()> {
     let path = registry_path(root);
-    set_aside_if_torn(&path);
-    let mut entries = read(root)?;
-    entries.insert(
-        name.clone(),
-        Entry {
-            port,
-            pid,
-            secret: secret.clone(),
-            updated_at: time::now_iso8601(),
-            host,
-            proof: true,
-        },
-    );
-    write(&path, &entries)
+    let mut document = load(&path)?;
+    let instances = instances_mut(&mut document);
+    let mut fields = match instances.remove(name.as_str()) {
+        Some(Value::Object(fields)) => fields,
+        _ => Map::new(),
+    };
+    fields.insert("port".into(), port.into());
+    fields.insert("pid".into(), pid.into());
+    fields.insert("secret".into(), secret.expose().into());
+    fields.insert("updatedAt".into(), time::now_iso8601().into());
+    if host == DEFAULT_HOST {
+        fields.remove("host");
+    } else {
+        fields.insert("host".into(), host.to_string().into());
+    }
+    fields.insert("proof".into(), true.into());
+    instances.insert(name.to_string(), Value::Object(fields));
+    save(&path, document)
 }
 
 /// Re-registers `name` if its entry is missing (the file was deleted, torn or
@@ -240,7 +251,7 @@ pub fn ensure_registered(
         return Ok(false);
     }
     check_entry(port, pid)?;
-    let written = files::try_with_lock(&registry_path(root), || {
+    let written = lock::try_with_registry_lock(root, || {
         if read(root)?.contains_key(name) {
             return Ok(false);
         }
@@ -250,15 +261,22 @@ pub fn ensure_registered(
     written.unwrap_or(Ok(false))
 }
 
-/// A registry file that is not JSON at all (torn by something that did not write it
+/// A registry file that is not a JSON object (torn by something that did not write it
 /// atomically) is set aside as `.bus-registry.json.corrupt-<millis>` before it is
-/// rewritten, so nothing is destroyed without a trace. The caller holds the lock.
+/// rewritten, so nothing is destroyed without a trace. It is first read again up to
+/// [`TORN_REREADS`] times, since a writer without the lock may be halfway through.
+/// The caller holds the lock.
 fn set_aside_if_torn(path: &Path) {
-    match files::read_regular_file(path, MAX_REGISTRY_BYTES) {
-        Ok(bytes) if parse(&bytes).is_ok() => return,
-        Ok(_) => {}
-        Err(e) if e.kind() == io::ErrorKind::InvalidData => {}
-        Err(_) => return,
+    for attempt in 0..=TORN_REREADS {
+        if attempt > 0 {
+            std::thread::sleep(lock::POLL_INTERVAL);
+        }
+        match files::read_regular_file(path, MAX_REGISTRY_BYTES) {
+            Ok(bytes) if matches!(serde_json::from_slice(&bytes), Ok(Value::Object(_))) => return,
+            Ok(_) => {}
+            Err(e) if e.kind() == io::ErrorKind::InvalidData => break,
+            Err(_) => return,
+        }
     }
     match files::set_aside(path, CORRUPT_SUFFIX) {
         Ok(aside) => log::warn!(
@@ -285,13 +303,18 @@ pub fn deregister(root: &Path, name: &InstanceName, pid: u32) -> io::Result<bool
         return Ok(false);
     }
     let path = registry_path(root);
-    files::with_lock(&path, || {
-        let mut entries = read(root)?;
-        if entries.get(name).is_none_or(|entry| entry.pid != pid) {
+    lock::with_registry_lock(root, || {
+        let mut document = load(&path)?;
+        let instances = instances_mut(&mut document);
+        let ours = instances
+            .get(name.as_str())
+            .and_then(|value| parse_entry(value).ok())
+            .is_some_and(|entry| entry.pid == pid);
+        if !ours {
             return Ok(false);
         }
-        entries.remove(name);
-        write(&path, &entries)?;
+        instances.remove(name.as_str());
+        save(&path, document)?;
         Ok(true)
     })
 }
@@ -320,43 +343,68 @@ pub fn remove_unchanged(
         return Ok(Vec::new());
     }
     let path = registry_path(root);
-    files::with_lock(&path, || {
-        let mut current = read(root)?;
+    lock::with_registry_lock(root, || {
+        let mut document = load(&path)?;
+        let instances = instances_mut(&mut document);
         let mut removed = Vec::new();
         for (name, entry) in stale {
-            if current.get(&name) == Some(&entry) {
-                current.remove(&name);
+            let unchanged = instances
+                .get(name.as_str())
+                .and_then(|value| parse_entry(value).ok())
+                .is_some_and(|current| current == entry);
+            if unchanged {
+                instances.remove(name.as_str());
                 removed.push(name);
             }
         }
         if !removed.is_empty() {
-            write(&path, &current)?;
+            save(&path, document)?;
         }
         Ok(removed)
     })
 }
 
-/// Writes `entries` as the whole registry.
-fn write(path: &Path, entries: &BTreeMap<InstanceName, Entry>) -> io::Result<()> {
-    let instances: Map<String, Value> = entries
-        .iter()
-        .map(|(name, entry)| {
-            let mut fields = Map::new();
-            fields.insert("port".into(), entry.port.into());
-            fields.insert("pid".into(), entry.pid.into());
-            fields.insert("secret".into(), entry.secret.expose().into());
-            fields.insert("updatedAt".into(), entry.updated_at.as_str().into());
-            if entry.host != DEFAULT_HOST {
-                fields.insert("host".into(), entry.host.to_string().into());
-            }
-            if entry.proof {
-                fields.insert("proof".into(), true.into());
-            }
-            (name.to_string(), Value::Object(fields))
-        })
-        .collect();
-    let mut document = Map::new();
-    document.insert("instances".into(), Value::Object(instances));
+/// The registry file as a JSON document, for a rewrite that keeps everything it does
+/// not change: other programs' entries, invalid entries and unknown fields alike. A
+/// missing file is an empty document; a torn one is set aside first. The caller
+/// holds the registry lock.
+///
+/// # Errors
+///
+/// The file exists but can't be read.
+fn load(path: &Path) -> io::Result<Map<String, Value>> {
+    set_aside_if_torn(path);
+    let bytes = match files::read_regular_file(path, MAX_REGISTRY_BYTES) {
+        Ok(bytes) => bytes,
+        Err(err) if err.kind() == io::ErrorKind::NotFound => return Ok(Map::new()),
+        Err(err) => return Err(err),
+    };
+    // Valid JSON that is not an object (`set_aside_if_torn` kept it) has nothing to
+    // keep.
+    match serde_json::from_slice(&bytes) {
+        Ok(Value::Object(document)) => Ok(document),
+        _ => Ok(Map::new()),
+    }
+}
+
+/// The `instances` object of `document`, made one if it is missing or of another
+/// shape (which [`read`] treats as an empty registry).
+fn instances_mut(document: &mut Map<String, Value>) -> &mut Map<String, Value> {
+    let instances = document
+        .entry("instances")
+        .or_insert_with(|| Value::Object(Map::new()));
+    if !instances.is_object() {
+        *instances = Value::Object(Map::new());
+    }
+    match instances {
+        Value::Object(map) => map,
+        // Made an object just above.
+        _ => unreachable!("instances was just made an object"),
+    }
+}
+
+/// Writes `document` as the whole registry, atomically, mode 0600.
+fn save(path: &Path, document: Map<String, Value>) -> io::Result<()> {
     let mut bytes =
         serde_json::to_vec_pretty(&Value::Object(document)).map_err(io::Error::other)?;
     bytes.push(b'\n');
@@ -545,7 +593,7 @@ mod tests {
     }
 
     #[test]
-    fn invalid_entries_are_ignored_then_dropped() {
+    fn bug_invalid_entries_were_dropped_on_rewrite() {
         let dir = TestDir::new("registry-invalid");
         let root = dir.path();
         let t = "2026-01-01T00:00:00.000Z";
@@ -582,9 +630,108 @@ mod tests {
         register(root, &name("new"), 4500, 3, &secret("n")).unwrap();
         let rewritten: Value =
             serde_json::from_slice(&std::fs::read(registry_path(root)).unwrap()).unwrap();
-        let names: Vec<&String> = rewritten["instances"].as_object().unwrap().keys().collect();
-        assert_eq!(names, ["float-ok", "good", "new"]);
-        assert_eq!(rewritten["instances"]["float-ok"]["port"], 4001);
+        let mut want = raw.clone();
+        want["instances"]["new"] = rewritten["instances"]["new"].clone();
+        assert_eq!(rewritten, want, "everything else is kept as it was");
+        assert_eq!(rewritten["instances"]["float-ok"]["port"], 4001.0);
+        assert_eq!(rewritten["instances"]["new"]["pid"], 3);
+    }
+
+    #[test]
+    fn bug_fields_of_other_programs_were_dropped_on_rewrite() {
+        let dir = TestDir::new("registry-keep");
+        let root = dir.path();
+        let t = "2026-01-01T00:00:00.000Z";
+        let raw = serde_json::json!({
+            "instances": {
+                "bridge": {"port": 4000, "pid": 1, "secret": "s", "updatedAt": t, "telegramChat": 1},
+                "mine": {"port": 4001, "pid": 2, "secret": "s", "updatedAt": t, "note": "kept"},
+                "torn-entry": {"port": "x"},
+            },
+            "version": 3,
+            "extra": {"nested": [1, 2]}
+        });
+        std::fs::write(registry_path(root), raw.to_string()).unwrap();
+        let reread = || -> Value {
+            serde_json::from_slice(&std::fs::read(registry_path(root)).unwrap()).unwrap()
+        };
+
+        // Re-registering "mine" keeps the fields it does not write.
+        register(root, &name("mine"), 4100, 20, &secret("m")).unwrap();
+        let after = reread();
+        assert_eq!(after["instances"]["mine"]["note"], "kept");
+        assert_eq!(after["instances"]["mine"]["port"], 4100);
+        assert_eq!(after["instances"]["bridge"], raw["instances"]["bridge"]);
+        assert_eq!(
+            after["instances"]["torn-entry"],
+            raw["instances"]["torn-entry"]
+        );
+        assert_eq!(
+            (&after["version"], &after["extra"]),
+            (&raw["version"], &raw["extra"])
+        );
+
+        // A v6 registration then a v4 one: host comes and goes, unknown fields stay.
+        let v6: IpAddr = "::1".parse().unwrap();
+        register_at(root, &name("mine"), v6, 4101, 20, &secret("m")).unwrap();
+        assert_eq!(reread()["instances"]["mine"]["host"], "::1");
+        register(root, &name("mine"), 4102, 20, &secret("m")).unwrap();
+        assert!(reread()["instances"]["mine"].get("host").is_none());
+
+        // Deregistering and pruning remove one entry and keep everything else.
+        assert!(deregister(root, &name("mine"), 20).unwrap());
+        let mut want = raw.clone();
+        want["instances"].as_object_mut().unwrap().remove("mine");
+        assert_eq!(reread(), want);
+        let bridge = read(root).unwrap()["bridge"].clone();
+        assert_eq!(
+            remove_unchanged(root, vec![(name("bridge"), bridge)]).unwrap(),
+            ["bridge"]
+        );
+        want["instances"].as_object_mut().unwrap().remove("bridge");
+        assert_eq!(reread(), want);
+        // An invalid entry is never ours to deregister.
+        assert!(!deregister(root, &name("torn-entry"), 1).unwrap());
+        assert_eq!(reread(), want);
+    }
+
+    #[test]
+    fn a_document_without_instances_keeps_its_other_fields() {
+        let dir = TestDir::new("registry-no-instances");
+        let root = dir.path();
+        for raw in [
+            r#"{"other": {"a": 1}}"#,
+            r#"{"other": {"a": 1}, "instances": [3]}"#,
+        ] {
+            std::fs::write(registry_path(root), raw).unwrap();
+            register(root, &name("a"), 4000, 1, &secret("s")).unwrap();
+            let after: Value =
+                serde_json::from_slice(&std::fs::read(registry_path(root)).unwrap()).unwrap();
+            assert_eq!(after["other"], serde_json::json!({"a": 1}), "{raw}");
+            assert_eq!(after["instances"]["a"]["port"], 4000, "{raw}");
+        }
+    }
+
+    #[test]
+    fn a_torn_registry_is_set_aside_under_the_lock_dir() {
+        let dir = TestDir::new("registry-torn");
+        let root = dir.path();
+        std::fs::write(registry_path(root), b"{\"instances\": {\"a\": {\"po").unwrap();
+        register(root, &name("a"), 4000, 1, &secret("s")).unwrap();
+        let names: Vec<String> = std::fs::read_dir(root)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        assert!(
+            names
+                .iter()
+                .any(|n| n.starts_with(".bus-registry.json.corrupt-")),
+            "{names:?}"
+        );
+        assert!(
+            !lock::lock_path(root).exists(),
+            "the lock is released: {names:?}"
+        );
     }
 
     #[test]

@@ -1,0 +1,651 @@
+//! The registry lock (contract section 6): the original implementation's protocol, so
+//! that loopbus and the original exclude each other when they rewrite the registry.
+//!
+//! The lock is the *directory* `<root>/.bus-registry.json.lock`, taken with `mkdir`
+//! (mode 0700); the holder then writes `owner.json` `{"pid": N, "acquiredAt":
+//! "<ISO-8601>"}` (0600) inside it, and releases the lock by removing `owner.json` and
+//! the directory. A waiter retries every [`POLL_INTERVAL`] and removes a lock as stale
+//! when `owner.json` names a pid that no longer exists or an `acquiredAt` older than
+//! [`STALE_AGE`], or, when `owner.json` is missing or unreadable (a holder that died
+//! between `mkdir` and writing it), when the directory's mtime is older than
+//! [`STALE_AGE`]. Waiting is bounded by [`LOCK_PATIENCE`].
+//!
+//! A stale lock is first renamed to a name of its own and checked to be the very
+//! directory that was judged stale (same [`Fingerprint`]) before it is removed, so a waiter that
+//! judged an old lock stale can never remove the fresh lock another waiter took
+//! meanwhile. A leftover lock *file* of that name (earlier loopbus releases locked the
+//! registry with `flock` on it) is removed when no process holds its `flock`.
+
+use std::fs::{self, DirBuilder, File, OpenOptions};
+use std::io::{self, Write};
+use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant, SystemTime};
+
+use serde_json::Value;
+
+use super::store::REGISTRY_FILE;
+use crate::{files, time};
+
+/// A lock whose owner took it longer ago than this, or whose directory (without a
+/// readable `owner.json`) was last changed longer ago than this, is stale.
+pub const STALE_AGE: Duration = Duration::from_secs(30);
+/// How often a waiter tries the lock again.
+pub const POLL_INTERVAL: Duration = Duration::from_millis(10);
+/// How long a registry write waits for the lock before it fails.
+pub const LOCK_PATIENCE: Duration = Duration::from_secs(10);
+
+/// The file inside the lock directory naming its holder.
+const OWNER_FILE: &str = "owner.json";
+/// An `owner.json` larger than this is unreadable.
+const MAX_OWNER_BYTES: u64 = 4096;
+
+/// The lock directory of the channel root `root`.
+pub fn lock_path(root: &Path) -> PathBuf {
+    root.join(format!("{REGISTRY_FILE}.lock"))
+}
+
+/// Runs `f` while holding the registry lock of `root`, waiting at most
+/// [`LOCK_PATIENCE`] for it.
+///
+/// # Errors
+///
+/// `TimedOut` (naming the holder) if the lock stayed taken, any I/O error taking or
+/// releasing it, or whatever `f` returns.
+pub fn with_registry_lock<T>(root: &Path, f: impl FnOnce() -> io::Result<T>) -> io::Result<T> {
+    within(root, LOCK_PATIENCE, f)?.unwrap_or_else(|| Err(timed_out(root, LOCK_PATIENCE)))
+}
+
+/// Like [`with_registry_lock`], but gives up at once (`Ok(None)`) if a live holder has
+/// the lock: for the event loop, which must not wait.
+///
+/// # Errors
+///
+/// Any I/O error taking the lock.
+pub fn try_with_registry_lock<T>(
+    root: &Path,
+    f: impl FnOnce() -> io::Result<T>,
+) -> io::Result<Option<io::Result<T>>> {
+    within(root, Duration::ZERO, f)
+}
+
+/// Runs `f` under the lock if it can be had within `patience`; `Ok(None)` if not.
+fn within<T>(
+    root: &Path,
+    patience: Duration,
+    f: impl FnOnce() -> io::Result<T>,
+) -> io::Result<Option<io::Result<T>>> {
+    let Some(guard) = acquire(root, patience)? else {
+        return Ok(None);
+    };
+    let result = f();
+    let released = guard.release();
+    Ok(Some(result.and_then(|value| released.map(|()| value))))
+}
+
+fn timed_out(root: &Path, patience: Duration) -> io::Error {
+    let path = lock_path(root);
+    let holder = match read_owner(&path) {
+        Some(owner) => format!("process {} since {}", owner.pid, owner.acquired_at),
+        None => "another process".to_owned(),
+    };
+    io::Error::new(
+        io::ErrorKind::TimedOut,
+        format!(
+            "cannot lock the registry: {} has been held by {holder} for more than {} s; \
+             remove it if no process is writing the registry",
+            path.display(),
+            patience.as_secs()
+        ),
+    )
+}
+
+/// What identifies one taking of the lock: the directory's inode, its mtime and the
+/// bytes of its `owner.json`. An inode alone is not enough (a directory removed and
+/// made again often gets the same one back); an `owner.json` names its pid and the
+/// moment the lock was taken, and without one the mtime tells an old directory from a
+/// new one.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Fingerprint {
+    inode: (u64, u64),
+    mtime: Option<SystemTime>,
+    owner: Option<Vec<u8>>,
+}
+
+/// The fingerprint of the lock directory `path`, with its metadata; `NotFound` when
+/// it is gone.
+fn fingerprint(path: &Path) -> io::Result<(Fingerprint, fs::Metadata)> {
+    let meta = fs::symlink_metadata(path)?;
+    let owner = if meta.is_dir() {
+        files::read_regular_file(&path.join(OWNER_FILE), MAX_OWNER_BYTES).ok()
+    } else {
+        None
+    };
+    let print = Fingerprint {
+        inode: (meta.dev(), meta.ino()),
+        mtime: meta.modified().ok(),
+        owner,
+    };
+    Ok((print, meta))
+}
+
+/// A held lock: the directory this process made, known by its inode and the
+/// `owner.json` it wrote.
+#[derive(Debug)]
+pub struct Held {
+    path: PathBuf,
+    inode: (u64, u64),
+    owner: Vec<u8>,
+    /// Set by [`Held::release`], so that dropping does not release twice.
+    released: bool,
+}
+
+impl Held {
+    /// Releases the lock: removes `owner.json`, then the directory, but only if the
+    /// directory is still the one this process made.
+    ///
+    /// # Errors
+    ///
+    /// An I/O error removing them.
+    pub fn release(mut self) -> io::Result<()> {
+        self.released = true;
+        remove_own(&self.path, self.inode, &self.owner)
+    }
+}
+
+impl Drop for Held {
+    fn drop(&mut self) {
+        if self.released {
+            return;
+        }
+        if let Err(e) = remove_own(&self.path, self.inode, &self.owner) {
+            log::warn!("cannot release {}: {e}", self.path.display());
+        }
+    }
+}
+
+/// Removes the lock directory `path` (its `owner.json` first), if it is still the
+/// directory of inode `inode` holding `owner` (a lock that replaced it is another
+/// holder's). A lock already gone is released.
+fn remove_own(path: &Path, inode: (u64, u64), owner: &[u8]) -> io::Result<()> {
+    match fingerprint(path) {
+        Ok((print, _)) if print.inode == inode && print.owner.as_deref() == Some(owner) => {}
+        Ok(_) => return Ok(()),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(()),
+        Err(e) => return Err(e),
+    }
+    match fs::remove_file(path.join(OWNER_FILE)) {
+        Ok(()) => {}
+        Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+        Err(e) => return Err(e),
+    }
+    match fs::remove_dir(path) {
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
+        other => other,
+    }
+}
+
+/// Takes the lock of `root` within `patience` (`Ok(None)` if a live holder kept it),
+/// recovering stale locks and migrating a leftover lock file on the way.
+///
+/// # Errors
+///
+/// Any I/O error other than the lock being taken.
+pub fn acquire(root: &Path, patience: Duration) -> io::Result<Option<Held>> {
+    let path = lock_path(root);
+    let deadline = Instant::now() + patience;
+    loop {
+        match DirBuilder::new()
+            .mode(files::PRIVATE_DIR_MODE)
+            .create(&path)
+        {
+            Ok(()) => return take(&path).map(Some),
+            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
+            Err(e) => return Err(e),
+        }
+        // Something holds the name: a stale lock is cleared and the name tried again
+        // at once; a live one is waited for.
+        if clear_if_stale(&path)? {
+            continue;
+        }
+        if Instant::now() >= deadline {
+            return Ok(None);
+        }
+        std::thread::sleep(POLL_INTERVAL);
+    }
+}
+
+/// Completes taking the lock whose directory `path` was just made: sets its mode and
+/// writes `owner.json`. On failure the directory is removed again.
+fn take(path: &Path) -> io::Result<Held> {
+    let meta = fs::symlink_metadata(path)?;
+    let owner = serde_json::json!({
+        "pid": std::process::id(),
+        "acquiredAt": time::now_iso8601(),
+    });
+    let held = Held {
+        path: path.to_path_buf(),
+        inode: (meta.dev(), meta.ino()),
+        owner: owner.to_string().into_bytes(),
+        released: false,
+    };
+    let undo = |e: io::Error| {
+        // Nothing else can have written owner.json into the directory we just made.
+        let _ = fs::remove_file(path.join(OWNER_FILE));
+        let _ = fs::remove_dir(path);
+        e
+    };
+    // The umask may have narrowed the mode; make it exactly 0700.
+    fs::set_permissions(path, fs::Permissions::from_mode(files::PRIVATE_DIR_MODE)).map_err(undo)?;
+    OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(files::PRIVATE_FILE_MODE)
+        .open(path.join(OWNER_FILE))
+        .and_then(|mut file| file.write_all(&held.owner))
+        .map_err(undo)?;
+    Ok(held)
+}
+
+/// `owner.json` as read.
+#[derive(Debug, PartialEq, Eq)]
+struct Owner {
+    pid: u32,
+    acquired_at: String,
+    acquired: SystemTime,
+}
+
+/// The owner of the lock directory `path`, or `None` when `owner.json` is missing or
+/// unreadable (not JSON, no positive pid, no ISO-8601 `acquiredAt`).
+fn read_owner(path: &Path) -> Option<Owner> {
+    let bytes = files::read_regular_file(&path.join(OWNER_FILE), MAX_OWNER_BYTES).ok()?;
+    parse_owner(&bytes)
+}
+
+fn parse_owner(bytes: &[u8]) -> Option<Owner> {
+    let value: Value = serde_json::from_slice(bytes).ok()?;
+    let pid = value
+        .get("pid")
+        .and_then(crate::protocol::non_negative_integer)
+        .and_then(|n| u32::try_from(n).ok())
+        .filter(|&pid| pid != 0)?;
+    let acquired_at = value.get("acquiredAt")?.as_str()?.to_owned();
+    let acquired = time::parse_iso8601(&acquired_at)?;
+    Some(Owner {
+        pid,
+        acquired_at,
+        acquired,
+    })
+}
+
+/// Whether process `pid` certainly no longer exists. A pid this system cannot have is
+/// gone; one we may not signal (another user's) exists.
+pub fn pid_is_gone(pid: u32) -> bool {
+    let Some(pid) = i32::try_from(pid)
+        .ok()
+        .and_then(rustix::process::Pid::from_raw)
+    else {
+        return true;
+    };
+    rustix::process::test_kill_process(pid) == Err(rustix::io::Errno::SRCH)
+}
+
+/// Whether `then` is more than [`STALE_AGE`] before `now` (a time in the future is
+/// not old).
+fn older_than_stale_age(then: SystemTime, now: SystemTime) -> bool {
+    now.duration_since(then).is_ok_and(|age| age > STALE_AGE)
+}
+
+/// Why the lock of fingerprint `print` is stale, or `None` if it is live.
+fn staleness(print: &Fingerprint, now: SystemTime) -> Option<String> {
+    match print.owner.as_deref().and_then(parse_owner) {
+        Some(owner) if pid_is_gone(owner.pid) => {
+            Some(format!("its owner, process {}, is gone", owner.pid))
+        }
+        Some(owner) if older_than_stale_age(owner.acquired, now) => Some(format!(
+            "process {} took it at {}, over {} s ago",
+            owner.pid,
+            owner.acquired_at,
+            STALE_AGE.as_secs()
+        )),
+        Some(_) => None,
+        None => print
+            .mtime
+            .filter(|&mtime| older_than_stale_age(mtime, now))
+            .map(|_| {
+                format!(
+                    "it has no readable {OWNER_FILE} and is over {} s old",
+                    STALE_AGE.as_secs()
+                )
+            }),
+    }
+}
+
+/// Distinguishes the names stale locks are moved to by this process.
+static MOVED: AtomicU64 = AtomicU64::new(0);
+
+/// Clears what holds the lock's name if it is stale (a stale lock directory, or a
+/// leftover lock file no process holds), and returns whether it did. `false` when it
+/// is live, or when it vanished meanwhile (the caller tries again either way).
+fn clear_if_stale(path: &Path) -> io::Result<bool> {
+    let (print, meta) = match fingerprint(path) {
+        Ok(found) => found,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(true),
+        Err(e) => return Err(e),
+    };
+    if meta.file_type().is_file() {
+        return migrate_lock_file(path);
+    }
+    if !meta.is_dir() {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidData,
+            format!(
+                "{}: neither a lock directory nor a lock file; remove it",
+                path.display()
+            ),
+        ));
+    }
+    let Some(why) = staleness(&print, SystemTime::now()) else {
+        return Ok(false);
+    };
+    let mut moved = path.as_os_str().to_owned();
+    moved.push(format!(
+        ".stale-{}-{}",
+        std::process::id(),
+        MOVED.fetch_add(1, Ordering::Relaxed)
+    ));
+    let moved = PathBuf::from(moved);
+    match fs::rename(path, &moved) {
+        Ok(()) => {}
+        // Another waiter cleared it first.
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(true),
+        Err(e) => return Err(e),
+    }
+    if fingerprint(&moved)?.0 != print {
+        // Between the check and the rename another waiter cleared the stale lock and
+        // a third took the name afresh: this is that fresh lock. Put it back (never
+        // over a newer one).
+        return match rustix::fs::renameat_with(
+            rustix::fs::CWD,
+            &moved,
+            rustix::fs::CWD,
+            path,
+            rustix::fs::RenameFlags::NOREPLACE,
+        ) {
+            Ok(()) => Ok(false),
+            Err(e) => {
+                log::warn!(
+                    "{}: moved a live lock aside by accident and cannot put it back ({e}); removing it",
+                    path.display()
+                );
+                fs::remove_dir_all(&moved)?;
+                Ok(true)
+            }
+        };
+    }
+    fs::remove_dir_all(&moved)?;
+    log::warn!("{}: removed a stale lock: {why}", path.display());
+    Ok(true)
+}
+
+/// Removes a leftover lock *file* at `path` (earlier loopbus releases) if no process
+/// holds its `flock`, and returns whether it did.
+fn migrate_lock_file(path: &Path) -> io::Result<bool> {
+    use rustix::fs::OFlags;
+    let flags = OFlags::NOFOLLOW | OFlags::NONBLOCK | OFlags::CLOEXEC;
+    let file: File = match OpenOptions::new()
+        .read(true)
+        // Lossless: open(2) flags are a C int.
+        .custom_flags(flags.bits() as i32)
+        .open(path)
+    {
+        Ok(file) => file,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(true),
+        Err(e) => return Err(e),
+    };
+    match file.try_lock() {
+        Ok(()) => {}
+        Err(fs::TryLockError::WouldBlock) => return Ok(false),
+        Err(fs::TryLockError::Error(e)) => return Err(e),
+    }
+    match fs::remove_file(path) {
+        Ok(()) => {
+            log::info!(
+                "{}: removed the lock file of an earlier loopbus release",
+                path.display()
+            );
+            Ok(true)
+        }
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(true),
+        Err(e) => Err(e),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::files::test_support::TestDir;
+
+    /// The pid of a process that has exited and been reaped.
+    fn dead_pid() -> u32 {
+        let mut child = std::process::Command::new("true").spawn().unwrap();
+        let pid = child.id();
+        child.wait().unwrap();
+        pid
+    }
+
+    fn iso_ago(secs: u64) -> String {
+        time::iso8601(SystemTime::now() - Duration::from_secs(secs))
+    }
+
+    /// Makes a lock directory under `root` as another program would, with
+    /// `owner` (if any) as its `owner.json`.
+    fn plant(root: &Path, owner: Option<Value>) -> PathBuf {
+        let path = lock_path(root);
+        fs::create_dir(&path).unwrap();
+        if let Some(owner) = owner {
+            fs::write(path.join(OWNER_FILE), owner.to_string()).unwrap();
+        }
+        path
+    }
+
+    fn set_mtime_ago(path: &Path, secs: u64) {
+        let dir = File::open(path).unwrap();
+        dir.set_modified(SystemTime::now() - Duration::from_secs(secs))
+            .unwrap();
+    }
+
+    #[test]
+    fn the_lock_is_a_directory_with_owner_json_and_is_removed_on_release() {
+        let dir = TestDir::new("rlock-shape");
+        let root = dir.path();
+        let path = lock_path(root);
+        assert_eq!(path, root.join(".bus-registry.json.lock"));
+        let seen = with_registry_lock(root, || {
+            let meta = fs::symlink_metadata(&path)?;
+            let owner = read_owner(&path).ok_or_else(|| io::Error::other("no owner"))?;
+            let file_mode = fs::metadata(path.join(OWNER_FILE))?.permissions().mode();
+            Ok((
+                meta.is_dir(),
+                meta.permissions().mode() & 0o777,
+                file_mode & 0o777,
+                owner.pid,
+            ))
+        })
+        .unwrap();
+        assert_eq!(seen, (true, 0o700, 0o600, std::process::id()));
+        assert!(!path.exists(), "released");
+        // An error from the closure is returned, and the lock is released all the same.
+        let err = with_registry_lock(root, || Err::<(), _>(io::Error::other("boom"))).unwrap_err();
+        assert_eq!(err.to_string(), "boom");
+        assert!(!path.exists());
+    }
+
+    #[test]
+    fn stale_lock_directories_are_recovered() {
+        let live = std::process::id();
+        let cases: Vec<(&str, Option<Value>, Option<u64>)> = vec![
+            (
+                "dead pid",
+                Some(serde_json::json!({"pid": dead_pid(), "acquiredAt": iso_ago(0)})),
+                None,
+            ),
+            (
+                "old acquiredAt",
+                Some(serde_json::json!({"pid": live, "acquiredAt": iso_ago(31)})),
+                None,
+            ),
+            ("no owner.json, old mtime", None, Some(31)),
+            (
+                "unreadable owner.json, old mtime",
+                Some(serde_json::json!("torn")),
+                Some(31),
+            ),
+        ];
+        for (what, owner, mtime_ago) in cases {
+            let dir = TestDir::new("rlock-stale");
+            let path = plant(dir.path(), owner);
+            if let Some(secs) = mtime_ago {
+                set_mtime_ago(&path, secs);
+            }
+            let held = acquire(dir.path(), Duration::ZERO).unwrap();
+            let held = held.unwrap_or_else(|| panic!("{what}: not recovered"));
+            assert_eq!(read_owner(&path).unwrap().pid, live, "{what}");
+            held.release().unwrap();
+            let left: Vec<_> = fs::read_dir(dir.path()).unwrap().collect();
+            assert!(left.is_empty(), "{what}: {left:?}");
+        }
+    }
+
+    #[test]
+    fn a_live_lock_is_waited_for_then_fails_clearly() {
+        let live = std::process::id();
+        let cases: Vec<(&str, Option<Value>)> = vec![
+            (
+                "live pid, fresh acquiredAt",
+                Some(serde_json::json!({"pid": live, "acquiredAt": iso_ago(1)})),
+            ),
+            ("no owner.json yet, fresh mtime", None),
+            (
+                "owner.json being written",
+                Some(serde_json::json!({"pid": live})),
+            ),
+        ];
+        for (what, owner) in cases {
+            let dir = TestDir::new("rlock-live");
+            let path = plant(dir.path(), owner);
+            let started = Instant::now();
+            let patience = Duration::from_millis(60);
+            assert!(acquire(dir.path(), patience).unwrap().is_none(), "{what}");
+            assert!(started.elapsed() >= patience, "{what}");
+            assert!(path.is_dir(), "{what}: a live lock is left alone");
+        }
+        let err = timed_out(Path::new("/r"), LOCK_PATIENCE);
+        assert_eq!(err.kind(), io::ErrorKind::TimedOut);
+        let shown = err.to_string();
+        assert!(shown.contains("/r/.bus-registry.json.lock"), "{shown}");
+        assert!(shown.contains("10 s"), "{shown}");
+    }
+
+    #[test]
+    fn a_leftover_lock_file_is_migrated_unless_held() {
+        let dir = TestDir::new("rlock-file");
+        let path = lock_path(dir.path());
+        fs::write(&path, b"").unwrap();
+        let holder = File::open(&path).unwrap();
+        holder.lock().unwrap();
+        assert!(acquire(dir.path(), Duration::from_millis(30))
+            .unwrap()
+            .is_none());
+        assert!(path.is_file(), "a held lock file is left alone");
+        drop(holder);
+        let held = acquire(dir.path(), Duration::ZERO).unwrap().unwrap();
+        assert!(path.is_dir());
+        held.release().unwrap();
+        assert!(!path.exists());
+    }
+
+    #[test]
+    fn a_lock_moved_aside_by_a_late_waiter_is_put_back() {
+        // A waiter judged an old lock stale; before it renamed, the stale lock was
+        // cleared and a fresh one taken (often with the same inode). Its rename then
+        // moves the fresh lock, which it must notice by the fingerprint and put back.
+        let dir = TestDir::new("rlock-race");
+        let stale_owner = serde_json::json!({"pid": dead_pid(), "acquiredAt": iso_ago(0)});
+        let path = plant(dir.path(), Some(stale_owner));
+        let (judged, _) = fingerprint(&path).unwrap();
+        assert!(staleness(&judged, SystemTime::now()).is_some());
+        fs::remove_dir_all(&path).unwrap();
+        let fresh = acquire(dir.path(), Duration::ZERO).unwrap().unwrap();
+        let moved = dir.path().join("moved");
+        fs::rename(&path, &moved).unwrap();
+        assert_ne!(fingerprint(&moved).unwrap().0, judged);
+        fs::rename(&moved, &path).unwrap();
+        // The real code path: a live lock is not cleared.
+        assert!(!clear_if_stale(&path).unwrap());
+        assert!(path.join(OWNER_FILE).is_file());
+        fresh.release().unwrap();
+        assert!(!path.exists());
+    }
+
+    #[test]
+    fn release_leaves_a_lock_that_replaced_ours() {
+        let dir = TestDir::new("rlock-replaced");
+        let held = acquire(dir.path(), Duration::ZERO).unwrap().unwrap();
+        let path = lock_path(dir.path());
+        fs::remove_file(path.join(OWNER_FILE)).unwrap();
+        fs::remove_dir(&path).unwrap();
+        plant(
+            dir.path(),
+            Some(serde_json::json!({"pid": 1, "acquiredAt": iso_ago(0)})),
+        );
+        held.release().unwrap();
+        assert!(
+            path.join(OWNER_FILE).is_file(),
+            "another holder's lock is kept"
+        );
+    }
+
+    #[test]
+    fn owner_json_parsing_and_pid_liveness() {
+        let t = "2026-01-01T00:00:00.000Z";
+        let cases: &[(&str, Option<u32>)] = &[
+            (
+                r#"{"pid": 42, "acquiredAt": "2026-01-01T00:00:00.000Z"}"#,
+                Some(42),
+            ),
+            (
+                r#"{"pid": 42.0, "acquiredAt": "2026-01-01T00:00:00.000Z", "x": 1}"#,
+                Some(42),
+            ),
+            (
+                r#"{"pid": 0, "acquiredAt": "2026-01-01T00:00:00.000Z"}"#,
+                None,
+            ),
+            (
+                r#"{"pid": "42", "acquiredAt": "2026-01-01T00:00:00.000Z"}"#,
+                None,
+            ),
+            (r#"{"pid": 42, "acquiredAt": "soon"}"#, None),
+            (r#"{"pid": 42}"#, None),
+            (r#"{"pid": 42, "acq"#, None),
+            ("", None),
+        ];
+        for (text, want) in cases {
+            let got = parse_owner(text.as_bytes());
+            assert_eq!(got.as_ref().map(|o| o.pid), *want, "{text}");
+            if let Some(owner) = got {
+                assert_eq!(owner.acquired_at, t);
+            }
+        }
+        assert!(!pid_is_gone(std::process::id()));
+        assert!(!pid_is_gone(1), "another user's process exists");
+        assert!(pid_is_gone(dead_pid()));
+        assert!(pid_is_gone(u32::MAX));
+        let now = SystemTime::now();
+        assert!(older_than_stale_age(now - Duration::from_secs(31), now));
+        assert!(!older_than_stale_age(now - Duration::from_secs(29), now));
+        assert!(!older_than_stale_age(now + Duration::from_secs(100), now));
+    }
+}
