@@ -92,6 +92,32 @@ fn bug_a_typo_in_a_key_opened_the_instance_at_startup() {
     }
 }
 
+#[test]
+fn bug_a_repeated_key_let_the_last_value_open_the_instance() {
+    let root = TestRoot::new("strict-dup");
+    for (i, text) in [
+        r#"{"bus":{"peers":["a"],"peers":"*"}}"#,
+        r#"{"bus":{"peers":[]},"bus":{"peers":"*"}}"#,
+        r#"{"bus":{"peers":"*","maxDepth":1,"maxDepth":100}}"#,
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let name = format!("dup{i}");
+        // Written by hand: a JSON value can't hold a key twice.
+        let path = root.write_config(&name, &json!({}));
+        std::fs::write(&path, text).unwrap();
+        let output = serve_until_exit(&root, &name);
+        let context = format!("{text}\n{}", describe(&["serve"], &output));
+        assert_eq!(output.status.code(), Some(2), "{context}");
+        assert!(
+            String::from_utf8_lossy(&output.stderr).contains("appears twice"),
+            "{context}"
+        );
+        assert!(root.registry()["instances"][&name].is_null(), "{context}");
+    }
+}
+
 /// A talk from `from` at `depth`, answered with the envelope's error code (`"ok"` for a
 /// success).
 fn outcome(w: &Instance, from: &str, depth: u64) -> String {

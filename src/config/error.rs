@@ -29,6 +29,8 @@ pub(super) enum Problem {
         path: String,
         suggestion: Option<String>,
     },
+    /// A key appears twice in one object.
+    DuplicateKey { path: String },
 }
 
 /// Longest key path shown in an error; a longer one is cut (its full text stays in
@@ -41,7 +43,9 @@ impl ConfigError {
     /// one field's.
     pub fn field(&self) -> Option<&str> {
         match &self.problem {
-            Problem::Field { path, .. } | Problem::UnknownKey { path, .. } => Some(path),
+            Problem::Field { path, .. }
+            | Problem::UnknownKey { path, .. }
+            | Problem::DuplicateKey { path } => Some(path),
             _ => None,
         }
     }
@@ -61,6 +65,13 @@ impl ConfigError {
         ConfigError {
             file: CONFIG_FILE.to_owned(),
             problem: Problem::UnknownKey { path, suggestion },
+        }
+    }
+
+    pub(super) fn duplicate_key(path: String) -> ConfigError {
+        ConfigError {
+            file: CONFIG_FILE.to_owned(),
+            problem: Problem::DuplicateKey { path },
         }
     }
 
@@ -93,6 +104,12 @@ impl fmt::Display for ConfigError {
                     None => Ok(()),
                 }
             }
+            Problem::DuplicateKey { path } => write!(
+                f,
+                "{}: key {} appears twice; keep one (a JSON parser would keep the last)",
+                self.file,
+                shown_key(path)
+            ),
         }
     }
 }

@@ -19,6 +19,7 @@ use serde_json::Value;
 
 use crate::secret::Secret;
 
+mod duplicates;
 mod error;
 mod keys;
 mod parse;

@@ -21,6 +21,9 @@ use crate::secret::Secret;
 /// The bytes are not JSON, not an object, an object holds a key the config may not
 /// have (checked first, object by object), or a field has a value it may not have.
 pub fn parse(bytes: &[u8]) -> Result<Config, ConfigError> {
+    if let Some(path) = super::duplicates::first_duplicate(bytes) {
+        return Err(ConfigError::duplicate_key(path));
+    }
     let value: Value = serde_json::from_slice(bytes).map_err(|err| ConfigError {
         file: CONFIG_FILE.to_owned(),
         problem: Problem::Syntax {
