@@ -12,14 +12,10 @@ use std::fmt;
 /// not JSON give `None` too: the parse that follows reports them.
 pub(super) fn first_duplicate(bytes: &[u8]) -> Option<String> {
     let mut deserializer = serde_json::Deserializer::from_slice(bytes);
-    match (Walk {
+    let walk = Walk {
         path: String::new(),
-    })
-    .deserialize(&mut deserializer)
-    {
-        Ok(found) => found,
-        Err(_) => None,
-    }
+    };
+    walk.deserialize(&mut deserializer).unwrap_or_default()
 }
 
 /// Walks one value at `path`; yields the first duplicate found under it.
