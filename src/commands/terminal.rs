@@ -27,12 +27,13 @@ pub fn escape_controls(text: &str) -> Cow<'_, str> {
 
 /// A JSON text with every control character left in it (serde_json leaves DEL and the
 /// C1 controls as they are) written as a `\u00XX` escape: the same JSON value, safe
-/// for a terminal. Control characters can stand only inside strings, where the
-/// escape means the same.
+/// for a terminal. Newline and tab are left alone: serde_json escapes them inside
+/// strings, so raw ones are the layout of pretty-printed JSON. Other control
+/// characters can stand only inside strings, where the escape means the same.
 pub fn escape_json_controls(json: &str) -> Cow<'_, str> {
     escape_with(
         json,
-        |_| true,
+        |c| c != '\n' && c != '\t',
         |out, c| {
             let _ = write!(out, "\\u{:04x}", u32::from(c));
         },
@@ -99,6 +100,11 @@ mod tests {
                 r#"{"text":"a\u007fb\u009bc"}"#,
             ),
             ("{\"text\":\"é\"}", "{\"text\":\"é\"}"),
+            // Regression: pretty-printed JSON came out on one line of `\u000a`s.
+            (
+                "{\n  \"text\": \"a\\nb\u{7f}\"\n}",
+                "{\n  \"text\": \"a\\nb\\u007f\"\n}",
+            ),
         ];
         for (input, want) in cases {
             let got = escape_json_controls(input);
