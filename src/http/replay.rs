@@ -317,6 +317,19 @@ mod tests {
         }
     }
 
+    /// The same bug's other face: leading blank lines, then more than the head limit of
+    /// garbage. Whole, the leading blank line made it parse (400); split, 431.
+    #[test]
+    fn bug_leading_blank_lines_before_an_oversized_malformed_head_got_431_when_split() {
+        let mut raw = b"\r\n\r\nGARBAGE\x01".to_vec();
+        raw.resize(super::super::headers::MAX_HEAD_BYTES + 64, b'a');
+        let whole = replay(&raw, &[]).answers;
+        assert_eq!(status(&whole), "431");
+        for cuts in [&[1][..], &[2], &[4], &[5, 9], &[4, 100, 16_000, 16_390]] {
+            assert_eq!(replay(&raw, cuts).answers, whole, "cuts {cuts:?}");
+        }
+    }
+
     #[test]
     fn a_body_that_never_comes_is_answered_408_after_its_timeout() {
         let whole = assert_split_invariant(b"POST /b HTTP/1.1\r\nContent-Length: 9\r\n\r\nabc");
