@@ -67,7 +67,9 @@ pub mod __cli {
     pub use crate::commands::entry::run;
 }
 
-/// The parsers the fuzz targets and the benchmark drive; not part of the API.
+/// The parsers the fuzz targets and the benchmark drive, and the replay of a byte
+/// stream through one server connection that the differential fuzz target compares
+/// whole and split (`http::replay`); not part of the API.
 #[doc(hidden)]
 pub mod __internals {
     pub use crate::http::client::parse_response_head;
