@@ -3,7 +3,7 @@ CARGO ?= cargo
 DEMO_DIR := .loopbus/demo
 BIN := target/debug/loopbus
 
-.PHONY: all build run test fmt lint bench clean
+.PHONY: all build run test fmt lint bench fuzz clean
 
 all: build
 
@@ -24,6 +24,23 @@ test:
 
 fmt:
 	$(CARGO) fmt --all
+
+# Runs every fuzz target in fuzz/ for FUZZ_SECS seconds each (nightly and cargo-fuzz;
+# never part of `make test`, which is stable-only). FUZZ_TARGETS picks a subset. The
+# committed seeds in fuzz/corpus/TARGET are read only; new finds go to
+# fuzz/target/corpus/TARGET, crashes to fuzz/artifacts/TARGET.
+FUZZ_SECS ?= 60
+# Extra libFuzzer flags, e.g. FUZZ_ARGS=-max_len=20000 to reach the 16 KiB head limit.
+FUZZ_ARGS ?=
+FUZZ_TARGETS ?= request_head request_split request_body response_body registry_file config_file
+fuzz:
+	@$(CARGO) fuzz --version >/dev/null 2>&1 || { echo "make fuzz needs cargo-fuzz: cargo install cargo-fuzz (and a nightly toolchain: rustup toolchain install nightly)"; exit 1; }
+	@for target in $(FUZZ_TARGETS); do \
+		echo "== fuzz $$target for $(FUZZ_SECS) s"; \
+		mkdir -p fuzz/target/corpus/$$target; \
+		(cd fuzz && $(CARGO) +nightly fuzz run $$target target/corpus/$$target corpus/$$target \
+			-- -max_total_time=$(FUZZ_SECS) $(FUZZ_ARGS)) || exit 1; \
+	done
 
 bench:
 	$(CARGO) build --locked --release

@@ -67,12 +67,20 @@ pub mod __cli {
     pub use crate::commands::entry::{report, run};
 }
 
-/// The parsers the fuzz targets and the benchmark drive; not part of the API.
+/// The parsers the fuzz targets and the benchmark drive, and the replay of a byte
+/// stream through one server connection that the differential fuzz target compares
+/// whole and split (`http::replay`); not part of the API.
 #[doc(hidden)]
 pub mod __internals {
     pub use crate::http::client::parse_response_head;
+    pub use crate::http::replay::{
+        replay, Answers, Pending, Replayed, MAX_EXPIRIES, MAX_REPLAY_BODY,
+    };
     pub use crate::http::{parse_request_head, MAX_HEADERS, MAX_HEAD_BYTES};
     pub use crate::protocol::parse_health;
+    pub use crate::registry::store::{
+        parse as parse_registry, Entry as RegistryEntry, Parsed as ParsedRegistry,
+    };
     pub use crate::time::now_iso8601;
 }
 

@@ -195,6 +195,18 @@ fn has_blank_line(bytes: &[u8]) -> bool {
     })
 }
 
+/// How many bytes of complete empty lines (`\r\n` or `\n`) `bytes` starts with.
+fn leading_empty_lines(bytes: &[u8]) -> usize {
+    let mut at = 0;
+    loop {
+        match bytes.get(at..) {
+            Some([b'\n', ..]) => at += 1,
+            Some([b'\r', b'\n', ..]) => at += 2,
+            _ => return at,
+        }
+    }
+}
+
 pub(super) enum ParseOutcome {
     Complete(Head, usize),
     Partial,
@@ -209,9 +221,12 @@ pub(super) enum ParseOutcome {
 /// that byte, not a parse of the whole buffer, per read.
 pub(super) fn parse_head(buf: &[u8], scanned: &mut usize, now: Instant) -> ParseOutcome {
     let window = &buf[..buf.len().min(MAX_HEAD_BYTES + 1)];
-    // The end of a head is an empty line: "\n\n" or "\n\r\n". Re-scan the last two
-    // bytes already seen, since a terminator may straddle two reads.
-    let from = (*scanned).min(window.len()).saturating_sub(2);
+    // The end of a head is an empty line: "\n\n" or "\n\r\n", after the empty lines a
+    // head may start with (ignored, as `httparse` does; they still count towards the
+    // limit). Re-scan the last two bytes already seen, since a terminator may straddle
+    // two reads. Whatever the reads, a parse is tried once the bytes hold an end.
+    let lead = leading_empty_lines(window);
+    let from = (*scanned).min(window.len()).saturating_sub(2).max(lead);
     let tail = &window[from..];
     if !has_blank_line(tail) {
         *scanned = window.len();
@@ -428,5 +443,36 @@ mod tests {
         assert!(String::from_utf8(r.serialize(true))
             .unwrap()
             .contains("Connection: close\r\n"));
+    }
+
+    /// What parsing `raw` gives when it arrives in two reads cut at `cut`: a status
+    /// name, the same whatever the cut.
+    fn outcome_split_at(raw: &[u8], cut: usize) -> String {
+        let mut scanned = 0;
+        let _ = parse_head(&raw[..cut], &mut scanned, Instant::now());
+        match parse_head(raw, &mut scanned, Instant::now()) {
+            ParseOutcome::Complete(_, n) => format!("complete {n}"),
+            ParseOutcome::Partial => "partial".to_owned(),
+            ParseOutcome::Error(error) => format!("{error:?}"),
+        }
+    }
+
+    /// Found by the `request_split` fuzz target: a leading empty line passed for the
+    /// end of a head, so `\r\n\r\nGARBAGE\x01\r\n` read at once was parsed (400), but
+    /// read after its blank lines was never parsed again (silence until the timeout,
+    /// or 431 at the limit). Leading empty lines are now skipped by the end scan.
+    #[test]
+    fn bug_a_leading_empty_line_passed_for_the_end_of_a_head() {
+        for (raw, want) in [
+            (&b"\r\n\r\nGARBAGE\x01\r\n"[..], "partial"),
+            (b"\n\n\x00\r\n", "partial"),
+            (b"\n\r\n\r", "partial"),
+            (b"\r\n\r\nGARBAGE\x01\r\n\r\n", "MalformedHead"),
+            (b"\r\n\nGET / HTTP/1.1\r\n\r\n", "complete 21"),
+        ] {
+            for cut in 0..=raw.len() {
+                assert_eq!(outcome_split_at(raw, cut), want, "{raw:?} cut at {cut}");
+            }
+        }
     }
 }

@@ -22,7 +22,9 @@
 //! - `drive`: running one connection on its socket, and the body budget;
 //! - `service`: the callbacks between the loop and the service;
 //! - `listener`: loopback-only binding and the connection cap;
-//! - [`client`]: the client direction, a blocking loopback client.
+//! - [`client`]: the client direction, a blocking loopback client;
+//! - [`replay`]: bytes fed to one `conn` in chosen pieces with a stub service, for the
+//!   differential fuzz target and tests only.
 
 pub mod client;
 mod conn;
@@ -31,6 +33,7 @@ mod event_loop;
 mod headers;
 mod listener;
 mod message;
+pub mod replay;
 mod service;
 
 pub use event_loop::EventLoop;

@@ -412,15 +412,17 @@ fn save(path: &Path, document: Map<String, Value>) -> io::Result<()> {
 }
 
 /// What a registry file holds.
-struct Parsed {
+#[derive(Debug)]
+pub struct Parsed {
     /// The valid entries.
-    entries: BTreeMap<InstanceName, Entry>,
+    pub entries: BTreeMap<InstanceName, Entry>,
     /// Why each invalid entry was skipped. Never contains a secret.
-    skipped: Vec<String>,
+    pub skipped: Vec<String>,
 }
 
-/// Parses a registry file, or says why the whole file is unusable.
-fn parse(bytes: &[u8]) -> Result<Parsed, &'static str> {
+/// Parses a registry file, or says why the whole file is unusable. Pure; public for
+/// the fuzz target only (through `loopbus::__internals`).
+pub fn parse(bytes: &[u8]) -> Result<Parsed, &'static str> {
     let document: Value = serde_json::from_slice(bytes).map_err(|_| "not valid JSON")?;
     let Some(Value::Object(instances)) = document.get("instances") else {
         return Err("not of the form {\"instances\": {...}}");
