@@ -96,7 +96,10 @@ impl fmt::Display for ConfigError {
                 self.file
             ),
             Problem::NotAnObject => write!(f, "{}: must be a JSON object", self.file),
-            Problem::Field { path, message } => write!(f, "{}: {path}: {message}", self.file),
+            // A path can carry a name from the file (`engine.env.<name>`): shown like a key.
+            Problem::Field { path, message } => {
+                write!(f, "{}: {}: {message}", self.file, shown_key(path))
+            }
             Problem::UnknownKey { path, suggestion } => {
                 write!(f, "{}: unknown key {}", self.file, shown_key(path))?;
                 match suggestion {
