@@ -272,6 +272,13 @@ impl DelegateError {
             DelegateError::ForeignListener { .. } => false,
             // Trying again reaches the same squatter: an operator must look.
             DelegateError::Unproven { .. } => false,
+            // A registry we may not read, or may not trust (another user's, or
+            // writable by others: contract 1), stays so until someone fixes it.
+            DelegateError::Registry { error, .. }
+                if error.kind() == std::io::ErrorKind::PermissionDenied =>
+            {
+                false
+            }
             other => other.code().retryable(),
         }
     }
@@ -632,6 +639,14 @@ mod tests {
                 DelegateError::Registry {
                     path: "/r/.bus-registry.json".into(),
                     error: io(std::io::ErrorKind::PermissionDenied),
+                },
+                "instance_unavailable",
+                false,
+            ),
+            (
+                DelegateError::Registry {
+                    path: "/r/.bus-registry.json".into(),
+                    error: io(std::io::ErrorKind::Interrupted),
                 },
                 "instance_unavailable",
                 true,

@@ -275,6 +275,22 @@ fn open_lock_file(path: &Path) -> io::Result<File> {
 /// `NotFound` and other open errors as they are; `InvalidData` when it is a symlink,
 /// is not a regular file or is larger than `max`.
 pub fn read_regular_file(path: &Path, max: u64) -> io::Result<Vec<u8>> {
+    read_checked(path, max, false)
+}
+
+/// [`read_regular_file`] for a file whose contents decide where secrets and prompts
+/// go (the registry): the open handle's owner and mode must pass
+/// [`check_trusted_metadata`] too.
+///
+/// # Errors
+///
+/// As [`read_regular_file`], and `PermissionDenied` wrapping an [`Untrusted`].
+pub fn read_trusted_file(path: &Path, max: u64) -> io::Result<Vec<u8>> {
+    read_checked(path, max, true)
+}
+
+/// Reads a regular file no-follow, checking the handle's owner and mode if `trusted`.
+fn read_checked(path: &Path, max: u64, trusted: bool) -> io::Result<Vec<u8>> {
     use rustix::fs::{Mode, OFlags};
     let file = open_no_follow(path, OFlags::RDONLY, Mode::empty())?;
     let metadata = file.metadata()?;
@@ -283,6 +299,9 @@ pub fn read_regular_file(path: &Path, max: u64) -> io::Result<Vec<u8>> {
             io::ErrorKind::InvalidData,
             "not a regular file",
         ));
+    }
+    if trusted {
+        check_trusted_metadata(path, &metadata, TrustKind::File)?;
     }
     if metadata.len() > max {
         return Err(io::Error::new(
@@ -410,6 +429,141 @@ pub fn create_dir_private(path: &Path) -> io::Result<()> {
 pub fn mode_is_wider(path: &Path, allowed: u32) -> io::Result<Option<u32>> {
     let mode = fs::metadata(path)?.permissions().mode() & 0o7777;
     Ok((mode & !allowed != 0).then_some(mode))
+}
+
+// ---------------------------------------------------------------------------------------
+// Trust: who may have written a state file
+
+/// Permission bits that let the group or others change a file or a directory's entries.
+const GROUP_OTHER_WRITE: u32 = 0o022;
+
+/// What [`check_trusted`] checks, for its messages.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum TrustKind {
+    /// A state file (the registry, config.json).
+    File,
+    /// A state directory or a channel root.
+    Dir,
+}
+
+/// A file or directory that another user may have written, so its contents can't be
+/// trusted: it is owned by another uid than ours (and not by root), or it is writable
+/// by its group or by others. The message names the path, owner, mode and the fix.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Untrusted {
+    /// The path checked.
+    pub path: PathBuf,
+    /// File or directory.
+    pub kind: TrustKind,
+    /// Its owner's uid.
+    pub owner: u32,
+    /// Its permission bits.
+    pub mode: u32,
+    /// Our effective uid.
+    pub us: u32,
+}
+
+impl std::fmt::Display for Untrusted {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let what = match self.kind {
+            TrustKind::File => "file",
+            TrustKind::Dir => "directory",
+        };
+        let path = self.path.display();
+        write!(
+            f,
+            "refusing {path}: this {what} is owned by uid {} with mode {:o}",
+            self.owner, self.mode
+        )?;
+        if !owner_trusted(self.owner, self.us) {
+            write!(
+                f,
+                ", not by us (uid {}): another user may have planted it; remove it, or \
+                 `chown {} {path}` if it is really ours",
+                self.us, self.us
+            )
+        } else {
+            write!(
+                f,
+                ", writable by others than its owner; run `chmod go-w {path}`"
+            )
+        }
+    }
+}
+
+impl std::error::Error for Untrusted {}
+
+/// Whether files of `owner` are trusted by the process running as `us`: our own, and
+/// root's (root can write anything of ours anyway).
+fn owner_trusted(owner: u32, us: u32) -> bool {
+    owner == us || owner == 0
+}
+
+/// Checks that `metadata` (of `path`) is of a file or directory no other user may
+/// have written: owned by us or by root, and not writable by group or others. A
+/// directory writable by others is refused even with the sticky bit: a channel root
+/// or a state directory must be private to us (contract 1).
+///
+/// # Errors
+///
+/// `PermissionDenied` wrapping an [`Untrusted`] (see [`untrusted`]).
+pub fn check_trusted_metadata(
+    path: &Path,
+    metadata: &fs::Metadata,
+    kind: TrustKind,
+) -> io::Result<()> {
+    use std::os::unix::fs::MetadataExt;
+    let us = rustix::process::geteuid().as_raw();
+    let mode = metadata.mode() & 0o7777;
+    if owner_trusted(metadata.uid(), us) && mode & GROUP_OTHER_WRITE == 0 {
+        return Ok(());
+    }
+    Err(io::Error::new(
+        io::ErrorKind::PermissionDenied,
+        Untrusted {
+            path: path.to_path_buf(),
+            kind,
+            owner: metadata.uid(),
+            mode,
+            us,
+        },
+    ))
+}
+
+/// [`check_trusted_metadata`] for the file or directory at `path`. A symlink is
+/// trusted only if it is owned by us or root, and then its target is checked.
+///
+/// # Errors
+///
+/// Any error reading the metadata (`NotFound` for a missing path), or
+/// `PermissionDenied` wrapping an [`Untrusted`].
+pub fn check_trusted(path: &Path, kind: TrustKind) -> io::Result<()> {
+    use std::os::unix::fs::MetadataExt;
+    let link = fs::symlink_metadata(path)?;
+    if !link.file_type().is_symlink() {
+        return check_trusted_metadata(path, &link, kind);
+    }
+    let us = rustix::process::geteuid().as_raw();
+    if !owner_trusted(link.uid(), us) {
+        return Err(io::Error::new(
+            io::ErrorKind::PermissionDenied,
+            Untrusted {
+                path: path.to_path_buf(),
+                kind,
+                owner: link.uid(),
+                mode: link.mode() & 0o7777,
+                us,
+            },
+        ));
+    }
+    check_trusted_metadata(path, &fs::metadata(path)?, kind)
+}
+
+/// The [`Untrusted`] inside an error of [`check_trusted`] or [`read_trusted_file`], if
+/// that is what it is.
+pub fn untrusted(err: &io::Error) -> Option<&Untrusted> {
+    err.get_ref()?.downcast_ref()
 }
 
 // ---------------------------------------------------------------------------------------
@@ -702,6 +856,55 @@ mod tests {
             );
         }
         assert!(mode_is_wider(&dir.path().join("absent"), 0o600).is_err());
+    }
+
+    #[test]
+    fn bug_files_other_users_could_write_were_trusted() {
+        let dir = TestDir::new("files-trust");
+        let file = dir.path().join("registry.json");
+        fs::write(&file, b"{}").unwrap();
+        for (mode, trusted) in [(0o600, true), (0o644, true), (0o620, false), (0o606, false)] {
+            fs::set_permissions(&file, Permissions::from_mode(mode)).unwrap();
+            let got = read_trusted_file(&file, 10);
+            assert_eq!(got.is_ok(), trusted, "{mode:o}: {got:?}");
+            if let Err(err) = got {
+                assert_eq!(err.kind(), io::ErrorKind::PermissionDenied);
+                let refused = untrusted(&err).unwrap();
+                assert_eq!((refused.mode, refused.kind), (mode, TrustKind::File));
+                assert!(err.to_string().contains("chmod go-w"), "{err}");
+            }
+        }
+        for (mode, trusted) in [
+            (0o700, true),
+            (0o755, true),
+            (0o777, false),
+            (0o1777, false),
+        ] {
+            fs::set_permissions(dir.path(), Permissions::from_mode(mode)).unwrap();
+            let got = check_trusted(dir.path(), TrustKind::Dir);
+            assert_eq!(got.is_ok(), trusted, "{mode:o}: {got:?}");
+        }
+        fs::set_permissions(dir.path(), Permissions::from_mode(0o700)).unwrap();
+        fs::set_permissions(&file, Permissions::from_mode(0o600)).unwrap();
+        if rustix::process::geteuid().is_root() {
+            std::os::unix::fs::chown(&file, Some(65534), None).unwrap();
+            let err = read_trusted_file(&file, 10).unwrap_err();
+            assert_eq!(untrusted(&err).unwrap().owner, 65534);
+            assert!(err.to_string().contains("uid 65534"), "{err}");
+            let link = dir.path().join("link");
+            std::os::unix::fs::symlink(dir.path(), &link).unwrap();
+            std::os::unix::fs::lchown(&link, Some(65534), None).unwrap();
+            assert!(
+                check_trusted(&link, TrustKind::Dir).is_err(),
+                "nobody's link"
+            );
+        }
+        assert_eq!(
+            check_trusted(&dir.path().join("absent"), TrustKind::File)
+                .unwrap_err()
+                .kind(),
+            io::ErrorKind::NotFound
+        );
     }
 
     #[test]

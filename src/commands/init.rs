@@ -63,6 +63,13 @@ pub fn run(args: &[String]) -> Result<i32, CommandError> {
     // The channel root holds the registry (secrets): create it private too, if missing.
     let root = registry::channel_root(&dir);
     for path in [&root, &dir] {
+        // An existing directory another user owns or may write to is refused
+        // (contract 1): that user could plant our registry or our config.
+        match files::check_trusted(path, files::TrustKind::Dir) {
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => return Err(local(untrusted_message(path, &e))),
+            Ok(()) => {}
+        }
         files::create_dir_private(path)
             .map_err(|e| local(format!("{}: cannot create: {e}", path.display())))?;
     }
@@ -83,4 +90,12 @@ pub fn run(args: &[String]) -> Result<i32, CommandError> {
     println!("wrote {} for instance {name}", path.display());
     println!("start it with: loopbus serve --state-dir {}", dir.display());
     Ok(EXIT_OK)
+}
+
+/// Why `init` refuses `path`: the owner, mode and fix when it is untrusted.
+fn untrusted_message(path: &std::path::Path, e: &std::io::Error) -> String {
+    match files::untrusted(e) {
+        Some(untrusted) => format!("{untrusted}; loopbus serve would refuse it too"),
+        None => format!("{}: cannot check its owner: {e}", path.display()),
+    }
 }

@@ -77,7 +77,8 @@ pub fn registry_path(root: &Path) -> PathBuf {
 /// The file exists but can't be read.
 pub fn read(root: &Path) -> io::Result<BTreeMap<InstanceName, Entry>> {
     let path = registry_path(root);
-    let bytes = match files::read_regular_file(&path, MAX_REGISTRY_BYTES) {
+    check_root(root)?;
+    let bytes = match files::read_trusted_file(&path, MAX_REGISTRY_BYTES) {
         Ok(bytes) => bytes,
         Err(err) if err.kind() == io::ErrorKind::NotFound => return Ok(BTreeMap::new()),
         Err(err) if err.kind() == io::ErrorKind::InvalidData => {
@@ -147,6 +148,21 @@ fn fresh_problems<'a>(
         fresh.push(problem.as_str());
     }
     fresh
+}
+
+/// Refuses a channel root that another user owns or may write to (contract 1): its
+/// registry decides where prompts and secrets go. A missing root is not refused (it
+/// has no registry).
+///
+/// # Errors
+///
+/// `PermissionDenied` wrapping a [`files::Untrusted`], or an error reading its
+/// metadata.
+fn check_root(root: &Path) -> io::Result<()> {
+    match files::check_trusted(root, files::TrustKind::Dir) {
+        Err(err) if err.kind() == io::ErrorKind::NotFound => Ok(()),
+        other => other,
+    }
 }
 
 /// Refuses what [`read`] would skip; the name is valid by its type.
@@ -373,8 +389,13 @@ pub fn remove_unchanged(
 ///
 /// The file exists but can't be read.
 fn load(path: &Path) -> io::Result<Map<String, Value>> {
-    set_aside_if_torn(path);
-    let bytes = match files::read_regular_file(path, MAX_REGISTRY_BYTES) {
+    check_root(path.parent().unwrap_or(Path::new(".")))?;
+    // Another user's file is refused, not set aside: it was never ours.
+    match files::check_trusted(path, files::TrustKind::File) {
+        Err(err) if err.kind() == io::ErrorKind::PermissionDenied => return Err(err),
+        _ => set_aside_if_torn(path),
+    }
+    let bytes = match files::read_trusted_file(path, MAX_REGISTRY_BYTES) {
         Ok(bytes) => bytes,
         Err(err) if err.kind() == io::ErrorKind::NotFound => return Ok(Map::new()),
         Err(err) => return Err(err),

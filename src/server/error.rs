@@ -33,6 +33,16 @@ pub enum ServeError {
         /// The connection cap (lower under a low open-files limit).
         cap: usize,
     },
+    /// The channel root, the state directory or config.json is another user's, or
+    /// writable by group or others (contract 1), so its contents can't be trusted: a
+    /// planted config runs its engine as us, a planted registry redirects prompts.
+    Untrusted {
+        /// The path refused.
+        path: PathBuf,
+        /// `PermissionDenied` wrapping the refusal (which names the
+        /// owner, the mode and the fix), or the error reading its metadata.
+        source: io::Error,
+    },
     /// The state directory's serve lock could not be taken.
     Lock {
         /// The state directory.
@@ -118,6 +128,10 @@ impl fmt::Display for ServeError {
                 room = http::max_authorized(*cap),
                 reserve = http::HEALTH_RESERVE,
             ),
+            ServeError::Untrusted { path, source } => match crate::files::untrusted(source) {
+                Some(untrusted) => write!(f, "{untrusted}"),
+                None => write!(f, "{}: cannot check its owner: {source}", path.display()),
+            },
             ServeError::Lock { state_dir, source } => {
                 write!(f, "{}: cannot lock: {source}", state_dir.display())
             }
@@ -152,6 +166,7 @@ impl std::error::Error for ServeError {
         match self {
             ServeError::Config { error, .. } => Some(error),
             ServeError::Lock { source, .. }
+            | ServeError::Untrusted { source, .. }
             | ServeError::Bind { source, .. }
             | ServeError::Setup { source, .. }
             | ServeError::Register { source, .. }

@@ -24,10 +24,6 @@ use std::sync::Arc;
 /// Locked by the running instance of a state directory, for its whole lifetime.
 pub const SERVE_LOCK_FILE: &str = ".serve.lock";
 
-/// Widest mode of the channel root that is not warned about: others may read and
-/// enter it, but not write to it (the registry, which holds secrets, is 0600 itself).
-const ROOT_MODE_WARN_ABOVE: u32 = 0o755;
-
 /// Which engine an instance runs, in place of config.json's `engine` (which is then
 /// ignored, also at reloads).
 #[derive(Debug, Clone, PartialEq)]
@@ -192,13 +188,14 @@ impl Instance {
         let name = InstanceName::new(name).map_err(|e| ServeError::InvalidName(e.to_string()))?;
         let root = registry::channel_root(&state_dir);
         let config_path = state_dir.join(CONFIG_FILE);
+        check_ownership(&root, &state_dir, &config_path)?;
         remove_stale_temp_files(&[&state_dir, &root]);
         let (mut config, config_bytes) = read_config(&state_dir)?;
         if let Some(engine) = &options.engine {
             engine.apply(&mut config);
         }
         check_turns_fit(&config, &config_path)?;
-        warn_about_modes(&config_path, &root);
+        warn_about_modes(&config_path);
         if let Some(engine) = &config.engine {
             crate::engine::warnings(engine)
                 .iter()
@@ -425,17 +422,34 @@ fn check_turns_fit(config: &Config, config_path: &Path) -> Result<(), ServeError
     Ok(())
 }
 
-fn warn_about_modes(config_path: &Path, root: &Path) {
+/// Refuses a channel root, state directory or config.json that another user owns or
+/// may write to (contract 1): its config would run that user's engine as us, its
+/// registry would send our prompts and secrets where that user likes. Missing paths
+/// are left to the steps that need them.
+fn check_ownership(root: &Path, state_dir: &Path, config_path: &Path) -> Result<(), ServeError> {
+    use files::TrustKind::{Dir, File};
+    for (path, kind) in [(root, Dir), (state_dir, Dir), (config_path, File)] {
+        match files::check_trusted(path, kind) {
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+            Err(source) => {
+                return Err(ServeError::Untrusted {
+                    path: path.to_path_buf(),
+                    source,
+                })
+            }
+            Ok(()) => {}
+        }
+    }
+    Ok(())
+}
+
+/// Warns about a config.json that others may read ([`check_ownership`] refused one
+/// they may write): it may hold the bus secret.
+fn warn_about_modes(config_path: &Path) {
     if let Ok(Some(mode)) = files::mode_is_wider(config_path, files::PRIVATE_FILE_MODE) {
         log::warn!(
             "{} has mode {mode:o}; it holds the bus secret, so 600 is advised",
             config_path.display()
-        );
-    }
-    if let Ok(Some(mode)) = files::mode_is_wider(root, ROOT_MODE_WARN_ABOVE) {
-        log::warn!(
-            "{} has mode {mode:o}: others can write to the channel root that holds the registry",
-            root.display()
         );
     }
 }
