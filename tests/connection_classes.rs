@@ -17,9 +17,12 @@ use std::sync::Arc;
 use std::thread;
 use std::time::{Duration, Instant};
 
-/// Open files for a server with a cap of 64 connections (64 descriptors are kept for
-/// everything else), 32 of which may hold talks (32 are kept for health).
+/// Open files for a server with a cap of 64 connections when 4 turns may run (48
+/// descriptors are kept for the instance and 4 for each running turn's engine), 32 of
+/// which may hold talks (32 are kept for health).
 const FD_LIMIT_FOR_64: u32 = 128;
+/// `bus.maxConcurrentTurns` that [`FD_LIMIT_FOR_64`] is counted for (the default).
+const TURNS_FOR_64: usize = 4;
 /// Connections that may hold authorized work under that limit.
 const TALK_ROOM: usize = 32;
 /// How long to wait for a condition that should come at once; generous on purpose.
@@ -140,7 +143,10 @@ fn bug_queued_talks_held_every_connection() {
     let (code, stderr) = serve_exit(dir.parent().unwrap(), Some(1024));
     assert_eq!(code, Some(2), "{stderr}");
 
-    root.write_config("worker", &config((1, TALK_ROOM - 1), Some(engine)));
+    root.write_config(
+        "worker",
+        &config((TURNS_FOR_64, TALK_ROOM - TURNS_FOR_64), Some(engine)),
+    );
     let mut w = Instance::spawn_with_fd_limit(&root, "worker", FD_LIMIT_FOR_64);
     let busy = Arc::new(AtomicUsize::new(0));
     let mut readers = Vec::new();
@@ -195,7 +201,8 @@ fn bug_queued_talks_held_every_connection() {
 #[test]
 fn bug_a_config_whose_turns_cannot_fit_the_connections_started() {
     let root = TestRoot::new("fit");
-    let dir = root.write_config("over", &config((1, TALK_ROOM), None));
+    let over = (TURNS_FOR_64, TALK_ROOM + 1 - TURNS_FOR_64);
+    let dir = root.write_config("over", &config(over, None));
     let (code, stderr) = serve_exit(dir.parent().unwrap(), Some(FD_LIMIT_FOR_64));
     assert_eq!(code, Some(2), "{stderr}");
     for needle in [
@@ -381,4 +388,73 @@ fn bug_a_head_that_came_with_a_flood_was_evicted_unread() {
     assert_eq!(r.json()["text"], "still here");
     assert!(w.wait_for_log("connection limit reached", BOUND));
     drop(flood);
+}
+
+/// The number in `/proc/<pid>/fd`'s count of descriptors (for a hint in a failure).
+fn open_fds(pid: u32) -> usize {
+    std::fs::read_dir(format!("/proc/{pid}/fd")).map_or(0, |d| d.count())
+}
+
+/// Regression: the connection cap left no room for the running engines' pipes: under a
+/// low `ulimit -n`, with every turn running (its engine holding three pipes and a
+/// pidfd) and the queue full, accept ran out of descriptors ("Too many open files")
+/// and health waited seconds behind the backlog. The cap now keeps
+/// `FDS_PER_TURN` descriptors free per `bus.maxConcurrentTurns`.
+#[test]
+fn bug_engine_pipes_took_the_descriptors_health_needed() {
+    // 48 kept for the instance, 4 for each of 16 engines: a cap of 64, 32 for talks.
+    // (Before, the cap was 176 - 64 = 112, and 16 engines took more than the 64 kept.)
+    const TURNS: usize = 16;
+    const FD_LIMIT: u32 = 176;
+    const ROOM: usize = 32;
+    let root = TestRoot::new("engine-fds");
+    let gate = root.path.join("gate");
+    let engine = json!({
+        "command": [format!("{}/tests/engines/gate.sh", env!("CARGO_MANIFEST_DIR"))],
+        "env": {"GATE": gate.to_str().unwrap()},
+    });
+    root.write_config("worker", &config((TURNS, ROOM - TURNS), Some(engine)));
+    let mut w = Instance::spawn_with_fd_limit(&root, "worker", FD_LIMIT);
+    // The queue filled with authorized talks, up to what the config allows.
+    let busy = Arc::new(AtomicUsize::new(0));
+    let mut readers = Vec::new();
+    for i in 0..ROOM {
+        let mut stream = connect(w.port);
+        stream
+            .write_all(&w.talk_request("c", &format!("t{i}"), 0))
+            .unwrap();
+        readers.push(read_on_thread(stream, &busy));
+    }
+    assert!(
+        eventually(BOUND, || children_of(w.pid()).len() >= TURNS),
+        "the engines did not all start\nstderr:\n{}",
+        w.stderr()
+    );
+    // Idle connections past the cap: each new one evicts one of them.
+    let idle: Vec<TcpStream> = (0..100).map(|_| connect(w.port)).collect();
+    for i in 0..12 {
+        w.assert_alive(&format!(
+            "health {i} with every engine running ({} fds open)",
+            open_fds(w.pid())
+        ));
+    }
+    let stderr = w.stderr();
+    assert!(
+        !stderr.contains("Too many open files"),
+        "accept ran out of descriptors:\n{stderr}"
+    );
+    assert_eq!(
+        busy.load(Ordering::SeqCst),
+        0,
+        "a talk that fits was refused"
+    );
+    std::fs::write(&gate, b"").unwrap();
+    drop(idle);
+    for reader in readers {
+        let r = reader
+            .join()
+            .unwrap()
+            .expect("a queued talk lost its answer");
+        assert_eq!(r.status, 200, "{r:?}");
+    }
 }

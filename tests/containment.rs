@@ -292,3 +292,40 @@ fn the_recent_mean_reserves_for_running_turns_without_a_cap() {
     let (spent, _) = eight_concurrent_turns(&instance);
     assert!(spent < BUDGET + TURN_COST, "spent {spent} of {BUDGET}");
 }
+
+/// Regression: at shutdown, a process an engine left behind (escaped with `setsid`,
+/// ignoring SIGTERM) got SIGTERM only: serve exited before the SIGKILL that follows
+/// `LEFTOVER_KILL_GRACE`, and the process lived on under PID 1. Serve now waits until
+/// its engines' leftovers are killed and reaped before it exits.
+#[test]
+fn bug_leftovers_of_an_engine_survived_shutdown() {
+    if !have_setsid() {
+        eprintln!("skipped: no `setsid` (util-linux) to escape a process group with");
+        return;
+    }
+    let root = TestRoot::new("contain-shutdown-leftover");
+    let pid_file = root.path.join("leftover.pid");
+    let mut config = engine_config(json!({"command": [script("stubborn_leftover.sh")]}));
+    config["engine"]["env"] = json!({"PID_FILE": pid_file.to_str().unwrap()});
+    let mut instance = root.start("w", &config);
+    let turn = instance.spawn_talk("leave something");
+    let leftover = read_pid(&pid_file);
+    assert!(process_alive(leftover));
+    signal(instance.pid(), "TERM");
+    let status = instance.wait(Duration::from_secs(30));
+    assert!(status.success(), "{status:?}\n{}", instance.stderr());
+    let _ = turn.join();
+    // Once serve has exited, nothing of it is left to reap the leftover: it must be
+    // gone already (or, as PID 1's zombie, about to be).
+    let gone = eventually(Duration::from_secs(10), || !process_alive(leftover));
+    if !gone {
+        let _ = std::process::Command::new("kill")
+            .args(["-KILL", &leftover.to_string()])
+            .status();
+    }
+    assert!(
+        gone,
+        "process {leftover}, left by an engine, outlived serve\n{}",
+        instance.stderr()
+    );
+}

@@ -649,9 +649,9 @@ fn a_stale_event_of_an_evicted_connection_does_not_close_its_successor() {
     config["bus"]["maxConcurrentTurns"] = json!(1);
     config["bus"]["maxQueuedTurns"] = json!(4);
     root.write_config("worker", &config);
-    // 104 open files leave room for 40 connections (64 are kept for everything else),
-    // 8 of them for talks (32 are kept for health).
-    let a = Instance::spawn_with_fd_limit(&root, "worker", 104);
+    // 92 open files leave room for 40 connections (48 are kept for the instance and 4
+    // for its one running engine), 8 of them for talks (32 are kept for health).
+    let a = Instance::spawn_with_fd_limit(&root, "worker", 92);
     let sockets = open_sockets(a.pid());
     let mut idle: Vec<_> = (0..40).map(|_| connect(a.port)).collect();
     assert!(

@@ -4,6 +4,9 @@
 //! Any child of ours that is not a running engine is such a leftover: it gets SIGTERM,
 //! SIGKILL after [`LEFTOVER_KILL_GRACE`], and is reaped.
 //!
+//! At shutdown, serve waits (at most [`SHUTDOWN_CONTAIN_LIMIT`]) until the leftovers
+//! are gone ([`RunningEngines::wait_contained`]): once it exits, they would be PID 1's.
+//!
 //! Only leftovers are ever reaped here, one pid at a time: an engine's own pid is
 //! reaped by its turn ([`RunningEngines::reap`]), and spawning, reaping and looking
 //! for leftovers all hold the same lock, so an engine is never taken for a leftover.
@@ -22,6 +25,10 @@ pub const LEFTOVER_POLL: Duration = Duration::from_millis(20);
 /// With no leftover known, how often the reaper looks for one anyway (it looks at once
 /// whenever an engine is reaped).
 pub const LEFTOVER_SCAN_INTERVAL: Duration = Duration::from_secs(10);
+/// How long serve, stopping, waits for its engines' leftovers to be killed and reaped
+/// (see [`RunningEngines::wait_contained`]): their [`LEFTOVER_KILL_GRACE`], and time to
+/// reap them and to look again.
+pub const SHUTDOWN_CONTAIN_LIMIT: Duration = Duration::from_secs(5);
 
 /// Makes this process a child subreaper and starts the thread that kills and reaps
 /// leftovers. For a process that is the instance (`loopbus serve`): every child that
@@ -31,10 +38,11 @@ pub const LEFTOVER_SCAN_INTERVAL: Duration = Duration::from_secs(10);
 /// The kernel refused `PR_SET_CHILD_SUBREAPER`, or the thread could not start.
 pub fn contain_leftovers(running: &RunningEngines) -> io::Result<()> {
     rustix::process::set_child_subreaper(Some(rustix::process::getpid()))?;
-    let running = running.clone();
+    let reaper = running.clone();
     thread::Builder::new()
         .name("engine-reaper".into())
-        .spawn(move || reap_forever(&running))?;
+        .spawn(move || reap_forever(&reaper))?;
+    running.lock().reaper_runs = true;
     Ok(())
 }
 
@@ -63,7 +71,7 @@ fn reap_forever(running: &RunningEngines) {
         // runs without the lock; each candidate is checked again under it, where an
         // unreaped child of ours that is not an engine cannot change.
         let candidates = children_of(me);
-        let state = running.lock();
+        let mut state = running.lock();
         for pid in candidates {
             if state.is_engine(pid) || leftovers.contains_key(&pid) || parent_of(pid) != Some(me) {
                 continue;
@@ -72,6 +80,7 @@ fn reap_forever(running: &RunningEngines) {
             kill_tree(pid, Signal::TERM);
             leftovers.insert(pid, Some(Instant::now()));
         }
+        running.passed(&mut state, leftovers.len());
         drop(state);
     }
 }

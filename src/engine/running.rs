@@ -8,7 +8,7 @@ use std::collections::HashMap;
 use std::io;
 use std::process::{Child, Command, ExitStatus};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// The engines running now (spawned, not yet reaped), so that shutdown can kill them
 /// and the leftover reaper can tell them apart from leftovers.
@@ -22,6 +22,8 @@ struct Shared {
     state: Mutex<State>,
     /// Signalled when an engine exited: its leftovers may now be ours.
     nudged: Condvar,
+    /// Signalled when the reaper finished a pass ([`State::passes`]).
+    passed: Condvar,
 }
 
 #[derive(Debug, Default)]
@@ -31,12 +33,64 @@ pub(super) struct State {
     next: u64,
     /// An engine exited since the reaper last looked.
     pub(super) nudged: bool,
+    /// The leftover reaper runs ([`super::contain_leftovers`]).
+    pub(super) reaper_runs: bool,
+    /// Passes the reaper has finished (each looks for leftovers once).
+    passes: u64,
+    /// Leftovers the reaper is still killing, as of its last pass.
+    leftovers: usize,
 }
 
 impl State {
     /// Whether `pid` is a running engine.
     pub(super) fn is_engine(&self, pid: u32) -> bool {
         self.engines.values().any(|p| *p == pid)
+    }
+}
+
+impl RunningEngines {
+    /// Records, for [`RunningEngines::wait_contained`], that the reaper finished a pass
+    /// with `leftovers` leftovers still being killed.
+    pub(super) fn passed(&self, state: &mut State, leftovers: usize) {
+        state.passes = state.passes.wrapping_add(1);
+        state.leftovers = leftovers;
+        self.shared.passed.notify_all();
+    }
+
+    /// Waits, at most [`super::reaper::SHUTDOWN_CONTAIN_LIMIT`], until no engine runs and the leftover reaper has looked
+    /// for leftovers after that and found none left (each got SIGTERM, SIGKILL after
+    /// its grace, and was reaped); whether that happened. For shutdown: what serve
+    /// leaves when it exits is no longer its to kill. Without the reaper running there
+    /// is nothing to wait for.
+    pub fn wait_contained(&self) -> bool {
+        let deadline = Instant::now() + super::reaper::SHUTDOWN_CONTAIN_LIMIT;
+        let mut state = self.lock();
+        if !state.reaper_runs {
+            return true;
+        }
+        // The pass count once no engine ran: two passes later, one began after that.
+        let mut since: Option<u64> = None;
+        loop {
+            if state.engines.is_empty() {
+                let start = *since.get_or_insert(state.passes);
+                if state.passes.wrapping_sub(start) >= 2 && state.leftovers == 0 {
+                    return true;
+                }
+            }
+            let now = Instant::now();
+            if now >= deadline {
+                return false;
+            }
+            // Look at once rather than at the next scan interval.
+            state.nudged = true;
+            self.shared.nudged.notify_all();
+            state = self
+                .shared
+                .passed
+                .wait_timeout(state, deadline - now)
+                .unwrap_or_else(PoisonError::into_inner)
+                .0;
+        }
     }
 }
 

@@ -19,9 +19,10 @@ use std::time::{Duration, Instant};
 /// worker results wait at most about this long, however many clients are busy.
 pub const ROUND_BUDGET: Duration = Duration::from_millis(5);
 /// How long to wait before accepting again after accept failed (out of descriptors,
-/// or a transient error): the loop closes the least recently active connection and
-/// retries after this pause rather than spinning on a failing accept.
-pub const ACCEPT_BACKOFF: Duration = Duration::from_millis(100);
+/// or a transient error): the loop closes one connection (the first in eviction order)
+/// at each failure and retries after this pause rather than spinning on a failing
+/// accept. Short, so that health waits at most a few of these behind a full table.
+pub const ACCEPT_BACKOFF: Duration = Duration::from_millis(10);
 /// Size of the loop's one read buffer, shared by every connection: a quarter of
 /// [`STEP_MAX_READ`], so a connection's share takes a few reads.
 const READ_CHUNK: usize = STEP_MAX_READ / 4;
@@ -86,10 +87,16 @@ pub struct EventLoop {
 impl EventLoop {
     /// Creates a loop serving `listener`. `interrupt`, when given, is a stream that
     /// becomes readable when the process is asked to stop (see `signal-hook`'s pipe).
+    /// `concurrent_turns` engines may run at once: the connection cap leaves their
+    /// descriptors free (see [`connection_cap`]).
     ///
     /// # Errors
     /// The OS refused to create the poll instance or to register a source.
-    pub fn new(mut listener: TcpListener, interrupt: Option<UnixStream>) -> io::Result<EventLoop> {
+    pub fn new(
+        mut listener: TcpListener,
+        interrupt: Option<UnixStream>,
+        concurrent_turns: usize,
+    ) -> io::Result<EventLoop> {
         let poll = Poll::new()?;
         let local_addr = listener.local_addr()?;
         poll.registry()
@@ -100,8 +107,8 @@ impl EventLoop {
             poll.registry()
                 .register(stream, INTERRUPT, Interest::READABLE)?;
         }
-        let max_connections = connection_cap();
-        warn_if_reduced(max_connections);
+        let max_connections = connection_cap(concurrent_turns);
+        warn_if_reduced(max_connections, concurrent_turns);
         Ok(EventLoop {
             poll,
             listener: Some(listener),
@@ -297,7 +304,7 @@ impl EventLoop {
                     // Out of descriptors (EMFILE/ENFILE) or a transient failure: make
                     // room if we can and try again shortly; never spin.
                     log::warn!("accept failed: {e}");
-                    self.make_room(service);
+                    self.make_room(service, true);
                     self.accept_paused_until = Some(Instant::now() + ACCEPT_BACKOFF);
                     return;
                 }
@@ -314,15 +321,17 @@ impl EventLoop {
     }
 
     /// Closes one connection to admit a new one (see [`eviction_victim`]); whether
-    /// there is room now. An incomplete head is read once more before it is judged:
+    /// there is room now. With `failed_accept` (accept ran out of descriptors) one is
+    /// closed even below the cap, to give the next accept a descriptor. An incomplete head is read once more before it is judged:
     /// its bytes may have arrived since the last read (its readiness event waiting
     /// behind the accept), and hold a head that passes its checks, which is then
     /// authorized work. Each connection is read at most once per call, so the work is
     /// bounded by the connections open.
-    fn make_room<S: Service>(&mut self, service: &mut S) -> bool {
+    fn make_room<S: Service>(&mut self, service: &mut S, failed_accept: bool) -> bool {
         let mut read_again = Vec::new();
+        let open_before = self.open;
         loop {
-            if self.open < self.max_connections {
+            if self.open < open_before || (!failed_accept && self.open < self.max_connections) {
                 return true; // reading one closed it
             }
             let Some(slot) = self.victim() else {
@@ -345,7 +354,7 @@ impl EventLoop {
     }
 
     fn admit<S: Service>(&mut self, service: &mut S, mut stream: TcpStream) {
-        if self.open >= self.max_connections && !self.make_room(service) {
+        if self.open >= self.max_connections && !self.make_room(service, false) {
             log::warn!(
                 "connection limit reached and every connection holds authorized work; \
                  refusing one"

@@ -13,7 +13,7 @@ use std::net::SocketAddr;
 /// A connection holding authorized work (its head passed checks 1-6: reading its body,
 /// waiting for or running a turn, being answered) is never evicted; when nothing can
 /// be, the new connection is closed. Lower when the open-files limit (`ulimit -n`)
-/// leaves less room; see [`RESERVED_FDS`].
+/// leaves less room; see [`RESERVED_FDS`] and [`FDS_PER_TURN`].
 pub const MAX_CONNECTIONS: usize = 1024;
 /// Connections that authorized work may not take, so that health (and every other
 /// request) always finds room: once the connection cap less this many connections hold
@@ -21,10 +21,17 @@ pub const MAX_CONNECTIONS: usize = 1024;
 /// `server_busy` at once. A config whose running plus queued turns cannot fit under
 /// the cap less this reserve is refused at startup.
 pub const HEALTH_RESERVE: usize = 32;
-/// Descriptors kept free for everything that is not a connection (listener, poll,
-/// waker, signal pipe, stdio, config and registry files, engine pipes) when the
-/// open-files limit caps the number of connections.
-pub const RESERVED_FDS: usize = 64;
+/// Descriptors kept free for everything that is not a connection or a running
+/// engine's (listener, poll, waker, signal and stop pipes, stdio, serve lock, audit,
+/// config and registry files, `/proc` scans, and the child's pipe ends and exec-error
+/// pipe of the one engine being spawned: spawns take a lock, one at a time) when the
+/// open-files limit caps the number of connections. An idle instance holds about 15.
+pub const RESERVED_FDS: usize = 48;
+/// Descriptors one running turn holds for its engine: our ends of its stdin, stdout
+/// and stderr pipes, and a pidfd (see `engine::process`). The connection cap keeps
+/// this many per `bus.maxConcurrentTurns` free under a low open-files limit, so that
+/// busy engines never leave accept without a descriptor (and health without room).
+pub const FDS_PER_TURN: usize = 4;
 /// The fewest connections served however low the open-files limit is.
 const MIN_CONNECTIONS: usize = 8;
 /// The listen backlog: connections the kernel queues before the loop accepts them.
@@ -67,23 +74,26 @@ pub fn bind_loopback(addr: SocketAddr) -> io::Result<TcpListener> {
     Ok(TcpListener::from_std(std::net::TcpListener::from(socket)))
 }
 
-/// The connection cap this process can honour: [`MAX_CONNECTIONS`], or the soft limit
-/// on open files minus [`RESERVED_FDS`] if that is lower (the event loop logs that).
+/// The connection cap this process can honour with `concurrent_turns` engines running
+/// at once: [`MAX_CONNECTIONS`], or the soft limit on open files less [`RESERVED_FDS`]
+/// and [`FDS_PER_TURN`] per turn if that is lower (the event loop logs that).
 /// Otherwise accept would run out of descriptors first, and new connections (health
 /// checks included) would wait behind the backlog instead of evicting idle ones.
-pub fn connection_cap() -> usize {
+pub fn connection_cap(concurrent_turns: usize) -> usize {
     // `None` is unlimited.
-    cap_for(getrlimit(Resource::Nofile).current)
+    cap_for(getrlimit(Resource::Nofile).current, concurrent_turns)
 }
 
 /// Logs (a warning) that the open-files limit lowered the connection cap to `cap`, if
 /// it did.
-pub(crate) fn warn_if_reduced(cap: usize) {
+pub(crate) fn warn_if_reduced(cap: usize, concurrent_turns: usize) {
     if cap < MAX_CONNECTIONS {
         let soft = getrlimit(Resource::Nofile).current.unwrap_or(u64::MAX);
         log::warn!(
             "the open-files limit is {soft}: serving at most {cap} connections \
-             instead of {MAX_CONNECTIONS} (raise it with `ulimit -n`)"
+             instead of {MAX_CONNECTIONS} ({RESERVED_FDS} descriptors are kept for the \
+             instance and {FDS_PER_TURN} for each of {concurrent_turns} running turns; \
+             raise it with `ulimit -n`)"
         );
     }
 }
@@ -94,14 +104,16 @@ pub fn max_authorized(cap: usize) -> usize {
     cap.saturating_sub(HEALTH_RESERVE)
 }
 
-/// The connection cap under the soft open-files limit `soft` (`None`: unlimited).
-fn cap_for(soft: Option<u64>) -> usize {
+/// The connection cap under the soft open-files limit `soft` (`None`: unlimited) with
+/// `concurrent_turns` engines running at once.
+fn cap_for(soft: Option<u64>, concurrent_turns: usize) -> usize {
     let soft = soft.map_or(usize::MAX, |s| usize::try_from(s).unwrap_or(usize::MAX));
-    if soft < MAX_CONNECTIONS + RESERVED_FDS {
-        soft.saturating_sub(RESERVED_FDS).max(MIN_CONNECTIONS)
-    } else {
-        MAX_CONNECTIONS
-    }
+    let kept = FDS_PER_TURN
+        .saturating_mul(concurrent_turns)
+        .saturating_add(RESERVED_FDS);
+    // MIN_CONNECTIONS < MAX_CONNECTIONS, so the clamp cannot panic.
+    soft.saturating_sub(kept)
+        .clamp(MIN_CONNECTIONS, MAX_CONNECTIONS)
 }
 
 #[cfg(test)]
@@ -120,18 +132,23 @@ mod tests {
     #[test]
     fn connection_cap_table() {
         let cases = [
-            (None, MAX_CONNECTIONS),
-            (Some(u64::MAX), MAX_CONNECTIONS),
-            (Some(1_048_576), MAX_CONNECTIONS),
-            (Some(1024 + 64), MAX_CONNECTIONS),
-            (Some(1024 + 63), 1023),
-            (Some(1024), 960),
-            (Some(256), 192),
-            (Some(70), MIN_CONNECTIONS),
-            (Some(0), MIN_CONNECTIONS),
+            (None, 64, MAX_CONNECTIONS),
+            (Some(u64::MAX), 4, MAX_CONNECTIONS),
+            (Some(1_048_576), 1_000, MAX_CONNECTIONS),
+            (Some(1024 + 48), 0, MAX_CONNECTIONS),
+            (Some(1024 + 48 + 16), 4, MAX_CONNECTIONS),
+            (Some(1024 + 48 + 15), 4, 1023),
+            (Some(1024), 0, 976),
+            (Some(1024), 4, 960),
+            // The attack review's config: 64 engines under `ulimit -n 1024`.
+            (Some(1024), 64, 1024 - 48 - 256),
+            (Some(128), 4, 64),
+            (Some(70), 4, MIN_CONNECTIONS),
+            (Some(0), 0, MIN_CONNECTIONS),
+            (Some(1024), usize::MAX, MIN_CONNECTIONS),
         ];
-        for (soft, want) in cases {
-            assert_eq!(cap_for(soft), want, "{soft:?}");
+        for (soft, turns, want) in cases {
+            assert_eq!(cap_for(soft, turns), want, "{soft:?} {turns}");
         }
     }
 

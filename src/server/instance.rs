@@ -229,8 +229,8 @@ impl Instance {
         } else {
             Vec::new()
         };
-        let event_loop =
-            EventLoop::new(listener, Some(interrupt)).map_err(setup("start the event loop"))?;
+        let event_loop = EventLoop::new(listener, Some(interrupt), config.bus.max_concurrent_turns)
+            .map_err(setup("start the event loop"))?;
         let addr = event_loop.local_addr();
 
         let engine = Engine::new(&name, state_dir.clone());
@@ -361,6 +361,11 @@ impl Instance {
         if let Err(e) = registry::deregister(&root, &name, pid) {
             log::warn!("cannot deregister from the registry: {e}");
         }
+        // What the engines left behind is killed and reaped before serve exits: once it
+        // has, it would be PID 1's (contract section 8).
+        if !running.wait_contained() {
+            log::warn!("exiting with processes left behind by engines still alive");
+        }
         match result {
             Ok(Ok(())) => {}
             Ok(Err(e)) => return Err(ServeError::Loop(e)),
@@ -405,13 +410,14 @@ fn remove_stale_temp_files(dirs: &[&Path]) {
 
 /// Refuses a config whose running plus queued turns could not all wait on their
 /// callers' connections while [`http::HEALTH_RESERVE`] connections stay free (contract
-/// section 3, "open connections").
+/// section 3, "open connections"), under the connection cap the event loop uses (which
+/// keeps the running engines' descriptors free).
 fn check_turns_fit(config: &Config, config_path: &Path) -> Result<(), ServeError> {
     let turns = config
         .bus
         .max_concurrent_turns
         .saturating_add(config.bus.max_queued_turns);
-    let cap = http::connection_cap();
+    let cap = http::connection_cap(config.bus.max_concurrent_turns);
     if turns > http::max_authorized(cap) {
         return Err(ServeError::TurnsExceedConnections {
             config_path: config_path.to_path_buf(),
