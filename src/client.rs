@@ -36,6 +36,7 @@ use crate::protocol::{
     self, encode_talk_request, encode_talk_request_with, Envelope, ErrorCode, Failure,
     InstanceName, TalkRequest, MAX_BODY_BYTES,
 };
+use crate::registry::owner::OwnerRefusal;
 use crate::registry::{self, OwnerMismatch, ProbeError};
 use std::fmt;
 use std::path::PathBuf;
@@ -199,6 +200,15 @@ pub enum DelegateError {
         /// The port and the uid holding it.
         mismatch: OwnerMismatch,
     },
+    /// The socket tables do not list the other end of the connection to a target that
+    /// cannot prove itself, so who holds its port cannot be told (contract 6.1): the
+    /// secret was not sent. Not retryable: it needs someone to look.
+    OwnerUnknown {
+        /// The target asked for.
+        target: String,
+        /// The port it is registered on.
+        port: u16,
+    },
     /// Whatever holds the target's registered address did not prove it holds the
     /// target's secret, so the secret was not sent (contract 6.1); not retryable.
     Unproven {
@@ -256,6 +266,7 @@ impl DelegateError {
             | DelegateError::NotRegistered { .. }
             | DelegateError::ProbeFailed { .. }
             | DelegateError::ForeignListener { .. }
+            | DelegateError::OwnerUnknown { .. }
             | DelegateError::Unproven { .. }
             | DelegateError::Connection { .. } => ErrorCode::InstanceUnavailable,
             DelegateError::Timeout { .. } => ErrorCode::Timeout,
@@ -269,7 +280,7 @@ impl DelegateError {
     pub fn retryable(&self) -> bool {
         match self {
             DelegateError::Remote { failure, .. } => failure.retryable,
-            DelegateError::ForeignListener { .. } => false,
+            DelegateError::ForeignListener { .. } | DelegateError::OwnerUnknown { .. } => false,
             // Trying again reaches the same squatter: an operator must look.
             DelegateError::Unproven { .. } => false,
             // A registry we may not read, or may not trust (another user's, or
@@ -340,6 +351,11 @@ impl fmt::Display for DelegateError {
             DelegateError::ForeignListener { target, mismatch } => {
                 write!(f, "instance {target} is not available: {mismatch}")
             }
+            DelegateError::OwnerUnknown { target, port } => write!(
+                f,
+                "instance {target} is not available: {}",
+                OwnerRefusal::Unknown { port: *port }
+            ),
             DelegateError::Unproven {
                 target,
                 port,
@@ -460,19 +476,26 @@ pub fn delegate(options: &DelegateOptions) -> Result<Reply, DelegateError> {
     // --- Same-user check (contract section 6.1) --------------------------------------
     // A peer that cannot prove itself gets the secret only when the socket at the other
     // end of the connection the secret goes out on, and the listener on its port,
-    // belong to our own uid.
+    // belong to our own uid; where the tables are readable but do not list that end,
+    // it gets nothing either.
     if !entry.proof {
-        match connection.addresses() {
-            Ok((peer, local)) => {
-                registry::check_connection_owner(peer, local).map_err(|mismatch| {
-                    DelegateError::ForeignListener {
-                        target: target.to_string(),
-                        mismatch,
-                    }
-                })?
+        let (peer, local) = connection.addresses().map_err(|e| {
+            log::debug!("owner of port {} unknown: {e}", entry.port);
+            DelegateError::OwnerUnknown {
+                target: target.to_string(),
+                port: entry.port,
             }
-            Err(e) => log::debug!("owner of port {} not checked: {e}", entry.port),
-        }
+        })?;
+        registry::check_connection_owner(peer, local).map_err(|refusal| match refusal {
+            OwnerRefusal::Foreign(mismatch) => DelegateError::ForeignListener {
+                target: target.to_string(),
+                mismatch,
+            },
+            OwnerRefusal::Unknown { port } => DelegateError::OwnerUnknown {
+                target: target.to_string(),
+                port,
+            },
+        })?;
     }
     // --- end of the same-user check --------------------------------------------------
 
@@ -687,6 +710,14 @@ mod tests {
                         port: 7701,
                         uid: 65534,
                     },
+                },
+                "instance_unavailable",
+                false,
+            ),
+            (
+                DelegateError::OwnerUnknown {
+                    target: t(),
+                    port: 7701,
                 },
                 "instance_unavailable",
                 false,
@@ -925,5 +956,17 @@ mod tests {
         let shown = format!("{options:?}");
         assert!(!shown.contains("TOP-SECRET-PROMPT"), "{shown}");
         assert!(shown.contains("prompt_chars: 17"), "{shown}");
+    }
+
+    #[test]
+    fn owner_unknown_says_who_holds_the_port_cannot_be_told() {
+        let e = DelegateError::OwnerUnknown {
+            target: "b".into(),
+            port: 7701,
+        };
+        assert_eq!(
+            e.to_string(),
+            "instance b is not available: cannot tell who holds port 7701; not sending the secret"
+        );
     }
 }
