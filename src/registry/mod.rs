@@ -20,6 +20,7 @@ pub mod lock;
 pub mod owner;
 pub mod probe;
 pub mod store;
+mod warnings;
 
 pub use owner::{check_connection_owner, OwnerMismatch};
 pub use probe::{list, probe_entry, probe_port, prune, running, Listed, ProbeError, Probed};

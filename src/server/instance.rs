@@ -3,9 +3,13 @@
 //! [`Instance::run`] serves until a shutdown is asked for, then deregisters.
 
 use super::registry_check::RegistryCheck;
+use super::startup::{
+    check_ownership, check_turns_fit, claim_name, interrupt_pair, read_config,
+    remove_stale_temp_files, route_signals, warn_about_modes,
+};
 use super::{Bus, ServeError, ServerSettings};
 use crate::audit::AuditLog;
-use crate::config::{self, Config, EngineConfig, CONFIG_FILE};
+use crate::config::{Config, EngineConfig, CONFIG_FILE};
 use crate::engine::{Engine, Turn};
 use crate::files;
 use crate::http::{self, EventLoop};
@@ -15,7 +19,7 @@ use crate::secret::Secret;
 use crate::turns::TurnPool;
 use std::fmt;
 use std::fs::File;
-use std::io::{self, Write};
+use std::io::Write;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
@@ -379,142 +383,4 @@ impl Instance {
         log::info!("stopped {name}");
         Ok(())
     }
-}
-
-fn read_config(state_dir: &Path) -> Result<(Config, Vec<u8>), ServeError> {
-    let path = state_dir.join(CONFIG_FILE);
-    let fail = |error| ServeError::Config {
-        state_dir: state_dir.to_path_buf(),
-        error,
-    };
-    let bytes = config::read_file(&path).map_err(fail)?;
-    let config = config::parse_file(&path, &bytes).map_err(fail)?;
-    Ok((config, bytes))
-}
-
-/// Removes the temp files that a writer killed mid-write left in `dirs` (the state
-/// directory and the channel root).
-fn remove_stale_temp_files(dirs: &[&Path]) {
-    for dir in dirs {
-        match files::remove_stale_temp_files(dir) {
-            Ok(removed) => {
-                for path in removed {
-                    log::info!("removed {}, left by a process that is gone", path.display());
-                }
-            }
-            Err(e) if e.kind() == io::ErrorKind::NotFound => {}
-            Err(e) => log::warn!("cannot look for stale temp files in {}: {e}", dir.display()),
-        }
-    }
-}
-
-/// Refuses a config whose running plus queued turns could not all wait on their
-/// callers' connections while [`http::HEALTH_RESERVE`] connections stay free (contract
-/// section 3, "open connections"), under the connection cap the event loop uses (which
-/// keeps the running engines' descriptors free).
-fn check_turns_fit(config: &Config, config_path: &Path) -> Result<(), ServeError> {
-    let turns = config
-        .bus
-        .max_concurrent_turns
-        .saturating_add(config.bus.max_queued_turns);
-    let cap = http::connection_cap(config.bus.max_concurrent_turns);
-    if turns > http::max_authorized(cap) {
-        return Err(ServeError::TurnsExceedConnections {
-            config_path: config_path.to_path_buf(),
-            turns,
-            cap,
-        });
-    }
-    Ok(())
-}
-
-/// Refuses a channel root, state directory or config.json that another user owns or
-/// may write to (contract 1): its config would run that user's engine as us, its
-/// registry would send our prompts and secrets where that user likes. Missing paths
-/// are left to the steps that need them.
-fn check_ownership(root: &Path, state_dir: &Path, config_path: &Path) -> Result<(), ServeError> {
-    use files::TrustKind::{Dir, File};
-    for (path, kind) in [(root, Dir), (state_dir, Dir), (config_path, File)] {
-        match files::check_trusted(path, kind) {
-            Err(e) if e.kind() == io::ErrorKind::NotFound => {}
-            Err(source) => {
-                return Err(ServeError::Untrusted {
-                    path: path.to_path_buf(),
-                    source,
-                })
-            }
-            Ok(()) => {}
-        }
-    }
-    Ok(())
-}
-
-/// Warns about a config.json that others may read ([`check_ownership`] refused one
-/// they may write): it may hold the bus secret.
-fn warn_about_modes(config_path: &Path) {
-    if let Ok(Some(mode)) = files::mode_is_wider(config_path, files::PRIVATE_FILE_MODE) {
-        log::warn!(
-            "{} has mode {mode:o}; it holds the bus secret, so 600 is advised",
-            config_path.display()
-        );
-    }
-}
-
-/// Refuses to start when an instance of the same name is already running under `root`
-/// (its registered port answers health as `name`), then prunes stale registry entries
-/// (contract section 6). A registry that can't be read or written here is only a
-/// warning; registering reports real trouble.
-fn claim_name(root: &Path, name: &InstanceName) -> Result<(), ServeError> {
-    match registry::running(root, name) {
-        Ok(Some(entry)) => {
-            return Err(ServeError::NameTaken {
-                name: name.to_string(),
-                root: root.to_path_buf(),
-                pid: entry.pid,
-                port: entry.port,
-            })
-        }
-        Ok(None) => {}
-        Err(e) => log::warn!("cannot read the registry: {e}"),
-    }
-    match registry::prune(root) {
-        Ok(pruned) => {
-            for stale in pruned {
-                log::info!("removed the stale registry entry of {stale}");
-            }
-        }
-        Err(e) => log::warn!("cannot prune the registry: {e}"),
-    }
-    Ok(())
-}
-
-/// The loop's end of the stop pipe (readable when a stop is asked for) and the end
-/// that asks.
-fn interrupt_pair() -> io::Result<(mio::net::UnixStream, UnixStream)> {
-    let (read, write) = UnixStream::pair()?;
-    read.set_nonblocking(true)?;
-    write.set_nonblocking(true)?;
-    Ok((mio::net::UnixStream::from_std(read), write))
-}
-
-/// The signals that stop an instance like [`ShutdownHandle::shutdown`] (contract 8):
-/// each deregisters and kills the engines before the exit, none leaves the registry
-/// entry or an engine behind.
-const STOP_SIGNALS: [i32; 4] = [
-    signal_hook::consts::SIGTERM,
-    signal_hook::consts::SIGINT,
-    signal_hook::consts::SIGHUP,
-    signal_hook::consts::SIGQUIT,
-];
-
-/// Routes the [`STOP_SIGNALS`] to the stop pipe.
-fn route_signals(write: &UnixStream) -> io::Result<Vec<signal_hook::SigId>> {
-    let mut guards = Vec::new();
-    for signal in STOP_SIGNALS {
-        guards.push(signal_hook::low_level::pipe::register(
-            signal,
-            write.try_clone()?,
-        )?);
-    }
-    Ok(guards)
 }

@@ -17,6 +17,7 @@ mod error;
 mod instance;
 mod refusal;
 mod registry_check;
+mod startup;
 mod upkeep;
 
 pub use bus::{Bus, ServerSettings};

@@ -16,6 +16,10 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
+mod trust;
+
+pub use trust::{check_trusted, check_trusted_metadata, untrusted, TrustKind};
+
 /// Mode of private state files: the registry, config.json, usage.json, the audit log and
 /// lock files.
 pub const PRIVATE_FILE_MODE: u32 = 0o600;
@@ -429,141 +433,6 @@ pub fn create_dir_private(path: &Path) -> io::Result<()> {
 pub fn mode_is_wider(path: &Path, allowed: u32) -> io::Result<Option<u32>> {
     let mode = fs::metadata(path)?.permissions().mode() & 0o7777;
     Ok((mode & !allowed != 0).then_some(mode))
-}
-
-// ---------------------------------------------------------------------------------------
-// Trust: who may have written a state file
-
-/// Permission bits that let the group or others change a file or a directory's entries.
-const GROUP_OTHER_WRITE: u32 = 0o022;
-
-/// What [`check_trusted`] checks, for its messages.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-#[non_exhaustive]
-pub enum TrustKind {
-    /// A state file (the registry, config.json).
-    File,
-    /// A state directory or a channel root.
-    Dir,
-}
-
-/// A file or directory that another user may have written, so its contents can't be
-/// trusted: it is owned by another uid than ours (and not by root), or it is writable
-/// by its group or by others. The message names the path, owner, mode and the fix.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Untrusted {
-    /// The path checked.
-    pub path: PathBuf,
-    /// File or directory.
-    pub kind: TrustKind,
-    /// Its owner's uid.
-    pub owner: u32,
-    /// Its permission bits.
-    pub mode: u32,
-    /// Our effective uid.
-    pub us: u32,
-}
-
-impl std::fmt::Display for Untrusted {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let what = match self.kind {
-            TrustKind::File => "file",
-            TrustKind::Dir => "directory",
-        };
-        let path = self.path.display();
-        write!(
-            f,
-            "refusing {path}: this {what} is owned by uid {} with mode {:o}",
-            self.owner, self.mode
-        )?;
-        if !owner_trusted(self.owner, self.us) {
-            write!(
-                f,
-                ", not by us (uid {}): another user may have planted it; remove it, or \
-                 `chown {} {path}` if it is really ours",
-                self.us, self.us
-            )
-        } else {
-            write!(
-                f,
-                ", writable by others than its owner; run `chmod go-w {path}`"
-            )
-        }
-    }
-}
-
-impl std::error::Error for Untrusted {}
-
-/// Whether files of `owner` are trusted by the process running as `us`: our own, and
-/// root's (root can write anything of ours anyway).
-fn owner_trusted(owner: u32, us: u32) -> bool {
-    owner == us || owner == 0
-}
-
-/// Checks that `metadata` (of `path`) is of a file or directory no other user may
-/// have written: owned by us or by root, and not writable by group or others. A
-/// directory writable by others is refused even with the sticky bit: a channel root
-/// or a state directory must be private to us (contract 1).
-///
-/// # Errors
-///
-/// `PermissionDenied` wrapping an [`Untrusted`] (see [`untrusted`]).
-pub fn check_trusted_metadata(
-    path: &Path,
-    metadata: &fs::Metadata,
-    kind: TrustKind,
-) -> io::Result<()> {
-    use std::os::unix::fs::MetadataExt;
-    let us = rustix::process::geteuid().as_raw();
-    let mode = metadata.mode() & 0o7777;
-    if owner_trusted(metadata.uid(), us) && mode & GROUP_OTHER_WRITE == 0 {
-        return Ok(());
-    }
-    Err(io::Error::new(
-        io::ErrorKind::PermissionDenied,
-        Untrusted {
-            path: path.to_path_buf(),
-            kind,
-            owner: metadata.uid(),
-            mode,
-            us,
-        },
-    ))
-}
-
-/// [`check_trusted_metadata`] for the file or directory at `path`. A symlink is
-/// trusted only if it is owned by us or root, and then its target is checked.
-///
-/// # Errors
-///
-/// Any error reading the metadata (`NotFound` for a missing path), or
-/// `PermissionDenied` wrapping an [`Untrusted`].
-pub fn check_trusted(path: &Path, kind: TrustKind) -> io::Result<()> {
-    use std::os::unix::fs::MetadataExt;
-    let link = fs::symlink_metadata(path)?;
-    if !link.file_type().is_symlink() {
-        return check_trusted_metadata(path, &link, kind);
-    }
-    let us = rustix::process::geteuid().as_raw();
-    if !owner_trusted(link.uid(), us) {
-        return Err(io::Error::new(
-            io::ErrorKind::PermissionDenied,
-            Untrusted {
-                path: path.to_path_buf(),
-                kind,
-                owner: link.uid(),
-                mode: link.mode() & 0o7777,
-                us,
-            },
-        ));
-    }
-    check_trusted_metadata(path, &fs::metadata(path)?, kind)
-}
-
-/// The [`Untrusted`] inside an error of [`check_trusted`] or [`read_trusted_file`], if
-/// that is what it is.
-pub fn untrusted(err: &io::Error) -> Option<&Untrusted> {
-    err.get_ref()?.downcast_ref()
 }
 
 // ---------------------------------------------------------------------------------------

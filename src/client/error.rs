@@ -1,0 +1,260 @@
+//! [`DelegateError`]: every way one delegation can fail, each with its wire code and
+//! `retryable` flag (the one place where client failures get them) and a message that
+//! never carries the secret or the prompt.
+
+use super::PeerProtocol;
+use crate::http::client::ClientError;
+use crate::protocol::{self, Envelope, ErrorCode, Failure, MAX_BODY_BYTES};
+use crate::registry::owner::OwnerRefusal;
+use crate::registry::{OwnerMismatch, ProbeError};
+use std::fmt;
+use std::path::PathBuf;
+use std::time::Duration;
+
+/// Why a delegation failed. Every variant has a wire code ([`DelegateError::code`]) and
+/// a `retryable` flag; messages never contain the secret or the prompt.
+#[derive(Debug)]
+#[non_exhaustive]
+pub enum DelegateError {
+    /// The caller's own bus is disabled.
+    BusDisabled,
+    /// The target is not among the caller's `peers`.
+    PeerNotAllowed {
+        /// The target asked for.
+        target: String,
+    },
+    /// The caller's depth already reached its own `maxDepth`.
+    MaxDepth {
+        /// The caller's depth.
+        depth: u64,
+        /// The caller's `maxDepth`.
+        max: u64,
+    },
+    /// The serialized request is larger than [`MAX_BODY_BYTES`].
+    TooLarge {
+        /// Its size in bytes.
+        bytes: usize,
+    },
+    /// The registry could not be read.
+    Registry {
+        /// The registry file.
+        path: PathBuf,
+        /// Why not.
+        error: std::io::Error,
+    },
+    /// The target has no valid registry entry.
+    NotRegistered {
+        /// The target asked for.
+        target: String,
+    },
+    /// The target's health probe did not match; the secret was not sent.
+    ProbeFailed {
+        /// The target asked for.
+        target: String,
+        /// What the probe found.
+        reason: ProbeError,
+    },
+    /// The target's port is held by another user's process (contract section 6.1):
+    /// the secret was not sent. Not retryable: it needs someone to look.
+    ForeignListener {
+        /// The target asked for.
+        target: String,
+        /// The port and the uid holding it.
+        mismatch: OwnerMismatch,
+    },
+    /// The socket tables do not list the other end of the connection to a target that
+    /// cannot prove itself, so who holds its port cannot be told (contract 6.1): the
+    /// secret was not sent. Not retryable: it needs someone to look.
+    OwnerUnknown {
+        /// The target asked for.
+        target: String,
+        /// The port it is registered on.
+        port: u16,
+    },
+    /// Whatever holds the target's registered address did not prove it holds the
+    /// target's secret, so the secret was not sent (contract 6.1); not retryable.
+    Unproven {
+        /// The target asked for.
+        target: String,
+        /// The port it is registered on.
+        port: u16,
+        /// Why the port's holder is not trusted.
+        reason: ProbeError,
+    },
+    /// The connection for the request could not be made, or broke.
+    Connection {
+        /// The target asked for.
+        target: String,
+        /// What happened.
+        reason: ClientError,
+    },
+    /// No complete answer within the timeout.
+    Timeout {
+        /// The target asked for.
+        target: String,
+        /// The timeout that passed.
+        after: Duration,
+    },
+    /// The answer is not an envelope (not HTTP, not JSON, or not the right shape).
+    InvalidResponse {
+        /// The target asked for.
+        target: String,
+        /// What was wrong with it (never the answer itself).
+        reason: String,
+    },
+    /// The peer answered with a failure envelope; its code is kept as it is.
+    Remote {
+        /// The answering instance.
+        from_instance: String,
+        /// The peer's failure.
+        failure: Failure,
+        /// How long the peer says it took.
+        duration_ms: u64,
+        /// What the peer's envelope said of its protocol.
+        peer: Box<PeerProtocol>,
+    },
+}
+
+impl DelegateError {
+    /// The wire code of this failure: the one table of client failures (contract
+    /// section 5).
+    pub fn code(&self) -> ErrorCode {
+        match self {
+            DelegateError::BusDisabled => ErrorCode::BusDisabled,
+            DelegateError::PeerNotAllowed { .. } => ErrorCode::PeerNotAllowed,
+            DelegateError::MaxDepth { .. } => ErrorCode::MaxDepthExceeded,
+            DelegateError::TooLarge { .. } => ErrorCode::RequestTooLarge,
+            DelegateError::Registry { .. }
+            | DelegateError::NotRegistered { .. }
+            | DelegateError::ProbeFailed { .. }
+            | DelegateError::ForeignListener { .. }
+            | DelegateError::OwnerUnknown { .. }
+            | DelegateError::Unproven { .. }
+            | DelegateError::Connection { .. } => ErrorCode::InstanceUnavailable,
+            DelegateError::Timeout { .. } => ErrorCode::Timeout,
+            DelegateError::InvalidResponse { .. } => ErrorCode::InvalidResponse,
+            DelegateError::Remote { failure, .. } => failure.code.clone(),
+        }
+    }
+
+    /// Whether the same delegation may be tried again without operator action: the
+    /// peer's own flag for a remote failure, the retry table otherwise.
+    pub fn retryable(&self) -> bool {
+        match self {
+            DelegateError::Remote { failure, .. } => failure.retryable,
+            DelegateError::ForeignListener { .. } | DelegateError::OwnerUnknown { .. } => false,
+            // Trying again reaches the same squatter: an operator must look.
+            DelegateError::Unproven { .. } => false,
+            // A registry we may not read, or may not trust (another user's, or
+            // writable by others: contract 1), stays so until someone fixes it.
+            DelegateError::Registry { error, .. }
+                if error.kind() == std::io::ErrorKind::PermissionDenied =>
+            {
+                false
+            }
+            other => other.code().retryable(),
+        }
+    }
+
+    /// The failure as an envelope, as `loopbus talk --json` prints it. A remote
+    /// failure keeps the peer's name, message, code, flag, `protocolVersion` and
+    /// `capabilities` (absent ones absent: a legacy peer's); a failure decided here
+    /// names `caller` (the instance that produced it) and took `duration_ms`.
+    pub fn to_envelope(&self, caller: &str, duration_ms: u64) -> Envelope {
+        match self {
+            DelegateError::Remote {
+                from_instance,
+                failure,
+                duration_ms,
+                peer,
+            } => Envelope {
+                protocol_version: peer.protocol_version,
+                capabilities: peer.capabilities.clone(),
+                ..Envelope::failure(from_instance, failure.clone(), *duration_ms)
+            },
+            other => Envelope::failure(
+                caller,
+                Failure {
+                    error: protocol::truncate_chars(other.to_string(), protocol::MAX_ERROR_CHARS),
+                    code: other.code(),
+                    retryable: other.retryable(),
+                },
+                duration_ms,
+            ),
+        }
+    }
+}
+
+impl fmt::Display for DelegateError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            DelegateError::BusDisabled => {
+                f.write_str("the bus is disabled in this instance's config")
+            }
+            DelegateError::PeerNotAllowed { target } => {
+                write!(f, "{target} is not among this instance's peers")
+            }
+            DelegateError::MaxDepth { depth, max } => {
+                write!(f, "depth {depth} reaches this instance's maxDepth of {max}")
+            }
+            DelegateError::TooLarge { bytes } => write!(
+                f,
+                "request body is {bytes} bytes, more than the limit of {MAX_BODY_BYTES}"
+            ),
+            DelegateError::Registry { path, error } => {
+                write!(f, "cannot read the registry {}: {error}", path.display())
+            }
+            DelegateError::NotRegistered { target } => {
+                write!(f, "instance {target} is not registered (is it running?)")
+            }
+            DelegateError::ProbeFailed { target, reason } => {
+                write!(f, "instance {target} is not available: {reason}")
+            }
+            DelegateError::ForeignListener { target, mismatch } => {
+                write!(f, "instance {target} is not available: {mismatch}")
+            }
+            DelegateError::OwnerUnknown { target, port } => write!(
+                f,
+                "instance {target} is not available: {}",
+                OwnerRefusal::Unknown { port: *port }
+            ),
+            DelegateError::Unproven {
+                target,
+                port,
+                reason,
+            } => {
+                write!(
+                    f,
+                    "instance {target} is not available on port {port}: {reason}"
+                )
+            }
+            DelegateError::Connection { target, reason } => {
+                write!(f, "instance {target} is not available: {reason}")
+            }
+            DelegateError::Timeout { target, after } => {
+                write!(
+                    f,
+                    "instance {target} did not answer within {} s",
+                    after.as_secs_f64()
+                )
+            }
+            DelegateError::InvalidResponse { target, reason } => {
+                write!(f, "instance {target} gave an invalid answer: {reason}")
+            }
+            DelegateError::Remote {
+                from_instance,
+                failure,
+                ..
+            } => {
+                let from = if from_instance.is_empty() {
+                    "peer"
+                } else {
+                    from_instance
+                };
+                write!(f, "{from} answered with a failure: {}", failure.error)
+            }
+        }
+    }
+}
+
+impl std::error::Error for DelegateError {}
