@@ -15,7 +15,6 @@ use std::fmt;
 use std::io;
 use std::path::{Path, PathBuf};
 use std::sync::{Mutex, PoisonError};
-use std::time::{SystemTime, UNIX_EPOCH};
 
 /// The usage file's name inside the state directory.
 pub const USAGE_FILE: &str = "usage.json";
@@ -249,14 +248,7 @@ impl UsageStore {
             );
             return Err(UsageError::Corrupt(self.path.clone()));
         };
-        let millis = SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .map(|d| d.as_millis())
-            .unwrap_or(0);
-        let aside = self
-            .path
-            .with_file_name(format!("{USAGE_FILE}.corrupt-{millis}"));
-        std::fs::rename(&self.path, &aside).map_err(UsageError::Io)?;
+        let aside = files::set_aside(&self.path, "corrupt").map_err(UsageError::Io)?;
         files::write_atomic(&self.path, &good.to_json(), files::PRIVATE_FILE_MODE)
             .map_err(UsageError::Io)?;
         log::error!(
