@@ -196,6 +196,14 @@ fn escaped_children_are_killed_and_reaped(label: &str, hold_pipes: bool, turns: 
         all_gone(&escaped(1)),
         "the first escaped child outlived its turn"
     );
+    // The audit writer opens its file with the first line, a moment after the answer:
+    // the baseline is taken once that descriptor is open.
+    let audit = instance.state_dir.join("audit.log.jsonl");
+    assert!(
+        eventually(Duration::from_secs(10), || std::fs::metadata(&audit)
+            .is_ok_and(|m| m.len() > 0)),
+        "the warm-up turn was never audited"
+    );
     let threads = count_in_proc(server, "task");
     let fds = count_in_proc(server, "fd");
     for n in 0..turns {
