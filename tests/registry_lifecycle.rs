@@ -508,7 +508,7 @@ fn a_fifo_in_place_of_the_registry_does_not_stall_the_server() {
 }
 
 /// (In this file rather than with the other lookups in discovery.rs so that its wait for
-/// the 2 s registry check runs beside the other long waits here.)
+/// the 1 s registry check runs beside the other long waits here.)
 #[test]
 fn invalid_entries_and_a_torn_registry_do_not_break_lookup() {
     let root = TestRoot::new("disc-torn");

@@ -16,7 +16,7 @@ use std::time::Duration;
 
 /// How often the instance checks that its registry entry is still there (and writes it
 /// again if the file was deleted or torn).
-pub const REGISTRY_CHECK_INTERVAL: Duration = Duration::from_secs(2);
+pub const REGISTRY_CHECK_INTERVAL: Duration = Duration::from_secs(1);
 /// How long stopping waits for a check in progress to end. A check only reads and
 /// writes a small file and never waits for the registry lock, so it ends at once
 /// unless the file system itself hangs.
