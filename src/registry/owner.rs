@@ -329,9 +329,6 @@ pub fn read_verdict<R: BufRead>(
 /// # Errors
 /// A listener of another uid would receive the connection, or the tables could not be
 /// read within [`OWNER_CHECK_TIME_LIMIT`].
-// For a start-up that finds its registered port held (issue 10, item 4): there is no
-// connection to check then. Not called yet in this branch.
-#[allow(dead_code)]
 pub fn check_listener_owner(ip: IpAddr, port: u16) -> Result<(), OwnerRefusal> {
     check(SocketAddr::new(ip, port), None)
 }

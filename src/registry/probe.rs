@@ -352,8 +352,15 @@ pub fn running(root: &Path, name: &InstanceName) -> io::Result<Option<Entry>> {
     match probe(name, &entry, None) {
         Ok(_) => Ok(Some(entry)),
         Err(e) if e.is_failed_proof() => {
+            // Who holds it, as far as the socket tables tell (Linux).
+            let holder = match super::owner::check_listener_owner(entry.host, entry.port) {
+                Err(super::owner::OwnerRefusal::Foreign(m)) => {
+                    format!(" (another user's, uid {})", m.uid)
+                }
+                _ => String::new(),
+            };
             log::warn!(
-                "{name}'s registered port {} on {} is held by a process that is not {name}: {e}; taking the entry over",
+                "{name}'s registered port {} on {} is held by a process that is not {name}{holder}: {e}; taking the entry over",
                 entry.port,
                 entry.host
             );
