@@ -78,7 +78,7 @@ pub fn remove_stale_temp_files(dir: &Path) -> io::Result<Vec<PathBuf>> {
             continue;
         };
         // Symlinks are not followed; only a regular file can be ours.
-        if !entry.file_type().is_ok_and(|t| t.is_file()) || process_alive(pid) {
+        if !entry.file_type().is_ok_and(|t| t.is_file()) || !pid_is_gone(pid) {
             continue;
         }
         let path = entry.path();
@@ -101,19 +101,17 @@ fn temp_file_pid(name: &str) -> Option<u32> {
     pid.parse().ok()
 }
 
-/// Whether a process with this pid exists (signal 0 reaches it, or it is another
-/// user's).
-fn process_alive(pid: u32) -> bool {
+/// Whether process `pid` certainly no longer exists (signal 0 finds no such process).
+/// A pid this system cannot have is gone; one we may not signal (another user's)
+/// exists. The one liveness rule of temp-file cleanup, the registry lock and pruning.
+pub fn pid_is_gone(pid: u32) -> bool {
     let Some(pid) = i32::try_from(pid)
         .ok()
         .and_then(rustix::process::Pid::from_raw)
     else {
-        return false;
+        return true;
     };
-    !matches!(
-        rustix::process::test_kill_process(pid),
-        Err(rustix::io::Errno::SRCH)
-    )
+    rustix::process::test_kill_process(pid) == Err(rustix::io::Errno::SRCH)
 }
 
 /// The directory of `path` (`.` for a bare file name) and its file name.

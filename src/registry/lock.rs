@@ -279,18 +279,6 @@ fn parse_owner(bytes: &[u8]) -> Option<Owner> {
     })
 }
 
-/// Whether process `pid` certainly no longer exists. A pid this system cannot have is
-/// gone; one we may not signal (another user's) exists.
-pub fn pid_is_gone(pid: u32) -> bool {
-    let Some(pid) = i32::try_from(pid)
-        .ok()
-        .and_then(rustix::process::Pid::from_raw)
-    else {
-        return true;
-    };
-    rustix::process::test_kill_process(pid) == Err(rustix::io::Errno::SRCH)
-}
-
 /// Whether `then` is more than [`STALE_AGE`] before `now` (a time in the future is
 /// not old).
 fn older_than_stale_age(then: SystemTime, now: SystemTime) -> bool {
@@ -300,7 +288,7 @@ fn older_than_stale_age(then: SystemTime, now: SystemTime) -> bool {
 /// Why the lock of fingerprint `print` is stale, or `None` if it is live.
 fn staleness(print: &Fingerprint, now: SystemTime) -> Option<String> {
     match print.owner.as_deref().and_then(parse_owner) {
-        Some(owner) if pid_is_gone(owner.pid) => {
+        Some(owner) if files::pid_is_gone(owner.pid) => {
             Some(format!("its owner, process {}, is gone", owner.pid))
         }
         Some(owner) if older_than_stale_age(owner.acquired, now) => Some(format!(
@@ -639,10 +627,10 @@ mod tests {
                 assert_eq!(owner.acquired_at, t);
             }
         }
-        assert!(!pid_is_gone(std::process::id()));
-        assert!(!pid_is_gone(1), "another user's process exists");
-        assert!(pid_is_gone(dead_pid()));
-        assert!(pid_is_gone(u32::MAX));
+        assert!(!files::pid_is_gone(std::process::id()));
+        assert!(!files::pid_is_gone(1), "another user's process exists");
+        assert!(files::pid_is_gone(dead_pid()));
+        assert!(files::pid_is_gone(u32::MAX));
         let now = SystemTime::now();
         assert!(older_than_stale_age(now - Duration::from_secs(31), now));
         assert!(!older_than_stale_age(now - Duration::from_secs(29), now));

@@ -13,8 +13,8 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
-use super::lock;
 use super::store::{self, Entry};
+use crate::files;
 use crate::http::client::{ClientError, Connection, ReceivedResponse};
 use crate::protocol::{self, proof, Health, InstanceName, ResponseError};
 use crate::secret;
@@ -317,7 +317,7 @@ pub fn list(root: &Path, accept_kinds: Option<&[String]>) -> io::Result<Vec<List
     Ok(probe_all(store::read(root)?, accept_kinds))
 }
 
-/// Removes the entries whose pid certainly no longer exists ([`lock::pid_is_gone`])
+/// Removes the entries whose pid certainly no longer exists (`files::pid_is_gone`)
 /// and returns their names (contract 6). Nothing else is proof enough: an entry of
 /// another program sharing the root (the original implementation, of a kind loopbus
 /// does not accept, or one that does not answer loopbus's probe as expected) stays
@@ -331,7 +331,7 @@ pub fn list(root: &Path, accept_kinds: Option<&[String]>) -> io::Result<Vec<List
 pub fn prune(root: &Path) -> io::Result<Vec<InstanceName>> {
     let stale: Vec<(InstanceName, Entry)> = store::read(root)?
         .into_iter()
-        .filter(|(_, entry)| lock::pid_is_gone(entry.pid))
+        .filter(|(_, entry)| files::pid_is_gone(entry.pid))
         .collect();
     store::remove_unchanged(root, stale)
 }
