@@ -63,10 +63,12 @@ fn children_of(pid: u32) -> Vec<u32> {
 /// Kills the process groups of `pid`'s children (its engines lead their own groups).
 fn kill_engines(pid: u32) {
     for child in children_of(pid) {
-        let _ = Command::new("kill")
-            .args(["-KILL", "--", &format!("-{child}")])
-            .stderr(Stdio::null())
-            .status();
+        let group = i32::try_from(child)
+            .ok()
+            .and_then(rustix::process::Pid::from_raw);
+        if let Some(group) = group {
+            let _ = rustix::process::kill_process_group(group, rustix::process::Signal::KILL);
+        }
     }
 }
 

@@ -327,9 +327,7 @@ fn bug_leftovers_of_an_engine_survived_shutdown() {
     // gone already (or, as PID 1's zombie, about to be).
     let gone = eventually(Duration::from_secs(10), || !process_alive(leftover));
     if !gone {
-        let _ = std::process::Command::new("kill")
-            .args(["-KILL", &leftover.to_string()])
-            .status();
+        let _ = common::try_signal(leftover, rustix::process::Signal::KILL);
     }
     assert!(
         gone,
