@@ -52,9 +52,11 @@ pub use config::{
 };
 pub use http::client::ClientError;
 pub use protocol::{
-    encode_talk_request, parse_response, parse_talk_request, Envelope, ErrorCode, Failure,
-    InstanceName, InvalidInstanceName, RequestError, ResponseError, TalkRequest, CAPABILITIES,
-    MAX_BODY_BYTES, MAX_FROM_INSTANCE_BYTES, MAX_INSTANCE_NAME_LEN, PROTOCOL_VERSION,
+    encode_talk_request, parse_response, parse_talk_request, Envelope, ErrorCode, ExtError,
+    Failure, InstanceName, InvalidInstanceName, InvalidRequestId, RequestError, RequestExt,
+    RequestId, ResponseError, TalkRequest, UsageReport, CAPABILITIES, MAX_BODY_BYTES,
+    MAX_FROM_INSTANCE_BYTES, MAX_INSTANCE_NAME_LEN, MAX_REQUEST_ID_LEN, MIN_REQUEST_ID_LEN,
+    PROTOCOL_VERSION,
 };
 pub use registry::ProbeError;
 pub use secret::{Secret, SECRET_BYTES};

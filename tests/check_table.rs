@@ -411,10 +411,17 @@ fn health_answer() {
     assert_eq!(v["pid"], u64::from(w.pid()), "{v}");
     assert_eq!(v["protocolVersion"], 1, "{v}");
     // Health lists every capability this build implements (contract 4.1): envelopes'
-    // base two and `secret-proof` (6.1).
+    // base two, the talk extensions (8.1-8.3) and `secret-proof` (6.1).
     assert_eq!(
         v["capabilities"],
-        json!(["structured-errors", "retryable-errors", "secret-proof"]),
+        json!([
+            "structured-errors",
+            "retryable-errors",
+            "idempotent-requests",
+            "cancel-on-hangup",
+            "usage-report",
+            "secret-proof"
+        ]),
         "{v}"
     );
     // A query string does not change the path.

@@ -333,11 +333,8 @@ fn exchange(addr: SocketAddr, request: &str) -> Result<(usize, Value), String> {
 
 /// The talk request the load sends: the library's own encoding of a depth-1 request.
 fn talk(addr: SocketAddr, close: bool) -> String {
-    let body = loopbus::encode_talk_request(&loopbus::TalkRequest {
-        from_instance: CALLER.to_owned(),
-        prompt: delegate::PROMPT.to_owned(),
-        depth: 1,
-    });
+    let body =
+        loopbus::encode_talk_request(&loopbus::TalkRequest::new(CALLER, delegate::PROMPT, 1));
     let request = instance::talk_request(addr, &String::from_utf8_lossy(&body));
     with_close(request, close)
 }

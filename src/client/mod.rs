@@ -180,12 +180,12 @@ pub fn delegate(options: &DelegateOptions) -> Result<Reply, DelegateError> {
             max: bus.max_depth,
         });
     }
-    let request = TalkRequest {
-        from_instance: options.caller.to_string(),
-        prompt: options.prompt.clone(),
-        // `depth < max_depth <= u64::MAX`, so this cannot overflow.
-        depth: options.depth.saturating_add(1),
-    };
+    // `depth < max_depth <= u64::MAX`, so this cannot overflow.
+    let request = TalkRequest::new(
+        options.caller.to_string(),
+        options.prompt.clone(),
+        options.depth.saturating_add(1),
+    );
     let body = encode_talk_request(&request);
     if body.len() as u64 > MAX_BODY_BYTES {
         return Err(DelegateError::TooLarge { bytes: body.len() });

@@ -177,11 +177,7 @@ mod tests {
 
     fn turn(config: &str, prompt: &str) -> Turn {
         Turn {
-            request: TalkRequest {
-                from_instance: "caller".to_owned(),
-                prompt: prompt.to_owned(),
-                depth: 1,
-            },
+            request: TalkRequest::new("caller", prompt, 1),
             config: Arc::new(crate::config::parse(config.as_bytes()).unwrap()),
         }
     }

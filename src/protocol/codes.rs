@@ -53,12 +53,14 @@ pub enum ErrorCode {
     Unknown,
     /// The instance's turn queue is full (loopbus addition, retryable).
     ServerBusy,
+    /// The caller cancelled the turn (loopbus addition, contract 8.1; not retryable).
+    Cancelled,
     /// A code this build does not know, kept exactly as received.
     Other(String),
 }
 
 /// Every code this build knows, in the order `bus-protocol.md` lists them, then ours.
-pub const KNOWN_CODES: [ErrorCode; 22] = [
+pub const KNOWN_CODES: [ErrorCode; 23] = [
     ErrorCode::InvalidRequest,
     ErrorCode::RequestTooLarge,
     ErrorCode::BusDisabled,
@@ -81,6 +83,7 @@ pub const KNOWN_CODES: [ErrorCode; 22] = [
     ErrorCode::SessionState,
     ErrorCode::Unknown,
     ErrorCode::ServerBusy,
+    ErrorCode::Cancelled,
 ];
 
 impl ErrorCode {
@@ -109,6 +112,7 @@ impl ErrorCode {
             ErrorCode::SessionState => "session_state",
             ErrorCode::Unknown => "unknown",
             ErrorCode::ServerBusy => "server_busy",
+            ErrorCode::Cancelled => "cancelled",
             ErrorCode::Other(code) => code,
         }
     }
@@ -139,7 +143,8 @@ impl ErrorCode {
             | ErrorCode::WritePermission
             | ErrorCode::FileWorkflow
             | ErrorCode::WorkflowState
-            | ErrorCode::SessionState => false,
+            | ErrorCode::SessionState
+            | ErrorCode::Cancelled => false,
             ErrorCode::InvalidHandlerResponse
             | ErrorCode::InternalError
             | ErrorCode::InstanceUnavailable
@@ -180,6 +185,7 @@ mod tests {
             "file_workflow",
             "workflow_state",
             "session_state",
+            "cancelled",
         ];
         let retryable = [
             "invalid_handler_response",

@@ -32,8 +32,50 @@ impl Failure {
         }
     }
 }
+/// What one turn cost, as an envelope reports it (`usage-report`, contract 8.3).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct UsageReport {
+    /// Cost in US dollars, `None` when the engine reported tokens but no cost.
+    pub cost_usd: Option<f64>,
+    /// Input tokens.
+    pub input_tokens: u64,
+    /// Output tokens.
+    pub output_tokens: u64,
+    /// Cache-read input tokens.
+    pub cached_tokens: u64,
+}
+
+/// The wire form of a [`UsageReport`].
+#[derive(serde::Serialize)]
+#[serde(rename_all = "camelCase")]
+struct WireUsage {
+    cost_usd: Option<f64>,
+    input_tokens: u64,
+    output_tokens: u64,
+    cached_tokens: u64,
+}
+
+impl UsageReport {
+    /// Reads a peer's `usage` object; `None` when it is not one (a peer's malformed
+    /// usage does not cost the caller its reply).
+    fn from_value(value: &Value) -> Option<UsageReport> {
+        let object = value.as_object()?;
+        let tokens = |field: &str| object.get(field).and_then(non_negative_integer);
+        let cost_usd = match object.get("costUsd") {
+            None | Some(Value::Null) => None,
+            Some(v) => Some(v.as_f64().filter(|c| c.is_finite() && *c >= 0.0)?),
+        };
+        Some(UsageReport {
+            cost_usd,
+            input_tokens: tokens("inputTokens")?,
+            output_tokens: tokens("outputTokens")?,
+            cached_tokens: tokens("cachedTokens").unwrap_or(0),
+        })
+    }
+}
+
 /// A `/api/talk` response envelope, v1 or legacy.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq)]
 pub struct Envelope {
     /// The reply text (`""` on failure).
     pub text: String,
@@ -48,13 +90,14 @@ pub struct Envelope {
     pub capabilities: Option<Vec<String>>,
     /// `None` on success.
     pub failure: Option<Failure>,
+    /// What the turn cost, when the request listed `usage-report` and the engine
+    /// reported usage (contract 8.3).
+    pub usage: Option<UsageReport>,
 }
 
 impl Envelope {
-    /// A v1 success envelope from this build. It lists the base capabilities plus
-    /// those of the request's that this server implements for `/api/talk` (contract
-    /// 4.1): `negotiate` of any request's list, which is the base
-    /// two while `TALK_EXTENSIONS` is empty.
+    /// A v1 success envelope from this build, listing the base capabilities; an answer
+    /// to a request lists what [`Envelope::with_capabilities`] gives it.
     pub fn success(from_instance: &str, text: String, duration_ms: u64) -> Envelope {
         Envelope {
             text,
@@ -63,7 +106,22 @@ impl Envelope {
             protocol_version: Some(PROTOCOL_VERSION),
             capabilities: Some(BASE_CAPABILITIES.iter().map(|c| (*c).to_owned()).collect()),
             failure: None,
+            usage: None,
         }
+    }
+
+    /// The same envelope listing `capabilities`: for an answer, the base two plus
+    /// those of the request's that this server implements on `/api/talk` (contract 4.1,
+    /// `negotiate`).
+    pub fn with_capabilities(mut self, capabilities: Vec<String>) -> Envelope {
+        self.capabilities = Some(capabilities);
+        self
+    }
+
+    /// The same envelope carrying `usage` (contract 8.3).
+    pub fn with_usage(mut self, usage: Option<UsageReport>) -> Envelope {
+        self.usage = usage;
+        self
     }
 
     /// A v1 failure envelope from this build.
@@ -91,6 +149,12 @@ impl Envelope {
             duration_ms: self.duration_ms,
             protocol_version: self.protocol_version,
             capabilities: self.capabilities.as_deref(),
+            usage: self.usage.map(|u| WireUsage {
+                cost_usd: u.cost_usd,
+                input_tokens: u.input_tokens,
+                output_tokens: u.output_tokens,
+                cached_tokens: u.cached_tokens,
+            }),
         };
         // Serializing strings, numbers and booleans into a Vec cannot fail.
         serde_json::to_vec(&wire).unwrap_or_default()
@@ -115,6 +179,8 @@ struct WireEnvelope<'a> {
     protocol_version: Option<u64>,
     #[serde(skip_serializing_if = "Option::is_none")]
     capabilities: Option<&'a [String]>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    usage: Option<WireUsage>,
 }
 
 /// Why a peer's answer is not an envelope.
@@ -228,6 +294,7 @@ pub fn parse_answer(status: u16, body: &[u8]) -> Result<Envelope, ResponseError>
             retryable,
         })
     };
+    let usage = object.get("usage").and_then(UsageReport::from_value);
     Ok(Envelope {
         text,
         from_instance,
@@ -235,6 +302,7 @@ pub fn parse_answer(status: u16, body: &[u8]) -> Result<Envelope, ResponseError>
         protocol_version,
         capabilities,
         failure,
+        usage,
     })
 }
 

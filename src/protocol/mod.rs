@@ -9,6 +9,7 @@ use serde_json::Value;
 mod classify;
 mod codes;
 mod envelope;
+mod ext;
 mod health;
 mod name;
 mod number;
@@ -17,7 +18,10 @@ mod request;
 
 pub use classify::{classify, legacy_failure_code};
 pub use codes::ErrorCode;
-pub use envelope::{parse_answer, parse_response, Envelope, Failure, ResponseError};
+pub use envelope::{parse_answer, parse_response, Envelope, Failure, ResponseError, UsageReport};
+pub use ext::{
+    ExtError, InvalidRequestId, RequestExt, RequestId, MAX_REQUEST_ID_LEN, MIN_REQUEST_ID_LEN,
+};
 pub use health::{parse_health, Health, TurnLoad};
 pub use name::{InstanceName, InvalidInstanceName, MAX_INSTANCE_NAME_LEN};
 pub use request::{
@@ -32,14 +36,29 @@ pub const PROTOCOL_VERSION: u64 = 1;
 /// since the original implementation rejects any other string there.
 pub const BASE_CAPABILITIES: [&str; 2] = ["structured-errors", "retryable-errors"];
 
+/// `ext.requestId` deduplicates retries (contract 8.2).
+pub const IDEMPOTENT_REQUESTS: &str = "idempotent-requests";
+/// A hang-up or a cancel request cancels the turn (contract 8.1).
+pub const CANCEL_ON_HANGUP: &str = "cancel-on-hangup";
+/// Envelopes carry the turn's `usage` (contract 8.3).
+pub const USAGE_REPORT: &str = "usage-report";
+
 /// Every capability this build implements, as health lists them (contract 4.1): the
-/// base two and `secret-proof` (6.1), which lives on health alone.
-pub const CAPABILITIES: [&str; 3] = ["structured-errors", "retryable-errors", SECRET_PROOF];
+/// base two, the `/api/talk` extensions, and `secret-proof` (6.1), which lives on
+/// health alone.
+pub const CAPABILITIES: [&str; 6] = [
+    "structured-errors",
+    "retryable-errors",
+    IDEMPOTENT_REQUESTS,
+    CANCEL_ON_HANGUP,
+    USAGE_REPORT,
+    SECRET_PROOF,
+];
 
 /// The extended capabilities this build implements on `/api/talk` itself, in requests
-/// and envelopes (contract 4.1): none yet. `secret-proof` is not one: it is about
-/// health alone, so a request never lists it, nor an envelope.
-pub const TALK_EXTENSIONS: [&str; 0] = [];
+/// and envelopes (contract 4.1). `secret-proof` is not one: it is about health alone,
+/// so a request never lists it, nor an envelope.
+pub const TALK_EXTENSIONS: [&str; 3] = [IDEMPOTENT_REQUESTS, CANCEL_ON_HANGUP, USAGE_REPORT];
 
 /// The top-level fields a request may carry (contract 4.1): the original rejects any
 /// other, so extension data goes only inside `ext`.
@@ -112,10 +131,21 @@ mod tests {
     #[test]
     fn bug_negotiation_never_lists_a_health_only_capability() {
         let health: Vec<String> = CAPABILITIES.iter().map(|c| (*c).to_owned()).collect();
-        assert_eq!(negotiate(&health), BASE_CAPABILITIES);
+        let mut all: Vec<&str> = BASE_CAPABILITIES.to_vec();
+        all.extend(TALK_EXTENSIONS);
+        assert_eq!(negotiate(&health), all);
+        assert!(!negotiate(&health).iter().any(|c| c == SECRET_PROOF));
         assert_eq!(negotiate(&[]), BASE_CAPABILITIES);
-        let odd = vec!["usage-report".to_owned(), "x".to_owned()];
-        assert_eq!(negotiate(&odd), BASE_CAPABILITIES);
+        // Only what was listed, in this build's order; unknown strings are dropped.
+        let odd = vec![
+            "x".to_owned(),
+            USAGE_REPORT.to_owned(),
+            "secret-proof".to_owned(),
+        ];
+        assert_eq!(
+            negotiate(&odd),
+            ["structured-errors", "retryable-errors", USAGE_REPORT]
+        );
     }
 
     /// A tiny deterministic generator, so these runs repeat exactly.

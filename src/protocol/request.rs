@@ -4,6 +4,7 @@
 use serde_json::{Map, Value};
 use std::fmt;
 
+use super::ext::{encode_ext, parse_ext, ExtError, RequestExt};
 use super::number::{is_integer_text, top_level_value};
 use super::{non_negative_integer, BASE_CAPABILITIES, PROTOCOL_VERSION};
 
@@ -20,6 +21,28 @@ pub struct TalkRequest {
     pub prompt: String,
     /// The delegation depth, already incremented by the caller.
     pub depth: u64,
+    /// The capabilities the request listed (unknown strings kept; empty when absent).
+    pub capabilities: Vec<String>,
+    /// What the request carries under `ext` that this build reads.
+    pub ext: RequestExt,
+}
+
+impl TalkRequest {
+    /// A request without capabilities or `ext`.
+    pub fn new(from_instance: impl Into<String>, prompt: impl Into<String>, depth: u64) -> Self {
+        TalkRequest {
+            from_instance: from_instance.into(),
+            prompt: prompt.into(),
+            depth,
+            capabilities: Vec::new(),
+            ext: RequestExt::default(),
+        }
+    }
+
+    /// Whether the request listed `capability`.
+    pub fn lists(&self, capability: &str) -> bool {
+        self.capabilities.iter().any(|c| c == capability)
+    }
 }
 
 /// Why a request body was refused. Messages name the field and the rule, and never
@@ -49,6 +72,8 @@ pub enum RequestError {
     ProtocolVersion,
     /// `capabilities` is present and not an array of strings.
     Capabilities,
+    /// `ext` is present and not an object, or one of its fields has the wrong form.
+    Ext(ExtError),
 }
 
 impl fmt::Display for RequestError {
@@ -66,6 +91,17 @@ impl fmt::Display for RequestError {
             RequestError::Depth => "`depth` must be a non-negative integer",
             RequestError::ProtocolVersion => "`protocolVersion` must be 1 when present",
             RequestError::Capabilities => "`capabilities` must be an array of strings when present",
+            RequestError::Ext(ExtError::NotObject) => "`ext` must be an object when present",
+            RequestError::Ext(ExtError::RequestId) => {
+                "`ext.requestId` must be 16 to 64 characters of A-Z, a-z, 0-9, '_' and '-'"
+            }
+            RequestError::Ext(ExtError::Cancel) => {
+                "`ext.cancel` must be a boolean, and true only with `ext.requestId`"
+            }
+            RequestError::Ext(ExtError::TraceId) => "`ext.traceId` must be 32 lowercase hex digits",
+            RequestError::Ext(ExtError::ParentRequestId) => {
+                "`ext.parentRequestId` must be 16 to 64 characters of A-Z, a-z, 0-9, '_' and '-'"
+            }
         })
     }
 }
@@ -79,7 +115,7 @@ impl std::error::Error for RequestError {}
 ///
 /// # Errors
 /// The first rule the body breaks, checked in field order: encoding, JSON, object,
-/// `fromInstance`, `prompt`, `depth`, `protocolVersion`, `capabilities`.
+/// `fromInstance`, `prompt`, `depth`, `protocolVersion`, `capabilities`, `ext`.
 pub fn parse_talk_request(body: &[u8]) -> Result<TalkRequest, RequestError> {
     let text = std::str::from_utf8(body).map_err(|_| RequestError::NotUtf8)?;
     let value: Value = serde_json::from_str(text).map_err(|_| RequestError::NotJson)?;
@@ -116,18 +152,22 @@ pub fn parse_talk_request(body: &[u8]) -> Result<TalkRequest, RequestError> {
             return Err(RequestError::ProtocolVersion);
         }
     }
-    if let Some(capabilities) = object.get("capabilities") {
-        let all_strings = capabilities
-            .as_array()
-            .is_some_and(|items| items.iter().all(Value::is_string));
-        if !all_strings {
-            return Err(RequestError::Capabilities);
-        }
-    }
+    let capabilities = match object.get("capabilities") {
+        None => Vec::new(),
+        Some(Value::Array(items)) => items
+            .iter()
+            .map(|item| item.as_str().map(str::to_owned))
+            .collect::<Option<Vec<String>>>()
+            .ok_or(RequestError::Capabilities)?,
+        Some(_) => return Err(RequestError::Capabilities),
+    };
+    let ext = parse_ext(object.get("ext")).map_err(RequestError::Ext)?;
     Ok(TalkRequest {
         from_instance,
         prompt,
         depth,
+        capabilities,
+        ext,
     })
 }
 
@@ -140,9 +180,8 @@ pub fn encode_talk_request(request: &TalkRequest) -> Vec<u8> {
 
 /// Serializes a v1 request as the client sends it (`depth` as given: the caller
 /// increments it before calling), listing `capabilities` (the negotiated ones,
-/// `negotiate`). It carries only fields of
-/// `REQUEST_FIELDS`, which the original's strict parser
-/// accepts.
+/// `negotiate`) and `request.ext` when it has anything to say. It carries only fields
+/// of `REQUEST_FIELDS`, which the original's strict parser accepts.
 pub fn encode_talk_request_with(request: &TalkRequest, capabilities: &[String]) -> Vec<u8> {
     let mut object = Map::new();
     object.insert(
@@ -156,6 +195,9 @@ pub fn encode_talk_request_with(request: &TalkRequest, capabilities: &[String]) 
         "capabilities".into(),
         Value::Array(capabilities.iter().cloned().map(Value::String).collect()),
     );
+    if let Some(ext) = encode_ext(&request.ext) {
+        object.insert("ext".into(), ext);
+    }
     debug_assert!(object
         .keys()
         .all(|k| super::REQUEST_FIELDS.contains(&k.as_str())));
@@ -170,18 +212,14 @@ mod tests {
     /// six fields, only base capability strings (contract 4.1).
     #[test]
     fn bug_requests_carry_only_fields_the_original_accepts() {
-        let request = TalkRequest {
-            from_instance: "a".into(),
-            prompt: "p".into(),
-            depth: 1,
-        };
-        let health: Vec<String> = super::super::CAPABILITIES
-            .iter()
-            .map(|c| (*c).to_owned())
-            .collect();
+        let mut request = TalkRequest::new("a", "p", 1);
+        // The original's health lists the base two; it may still get a request id,
+        // which lives inside `ext`, an object of anything.
+        request.ext.request_id = Some(super::super::RequestId::from_random([1; 16]));
+        let original: Vec<String> = BASE_CAPABILITIES.iter().map(|c| (*c).to_owned()).collect();
         for body in [
             encode_talk_request(&request),
-            encode_talk_request_with(&request, &super::super::negotiate(&health)),
+            encode_talk_request_with(&request, &super::super::negotiate(&original)),
         ] {
             let v: Value = serde_json::from_slice(&body).unwrap();
             let object = v.as_object().unwrap();
@@ -195,19 +233,13 @@ mod tests {
     #[test]
     fn request_validation_table() {
         use RequestError::*;
-        let ok = |from: &str, prompt: &str, depth: u64| {
-            Ok(TalkRequest {
-                from_instance: from.into(),
-                prompt: prompt.into(),
-                depth,
-            })
-        };
+        let ok = |from: &str, prompt: &str, depth: u64| Ok(TalkRequest::new(from, prompt, depth));
         let cases: Vec<(&[u8], Result<TalkRequest, RequestError>)> = vec![
             (br#"{"fromInstance":"a","prompt":"hi","depth":0}"#, ok("a", "hi", 0)),
             (br#"{"fromInstance":"a","prompt":"","depth":1,"protocolVersion":1}"#, ok("a", "", 1)),
             (br#"{"fromInstance":"a","prompt":"p","depth":1.0}"#, ok("a", "p", 1)),
             (br#"{"fromInstance":"a","prompt":"p","depth":2,"protocolVersion":1.0}"#, ok("a", "p", 2)),
-            (br#"{"fromInstance":"a","prompt":"p","depth":0,"capabilities":["x","structured-errors"]}"#, ok("a", "p", 0)),
+            (br#"{"fromInstance":"a","prompt":"p","depth":0,"capabilities":["x","structured-errors"]}"#, Ok(TalkRequest { capabilities: vec!["x".into(), "structured-errors".into()], ..TalkRequest::new("a", "p", 0) })),
             (br#"{"fromInstance":"a","prompt":"p","depth":0,"capabilities":[]}"#, ok("a", "p", 0)),
             (br#"{"fromInstance":"a","prompt":"p","depth":0,"newField":{"x":1}}"#, ok("a", "p", 0)),
             (br#"{"fromInstance":"a","prompt":"p","depth":1e300}"#, ok("a", "p", u64::MAX)),
@@ -252,6 +284,10 @@ mod tests {
             (br#"{"fromInstance":"a","prompt":"p","depth":0,"capabilities":"x"}"#, Err(Capabilities)),
             (br#"{"fromInstance":"a","prompt":"p","depth":0,"capabilities":[1]}"#, Err(Capabilities)),
             (br#"{"fromInstance":"a","prompt":"p","depth":0,"capabilities":null}"#, Err(Capabilities)),
+            (br#"{"fromInstance":"a","prompt":"p","depth":0,"ext":[]}"#, Err(Ext(ExtError::NotObject))),
+            (br#"{"fromInstance":"a","prompt":"p","depth":0,"ext":{"requestId":"x"}}"#, Err(Ext(ExtError::RequestId))),
+            (br#"{"fromInstance":"a","prompt":"p","depth":0,"ext":{"cancel":true}}"#, Err(Ext(ExtError::Cancel))),
+            (br#"{"fromInstance":"a","prompt":"p","depth":0,"ext":{"anything":[1]}}"#, ok("a", "p", 0)),
         ];
         for (body, want) in cases {
             assert_eq!(
@@ -317,12 +353,10 @@ mod tests {
 
     #[test]
     fn encoded_request_is_valid_v1() {
-        let req = TalkRequest {
-            from_instance: "a".into(),
-            prompt: "p".into(),
-            depth: 2,
-        };
+        let mut req = TalkRequest::new("a", "p", 2);
+        req.ext.request_id = Some(super::super::RequestId::from_random([9; 16]));
         let body = encode_talk_request(&req);
+        req.capabilities = BASE_CAPABILITIES.iter().map(|c| (*c).to_owned()).collect();
         assert_eq!(parse_talk_request(&body).unwrap(), req);
         let v: Value = serde_json::from_slice(&body).unwrap();
         assert_eq!(v["protocolVersion"], 1);
