@@ -55,8 +55,12 @@ pub const AUDIT_BATCH_PAUSE: Duration = Duration::from_millis(5);
 /// One `/api/talk` outcome.
 #[derive(Debug, Clone, Default)]
 pub struct Record<'a> {
-    /// `"success"`, `"failure"` (a turn failed), `"refused"` (a check refused it) or
-    /// `"abandoned"` (the caller went away before its answer).
+    /// `"success"`, `"failure"` (a turn failed), `"refused"` (a check refused it),
+    /// `"cancelled"` (the caller hung up or sent a cancel request, contract 8.1),
+    /// `"abandoned"` (the caller went away, `bus.cancelOnHangup` false: the turn runs on),
+    /// `"attached"` (a retry joined its request id's running turn), `"duplicate"` (a
+    /// retry got its request id's stored envelope, no engine ran) or `"cancel"` (a
+    /// cancel request for a running turn).
     pub outcome: &'a str,
     /// Human-readable detail (the error message, or `"ok"`); cut to
     /// [`MAX_DETAIL_CHARS`].
@@ -73,6 +77,8 @@ pub struct Record<'a> {
     pub prompt_chars: Option<usize>,
     /// The HTTP status answered; `None` when no answer went out (the caller left).
     pub status: Option<u16>,
+    /// The request's `ext.requestId`, when it carried one.
+    pub request_id: Option<&'a str>,
 }
 
 /// The audit log of one instance: the event loop's end of the queue to the writer
@@ -153,6 +159,7 @@ impl AuditLog {
                 error_code: r.error_code,
                 prompt_chars: r.prompt_chars,
                 status: r.status,
+                request_id: r.request_id,
             },
         };
         to_line(&line)
@@ -410,6 +417,8 @@ struct Metadata<'a> {
     error_code: Option<&'a str>,
     prompt_chars: Option<usize>,
     status: Option<u16>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    request_id: Option<&'a str>,
 }
 
 /// The writer's own line: lines it had to drop.

@@ -18,9 +18,9 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 /// Open files for a server with a cap of 64 connections when 4 turns may run (48
-/// descriptors are kept for the instance and 4 for each running turn's engine), 32 of
+/// descriptors are kept for the instance and 5 for each running turn's engine), 32 of
 /// which may hold talks (32 are kept for health).
-const FD_LIMIT_FOR_64: u32 = 128;
+const FD_LIMIT_FOR_64: u32 = 132;
 /// `bus.maxConcurrentTurns` that [`FD_LIMIT_FOR_64`] is counted for (the default).
 const TURNS_FOR_64: usize = 4;
 /// Connections that may hold authorized work under that limit.
@@ -398,16 +398,16 @@ fn open_fds(pid: u32) -> usize {
 }
 
 /// Regression: the connection cap left no room for the running engines' pipes: under a
-/// low `ulimit -n`, with every turn running (its engine holding three pipes and a
-/// pidfd) and the queue full, accept ran out of descriptors ("Too many open files")
+/// low `ulimit -n`, with every turn running (its engine holding three pipes, a pidfd
+/// and its cancel eventfd) and the queue full, accept ran out of descriptors ("Too many open files")
 /// and health waited seconds behind the backlog. The cap now keeps
 /// `FDS_PER_TURN` descriptors free per `bus.maxConcurrentTurns`.
 #[test]
 fn bug_engine_pipes_took_the_descriptors_health_needed() {
-    // 48 kept for the instance, 4 for each of 16 engines: a cap of 64, 32 for talks.
-    // (Before, the cap was 176 - 64 = 112, and 16 engines took more than the 64 kept.)
+    // 48 kept for the instance, 5 for each of 16 engines: a cap of 64, 32 for talks.
+    // (Before, the cap was 192 - 48 = 144, and 16 engines took more than the 48 kept.)
     const TURNS: usize = 16;
-    const FD_LIMIT: u32 = 176;
+    const FD_LIMIT: u32 = 192;
     const ROOM: usize = 32;
     let root = TestRoot::new("engine-fds");
     let gate = root.path.join("gate");

@@ -627,14 +627,19 @@ fn a_queued_turn_whose_caller_hangs_up_never_runs() {
     assert!(turns_reach(&a, "running", 0) && turns_reach(&a, "queued", 0));
     let runs = std::fs::read_to_string(&calls).unwrap().lines().count();
     assert_eq!(runs, 2, "turns of callers that hung up were run");
-    let abandoned_lines = |lines: &[Value]| {
+    // Cancelled on hang-up (contract 8.1); no answer went out.
+    let cancelled_lines = |lines: &[Value]| {
         lines
             .iter()
-            .filter(|l| l["outcome"] == "abandoned" && l["metadata"]["status"].is_null())
+            .filter(|l| {
+                l["outcome"] == "cancelled"
+                    && l["metadata"]["status"].is_null()
+                    && l["metadata"]["errorCode"] == "cancelled"
+            })
             .count()
     };
-    let abandoned = abandoned_lines(&audit_lines_once(&a, |l| abandoned_lines(l) >= 3));
-    assert_eq!(abandoned, 3, "one audit line per caller that hung up");
+    let cancelled = cancelled_lines(&audit_lines_once(&a, |l| cancelled_lines(l) >= 3));
+    assert_eq!(cancelled, 3, "one audit line per caller that hung up");
 }
 
 /// Regression: an event left over from a connection evicted in the same batch was
@@ -649,9 +654,9 @@ fn a_stale_event_of_an_evicted_connection_does_not_close_its_successor() {
     config["bus"]["maxConcurrentTurns"] = json!(1);
     config["bus"]["maxQueuedTurns"] = json!(4);
     root.write_config("worker", &config);
-    // 92 open files leave room for 40 connections (48 are kept for the instance and 4
+    // 93 open files leave room for 40 connections (48 are kept for the instance and 5
     // for its one running engine), 8 of them for talks (32 are kept for health).
-    let a = Instance::spawn_with_fd_limit(&root, "worker", 92);
+    let a = Instance::spawn_with_fd_limit(&root, "worker", 93);
     let sockets = open_sockets(a.pid());
     let mut idle: Vec<_> = (0..40).map(|_| connect(a.port)).collect();
     assert!(

@@ -10,20 +10,22 @@
 //! named constants there.
 
 mod budget;
+mod cancel;
 mod outcome;
 mod preflight;
 mod process;
 mod reaper;
 mod running;
 
+pub use cancel::CancelToken;
 pub use outcome::TurnResult;
 pub use preflight::warnings;
 pub use reaper::contain_leftovers;
 pub use running::RunningEngines;
 
 use crate::config::{Config, EngineConfig};
-use crate::protocol::{ErrorCode, TalkRequest};
-use crate::usage::UsageStore;
+use crate::protocol::{ErrorCode, Failure, TalkRequest};
+use crate::usage::{TurnUsage, UsageStore};
 use outcome::{Exit, Interpreted};
 use process::{Ended, Launch};
 use std::path::PathBuf;
@@ -36,6 +38,33 @@ pub struct Turn {
     pub request: TalkRequest,
     /// The configuration snapshot for this turn.
     pub config: Arc<Config>,
+    /// Cancelled when the turn's caller gives up (contract 8.1).
+    pub cancel: CancelToken,
+}
+
+/// What one turn produced: its answer, and the usage its engine reported (recorded in
+/// usage.json already; returned for the envelope's `usage`, contract 8.3).
+#[derive(Debug, Clone, PartialEq)]
+pub struct TurnOutput {
+    /// The answer.
+    pub result: TurnResult,
+    /// The usage the engine reported, if it ran and reported any.
+    pub usage: Option<TurnUsage>,
+}
+
+impl TurnOutput {
+    /// An answer without usage.
+    pub fn without_usage(result: TurnResult) -> TurnOutput {
+        TurnOutput {
+            result,
+            usage: None,
+        }
+    }
+}
+
+/// The failure of a cancelled turn (contract 8.1: `cancelled`, not retryable).
+pub fn cancelled() -> Failure {
+    Failure::new(ErrorCode::Cancelled, "the turn was cancelled by its caller")
 }
 
 /// The built-in echo engine, used when no `engine` is configured: the reply is the
@@ -86,22 +115,22 @@ impl Engine {
     /// `engine.timeoutSecs`). With a budget set, a spent (or unknowable) budget, counting
     /// the estimates of the turns running now, refuses the turn before any engine runs
     /// (see `engine/budget.rs`); an engine turn's usage is then recorded.
-    pub fn run(&self, turn: &Turn) -> TurnResult {
+    pub fn run(&self, turn: &Turn) -> TurnOutput {
         let engine = turn.config.engine.as_ref();
         let reservation = match turn.config.budget_usd {
             Some(budget) => {
                 let cap = engine.and_then(|e| e.max_turn_cost_usd);
                 match self.reservations.admit(&self.usage, budget, cap) {
                     Ok(reservation) => Some(reservation),
-                    Err(refusal) => return TurnResult::Failed(refusal),
+                    Err(refusal) => return TurnOutput::without_usage(TurnResult::Failed(refusal)),
                 }
             }
             None => None,
         };
         let Some(engine) = engine else {
-            return echo(&turn.request);
+            return TurnOutput::without_usage(echo(&turn.request));
         };
-        let run = self.run_command(engine, &turn.request);
+        let run = self.run_command(engine, turn);
         if let Some(turn_usage) = &run.usage {
             if let Err(e) = self.usage.record(turn_usage) {
                 log::error!("cannot record usage: {e}");
@@ -110,12 +139,17 @@ impl Engine {
         if let Some(reservation) = reservation {
             reservation.finish(run.usage.map(|u| u.cost_usd));
         }
-        run.result
+        TurnOutput {
+            result: run.result,
+            usage: run.usage,
+        }
     }
 
-    /// Runs the engine command for `request` and interprets how it ended.
-    fn run_command(&self, engine: &EngineConfig, request: &TalkRequest) -> Interpreted {
+    /// Runs the engine command for `turn` and interprets how it ended.
+    fn run_command(&self, engine: &EngineConfig, turn: &Turn) -> Interpreted {
+        let request = &turn.request;
         let launch = Launch {
+            cancel: &turn.cancel,
             engine,
             prompt: &request.prompt,
             env: vec![
@@ -157,6 +191,17 @@ impl Engine {
                     engine.max_output_bytes
                 ),
             ),
+            Ended::Cancelled {
+                status,
+                stdout,
+                stderr,
+            } => Interpreted {
+                result: TurnResult::Failed(cancelled()),
+                // Usage the engine reported before it stopped still counts.
+                usage: status.and_then(|status| {
+                    outcome::interpret(engine.output, Exit::from(status), &stdout, &stderr).usage
+                }),
+            },
             Ended::Lost => {
                 Interpreted::failed(ErrorCode::EngineCli, "lost track of the engine process")
             }
@@ -178,6 +223,7 @@ mod tests {
     fn turn(config: &str, prompt: &str) -> Turn {
         Turn {
             request: TalkRequest::new("caller", prompt, 1),
+            cancel: CancelToken::new(),
             config: Arc::new(crate::config::parse(config.as_bytes()).unwrap()),
         }
     }
@@ -189,7 +235,7 @@ mod tests {
         let turn = turn("{}", "say this back");
         let want = TurnResult::Reply("say this back".to_owned());
         assert_eq!(Engine::run_inline(&turn), Some(want.clone()));
-        assert_eq!(engine.run(&turn), want);
+        assert_eq!(engine.run(&turn).result, want);
         // The echo engine records no usage.
         assert!(!dir.path().join(usage::USAGE_FILE).exists());
     }
@@ -212,7 +258,7 @@ mod tests {
         let engine = Engine::new("worker", dir.path().to_path_buf());
         // The command would fail if it ran.
         let config = r#"{"budgetUsd":1,"engine":{"command":["false"]}}"#;
-        let TurnResult::Failed(f) = engine.run(&turn(config, "x")) else {
+        let TurnResult::Failed(f) = engine.run(&turn(config, "x")).result else {
             panic!("not refused")
         };
         assert_eq!(f.code, ErrorCode::BudgetExhausted);
@@ -225,7 +271,7 @@ mod tests {
         let engine = Engine::new("worker", dir.path().to_path_buf());
         let config = r#"{"budgetUsd":5,"engine":{"command":["cat"]}}"#;
         assert_eq!(
-            engine.run(&turn(config, "hi")),
+            engine.run(&turn(config, "hi")).result,
             TurnResult::Reply("hi".to_owned())
         );
         assert_eq!(engine.usage.current().unwrap().request_count, 1);

@@ -10,11 +10,18 @@
 //! both output pipes are closed, or [`PIPE_DRAIN_GRACE`] after the exit, whichever is
 //! first; our ends are closed then, so a process that escaped the group and holds the
 //! pipes keeps nothing of ours (the leftover reaper kills it).
+//!
+//! A cancelled turn ([`CancelToken`], contract 8.1) sends SIGTERM to the engine's pid
+//! and group, and SIGKILL [`KILL_GRACE`] later. If the engine exits first, what is left
+//! in its group keeps the rest of the grace (a nested `loopbus talk` passes the cancel
+//! on to the next hop in it) while the engine stays unreaped, so its group id cannot be
+//! recycled; then the group is killed and the engine reaped.
 
+use super::cancel::CancelToken;
 use super::running::{RunningEngines, Spawned};
 use crate::config::{EngineConfig, PromptMode};
 use rustix::event::{PollFd, PollFlags, Timespec};
-use rustix::fd::{AsFd, OwnedFd};
+use rustix::fd::{AsFd, BorrowedFd, OwnedFd};
 use rustix::process::{Pid, WaitId, WaitIdOptions};
 use std::ffi::OsString;
 use std::io;
@@ -36,6 +43,13 @@ pub const KILL_RETRY: Duration = Duration::from_millis(100);
 pub const EXIT_POLL: Duration = Duration::from_millis(20);
 /// The size of one read from (or write to) an engine's pipe.
 pub const READ_CHUNK_BYTES: usize = 16 * 1024;
+/// A cancelled engine's grace between SIGTERM and SIGKILL (contract 8.1): long enough
+/// for a nested `loopbus talk` to send its own cancel request to the next hop.
+pub const KILL_GRACE: Duration = Duration::from_secs(3);
+/// While a cancelled engine's group outlives it, how often the turn looks whether the
+/// group is gone (and, where no eventfd can be had, how often a running turn looks
+/// whether it was cancelled).
+pub const CANCEL_POLL: Duration = Duration::from_millis(20);
 
 /// One engine process to run.
 #[derive(Debug)]
@@ -46,6 +60,8 @@ pub struct Launch<'a> {
     pub prompt: &'a str,
     /// Variables set on top of `engine.env`.
     pub env: Vec<(&'static str, OsString)>,
+    /// Cancelled when the turn's caller gives up.
+    pub cancel: &'a CancelToken,
 }
 
 /// How an engine process ended.
@@ -63,6 +79,16 @@ pub enum Ended {
     OutputTooLarge,
     /// Its exit status could not be learned.
     Lost,
+    /// The turn was cancelled: the engine got SIGTERM (SIGKILL after [`KILL_GRACE`]),
+    /// or was never started. What it wrote may still report usage.
+    Cancelled {
+        /// Its exit status, if it ran and its status was learned.
+        status: Option<ExitStatus>,
+        /// What it wrote on stdout.
+        stdout: Vec<u8>,
+        /// What it wrote on stderr.
+        stderr: Vec<u8>,
+    },
     /// It exited by itself, having written this (stdout capped at
     /// `engine.maxOutputBytes`, stderr at [`MAX_STDERR_KEPT`]).
     Exited {
@@ -78,6 +104,7 @@ pub enum Ended {
 /// Why the turn stopped the engine (the first reason wins).
 #[derive(Debug, Clone, Copy)]
 enum Stop {
+    Cancelled,
     TimedOut,
     OutputTooLarge,
     WatchFailed,
@@ -156,6 +183,13 @@ pub fn run(launch: &Launch<'_>, running: &RunningEngines) -> Ended {
     let Some(mut command) = command(launch) else {
         return Ended::NoCommand;
     };
+    if launch.cancel.is_cancelled() {
+        return Ended::Cancelled {
+            status: None,
+            stdout: Vec::new(),
+            stderr: Vec::new(),
+        };
+    }
     let started = Instant::now();
     let mut spawned = match running.spawn(&mut command) {
         Ok(spawned) => spawned,
@@ -170,7 +204,7 @@ pub fn run(launch: &Launch<'_>, running: &RunningEngines) -> Ended {
                 stdout,
                 stderr,
             };
-            let stop = supervise(&spawned, running, &mut io, deadline);
+            let stop = supervise(&spawned, running, &mut io, deadline, launch.cancel);
             if matches!(stop, Err(_) | Ok(Some(Stop::WatchFailed))) {
                 // It may still run: it must exit before it is reaped.
                 running.kill(&spawned);
@@ -187,6 +221,11 @@ pub fn run(launch: &Launch<'_>, running: &RunningEngines) -> Ended {
     let status = running.reap(&mut spawned);
     match (stop, status) {
         (Err(e), _) => Ended::WaitFailed(e),
+        (Ok(Some(Stop::Cancelled)), status) => Ended::Cancelled {
+            status: status.ok(),
+            stdout,
+            stderr,
+        },
         (Ok(Some(Stop::TimedOut)), _) => Ended::TimedOut,
         (Ok(Some(Stop::OutputTooLarge)), _) => Ended::OutputTooLarge,
         (Ok(Some(Stop::WatchFailed)), _) | (Ok(None), Err(_)) => Ended::Lost,
@@ -225,29 +264,60 @@ fn pipes(spawned: &mut Spawned, prompt: &str, max_output: usize) -> io::Result<[
 }
 
 /// Feeds and drains the engine until it has exited and its output is drained (or
-/// [`PIPE_DRAIN_GRACE`] passed), killing it at the deadline or on output overflow.
-/// Returns why the turn stopped it, if it did.
+/// [`PIPE_DRAIN_GRACE`] passed), killing it at the deadline or on output overflow, and
+/// stopping it when `cancel` is cancelled. Returns why the turn stopped it, if it did.
 fn supervise(
     spawned: &Spawned,
     running: &RunningEngines,
     io: &mut Io,
     deadline: Option<Instant>,
+    cancel: &CancelToken,
 ) -> io::Result<Option<Stop>> {
     let pidfd = Pid::from_raw(i32::try_from(spawned.pid).unwrap_or(0)).and_then(|pid| {
         rustix::process::pidfd_open(pid, rustix::process::PidfdFlags::empty()).ok()
     });
+    let cancel_fd = cancel.arm();
+    let stopped = watch(spawned, running, io, deadline, cancel, pidfd, cancel_fd);
+    cancel.disarm();
+    stopped
+}
+
+/// [`supervise`]'s loop, with the engine's pidfd and the cancel eventfd where the OS
+/// gave them.
+fn watch(
+    spawned: &Spawned,
+    running: &RunningEngines,
+    io: &mut Io,
+    deadline: Option<Instant>,
+    cancel: &CancelToken,
+    pidfd: Option<OwnedFd>,
+    cancel_fd: Option<std::sync::Arc<OwnedFd>>,
+) -> io::Result<Option<Stop>> {
     let mut stop: Option<Stop> = None;
     let mut killed_at: Option<Instant> = None;
     let mut exited_at: Option<Instant> = None;
+    // When a cancel sent SIGTERM; SIGKILL follows at `+ KILL_GRACE`.
+    let mut termed_at: Option<Instant> = None;
+    // The engine exited within its cancel grace and its group is still there.
+    let mut group_waits = false;
     loop {
         let now = Instant::now();
+        if exited_at.is_none() && stop.is_none() && cancel.is_cancelled() {
+            stop = Some(Stop::Cancelled);
+            running.terminate(spawned);
+            termed_at = Some(now);
+        }
+        let kill_at = termed_at.map(|at| at + KILL_GRACE);
         if exited_at.is_none() {
             match exited(spawned, pidfd.as_ref(), false) {
                 Ok(true) => {
                     exited_at = Some(now);
-                    // Whatever the engine left running in its group goes with it;
-                    // what left the group is the reaper's now.
-                    running.kill(spawned);
+                    group_waits = kill_at.is_some_and(|k| now < k);
+                    if !group_waits {
+                        // Whatever the engine left running in its group goes with it;
+                        // what left the group is the reaper's now.
+                        running.kill(spawned);
+                    }
                     running.nudge();
                     io.stdin = None;
                 }
@@ -255,8 +325,13 @@ fn supervise(
                 Err(_) => return Ok(Some(stop.unwrap_or(Stop::WatchFailed))),
             }
         }
+        if group_waits && (kill_at.is_none_or(|k| now >= k) || !running.group_alive(spawned)) {
+            running.kill(spawned);
+            group_waits = false;
+        }
         let drain_until = exited_at.map(|at| at + PIPE_DRAIN_GRACE);
         if exited_at.is_some()
+            && !group_waits
             && (!(open(&io.stdout) || open(&io.stderr)) || drain_until.is_some_and(|d| now >= d))
         {
             // Closes our ends: a process that escaped the group gets EPIPE.
@@ -266,19 +341,27 @@ fn supervise(
             if stop.is_none() && deadline.is_some_and(|d| now >= d) {
                 stop = Some(Stop::TimedOut);
             }
-            if stop.is_some() && killed_at.is_none_or(|at| now >= at + KILL_RETRY) {
+            let kill_due = kill_at.is_none_or(|k| now >= k);
+            if stop.is_some() && kill_due && killed_at.is_none_or(|at| now >= at + KILL_RETRY) {
                 running.kill(spawned);
                 killed_at = Some(now);
             }
         }
         // Sleep until something is ready or the next thing to do.
+        let watch_cancel = stop.is_none() && exited_at.is_none();
+        let cancel_fd = cancel_fd
+            .as_deref()
+            .map(AsFd::as_fd)
+            .filter(|_| watch_cancel);
         let mut wake = [
             deadline.filter(|_| stop.is_none() && exited_at.is_none()),
             killed_at
                 .map(|at| at + KILL_RETRY)
                 .filter(|_| exited_at.is_none()),
+            kill_at.filter(|_| killed_at.is_none() || group_waits),
             drain_until,
             (pidfd.is_none() && exited_at.is_none()).then(|| now + EXIT_POLL),
+            (group_waits || (watch_cancel && cancel_fd.is_none())).then(|| now + CANCEL_POLL),
         ]
         .into_iter()
         .flatten()
@@ -288,7 +371,8 @@ fn supervise(
             // Round up, so a wake-up never comes a moment too early and spins.
             *w += Duration::from_millis(1);
         }
-        wait_ready(io, pidfd.as_ref().filter(|_| exited_at.is_none()), wake)?;
+        let pidfd = pidfd.as_ref().filter(|_| exited_at.is_none());
+        wait_ready(io, pidfd.map(AsFd::as_fd), cancel_fd, wake)?;
         if let Some(pipe) = &mut io.stdin {
             pipe.write_ready();
         }
@@ -306,9 +390,14 @@ fn open(pipe: &Option<Pipe>) -> bool {
     pipe.as_ref().is_some_and(Pipe::is_open)
 }
 
-/// Polls the pipes that are open (and the pidfd) for at most `timeout` (`None`:
-/// until one is ready).
-fn wait_ready(io: &Io, pidfd: Option<&OwnedFd>, timeout: Option<Duration>) -> io::Result<()> {
+/// Polls the pipes that are open (and the pidfd and the cancel eventfd) for at most
+/// `timeout` (`None`: until one is ready).
+fn wait_ready(
+    io: &Io,
+    pidfd: Option<BorrowedFd<'_>>,
+    cancel: Option<BorrowedFd<'_>>,
+    timeout: Option<Duration>,
+) -> io::Result<()> {
     let mut fds = Vec::with_capacity(4);
     if let Some(fd) = io.stdin.as_ref().and_then(|p| p.fd.as_ref()) {
         fds.push(PollFd::new(fd, PollFlags::OUT));
@@ -318,7 +407,8 @@ fn wait_ready(io: &Io, pidfd: Option<&OwnedFd>, timeout: Option<Duration>) -> io
             fds.push(PollFd::new(fd, PollFlags::IN));
         }
     }
-    if let Some(fd) = pidfd {
+    let extra = [pidfd, cancel];
+    for fd in extra.iter().flatten() {
         fds.push(PollFd::new(fd, PollFlags::IN));
     }
     // A timeout too large for a timespec waits without one: the deadline is far off.
@@ -403,11 +493,107 @@ mod tests {
     }
 
     fn launch<'a>(engine: &'a EngineConfig, prompt: &'a str) -> Launch<'a> {
+        with_cancel(engine, prompt, Box::leak(Box::new(CancelToken::new())))
+    }
+
+    fn with_cancel<'a>(
+        engine: &'a EngineConfig,
+        prompt: &'a str,
+        cancel: &'a CancelToken,
+    ) -> Launch<'a> {
         Launch {
             engine,
             prompt,
             env: vec![("LOOPBUS_TEST_VAR", "from-launch".into())],
+            cancel,
         }
+    }
+
+    /// Runs `e` on a thread with a token to cancel it; cancels once `ready` exists.
+    fn run_and_cancel(e: EngineConfig, ready: &std::path::Path) -> (Ended, RunningEngines) {
+        let running = RunningEngines::default();
+        let watcher = running.clone();
+        let token = CancelToken::new();
+        let cancel = token.clone();
+        let turn = thread::spawn(move || run(&with_cancel(&e, "", &token), &watcher));
+        let started = Instant::now();
+        while !ready.exists() {
+            assert!(started.elapsed() < Duration::from_secs(30), "never ready");
+            thread::sleep(Duration::from_millis(5));
+        }
+        cancel.cancel();
+        (turn.join().unwrap(), running)
+    }
+
+    #[test]
+    fn a_cancelled_engine_gets_sigterm_and_its_turn_ends() {
+        let dir = crate::files::test_support::TestDir::new("cancel-term");
+        let ready = dir.path().join("ready");
+        let mut e = engine(
+            &["sh", "-c", "touch \"$READY\"; exec sleep 60"],
+            PromptMode::Stdin,
+        );
+        e.env.insert("READY".into(), ready.display().to_string());
+        let (ended, running) = run_and_cancel(e, &ready);
+        let Ended::Cancelled { status, .. } = ended else {
+            panic!("not cancelled: {ended:?}")
+        };
+        assert_eq!(
+            status.and_then(|s| s.signal()),
+            Some(15),
+            "SIGTERM ended it"
+        );
+        assert_eq!(running.count(), 0);
+    }
+
+    #[test]
+    fn a_cancelled_engine_that_ignores_sigterm_gets_sigkill_after_the_grace() {
+        let dir = crate::files::test_support::TestDir::new("cancel-kill");
+        let ready = dir.path().join("ready");
+        let mut e = engine(
+            &["sh", "-c", "trap '' TERM; touch \"$READY\"; sleep 60"],
+            PromptMode::Stdin,
+        );
+        e.env.insert("READY".into(), ready.display().to_string());
+        let (ended, running) = run_and_cancel(e, &ready);
+        let Ended::Cancelled { status, .. } = ended else {
+            panic!("not cancelled: {ended:?}")
+        };
+        assert_eq!(status.and_then(|s| s.signal()), Some(9), "SIGKILL ended it");
+        assert_eq!(running.count(), 0);
+    }
+
+    /// A nested `loopbus talk` in the engine's group needs the rest of the grace to
+    /// pass the cancel on: the group is not killed the moment the engine exits.
+    #[test]
+    fn the_group_of_a_cancelled_engine_keeps_the_grace() {
+        let dir = crate::files::test_support::TestDir::new("cancel-group");
+        let ready = dir.path().join("ready");
+        let mark = dir.path().join("mark");
+        let script = "(trap '' TERM; sleep 0.3; echo passed > \"$MARK\") & \
+                      trap 'exit 0' TERM; touch \"$READY\"; wait";
+        let mut e = engine(&["sh", "-c", script], PromptMode::Stdin);
+        e.env.insert("READY".into(), ready.display().to_string());
+        e.env.insert("MARK".into(), mark.display().to_string());
+        let (ended, running) = run_and_cancel(e, &ready);
+        assert!(matches!(ended, Ended::Cancelled { .. }), "{ended:?}");
+        assert_eq!(std::fs::read_to_string(&mark).unwrap(), "passed\n");
+        assert_eq!(running.count(), 0);
+    }
+
+    #[test]
+    fn a_turn_cancelled_before_its_engine_starts_starts_none() {
+        let dir = crate::files::test_support::TestDir::new("cancel-early");
+        let mark = dir.path().join("ran");
+        let e = engine(&["touch", mark.to_str().unwrap()], PromptMode::Stdin);
+        let token = CancelToken::new();
+        token.cancel();
+        let ended = run(&with_cancel(&e, "", &token), &Default::default());
+        assert!(
+            matches!(ended, Ended::Cancelled { status: None, .. }),
+            "{ended:?}"
+        );
+        assert!(!mark.exists());
     }
 
     #[test]

@@ -152,6 +152,23 @@ impl RunningEngines {
         kill_tree(spawned.pid, Signal::KILL);
     }
 
+    /// Asks the engine `spawned` (its pid and its group), which is not reaped yet, to
+    /// stop (SIGTERM): the first step of a cancel.
+    pub(super) fn terminate(&self, spawned: &Spawned) {
+        let _state = self.lock();
+        kill_tree(spawned.pid, Signal::TERM);
+    }
+
+    /// Whether any process is left in the group of `spawned`, which is not reaped yet
+    /// (so its group id is still its own).
+    pub(super) fn group_alive(&self, spawned: &Spawned) -> bool {
+        let _state = self.lock();
+        i32::try_from(spawned.pid)
+            .ok()
+            .and_then(Pid::from_raw)
+            .is_some_and(|pid| rustix::process::test_kill_process_group(pid).is_ok())
+    }
+
     /// Waits until an engine exited ([`RunningEngines::nudge`]) or `timeout` passed.
     pub(super) fn wait_nudged(&self, timeout: Duration) {
         let state = self.lock();

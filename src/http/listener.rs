@@ -28,10 +28,10 @@ pub const HEALTH_RESERVE: usize = 32;
 /// open-files limit caps the number of connections. An idle instance holds about 15.
 pub const RESERVED_FDS: usize = 48;
 /// Descriptors one running turn holds for its engine: our ends of its stdin, stdout
-/// and stderr pipes, and a pidfd (see `engine::process`). The connection cap keeps
+/// and stderr pipes, a pidfd, and the eventfd its cancel wakes (see `engine::process`). The connection cap keeps
 /// this many per `bus.maxConcurrentTurns` free under a low open-files limit, so that
 /// busy engines never leave accept without a descriptor (and health without room).
-pub const FDS_PER_TURN: usize = 4;
+pub const FDS_PER_TURN: usize = 5;
 /// The fewest connections served however low the open-files limit is.
 const MIN_CONNECTIONS: usize = 8;
 /// The listen backlog: connections the kernel queues before the loop accepts them.
@@ -136,13 +136,13 @@ mod tests {
             (Some(u64::MAX), 4, MAX_CONNECTIONS),
             (Some(1_048_576), 1_000, MAX_CONNECTIONS),
             (Some(1024 + 48), 0, MAX_CONNECTIONS),
-            (Some(1024 + 48 + 16), 4, MAX_CONNECTIONS),
-            (Some(1024 + 48 + 15), 4, 1023),
+            (Some(1024 + 48 + 20), 4, MAX_CONNECTIONS),
+            (Some(1024 + 48 + 19), 4, 1023),
             (Some(1024), 0, 976),
-            (Some(1024), 4, 960),
+            (Some(1024), 4, 956),
             // The attack review's config: 64 engines under `ulimit -n 1024`.
-            (Some(1024), 64, 1024 - 48 - 256),
-            (Some(128), 4, 64),
+            (Some(1024), 64, 1024 - 48 - 320),
+            (Some(132), 4, 64),
             (Some(70), 4, MIN_CONNECTIONS),
             (Some(0), 0, MIN_CONNECTIONS),
             (Some(1024), usize::MAX, MIN_CONNECTIONS),

@@ -3,10 +3,8 @@
 
 use super::{Bus, Refusal};
 use crate::audit;
-use crate::engine::TurnResult;
-use crate::http::{ConnId, Head, Response};
+use crate::http::{Head, Response};
 use crate::protocol::{proof, Envelope, ErrorCode, Failure, Health, TurnLoad};
-use crate::turns::{Done, Outcome};
 use std::time::Instant;
 
 /// What the audit line of one talk outcome knows about the request.
@@ -15,13 +13,7 @@ pub(super) struct TalkMeta {
     pub(super) from_instance: Option<String>,
     pub(super) depth: Option<u64>,
     pub(super) prompt_chars: Option<usize>,
-}
-
-/// A request waiting for its turn.
-#[derive(Debug)]
-pub(super) struct Pending {
-    pub(super) received_at: Instant,
-    pub(super) meta: TalkMeta,
+    pub(super) request_id: Option<String>,
 }
 
 impl Bus {
@@ -68,12 +60,8 @@ impl Bus {
     ) -> Response {
         let (status, code) = refusal.status_and_code();
         log::debug!(
-            "talk refused: {} {} (from {:?}, depth {:?}, prompt {:?} chars)",
-            status,
-            code,
+            "talk refused: {status} {code} (from {})",
             meta.from_instance.as_deref().unwrap_or("?"),
-            meta.depth,
-            meta.prompt_chars
         );
         let message = refusal.message();
         let duration_ms = elapsed_ms(received_at);
@@ -86,25 +74,40 @@ impl Bus {
             error_code: Some(code.as_str()),
             prompt_chars: meta.prompt_chars,
             status: Some(status),
+            request_id: meta.request_id.as_deref(),
         });
         self.refusal_response(refusal, received_at)
     }
 
-    /// Records a turn's answer in the audit log.
-    pub(super) fn audit_answer(&mut self, pending: &Pending, envelope: &Envelope) {
-        let (outcome, detail, code) = match &envelope.failure {
-            None => ("success", "ok", None),
-            Some(f) => ("failure", audit_detail(f), Some(f.code.as_str())),
+    /// Records a turn's answer in the audit log; `cancelled` says why it was, `status`
+    /// is `None` when nobody was left to answer.
+    pub(super) fn audit_answer(
+        &mut self,
+        meta: &TalkMeta,
+        envelope: &Envelope,
+        cancelled: Option<&str>,
+        status: Option<u16>,
+    ) {
+        let (outcome, detail, code) = match (&envelope.failure, cancelled) {
+            (None, _) => ("success", "ok", None),
+            (Some(f), Some(why)) => ("cancelled", why, Some(f.code.as_str())),
+            (Some(f), None) => ("failure", audit_detail(f), Some(f.code.as_str())),
         };
+        log::debug!(
+            "talk answered: {outcome} (from {}, {} ms)",
+            meta.from_instance.as_deref().unwrap_or("?"),
+            envelope.duration_ms
+        );
         self.audit.record(&audit::Record {
             outcome,
             detail,
-            from_instance: pending.meta.from_instance.as_deref(),
-            depth: pending.meta.depth,
+            from_instance: meta.from_instance.as_deref(),
+            depth: meta.depth,
             duration_ms: envelope.duration_ms,
             error_code: code,
-            prompt_chars: pending.meta.prompt_chars,
-            status: Some(200),
+            prompt_chars: meta.prompt_chars,
+            status,
+            request_id: meta.request_id.as_deref(),
         });
     }
 
@@ -137,45 +140,6 @@ impl Bus {
             }
         }
         Bus::json(200, body.to_json())
-    }
-
-    /// Turns a finished job into the response for its connection.
-    pub(super) fn finish(&mut self, done: Done<ConnId, TurnResult>) -> Option<(ConnId, Response)> {
-        let pending = self.pending.remove(&done.key)?;
-        let took = elapsed_ms(pending.received_at);
-        let response = match done.outcome {
-            Outcome::Finished(TurnResult::Reply(text)) => {
-                log::debug!(
-                    "talk answered: success (from {:?}, depth {:?}, {} ms)",
-                    pending.meta.from_instance.as_deref().unwrap_or("?"),
-                    pending.meta.depth,
-                    took
-                );
-                let envelope = Envelope::success(&self.name, text, took);
-                self.audit_answer(&pending, &envelope);
-                Bus::envelope_response(200, &envelope)
-            }
-            Outcome::Finished(TurnResult::Failed(failure)) => {
-                log::debug!(
-                    "talk answered: failure {} (from {:?}, {} ms)",
-                    failure.code,
-                    pending.meta.from_instance.as_deref().unwrap_or("?"),
-                    took
-                );
-                let envelope = Envelope::failure(&self.name, failure, took);
-                self.audit_answer(&pending, &envelope);
-                Bus::envelope_response(200, &envelope)
-            }
-            Outcome::Panicked => {
-                log::error!("turn handler panicked");
-                self.refuse_talk(
-                    &Refusal::HandlerPanicked,
-                    pending.received_at,
-                    &pending.meta,
-                )
-            }
-        };
-        Some((done.key, response))
     }
 }
 

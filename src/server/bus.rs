@@ -1,17 +1,19 @@
 //! [`Bus`]: the server state the HTTP loop drives, and its routing: which path and
 //! method get which answer, and the contract's check order from head to turn.
 
-use super::answer::{elapsed_ms, Pending, TalkMeta};
+use super::answer::TalkMeta;
+use super::lifetime::{TurnId, TurnState};
+use super::requests::RequestStore;
 use super::{checks, EngineOverride, Refusal};
-use crate::audit::{self, AuditLog};
+use crate::audit::AuditLog;
 use crate::config::Config;
-use crate::engine::{Engine, RunningEngines, Turn, TurnResult};
+use crate::engine::{RunningEngines, Turn, TurnOutput};
 use crate::http::{
     ConnId, Control, Head, HeadAction, HttpError, Response, Service, HEALTH_PATH, TALK_PATH,
 };
 use crate::protocol::{self, InstanceName};
 use crate::secret::Secret;
-use crate::turns::{Busy, Done, Outcome, TurnPool};
+use crate::turns::TurnPool;
 use std::collections::HashMap;
 use std::net::IpAddr;
 use std::path::PathBuf;
@@ -44,6 +46,9 @@ pub struct ServerSettings {
     pub running: RunningEngines,
 }
 
+/// Wakes the event loop from anywhere.
+pub type Wake = Arc<dyn Fn() + Send + Sync>;
+
 /// The bus server state, driven by the HTTP loop.
 pub struct Bus {
     pub(super) name: InstanceName,
@@ -52,8 +57,19 @@ pub struct Bus {
     pub(super) config_path: PathBuf,
     pub(super) config_bytes: Vec<u8>,
     pub(super) engine_override: Option<EngineOverride>,
-    pub(super) pool: TurnPool<ConnId, Turn, TurnResult>,
-    pub(super) pending: HashMap<ConnId, Pending>,
+    pub(super) pool: TurnPool<TurnId, Turn, TurnOutput>,
+    /// The turns admitted and not answered yet.
+    pub(super) turns: HashMap<TurnId, TurnState>,
+    /// Which turn each waiting connection waits on.
+    pub(super) conns: HashMap<ConnId, TurnId>,
+    pub(super) next_turn: u64,
+    /// Request ids of running and recently answered turns (contract 8.2).
+    pub(super) requests: RequestStore<TurnId>,
+    /// Answers for connections other than the one a callback serves, delivered at the
+    /// next wake-up.
+    pub(super) outbox: Vec<(ConnId, Response)>,
+    /// Wakes the loop (to deliver the outbox).
+    pub(super) wake: Wake,
     pub(super) stopping_since: Option<Instant>,
     pub(super) engines_killed_at: Option<Instant>,
     pub(super) allowed_hosts: [String; 3],
@@ -67,8 +83,12 @@ pub struct Bus {
 }
 
 impl Bus {
-    /// A server for `settings`, running turns on `pool`.
-    pub fn new(settings: ServerSettings, pool: TurnPool<ConnId, Turn, TurnResult>) -> Bus {
+    /// A server for `settings`, running turns on `pool`, waking the loop with `wake`.
+    pub fn new(
+        settings: ServerSettings,
+        pool: TurnPool<TurnId, Turn, TurnOutput>,
+        wake: Wake,
+    ) -> Bus {
         let port = settings.port;
         Bus {
             pid: std::process::id(),
@@ -84,14 +104,19 @@ impl Bus {
             config_bytes: settings.config_bytes,
             engine_override: settings.engine_override,
             pool,
-            pending: HashMap::new(),
+            turns: HashMap::new(),
+            conns: HashMap::new(),
+            next_turn: 0,
+            requests: RequestStore::default(),
+            outbox: Vec::new(),
+            wake,
             stopping_since: None,
             allowed_hosts: checks::allowed_hosts(port),
         }
     }
 
     /// Hands back the pool after the loop ended, so its workers can be joined.
-    pub fn into_pool(self) -> TurnPool<ConnId, Turn, TurnResult> {
+    pub fn into_pool(self) -> TurnPool<TurnId, Turn, TurnOutput> {
         self.pool
     }
 }
@@ -133,7 +158,7 @@ impl Service for Bus {
         }
     }
 
-    fn on_request(&mut self, id: ConnId, head: &Head, body: Vec<u8>) -> Option<Response> {
+    fn on_request(&mut self, conn: ConnId, head: &Head, body: Vec<u8>) -> Option<Response> {
         let received_at = head.received_at;
         let request = match protocol::parse_talk_request(&body) {
             Ok(request) => request,
@@ -145,6 +170,7 @@ impl Service for Bus {
             from_instance: Some(request.from_instance.clone()),
             depth: Some(request.depth),
             prompt_chars: Some(request.prompt.chars().count()),
+            request_id: request.ext.request_id.as_ref().map(|id| id.to_string()),
         };
         let refusal = if !self.config.bus.peers.allows(&request.from_instance) {
             Some(Refusal::PeerNotAllowed)
@@ -161,26 +187,7 @@ impl Service for Bus {
         if let Some(refusal) = refusal {
             return Some(self.refuse_talk(&refusal, received_at, &meta));
         }
-        let turn = Turn {
-            request,
-            config: Arc::clone(&self.config),
-        };
-        if let Some(result) = Engine::run_inline(&turn) {
-            // Echo without a budget: no process, no file, nothing to wait for.
-            self.pending.insert(id, Pending { received_at, meta });
-            let done = Done {
-                key: id,
-                outcome: Outcome::Finished(result),
-            };
-            return self.finish(done).map(|(_, response)| response);
-        }
-        match self.pool.submit(id, turn) {
-            Ok(()) => {
-                self.pending.insert(id, Pending { received_at, meta });
-                None
-            }
-            Err(Busy(_turn)) => Some(self.refuse_talk(&Refusal::Busy, received_at, &meta)),
-        }
+        self.admit(conn, request, received_at, meta)
     }
 
     fn error_response(&mut self, error: HttpError, head: Option<&Head>) -> Response {
@@ -195,9 +202,12 @@ impl Service for Bus {
     }
 
     fn on_wake(&mut self, control: &mut Control) {
+        for (conn, response) in std::mem::take(&mut self.outbox) {
+            control.respond(conn, response);
+        }
         let finished: Vec<_> = self.pool.finished().collect();
         for done in finished {
-            if let Some((conn, response)) = self.finish(done) {
+            for (conn, response) in self.complete(done.key, done.outcome) {
                 control.respond(conn, response);
             }
         }
@@ -212,30 +222,10 @@ impl Service for Bus {
         self.tick(now, control)
     }
 
-    fn on_abandoned(&mut self, id: ConnId) {
-        // A queued turn is dropped; a running one finishes (its usage counts) and its
-        // answer is discarded.
-        if let Some(pending) = self.pending.remove(&id) {
-            let cancelled = self.pool.cancel(id).is_some();
-            let detail = if cancelled {
-                "the caller went away while its turn was queued; it will not run"
-            } else {
-                "the caller went away while its turn ran; the answer is dropped"
-            };
-            log::info!(
-                "caller {:?}: {detail}",
-                pending.meta.from_instance.as_deref().unwrap_or("?")
-            );
-            self.audit.record(&audit::Record {
-                outcome: "abandoned",
-                detail,
-                from_instance: pending.meta.from_instance.as_deref(),
-                depth: pending.meta.depth,
-                duration_ms: elapsed_ms(pending.received_at),
-                error_code: None,
-                prompt_chars: pending.meta.prompt_chars,
-                status: None,
-            });
+    fn on_abandoned(&mut self, conn: ConnId) {
+        self.hung_up(conn);
+        if !self.outbox.is_empty() {
+            (self.wake)();
         }
     }
 }

@@ -246,6 +246,10 @@ impl Instance {
             }
         }
         let waker = event_loop.waker();
+        let bus_waker = Arc::clone(&waker);
+        let wake: super::bus::Wake = Arc::new(move || {
+            let _ = bus_waker.wake();
+        });
         // The server glues the two: a worker runs a turn on the engine, then wakes the
         // loop. Waking fails only if the OS refuses the write to mio's eventfd; the
         // result then waits for the next wake-up.
@@ -295,7 +299,7 @@ impl Instance {
             secret,
             pid,
             event_loop,
-            bus: Bus::new(settings, pool),
+            bus: Bus::new(settings, pool, wake),
             registry_check,
             shutdown: ShutdownHandle(Arc::new(shutdown)),
             _serving: serving,

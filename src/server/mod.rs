@@ -15,8 +15,10 @@ mod bus;
 mod checks;
 mod error;
 mod instance;
+mod lifetime;
 mod refusal;
 mod registry_check;
+mod requests;
 mod startup;
 mod upkeep;
 

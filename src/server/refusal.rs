@@ -38,6 +38,10 @@ pub enum Refusal {
         /// The configured limit.
         max: u64,
     },
+    /// `ext.requestId` was used before for a different prompt or depth (contract 8.2).
+    RequestIdReused,
+    /// A cancel request names a request id with no turn (contract 8.1).
+    UnknownRequestId,
     /// The turn queue is full.
     Busy,
     /// The instance is shutting down.
@@ -65,7 +69,9 @@ impl Refusal {
             Refusal::TooLarge => (413, ErrorCode::RequestTooLarge),
             Refusal::BusDisabled => (403, ErrorCode::BusDisabled),
             Refusal::Unauthorized => (401, ErrorCode::AuthFailed),
-            Refusal::Body(_) => (400, ErrorCode::InvalidRequest),
+            Refusal::Body(_) | Refusal::RequestIdReused | Refusal::UnknownRequestId => {
+                (400, ErrorCode::InvalidRequest)
+            }
             Refusal::PeerNotAllowed => (403, ErrorCode::PeerNotAllowed),
             Refusal::DepthExceeded { .. } => (429, ErrorCode::MaxDepthExceeded),
             Refusal::Busy | Refusal::ShuttingDown => (503, ErrorCode::ServerBusy),
@@ -108,6 +114,13 @@ impl Refusal {
             Refusal::PeerNotAllowed => "caller is not in this instance's peers".to_owned(),
             Refusal::DepthExceeded { depth, max } => {
                 format!("depth {depth} reaches this instance's maxDepth of {max}")
+            }
+            Refusal::RequestIdReused => {
+                "`ext.requestId` was used before for a different prompt or depth".to_owned()
+            }
+            Refusal::UnknownRequestId => {
+                "no turn with this `ext.requestId` to cancel (finished turns are kept 10 minutes)"
+                    .to_owned()
             }
             Refusal::Busy => "turn queue is full; try again shortly".to_owned(),
             Refusal::ShuttingDown => "instance is shutting down".to_owned(),

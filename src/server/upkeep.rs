@@ -105,10 +105,8 @@ impl Bus {
         log::info!("stopping: no new connections, queued turns get server_busy");
         self.stopping_since = Some(Instant::now());
         control.stop_accepting();
-        for (conn, _job) in self.pool.close() {
-            if let Some(pending) = self.pending.remove(&conn) {
-                let response =
-                    self.refuse_talk(&Refusal::ShuttingDown, pending.received_at, &pending.meta);
+        for (turn, _job) in self.pool.close() {
+            for (conn, response) in self.refuse_queued(turn, &Refusal::ShuttingDown) {
                 control.respond(conn, response);
             }
         }
@@ -120,11 +118,15 @@ impl Bus {
         match self.stopping_since {
             None => {
                 self.reload_config();
-                now + CONFIG_RELOAD_INTERVAL
+                self.requests.expire(now);
+                let orphan_due = self.reap_orphans(now);
+                self.on_wake(control);
+                let reload = now + CONFIG_RELOAD_INTERVAL;
+                orphan_due.map_or(reload, |due| due.min(reload))
             }
             Some(since) => {
                 self.on_wake(control);
-                if self.pool.is_idle() && self.pending.is_empty() {
+                if self.pool.is_idle() && self.turns.is_empty() {
                     control.exit();
                 } else if let Some(killed_at) = self.engines_killed_at {
                     if now.duration_since(killed_at) >= KILL_GRACE {

@@ -1,0 +1,322 @@
+//! The request-id store (contract 8.2): which (`fromInstance`, `requestId`) pairs have a
+//! turn running, and the stored envelopes of those that finished, so that a retry
+//! attaches to its turn or gets its answer again instead of running the engine twice.
+//!
+//! Pure bookkeeping: no I/O, time passed in. Bounds: at most [`MAX_STORED_ANSWERS`]
+//! stored envelopes and [`MAX_STORED_BYTES`] bytes (envelope, key and
+//! [`ENTRY_OVERHEAD_BYTES`] each); beyond either, the oldest stored answer is evicted
+//! first; an answer is kept for [`ANSWER_TTL`]. Running entries are bounded by the turn
+//! pool (one per admitted turn) and are never evicted. A restart forgets everything.
+
+use crate::protocol::RequestId;
+use sha2::{Digest as _, Sha256};
+use std::collections::{HashMap, VecDeque};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// How long a finished turn's envelope is kept for retries (contract 8.2).
+pub const ANSWER_TTL: Duration = Duration::from_secs(600);
+/// Most stored envelopes at once.
+pub const MAX_STORED_ANSWERS: usize = 4096;
+/// Most bytes of stored envelopes (with their keys and overhead) at once. An envelope
+/// larger than this alone is not stored: its retry runs the turn again.
+pub const MAX_STORED_BYTES: usize = 32 * 1024 * 1024;
+/// What one stored entry is counted as besides its envelope and key: the map's and
+/// queue's own bookkeeping.
+pub const ENTRY_OVERHEAD_BYTES: usize = 128;
+
+/// Who asked, and under which id: the store's key.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct RequestKey {
+    /// The request's `fromInstance`.
+    pub from_instance: String,
+    /// Its `ext.requestId`.
+    pub id: RequestId,
+}
+
+impl RequestKey {
+    fn bytes(&self) -> usize {
+        self.from_instance.len() + self.id.as_str().len()
+    }
+}
+
+/// A digest of what a request id stands for: its prompt and depth.
+pub type RequestDigest = [u8; 32];
+
+/// The digest of `prompt` at `depth` (SHA-256 over the depth's 8 bytes and the prompt).
+pub fn digest(prompt: &str, depth: u64) -> RequestDigest {
+    let mut hasher = Sha256::new();
+    hasher.update(depth.to_be_bytes());
+    hasher.update(prompt.as_bytes());
+    hasher.finalize().into()
+}
+
+/// What the store knows of a request id.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Seen<T> {
+    /// Nothing: a new turn.
+    New,
+    /// The id is known for a different prompt or depth.
+    Mismatch,
+    /// Its turn is running (or queued) under this id of the caller's.
+    Running(T),
+    /// Its turn finished; this is the envelope it answered.
+    Answered(Arc<Vec<u8>>),
+}
+
+#[derive(Debug)]
+enum State<T> {
+    Running(T),
+    Answered { body: Arc<Vec<u8>>, at: Instant },
+}
+
+#[derive(Debug)]
+struct Entry<T> {
+    digest: RequestDigest,
+    state: State<T>,
+}
+
+/// The store; `T` names a running turn.
+#[derive(Debug)]
+pub struct RequestStore<T> {
+    entries: HashMap<RequestKey, Entry<T>>,
+    /// Stored answers, oldest first (an entry's `at` tells a stale element apart).
+    answered: VecDeque<(RequestKey, Instant)>,
+    answers: usize,
+    bytes: usize,
+}
+
+impl<T> Default for RequestStore<T> {
+    fn default() -> Self {
+        RequestStore {
+            entries: HashMap::new(),
+            answered: VecDeque::new(),
+            answers: 0,
+            bytes: 0,
+        }
+    }
+}
+
+impl<T: Copy> RequestStore<T> {
+    /// What is known of `key` at `now`. With `digest` (a request), an id known for
+    /// another prompt or depth is [`Seen::Mismatch`]; without (a cancel request,
+    /// whose prompt is not compared), it is not looked at.
+    pub fn look(
+        &mut self,
+        key: &RequestKey,
+        digest: Option<&RequestDigest>,
+        now: Instant,
+    ) -> Seen<T> {
+        self.expire(now);
+        let Some(entry) = self.entries.get(key) else {
+            return Seen::New;
+        };
+        if digest.is_some_and(|d| *d != entry.digest) {
+            return Seen::Mismatch;
+        }
+        match &entry.state {
+            State::Running(turn) => Seen::Running(*turn),
+            State::Answered { body, .. } => Seen::Answered(Arc::clone(body)),
+        }
+    }
+
+    /// Records that `key`'s turn runs as `turn`.
+    pub fn running(&mut self, key: RequestKey, digest: RequestDigest, turn: T) {
+        self.remove(&key);
+        self.entries.insert(
+            key,
+            Entry {
+                digest,
+                state: State::Running(turn),
+            },
+        );
+    }
+
+    /// Stores the envelope `key`'s turn answered, evicting the oldest answers to stay
+    /// within the bounds. An envelope over [`MAX_STORED_BYTES`] alone is not stored.
+    pub fn answered(&mut self, key: &RequestKey, body: Arc<Vec<u8>>, now: Instant) {
+        let Some(digest) = self.entries.get(key).map(|e| e.digest) else {
+            return;
+        };
+        self.remove(key);
+        let size = entry_bytes(key, &body);
+        if size > MAX_STORED_BYTES {
+            return;
+        }
+        while self.answers >= MAX_STORED_ANSWERS || self.bytes + size > MAX_STORED_BYTES {
+            if !self.evict_oldest() {
+                break;
+            }
+        }
+        self.answers += 1;
+        self.bytes += size;
+        self.answered.push_back((key.clone(), now));
+        self.entries.insert(
+            key.clone(),
+            Entry {
+                digest,
+                state: State::Answered { body, at: now },
+            },
+        );
+    }
+
+    /// Forgets `key` (its turn ended in a way a retry should run again).
+    pub fn forget(&mut self, key: &RequestKey) {
+        self.remove(key);
+    }
+
+    /// Drops the answers older than [`ANSWER_TTL`].
+    pub fn expire(&mut self, now: Instant) {
+        while let Some((_, at)) = self.answered.front() {
+            if now.saturating_duration_since(*at) < ANSWER_TTL {
+                break;
+            }
+            self.evict_oldest();
+        }
+    }
+
+    /// How many answers are stored, and their bytes as counted against the bounds.
+    #[cfg(test)]
+    pub fn stored(&self) -> (usize, usize) {
+        (self.answers, self.bytes)
+    }
+
+    /// Whether anything at all is known (running or stored).
+    #[cfg(test)]
+    pub fn is_empty(&self) -> bool {
+        self.entries.is_empty()
+    }
+
+    /// Evicts the oldest stored answer; whether there was one.
+    fn evict_oldest(&mut self) -> bool {
+        while let Some((key, at)) = self.answered.pop_front() {
+            let current = matches!(
+                self.entries.get(&key),
+                Some(Entry { state: State::Answered { at: a, .. }, .. }) if *a == at
+            );
+            if current {
+                self.remove(&key);
+                return true;
+            }
+        }
+        false
+    }
+
+    /// Removes `key`, keeping the counters right (its queue element goes stale).
+    fn remove(&mut self, key: &RequestKey) {
+        if let Some(entry) = self.entries.remove(key) {
+            if let State::Answered { body, .. } = &entry.state {
+                self.answers -= 1;
+                self.bytes -= entry_bytes(key, body);
+            }
+        }
+    }
+}
+
+fn entry_bytes(key: &RequestKey, body: &[u8]) -> usize {
+    body.len() + key.bytes() + ENTRY_OVERHEAD_BYTES
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn key(from: &str, n: u128) -> RequestKey {
+        RequestKey {
+            from_instance: from.to_owned(),
+            id: RequestId::from_random(n.to_be_bytes()),
+        }
+    }
+
+    fn body(text: &str) -> Arc<Vec<u8>> {
+        Arc::new(text.as_bytes().to_vec())
+    }
+
+    #[test]
+    fn a_running_turn_then_its_answer() {
+        let t0 = Instant::now();
+        let mut store: RequestStore<u32> = RequestStore::default();
+        let k = key("a", 1);
+        let d = digest("p", 1);
+        assert_eq!(store.look(&k, Some(&d), t0), Seen::New);
+        store.running(k.clone(), d, 7);
+        assert_eq!(store.look(&k, Some(&d), t0), Seen::Running(7));
+        // The same id for another prompt or depth; a cancel does not compare.
+        assert_eq!(store.look(&k, Some(&digest("q", 1)), t0), Seen::Mismatch);
+        assert_eq!(store.look(&k, Some(&digest("p", 2)), t0), Seen::Mismatch);
+        assert_eq!(store.look(&k, None, t0), Seen::Running(7));
+        // Another caller's same id is another request.
+        assert_eq!(store.look(&key("b", 1), Some(&d), t0), Seen::New);
+        store.answered(&k, body("envelope"), t0);
+        assert_eq!(
+            store.look(&k, Some(&d), t0),
+            Seen::Answered(body("envelope"))
+        );
+        assert_eq!(store.stored(), (1, 8 + 1 + 32 + ENTRY_OVERHEAD_BYTES));
+        // Just under the TTL it is there; at the TTL it is gone.
+        let late = t0 + ANSWER_TTL - Duration::from_millis(1);
+        assert_eq!(
+            store.look(&k, Some(&d), late),
+            Seen::Answered(body("envelope"))
+        );
+        assert_eq!(store.look(&k, Some(&d), t0 + ANSWER_TTL), Seen::New);
+        assert_eq!(store.stored(), (0, 0));
+        assert!(store.is_empty());
+    }
+
+    #[test]
+    fn a_forgotten_turn_runs_again() {
+        let t0 = Instant::now();
+        let mut store: RequestStore<u32> = RequestStore::default();
+        let k = key("a", 2);
+        store.running(k.clone(), digest("p", 1), 1);
+        store.forget(&k);
+        assert_eq!(store.look(&k, None, t0), Seen::New);
+        // An answer for an id that is not running (forgotten) is not stored.
+        store.answered(&k, body("x"), t0);
+        assert_eq!(store.look(&k, None, t0), Seen::New);
+    }
+
+    #[test]
+    fn ten_thousand_ids_stay_within_the_bounds() {
+        let t0 = Instant::now();
+        let mut store: RequestStore<u32> = RequestStore::default();
+        let big = Arc::new(vec![b'x'; 16 * 1024]);
+        for n in 0..10_000u128 {
+            let k = key("caller", n);
+            store.running(k.clone(), digest("p", 1), 0);
+            store.answered(&k, Arc::clone(&big), t0 + Duration::from_millis(n as u64));
+            let (answers, bytes) = store.stored();
+            assert!(answers <= MAX_STORED_ANSWERS, "{answers}");
+            assert!(bytes <= MAX_STORED_BYTES, "{bytes}");
+        }
+        // The bytes bound bit first here (16 KiB each): the newest are kept, the
+        // oldest evicted.
+        let (answers, _) = store.stored();
+        assert!(answers > 1000, "{answers}");
+        let newest = key("caller", 9_999);
+        assert!(matches!(store.look(&newest, None, t0), Seen::Answered(_)));
+        assert_eq!(store.look(&key("caller", 0), None, t0), Seen::New);
+        // Small answers: the entry bound bites.
+        let mut store: RequestStore<u32> = RequestStore::default();
+        for n in 0..10_000u128 {
+            let k = key("caller", n);
+            store.running(k.clone(), digest("p", 1), 0);
+            store.answered(&k, body("{}"), t0);
+        }
+        assert_eq!(store.stored().0, MAX_STORED_ANSWERS);
+        assert_eq!(store.entries.len(), MAX_STORED_ANSWERS);
+        assert!(store.answered.len() <= MAX_STORED_ANSWERS);
+    }
+
+    #[test]
+    fn an_envelope_over_the_byte_bound_is_not_stored() {
+        let t0 = Instant::now();
+        let mut store: RequestStore<u32> = RequestStore::default();
+        let k = key("a", 3);
+        store.running(k.clone(), digest("p", 1), 0);
+        store.answered(&k, Arc::new(vec![0; MAX_STORED_BYTES]), t0);
+        assert_eq!(store.look(&k, None, t0), Seen::New);
+        assert_eq!(store.stored(), (0, 0));
+    }
+}
