@@ -17,7 +17,7 @@ mod reaper;
 mod running;
 
 pub use outcome::TurnResult;
-pub use preflight::warnings;
+pub use preflight::{engine_path, find_delegation, findings, warnings};
 pub use reaper::contain_leftovers;
 pub use running::RunningEngines;
 
