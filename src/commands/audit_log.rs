@@ -180,52 +180,70 @@ fn follow_log(path: &Path, rotated: &Path, since: bool, printer: &mut Printer) -
             }
         }
     }
-    let mut current: Option<(LineReader, FileId)> = None;
-    let mut backlog = true;
+    let mut follower = Follower {
+        path,
+        current: None,
+    };
+    let mut backlog = VecDeque::new();
+    follower.poll(&mut |line| {
+        if since {
+            return Ok(printer.show(&line, path)?);
+        }
+        if backlog.len() == FOLLOW_BACKLOG_LINES {
+            backlog.pop_front();
+        }
+        backlog.push_back(line);
+        Ok(())
+    })?;
+    for line in backlog {
+        printer.show(&line, path)?;
+    }
     loop {
-        if current.is_none() {
-            if let Some(handle) = open(path)? {
-                let id = FileId::of(&handle).map_err(|e| Stop::Io(path.to_path_buf(), e))?;
-                current = Some((LineReader::new(handle), id));
-            }
-        }
-        if let Some((reader, _)) = &mut current {
-            let mut kept = VecDeque::new();
-            while let Some(line) = reader
-                .next(false)
-                .map_err(|e| Stop::Io(path.to_path_buf(), e))?
-            {
-                if backlog && !since {
-                    if kept.len() == FOLLOW_BACKLOG_LINES {
-                        kept.pop_front();
-                    }
-                    kept.push_back(line);
-                } else {
-                    printer.show(&line, path)?;
-                }
-            }
-            for line in kept {
-                printer.show(&line, path)?;
-            }
-        }
-        backlog = false;
         std::thread::sleep(FOLLOW_POLL_INTERVAL);
-        // A rotation put a new file in place (the old one was read to its end above,
-        // and the writer writes only to the new one); a truncation starts it over.
-        if let Some((reader, id)) = &mut current {
-            match std::fs::symlink_metadata(path) {
+        follower.poll(&mut |line| Ok(printer.show(&line, path)?))?;
+    }
+}
+
+/// The log file being followed: the handle open on it, and which file that is.
+struct Follower<'a> {
+    path: &'a Path,
+    current: Option<(LineReader, FileId)>,
+}
+
+impl Follower<'_> {
+    /// Hands `each` every line written since the last call. A rotation (a new file
+    /// at the path) is followed after the old file is read to its end, its partial
+    /// last line included (the writer writes only to the new one); a truncation
+    /// starts the file over; a missing file is waited for.
+    fn poll(&mut self, each: &mut dyn FnMut(Line) -> Result<(), Stop>) -> Result<(), Stop> {
+        let fail = |e| Stop::Io(self.path.to_path_buf(), e);
+        if let Some((reader, id)) = &mut self.current {
+            while let Some(line) = reader.next(false).map_err(fail)? {
+                each(line)?;
+            }
+            match std::fs::symlink_metadata(self.path) {
                 Ok(meta) if FileId::from_meta(&meta) != *id => {
                     if let Some(line) = reader.take_partial() {
-                        printer.show(&line, path)?;
+                        each(line)?;
                     }
-                    current = None;
+                    self.current = None;
                 }
-                Ok(meta) if meta.len() < reader.position => reader
-                    .rewind()
-                    .map_err(|e| Stop::Io(path.to_path_buf(), e))?,
+                Ok(meta) if meta.len() < reader.position => reader.rewind().map_err(fail)?,
                 _ => {}
             }
         }
+        if self.current.is_none() {
+            if let Some(handle) = open(self.path)? {
+                let id = FileId::of(&handle).map_err(fail)?;
+                self.current = Some((LineReader::new(handle), id));
+            }
+        }
+        if let Some((reader, _)) = &mut self.current {
+            while let Some(line) = reader.next(false).map_err(fail)? {
+                each(line)?;
+            }
+        }
+        Ok(())
     }
 }
 
@@ -472,6 +490,49 @@ mod tests {
         ] {
             assert!(parse_since(bad).is_err(), "{bad}");
         }
+    }
+
+    #[test]
+    fn follow_reads_across_a_rotation_and_a_truncation() {
+        use std::io::Write;
+        let dir = crate::files::test_support::TestDir::new("audit-follow");
+        let path = dir.path().join(AUDIT_FILE);
+        let mut follower = Follower {
+            path: &path,
+            current: None,
+        };
+        let poll = |follower: &mut Follower<'_>| {
+            let mut seen = Vec::new();
+            follower
+                .poll(&mut |line| {
+                    seen.push(String::from_utf8(line.bytes).unwrap());
+                    Ok(())
+                })
+                .unwrap();
+            seen
+        };
+        assert!(poll(&mut follower).is_empty(), "no file yet");
+        let append = |path: &Path, text: &str| {
+            let mut file = std::fs::OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(path)
+                .unwrap();
+            file.write_all(text.as_bytes()).unwrap();
+        };
+        append(&path, "one\ntw");
+        assert_eq!(poll(&mut follower), ["one"]);
+        append(&path, "o\nthree\n");
+        assert_eq!(poll(&mut follower), ["two", "three"]);
+        // The writer adds a line, renames the file away, and begins a new one.
+        append(&path, "four\n");
+        std::fs::rename(&path, dir.path().join("audit.log.jsonl.1")).unwrap();
+        append(&path, "five\n");
+        assert_eq!(poll(&mut follower), ["four", "five"]);
+        // Cut short in place: read again from its start.
+        std::fs::write(&path, "six\n").unwrap();
+        assert_eq!(poll(&mut follower), ["six"]);
+        assert!(poll(&mut follower).is_empty());
     }
 
     #[test]

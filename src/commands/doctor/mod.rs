@@ -3,21 +3,22 @@
 //! do). It reuses the checks `serve` makes (the config parser, the trust rules, the
 //! engine preflight, the registry probe with proof) and never changes a file.
 
+mod registry_checks;
+
 use super::{stdout, terminal};
 use crate::cli::{Args, CommandError, EXIT_FAILURE, EXIT_OK};
 use crate::config::{self, Config, Peers, CONFIG_FILE};
 use crate::engine;
 use crate::files::{self, TrustKind};
 use crate::protocol::InstanceName;
-use crate::registry::{self, Listed};
+use crate::registry;
 use crate::secret::Secret;
-use std::collections::BTreeMap;
 use std::io;
 use std::path::Path;
 
 /// Help text.
 pub const HELP: &str = "\
-loopbus doctor [--state-dir DIR] [--root DIR]
+loopbus doctor [--state-dir DIR] [--root DIR] [--name NAME]
 
 Check the instance whose state directory is DIR (--state-dir, else
 $LOOPBUS_STATE_DIR) and print one line per check: `ok`, `warn` or `fail`,
@@ -28,8 +29,9 @@ bus.secret, whether the bus is enabled, the engine command and engine.cwd,
 `loopbus` on the engine's PATH (for nested delegation), whether the
 registered port answers as this instance (with the secret's proof), stale
 registry entries, and port conflicts with other registered instances. The
-registry is the one of the channel root (--root, else the parent of DIR).
-Nothing is changed.
+registry is the one of the channel root (--root, else the parent of DIR);
+the instance's name is DIR's last component, or NAME for an instance started
+with `loopbus serve --name NAME`. Nothing is changed.
 
 Exit status: 1 if any check fails, else 0 (warnings included); 2 usage error.
 
@@ -62,7 +64,7 @@ pub const MIN_SECRET_DISTINCT_CHARS: usize = 8;
 
 /// How one check came out.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Level {
+pub(super) enum Level {
     Ok,
     Warn,
     Fail,
@@ -70,18 +72,18 @@ enum Level {
 
 /// The checks made so far, in order.
 #[derive(Debug, Default)]
-struct Report {
+pub(super) struct Report {
     checks: Vec<(Level, String)>,
 }
 
 impl Report {
-    fn ok(&mut self, text: impl Into<String>) {
+    pub(super) fn ok(&mut self, text: impl Into<String>) {
         self.checks.push((Level::Ok, text.into()));
     }
-    fn warn(&mut self, text: impl Into<String>) {
+    pub(super) fn warn(&mut self, text: impl Into<String>) {
         self.checks.push((Level::Warn, text.into()));
     }
-    fn fail(&mut self, text: impl Into<String>) {
+    pub(super) fn fail(&mut self, text: impl Into<String>) {
         self.checks.push((Level::Fail, text.into()));
     }
     fn failed(&self) -> bool {
@@ -90,12 +92,12 @@ impl Report {
 }
 
 /// What every check needs to know.
-struct Target<'a> {
+pub(super) struct Target<'a> {
     state_dir: &'a Path,
-    root: &'a Path,
-    name: &'a InstanceName,
+    pub(super) root: &'a Path,
+    pub(super) name: &'a InstanceName,
     /// `loopbus serve --state-dir DIR`, for the messages.
-    serve: String,
+    pub(super) serve: String,
 }
 
 /// Runs `doctor`.
@@ -103,7 +105,7 @@ struct Target<'a> {
 /// # Errors
 /// Bad arguments, or no state directory given.
 pub fn run(args: &[String]) -> Result<i32, CommandError> {
-    let args = Args::parse(args, &["state-dir", "root"], &[])?;
+    let args = Args::parse(args, &["state-dir", "root", "name"], &[])?;
     if args.help {
         print!("{HELP}");
         return Ok(EXIT_OK);
@@ -114,12 +116,19 @@ pub fn run(args: &[String]) -> Result<i32, CommandError> {
         Some(root) if !root.is_empty() => root.into(),
         _ => registry::channel_root(&state_dir),
     };
-    let name = super::instance_name(&state_dir, None)?;
+    let name = super::instance_name(&state_dir, args.value("name"))?;
+    let name_flag = match args.value("name") {
+        Some(name) => format!(" --name {name}"),
+        None => String::new(),
+    };
     let target = Target {
         state_dir: &state_dir,
         root: &root,
         name: &name,
-        serve: format!("loopbus serve --state-dir {}", state_dir.display()),
+        serve: format!(
+            "loopbus serve --state-dir {}{name_flag}",
+            state_dir.display()
+        ),
     };
     let mut report = Report::default();
     let config = check_files(&mut report, &target);
@@ -131,7 +140,7 @@ pub fn run(args: &[String]) -> Result<i32, CommandError> {
         }
         None => check_delegation(&mut report, None),
     }
-    check_registry(&mut report, &target, config.as_ref());
+    registry_checks::check(&mut report, &target, config.as_ref());
     for (level, text) in &report.checks {
         let level = match level {
             Level::Ok => "ok",
@@ -346,144 +355,6 @@ fn check_delegation(report: &mut Report, engine: Option<&config::EngineConfig>) 
             path.display()
         )),
         Err(problem) => report.warn(problem),
-    }
-}
-
-/// This instance's entry answering as itself, stale entries, and port conflicts.
-fn check_registry(report: &mut Report, t: &Target<'_>, config: Option<&Config>) {
-    let path = registry::registry_path(t.root);
-    // No kind check: any instance that answers as its entry's name is there.
-    let listed = match registry::list(t.root, None) {
-        Ok(listed) => listed,
-        Err(e) => {
-            report.fail(format!("cannot read {}: {e}", path.display()));
-            return;
-        }
-    };
-    match listed.iter().find(|l| &l.name == t.name) {
-        None => report.fail(format!(
-            "{} is not registered in {}: is `{}` running?",
-            t.name,
-            path.display(),
-            t.serve
-        )),
-        Some(own) => check_own(report, t, own),
-    }
-    let stale: Vec<&Listed> = listed
-        .iter()
-        .filter(|l| &l.name != t.name && is_stale(l))
-        .collect();
-    for l in &stale {
-        report.warn(format!(
-            "registry entry {} (port {}, pid {}) is stale: {}; the next `loopbus serve` \
-             under {} removes an entry whose process is gone",
-            l.name,
-            l.entry.port,
-            l.entry.pid,
-            why_stale(l),
-            t.root.display()
-        ));
-    }
-    if stale.is_empty() {
-        report.ok(format!(
-            "no stale registry entries ({} registered)",
-            listed.len()
-        ));
-    }
-    check_ports(report, t, &listed, config);
-}
-
-fn check_own(report: &mut Report, t: &Target<'_>, own: &Listed) {
-    let port = own.entry.port;
-    match &own.liveness {
-        Ok(_) => report.ok(format!(
-            "{} answers on its registered port {port} (pid {}){}",
-            t.name,
-            own.entry.pid,
-            if own.entry.proof {
-                ", proving it holds the secret"
-            } else {
-                ""
-            },
-        )),
-        Err(_) if files::pid_is_gone(own.entry.pid) => report.fail(format!(
-            "registered port {port} does not answer: the process {} that registered {} is \
-             gone; start it with `{}`",
-            own.entry.pid, t.name, t.serve
-        )),
-        Err(e) => report.fail(format!(
-            "registered port {port} does not answer as {} ({e}): is `{}` running?",
-            t.name, t.serve
-        )),
-    }
-    if let Ok(answer) = &own.liveness {
-        if answer.health.bus_enabled == Some(false) {
-            report.warn(format!(
-                "{} reports its bus disabled: every talk is refused",
-                t.name
-            ));
-        }
-    }
-}
-
-/// Whether an entry is certainly stale: its process is gone, or whatever holds its
-/// port is not that instance ([`registry::ProbeError::is_stale`]).
-fn is_stale(listed: &Listed) -> bool {
-    files::pid_is_gone(listed.entry.pid) || listed.liveness.as_ref().is_err_and(|e| e.is_stale())
-}
-
-fn why_stale(listed: &Listed) -> String {
-    if files::pid_is_gone(listed.entry.pid) {
-        return "its process is gone".to_owned();
-    }
-    match &listed.liveness {
-        Err(e) => format!("its port does not answer as it ({e})"),
-        Ok(_) => "its port answers".to_owned(),
-    }
-}
-
-/// Two entries on one address, and a fixed `bus.port` that another live instance
-/// holds.
-fn check_ports(report: &mut Report, t: &Target<'_>, listed: &[Listed], config: Option<&Config>) {
-    let mut by_port: BTreeMap<u16, Vec<&Listed>> = BTreeMap::new();
-    for l in listed {
-        by_port.entry(l.entry.port).or_default().push(l);
-    }
-    let mut conflicts = 0;
-    for (port, holders) in &by_port {
-        if holders.len() < 2 {
-            continue;
-        }
-        conflicts += 1;
-        let names: Vec<String> = holders.iter().map(|l| l.name.to_string()).collect();
-        let text = format!(
-            "{} are all registered on port {port}: only one can listen there; stop the \
-             others, or remove their stale entries by starting them again",
-            names.join(" and ")
-        );
-        if holders.iter().any(|l| &l.name == t.name) {
-            report.fail(text);
-        } else {
-            report.warn(text);
-        }
-    }
-    let fixed = config.map_or(0, |c| c.bus.port);
-    if fixed != 0 {
-        if let Some(holder) = by_port.get(&fixed).and_then(|holders| {
-            holders
-                .iter()
-                .find(|l| &l.name != t.name && l.liveness.is_ok())
-        }) {
-            conflicts += 1;
-            report.fail(format!(
-                "bus.port {fixed} in config.json is where {} is registered and answering: \
-                 `{}` cannot bind it; choose another port, or 0 to let the OS pick",
-                holder.name, t.serve
-            ));
-        }
-    }
-    if conflicts == 0 {
-        report.ok("no port conflict with another registered instance");
     }
 }
 
