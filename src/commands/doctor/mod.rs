@@ -183,6 +183,13 @@ fn check_files(report: &mut Report, t: &Target<'_>) -> Option<Config> {
     trusted(report, t.state_dir, TrustKind::Dir, "state directory");
     trusted(report, t.root, TrustKind::Dir, "channel root");
     let path = t.state_dir.join(CONFIG_FILE);
+    if trusted(report, &path, TrustKind::File, "file") {
+        private(report, &path, "it may hold the bus secret");
+    }
+    let registry = registry::registry_path(t.root);
+    if registry.exists() && trusted(report, &registry, TrustKind::File, "registry file") {
+        private(report, &registry, "it holds every instance's secret");
+    }
     let config = match config::load(&path) {
         Ok(config) => {
             report.ok(format!("{} is valid", path.display()));
@@ -203,13 +210,6 @@ fn check_files(report: &mut Report, t: &Target<'_>) -> Option<Config> {
             return None;
         }
     };
-    if trusted(report, &path, TrustKind::File, "file") {
-        private(report, &path, "it may hold the bus secret");
-    }
-    let registry = registry::registry_path(t.root);
-    if registry.exists() && trusted(report, &registry, TrustKind::File, "registry file") {
-        private(report, &registry, "it holds every instance's secret");
-    }
     Some(config)
 }
 
