@@ -26,6 +26,19 @@ pub const MAX_USAGE_BYTES: u64 = 64 * 1024;
 /// where adding to an `f64` loses cents or overflows to infinity (which JSON would
 /// carry as `null`).
 pub const MAX_TOTAL_COST_USD: f64 = 1e12;
+/// The precision a total cost is stored to, as steps per US dollar (a billionth of a
+/// dollar): each sum is rounded to it, so that repeated additions never leave float
+/// noise (`1.2000000000000002`) in `usage.json`. Far finer than any engine's reported
+/// cost; an exact power of ten, so the rounding itself adds no noise.
+pub const COST_STEPS_PER_USD: f64 = 1e9;
+
+/// `cost` rounded to a whole number of [`COST_STEPS_PER_USD`] steps: the double
+/// nearest to that short decimal, which serializes as it.
+pub fn round_cost(cost: f64) -> f64 {
+    // Both operations are correctly rounded and 1e9 is exact, so a total of up to
+    // 2^53 steps (about $9 million) comes out as the nearest double to its decimal.
+    (cost * COST_STEPS_PER_USD).round() / COST_STEPS_PER_USD
+}
 
 /// Accumulated usage of one instance.
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -111,7 +124,7 @@ impl Usage {
     /// non-negative, or a total cost that would pass [`MAX_TOTAL_COST_USD`], is refused
     /// (the totals are left as they were), so the file never holds `null` or `inf`.
     fn add(&mut self, turn: &TurnUsage) -> Result<(), UsageError> {
-        let total = self.total_cost_usd + turn.cost_usd;
+        let total = round_cost(self.total_cost_usd + turn.cost_usd);
         if !turn.cost_usd.is_finite()
             || turn.cost_usd < 0.0
             || !(total.is_finite() && total <= MAX_TOTAL_COST_USD)
@@ -289,6 +302,31 @@ impl UsageStore {
     }
 }
 
+/// The totals of the instance in `state_dir` as the files say, for reports: never
+/// locks, repairs or writes anything (updates replace the file atomically, so a read
+/// sees a whole one). `usage.json` when it is valid, else its backup; zero usage when
+/// neither exists.
+///
+/// # Errors
+/// [`UsageError::Corrupt`] when `usage.json` (or, without it, the backup) exists but is
+/// not valid and no valid copy exists; [`UsageError::Io`] when a file can't be read.
+pub fn peek(state_dir: &Path) -> Result<Usage, UsageError> {
+    let path = state_dir.join(USAGE_FILE);
+    let main = read_small(&path).map_err(UsageError::Io)?;
+    if let Some(usage) = main.as_deref().and_then(Usage::from_json) {
+        return Ok(usage);
+    }
+    let backup = read_small(&state_dir.join(USAGE_BACKUP_FILE)).map_err(UsageError::Io)?;
+    if let Some(usage) = backup.as_deref().and_then(Usage::from_json) {
+        return Ok(usage);
+    }
+    match (main, backup) {
+        (None, None) => Ok(Usage::default()),
+        (Some(_), _) => Err(UsageError::Corrupt(path)),
+        (None, Some(_)) => Err(UsageError::Corrupt(state_dir.join(USAGE_BACKUP_FILE))),
+    }
+}
+
 /// Reads a usage file of at most [`MAX_USAGE_BYTES`]; `None` if it does not exist.
 /// One too large or not a regular file reads as empty, that is, as corrupt.
 fn read_small(path: &Path) -> io::Result<Option<Vec<u8>>> {
@@ -454,6 +492,48 @@ mod tests {
         store.record(&huge).unwrap();
         let usage = store.record(&huge).unwrap();
         assert_eq!(usage.total_input_tokens, u64::MAX);
+    }
+
+    #[test]
+    fn bug_twelve_dimes_were_stored_as_1_2000000000000002() {
+        let dir = TestDir::new("usage-noise");
+        let store = UsageStore::new(dir.path());
+        let mut usage = Usage::default();
+        let mut naive = 0.0;
+        let mut noisy = 0;
+        for dimes in 1..=12 {
+            usage = store.record(&turn(0.1)).unwrap();
+            naive += 0.1;
+            noisy += usize::from(format!("{naive}").len() > 4);
+            // Each stored total is the short decimal, never 0.30000000000000004.
+            let text = std::fs::read_to_string(dir.path().join(USAGE_FILE)).unwrap();
+            let want = format!("\"totalCostUsd\": {},", json!(f64::from(dimes) / 10.0));
+            assert!(text.contains(&want), "{dimes}: {text}");
+        }
+        assert!(noisy > 0, "plain sums of 0.1 carry noise");
+        assert_eq!(usage.total_cost_usd, 1.2);
+        let text = std::fs::read_to_string(dir.path().join(USAGE_FILE)).unwrap();
+        assert!(text.contains("\"totalCostUsd\": 1.2,"), "{text}");
+        assert_eq!(peek(dir.path()).unwrap(), usage);
+        for (cost, want) in [(0.1 + 0.2, 0.3), (1e-10, 0.0), (2.6e-9, 3e-9), (7.0, 7.0)] {
+            assert_eq!(round_cost(cost), want, "{cost}");
+        }
+    }
+
+    #[test]
+    fn peek_reads_without_repairing() {
+        let dir = TestDir::new("usage-peek");
+        assert_eq!(peek(dir.path()).unwrap(), Usage::default());
+        UsageStore::new(dir.path()).record(&turn(0.5)).unwrap();
+        std::fs::write(dir.path().join(USAGE_FILE), b"{torn").unwrap();
+        // The backup is read, and the corrupt file is left as it is.
+        assert_eq!(peek(dir.path()).unwrap().total_cost_usd, 0.5);
+        assert_eq!(
+            std::fs::read(dir.path().join(USAGE_FILE)).unwrap(),
+            b"{torn"
+        );
+        std::fs::remove_file(dir.path().join(USAGE_BACKUP_FILE)).unwrap();
+        assert!(matches!(peek(dir.path()), Err(UsageError::Corrupt(_))));
     }
 
     #[test]

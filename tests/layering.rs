@@ -16,7 +16,8 @@ const ALLOWED: &[(&str, &[&str])] = &[
     (
         "commands",
         &[
-            "cli", "server", "client", "registry", "config", "protocol", "files", "secret", "time",
+            "cli", "server", "client", "engine", "usage", "audit", "registry", "config",
+            "protocol", "files", "secret", "time",
         ],
     ),
     ("cli", &["server"]),

@@ -37,6 +37,9 @@ Commands:
   talk     delegate a prompt to another instance and print its reply
   health   check whether an instance is alive
   list     list the registered instances, alive or not
+  doctor   check an instance's files, config, engine and registration
+  usage    show usage and budget per instance
+  audit    show an instance's audit log as a table (or follow it)
 
 Run `loopbus <command> --help` for a command's options and an example.
 
@@ -76,6 +79,9 @@ fn run_command(args: impl IntoIterator<Item = OsString>) -> Result<i32, CommandE
         "talk" => super::talk::run(rest)?,
         "health" => super::health::run(rest)?,
         "list" => super::list::run(rest)?,
+        "doctor" => super::doctor::run(rest)?,
+        "usage" => super::usage_report::run(rest)?,
+        "audit" => super::audit_log::run(rest)?,
         "help" | "--help" | "-h" => {
             print!("{HELP}");
             EXIT_OK

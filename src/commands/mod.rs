@@ -1,12 +1,16 @@
 //! One function per `loopbus` command. Each returns the process's exit status.
 
+pub mod audit_log;
+pub mod doctor;
 pub mod entry;
 pub mod health;
 pub mod init;
 pub mod list;
 pub mod serve;
+pub mod stdout;
 pub mod talk;
 pub mod terminal;
+pub mod usage_report;
 
 use crate::cli::{local, usage, CommandError, UsageError};
 use crate::config::{self, Config, ConfigError, CONFIG_FILE};

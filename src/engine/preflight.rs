@@ -83,35 +83,83 @@ pub fn spawn_failure(engine: &EngineConfig, error: &io::Error) -> Failure {
 /// executable, [`DELEGATION_PROGRAM`] not on the engine's `PATH`. One line each, for
 /// the log.
 pub fn warnings(engine: &EngineConfig) -> Vec<String> {
+    let findings = findings(engine);
     let mut found = Vec::new();
-    let cwd_bad = engine.cwd.as_deref().and_then(cwd_problem);
-    if let Some(problem) = &cwd_bad {
+    if let Some(problem) = findings.cwd {
         found.push(format!("{problem}; every engine turn will fail"));
     }
-    let path_var = engine
-        .env
-        .get("PATH")
-        .map(OsString::from)
-        .or_else(|| std::env::var_os("PATH"))
-        .unwrap_or_default();
-    if let Some(program) = engine.command.first() {
-        // A relative program with a slash is found from `engine.cwd`: unknowable while
-        // that is broken (reported above).
-        let from_bad_cwd = cwd_bad.is_some() && program.contains('/') && !program.starts_with('/');
-        if !from_bad_cwd && find_program(program, &path_var, engine.cwd.as_deref()).is_none() {
-            found.push(format!(
-                "engine command `{program}` is not an executable file{}; every engine turn will fail",
-                if program.contains('/') { "" } else { " on the engine's PATH" }
-            ));
-        }
+    if let Err(problem) = findings.program {
+        found.push(format!("{problem}; every engine turn will fail"));
     }
-    if find_program(DELEGATION_PROGRAM, &path_var, None).is_none() {
-        found.push(format!(
-            "`{DELEGATION_PROGRAM}` is not on the engine's PATH; an engine that delegates \
-             with `{DELEGATION_PROGRAM} talk` will fail (set engine.env.PATH)"
-        ));
+    if let Err(problem) = findings.delegation {
+        found.push(problem);
     }
     found
+}
+
+/// The start-up checks of one engine, each on its own (`loopbus doctor` shows them
+/// one a line; [`warnings`] logs the problems).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Findings {
+    /// Why `engine.cwd` cannot be entered, if it is set and cannot.
+    pub cwd: Option<String>,
+    /// Where the program is, or why it is not an executable file. `Ok(None)` when it
+    /// is relative to a broken `engine.cwd` (unknowable; [`Findings::cwd`] says why).
+    pub program: Result<Option<PathBuf>, String>,
+    /// Where [`DELEGATION_PROGRAM`] is on the engine's `PATH`, or that it is not.
+    pub delegation: Result<PathBuf, String>,
+}
+
+/// The engine's `PATH`: `engine.env.PATH` when it sets one, else ours (`None`: no
+/// engine, ours).
+pub fn engine_path(engine: Option<&EngineConfig>) -> OsString {
+    engine
+        .and_then(|engine| engine.env.get("PATH"))
+        .map(OsString::from)
+        .or_else(|| std::env::var_os("PATH"))
+        .unwrap_or_default()
+}
+
+/// Where [`DELEGATION_PROGRAM`] is on `path_var`, or the problem's line.
+pub fn find_delegation(path_var: &OsString) -> Result<PathBuf, String> {
+    find_program(DELEGATION_PROGRAM, path_var, None).ok_or_else(|| {
+        format!(
+            "`{DELEGATION_PROGRAM}` is not on the engine's PATH; an engine that delegates \
+             with `{DELEGATION_PROGRAM} talk` will fail (set engine.env.PATH)"
+        )
+    })
+}
+
+/// Runs the checks of [`Findings`] on `engine`.
+pub fn findings(engine: &EngineConfig) -> Findings {
+    let cwd = engine.cwd.as_deref().and_then(cwd_problem);
+    let path_var = engine_path(Some(engine));
+    let program = match engine.command.first() {
+        // A relative program with a slash is found from `engine.cwd`: unknowable while
+        // that is broken (reported as `cwd`).
+        Some(program) if cwd.is_some() && program.contains('/') && !program.starts_with('/') => {
+            Ok(None)
+        }
+        Some(program) => find_program(program, &path_var, engine.cwd.as_deref())
+            .map(Some)
+            .ok_or_else(|| {
+                format!(
+                    "engine command `{program}` is not an executable file{}",
+                    if program.contains('/') {
+                        ""
+                    } else {
+                        " on the engine's PATH"
+                    }
+                )
+            }),
+        // The parser refuses an empty command.
+        None => Ok(None),
+    };
+    Findings {
+        cwd,
+        program,
+        delegation: find_delegation(&path_var),
+    }
 }
 
 /// Why `cwd` cannot be an engine's working directory, if it cannot.

@@ -280,6 +280,26 @@ pub fn read_regular_file(path: &Path, max: u64) -> io::Result<Vec<u8>> {
     read_checked(path, max, false)
 }
 
+/// Opens the regular file `path` for reading, as [`read_regular_file`] does (without
+/// blocking, without following a symlink, checked on the handle), for a caller that
+/// reads it as a stream (`loopbus audit`).
+///
+/// # Errors
+///
+/// `NotFound` and other open errors as they are; `InvalidData` when it is a symlink or
+/// not a regular file.
+pub fn open_regular(path: &Path) -> io::Result<File> {
+    use rustix::fs::{Mode, OFlags};
+    let file = open_no_follow(path, OFlags::RDONLY, Mode::empty())?;
+    if !file.metadata()?.is_file() {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidData,
+            "not a regular file",
+        ));
+    }
+    Ok(file)
+}
+
 /// [`read_regular_file`] for a file whose contents decide where secrets and prompts
 /// go (the registry): the open handle's owner and mode must pass
 /// [`check_trusted_metadata`] too.

@@ -1,0 +1,146 @@
+//! `doctor`'s registry checks: this instance's entry answering as itself (with the
+//! secret's proof), stale entries, and port conflicts with other registered instances.
+
+use super::{Report, Target};
+use crate::config::Config;
+use crate::files;
+use crate::registry::{self, Listed};
+use std::collections::BTreeMap;
+
+/// This instance's entry answering as itself, stale entries, and port conflicts.
+pub(super) fn check(report: &mut Report, t: &Target<'_>, config: Option<&Config>) {
+    let path = registry::registry_path(t.root);
+    // No kind check: any instance that answers as its entry's name is there.
+    let listed = match registry::list(t.root, None) {
+        Ok(listed) => listed,
+        Err(e) => {
+            report.fail(format!("cannot read {}: {e}", path.display()));
+            return;
+        }
+    };
+    match listed.iter().find(|l| &l.name == t.name) {
+        None => report.fail(format!(
+            "{} is not registered in {}: is `{}` running?",
+            t.name,
+            path.display(),
+            t.serve
+        )),
+        Some(own) => check_own(report, t, own),
+    }
+    let stale: Vec<&Listed> = listed
+        .iter()
+        .filter(|l| &l.name != t.name && is_stale(l))
+        .collect();
+    for l in &stale {
+        report.warn(format!(
+            "registry entry {} (port {}, pid {}) is stale: {}; the next `loopbus serve` \
+             under {} removes an entry whose process is gone",
+            l.name,
+            l.entry.port,
+            l.entry.pid,
+            why_stale(l),
+            t.root.display()
+        ));
+    }
+    if stale.is_empty() {
+        report.ok(format!(
+            "no stale registry entries ({} registered)",
+            listed.len()
+        ));
+    }
+    check_ports(report, t, &listed, config);
+}
+
+fn check_own(report: &mut Report, t: &Target<'_>, own: &Listed) {
+    let port = own.entry.port;
+    match &own.liveness {
+        Ok(_) => report.ok(format!(
+            "{} answers on its registered port {port} (pid {}){}",
+            t.name,
+            own.entry.pid,
+            if own.entry.proof {
+                ", proving it holds the secret"
+            } else {
+                ""
+            },
+        )),
+        Err(_) if files::pid_is_gone(own.entry.pid) => report.fail(format!(
+            "registered port {port} does not answer: the process {} that registered {} is \
+             gone; start it with `{}`",
+            own.entry.pid, t.name, t.serve
+        )),
+        Err(e) => report.fail(format!(
+            "registered port {port} does not answer as {} ({e}): is `{}` running?",
+            t.name, t.serve
+        )),
+    }
+    if let Ok(answer) = &own.liveness {
+        if answer.health.bus_enabled == Some(false) {
+            report.warn(format!(
+                "{} reports its bus disabled: every talk is refused",
+                t.name
+            ));
+        }
+    }
+}
+
+/// Whether an entry is certainly stale: its process is gone, or whatever holds its
+/// port is not that instance ([`registry::ProbeError::is_stale`]).
+fn is_stale(listed: &Listed) -> bool {
+    files::pid_is_gone(listed.entry.pid) || listed.liveness.as_ref().is_err_and(|e| e.is_stale())
+}
+
+fn why_stale(listed: &Listed) -> String {
+    if files::pid_is_gone(listed.entry.pid) {
+        return "its process is gone".to_owned();
+    }
+    match &listed.liveness {
+        Err(e) => format!("its port does not answer as it ({e})"),
+        Ok(_) => "its port answers".to_owned(),
+    }
+}
+
+/// Two entries on one address, and a fixed `bus.port` that another live instance
+/// holds.
+fn check_ports(report: &mut Report, t: &Target<'_>, listed: &[Listed], config: Option<&Config>) {
+    let mut by_port: BTreeMap<u16, Vec<&Listed>> = BTreeMap::new();
+    for l in listed {
+        by_port.entry(l.entry.port).or_default().push(l);
+    }
+    let mut conflicts = 0;
+    for (port, holders) in &by_port {
+        if holders.len() < 2 {
+            continue;
+        }
+        conflicts += 1;
+        let names: Vec<String> = holders.iter().map(|l| l.name.to_string()).collect();
+        let text = format!(
+            "{} are all registered on port {port}: only one can listen there; stop the \
+             others, or remove their stale entries by starting them again",
+            names.join(" and ")
+        );
+        if holders.iter().any(|l| &l.name == t.name) {
+            report.fail(text);
+        } else {
+            report.warn(text);
+        }
+    }
+    let fixed = config.map_or(0, |c| c.bus.port);
+    if fixed != 0 {
+        if let Some(holder) = by_port.get(&fixed).and_then(|holders| {
+            holders
+                .iter()
+                .find(|l| &l.name != t.name && l.liveness.is_ok())
+        }) {
+            conflicts += 1;
+            report.fail(format!(
+                "bus.port {fixed} in config.json is where {} is registered and answering: \
+                 `{}` cannot bind it; choose another port, or 0 to let the OS pick",
+                holder.name, t.serve
+            ));
+        }
+    }
+    if conflicts == 0 {
+        report.ok("no port conflict with another registered instance");
+    }
+}
