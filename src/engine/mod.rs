@@ -197,9 +197,12 @@ impl Engine {
                 stderr,
             } => Interpreted {
                 result: TurnResult::Failed(cancelled()),
-                // Usage the engine reported before it stopped still counts.
-                usage: status.and_then(|status| {
-                    outcome::interpret(engine.output, Exit::from(status), &stdout, &stderr).usage
+                // An engine that ran counts as a turn, with the usage it reported
+                // before it stopped.
+                usage: status.map(|status| {
+                    outcome::interpret(engine.output, Exit::from(status), &stdout, &stderr)
+                        .usage
+                        .unwrap_or_default()
                 }),
             },
             Ended::Lost => {
