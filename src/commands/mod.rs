@@ -4,7 +4,9 @@ pub mod entry;
 pub mod health;
 pub mod init;
 pub mod list;
+pub mod output;
 pub mod serve;
+pub mod settings;
 pub mod talk;
 pub mod terminal;
 

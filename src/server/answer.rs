@@ -17,6 +17,25 @@ pub(super) struct TalkMeta {
     pub(super) prompt_chars: Option<usize>,
 }
 
+impl TalkMeta {
+    /// `from alice, depth 1, prompt 12 chars` for a log line, leaving out what is not
+    /// known (a request refused before its body was read). `fromInstance` holds no
+    /// control character (the body check refuses one), so it is written as it is.
+    pub(super) fn describe(&self) -> String {
+        let mut parts = vec![match &self.from_instance {
+            Some(from) => format!("from {from}"),
+            None => "caller unknown".to_owned(),
+        }];
+        if let Some(depth) = self.depth {
+            parts.push(format!("depth {depth}"));
+        }
+        if let Some(chars) = self.prompt_chars {
+            parts.push(format!("prompt {chars} chars"));
+        }
+        parts.join(", ")
+    }
+}
+
 /// A request waiting for its turn.
 #[derive(Debug)]
 pub(super) struct Pending {
@@ -46,7 +65,7 @@ impl Bus {
         let (status, code) = refusal.status_and_code();
         let envelope = Envelope::failure(
             &self.name,
-            Failure::new(code, refusal.message()),
+            Failure::new(code, refusal.message(self.name.as_str())),
             elapsed_ms(received_at),
         );
         let mut response = Bus::envelope_response(status, &envelope);
@@ -67,15 +86,8 @@ impl Bus {
         meta: &TalkMeta,
     ) -> Response {
         let (status, code) = refusal.status_and_code();
-        log::debug!(
-            "talk refused: {} {} (from {:?}, depth {:?}, prompt {:?} chars)",
-            status,
-            code,
-            meta.from_instance.as_deref().unwrap_or("?"),
-            meta.depth,
-            meta.prompt_chars
-        );
-        let message = refusal.message();
+        log::debug!("talk refused: {status} {code} ({})", meta.describe());
+        let message = refusal.message(self.name.as_str());
         let duration_ms = elapsed_ms(received_at);
         self.audit.record(&audit::Record {
             outcome: "refused",
@@ -146,10 +158,8 @@ impl Bus {
         let response = match done.outcome {
             Outcome::Finished(TurnResult::Reply(text)) => {
                 log::debug!(
-                    "talk answered: success (from {:?}, depth {:?}, {} ms)",
-                    pending.meta.from_instance.as_deref().unwrap_or("?"),
-                    pending.meta.depth,
-                    took
+                    "talk answered: success ({}, {took} ms)",
+                    pending.meta.describe()
                 );
                 let envelope = Envelope::success(&self.name, text, took);
                 self.audit_answer(&pending, &envelope);
@@ -157,10 +167,9 @@ impl Bus {
             }
             Outcome::Finished(TurnResult::Failed(failure)) => {
                 log::debug!(
-                    "talk answered: failure {} (from {:?}, {} ms)",
+                    "talk answered: failure {} ({}, {took} ms)",
                     failure.code,
-                    pending.meta.from_instance.as_deref().unwrap_or("?"),
-                    took
+                    pending.meta.describe()
                 );
                 let envelope = Envelope::failure(&self.name, failure, took);
                 self.audit_answer(&pending, &envelope);

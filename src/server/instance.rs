@@ -203,7 +203,7 @@ impl Instance {
         if let Some(engine) = &config.engine {
             crate::engine::warnings(engine)
                 .iter()
-                .for_each(|w| log::warn!("{w}"));
+                .for_each(|w| log::warn!("{}: {w}", config_path.display()));
         }
 
         let serving = files::hold_lock(&state_dir.join(SERVE_LOCK_FILE))
@@ -272,7 +272,7 @@ impl Instance {
                 source,
             },
         )?;
-        log::info!("serving {name} on {addr} (pid {pid})");
+        log::info!("{}", super::startup::ready_line(&name, addr, pid, &config));
         if !config.bus.enabled {
             super::upkeep::warn_bus_disabled(&config_path);
         }
