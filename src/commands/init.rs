@@ -123,7 +123,8 @@ pub fn run(args: &[String]) -> Result<i32, CommandError> {
     // What init writes must be what serve accepts.
     config::parse_file(&path, text.as_bytes()).map_err(|e| {
         local(format!(
-            "{e} (after applying the options; the file was not changed)"
+            "{e} (after applying the options; the file was not changed: fix it, or move it \
+             away and run init again)"
         ))
     })?;
     let backup = match &old {

@@ -363,7 +363,10 @@ impl Instance {
         // Stopped first, so that it cannot write the entry back.
         registry_check.stop();
         if let Err(e) = registry::deregister(&root, &name, pid) {
-            log::warn!("cannot deregister from the registry: {e}");
+            log::warn!(
+                "cannot deregister from {}: {e}",
+                registry::registry_path(&root).display()
+            );
         }
         // What the engines left behind is killed and reaped before serve exits: once it
         // has, it would be PID 1's (contract section 8).

@@ -111,15 +111,24 @@ pub(super) fn claim_name(root: &Path, name: &InstanceName) -> Result<(), ServeEr
             })
         }
         Ok(None) => {}
-        Err(e) => log::warn!("cannot read the registry: {e}"),
+        Err(e) => log::warn!(
+            "cannot read {}: {e}",
+            registry::registry_path(root).display()
+        ),
     }
     match registry::prune(root) {
         Ok(pruned) => {
             for stale in pruned {
-                log::info!("removed the stale registry entry of {stale}");
+                log::info!(
+                    "removed the stale registry entry of {stale} from {}",
+                    registry::registry_path(root).display()
+                );
             }
         }
-        Err(e) => log::warn!("cannot prune the registry: {e}"),
+        Err(e) => log::warn!(
+            "cannot prune {}: {e}",
+            registry::registry_path(root).display()
+        ),
     }
     Ok(())
 }
