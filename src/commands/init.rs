@@ -22,7 +22,9 @@ start and publishes it only in the registry (mode 0600).
 
 --engine E      the engine: `echo` (the built-in echo engine, the default),
                 `claude` (claude -p --output-format json, its JSON read for the
-                reply and the cost), or a command line, split on whitespace
+                reply and the cost), `codex` (codex exec --skip-git-repo-check -,
+                in Codex's read-only sandbox; its stdout is the reply, and it
+                reports no cost), or a command line, split on whitespace
                 (`--engine 'my-engine --fast'`: its stdout is the reply).
 --peers NAMES   who may call this instance: `*` (every caller, the default) or
                 names separated by commas (`--peers reviewer,planner`).
@@ -36,12 +38,14 @@ start and publishes it only in the registry (mode 0600).
 --fixed-secret  also write a random bus.secret, kept across restarts (for scripts
                 that call a fixed port with curl). It costs this: a secret that
                 leaks, or that a squatter on a stale port learns, keeps working
-                after every restart until you change it by hand.
+                after every restart until you change it by hand. A fixed secret
+                already in config.json is kept.
+--rotate-secret write a new random bus.secret in place of the old one (it takes
+                effect when the instance restarts).
 
 An existing config.json is left alone unless --force is given. With --force, only
 the settings given change; the rest (engine, budget, peers, secret, ...) is kept,
-and the old file is kept as config.json.bak-TIMESTAMP (mode 0600). A fixed secret
-is kept unless --rotate-secret is given, which writes a new one. A running
+and the old file is kept as config.json.bak-TIMESTAMP (mode 0600). A running
 instance reloads the new config.json within a second; port and secret changes take
 effect when it restarts.
 

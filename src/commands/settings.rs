@@ -12,11 +12,24 @@ use serde_json::{json, Map, Value};
 /// The engines `--engine` knows by name: the preset, its argv, and its
 /// `engine.output`. Any other `--engine` value is a command line, split on whitespace.
 /// (`echo`, the built-in engine, is no command: it removes `engine`.)
-pub const ENGINE_PRESETS: &[(&str, &[&str], &str)] = &[(
-    "claude",
-    &["claude", "-p", "--output-format", "json"],
-    "json",
-)];
+///
+/// - `claude`: Claude Code's print mode; its JSON result carries the reply and the cost.
+/// - `codex`: Codex's non-interactive mode: `-` reads the prompt from stdin, the final
+///   message is its stdout (progress goes to stderr), it runs in Codex's default
+///   read-only sandbox, and `--skip-git-repo-check` lets it run outside a git
+///   repository. Its text output reports no cost for `budgetUsd` to count.
+pub const ENGINE_PRESETS: &[(&str, &[&str], &str)] = &[
+    (
+        "claude",
+        &["claude", "-p", "--output-format", "json"],
+        "json",
+    ),
+    (
+        "codex",
+        &["codex", "exec", "--skip-git-repo-check", "-"],
+        "text",
+    ),
+];
 
 /// The `--engine` value that means the built-in echo engine.
 pub const ECHO_PRESET: &str = "echo";
@@ -53,7 +66,8 @@ impl EngineChoice {
         let command: Vec<String> = text.split_whitespace().map(str::to_owned).collect();
         if command.is_empty() {
             return Err(usage(
-                "`--engine` must be echo, claude, or a command line such as `my-engine --flag`",
+                "`--engine` must be echo, claude, codex, or a command line such as \
+                 `my-engine --flag`",
             ));
         }
         Ok(EngineChoice::Command {
@@ -253,6 +267,18 @@ mod tests {
                     "json".into()
                 ],
                 output: "json"
+            }
+        );
+        assert_eq!(
+            EngineChoice::parse("codex").unwrap(),
+            EngineChoice::Command {
+                command: vec![
+                    "codex".into(),
+                    "exec".into(),
+                    "--skip-git-repo-check".into(),
+                    "-".into()
+                ],
+                output: "text"
             }
         );
         assert_eq!(
