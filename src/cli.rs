@@ -43,6 +43,9 @@ pub enum CommandError {
     Local(String),
     /// An instance could not start, or failed while serving.
     Serve(crate::server::ServeError),
+    /// stdout was closed by its reader (`loopbus list | head -1`): the command stops
+    /// writing and the process exits quietly, with status 0.
+    StdoutClosed,
 }
 
 impl fmt::Display for CommandError {
@@ -51,6 +54,7 @@ impl fmt::Display for CommandError {
             CommandError::Usage(e) => e.fmt(f),
             CommandError::Local(message) => f.write_str(message),
             CommandError::Serve(e) => e.fmt(f),
+            CommandError::StdoutClosed => f.write_str("stdout was closed"),
         }
     }
 }
@@ -109,7 +113,8 @@ impl Args {
             }
             let Some(option) = arg.strip_prefix("--") else {
                 if arg.starts_with('-') && arg.len() > 1 {
-                    return Err(usage(format!("unknown option `{arg}`")));
+                    let name = arg.trim_start_matches('-');
+                    return Err(unknown_option(arg, name, valued, switches));
                 }
                 parsed.positionals.push(arg.clone());
                 continue;
@@ -133,7 +138,7 @@ impl Args {
                 }
                 parsed.switches.push(known);
             } else {
-                return Err(usage(format!("unknown option `--{name}`")));
+                return Err(unknown_option(&format!("--{name}"), name, valued, switches));
             }
         }
         Ok(parsed)
@@ -175,6 +180,79 @@ impl Args {
             Some(extra) => Err(usage(format!("unexpected argument `{extra}`"))),
             None => Ok(()),
         }
+    }
+}
+
+/// Most edits (insertions, deletions, substitutions) between a mistyped word and the
+/// word meant for a "did you mean" suggestion; one more for words longer than
+/// [`SUGGEST_LONG_WORD`] characters.
+pub const SUGGEST_MAX_EDITS: usize = 2;
+/// Words longer than this may be [`SUGGEST_MAX_EDITS`] + 1 edits off.
+pub const SUGGEST_LONG_WORD: usize = 8;
+
+/// The word of `candidates` closest to `word` (case-insensitive), if one is close
+/// enough to be what was meant; the first of equally close ones.
+pub fn closest<'a>(word: &str, candidates: impl IntoIterator<Item = &'a str>) -> Option<&'a str> {
+    let word = word.to_lowercase();
+    let limit = if word.chars().count() > SUGGEST_LONG_WORD {
+        SUGGEST_MAX_EDITS + 1
+    } else {
+        SUGGEST_MAX_EDITS
+    };
+    let mut best: Option<(usize, &str)> = None;
+    for candidate in candidates {
+        let edits = edit_distance(&word, &candidate.to_lowercase());
+        // A word that short is never "close": `-x` is no typo of `--id`.
+        if edits <= limit
+            && edits < candidate.chars().count()
+            && best.is_none_or(|(b, _)| edits < b)
+        {
+            best = Some((edits, candidate));
+        }
+    }
+    best.map(|(_, candidate)| candidate)
+}
+
+/// The edit distance between `a` and `b`, by chars: insertions, deletions,
+/// substitutions and swaps of two neighbours (`lsit` is one swap from `list`), each
+/// one edit, no part of the word edited twice.
+fn edit_distance(a: &str, b: &str) -> usize {
+    let a: Vec<char> = a.chars().collect();
+    let b: Vec<char> = b.chars().collect();
+    // `d[i][j]`: the distance between `a[..i]` and `b[..j]`.
+    let mut d = vec![vec![0usize; b.len() + 1]; a.len() + 1];
+    for (i, row) in d.iter_mut().enumerate() {
+        row[0] = i;
+    }
+    for (j, cell) in d[0].iter_mut().enumerate() {
+        *cell = j;
+    }
+    for i in 1..=a.len() {
+        for j in 1..=b.len() {
+            let cost = usize::from(a[i - 1] != b[j - 1]);
+            let mut best = (d[i - 1][j] + 1)
+                .min(d[i][j - 1] + 1)
+                .min(d[i - 1][j - 1] + cost);
+            if i > 1 && j > 1 && a[i - 1] == b[j - 2] && a[i - 2] == b[j - 1] {
+                best = best.min(d[i - 2][j - 2] + 1);
+            }
+            d[i][j] = best;
+        }
+    }
+    d[a.len()][b.len()]
+}
+
+/// `unknown option ARG`, with the option meant when one is close.
+fn unknown_option(
+    arg: &str,
+    name: &str,
+    valued: &[&'static str],
+    switches: &[&'static str],
+) -> UsageError {
+    let known = valued.iter().chain(switches).copied().chain(["help"]);
+    match closest(name, known) {
+        Some(meant) => usage(format!("unknown option `{arg}`; did you mean `--{meant}`?")),
+        None => usage(format!("unknown option `{arg}`")),
     }
 }
 
@@ -228,5 +306,47 @@ mod tests {
         assert!(a.at_most(0).is_ok());
         let a = Args::parse(&strings(&["a", "b"]), &valued, &switches).unwrap();
         assert!(a.at_most(1).is_err());
+    }
+
+    #[test]
+    fn unknown_options_suggest_the_one_meant() {
+        let valued = ["state-dir", "port", "root"];
+        let switches = ["json", "force"];
+        let cases = [
+            ("--jsno", Some("did you mean `--json`?")),
+            ("--state_dir", Some("did you mean `--state-dir`?")),
+            ("--statedir", Some("did you mean `--state-dir`?")),
+            ("-json", Some("did you mean `--json`?")),
+            ("--forse=1", Some("did you mean `--force`?")),
+            ("--hlep", Some("did you mean `--help`?")),
+            ("--xyzzy", None),
+            ("-x", None),
+        ];
+        for (arg, want) in cases {
+            let e = Args::parse(&strings(&[arg]), &valued, &switches).unwrap_err();
+            match want {
+                Some(want) => assert!(e.0.ends_with(want), "{arg}: {e}"),
+                None => assert!(!e.0.contains("did you mean"), "{arg}: {e}"),
+            }
+        }
+    }
+
+    #[test]
+    fn edit_distances() {
+        let cases = [
+            ("", "", 0),
+            ("a", "", 1),
+            ("list", "list", 0),
+            ("lsit", "list", 1),
+            ("lsit", "init", 2),
+            ("helth", "health", 1),
+            ("serv", "serve", 1),
+            ("kitten", "sitting", 3),
+        ];
+        for (a, b, want) in cases {
+            assert_eq!(edit_distance(a, b), want, "{a} {b}");
+        }
+        assert_eq!(closest("tlak", ["serve", "talk", "list"]), Some("talk"));
+        assert_eq!(closest("frobnicate", ["serve", "talk", "list"]), None);
     }
 }

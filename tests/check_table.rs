@@ -383,8 +383,8 @@ fn not_found_and_method_not_allowed() {
         ("DELETE /api/talk", req("DELETE", "/api/talk"), 405, Some("POST")),
         ("OPTIONS /api/talk (preflight)", req("OPTIONS", "/api/talk")
             .header("Access-Control-Request-Method", "POST"), 405, Some("POST")),
-        ("POST /api/health", req("POST", "/api/health").body("{}"), 405, Some("GET")),
-        ("PUT /api/health", req("PUT", "/api/health").body(""), 405, Some("GET")),
+        ("POST /api/health", req("POST", "/api/health").body("{}"), 405, Some("GET, HEAD")),
+        ("PUT /api/health", req("PUT", "/api/health").body(""), 405, Some("GET, HEAD")),
     ];
     for (name, req, status, allow) in rows {
         let r = req.send(port);

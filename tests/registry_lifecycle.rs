@@ -287,7 +287,8 @@ fn init_then_serve_needs_no_hand_editing() {
     assert_eq!(w.terminate(Duration::from_secs(10)).code(), Some(0));
     std::mem::forget(instance_root); // `root` removes the whole tree
 
-    // A second init refuses to overwrite; --force writes a fresh secret.
+    // A second init refuses to overwrite; --force --rotate-secret writes a fresh secret
+    // (--force alone keeps it: tests/first_hour.rs).
     let output = init(&dir, &[]);
     assert_eq!(
         output.status.code(),
@@ -297,7 +298,7 @@ fn init_then_serve_needs_no_hand_editing() {
     );
     let unchanged: Value = serde_json::from_slice(&std::fs::read(&config_path).unwrap()).unwrap();
     assert_eq!(unchanged, config);
-    let output = init(&dir, &["--force", "--fixed-secret"]);
+    let output = init(&dir, &["--force", "--rotate-secret"]);
     assert!(
         output.status.success(),
         "{}",

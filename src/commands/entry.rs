@@ -9,7 +9,8 @@
 //! [`LOG_FLUSH_TIMEOUT`] to reach stderr. Only the binary installs this logger; the
 //! library never does (embedders bring their own).
 
-use crate::cli::{usage, CommandError, EXIT_OK};
+use super::output;
+use crate::cli::{closest, usage, CommandError, UsageError, EXIT_OK};
 use std::ffi::OsString;
 use std::io::{self, Write};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -35,18 +36,73 @@ Commands:
   serve    run an instance (see `loopbus serve --help`)
   init     write a ready config.json for a new instance
   talk     delegate a prompt to another instance and print its reply
-  health   check whether an instance is alive
+  health   check whether an instance is alive (--wait SECS waits for it)
   list     list the registered instances, alive or not
   doctor   check an instance's files, config, engine and registration
   usage    show usage and budget per instance
   audit    show an instance's audit log as a table (or follow it)
 
-Run `loopbus <command> --help` for a command's options and an example.
+Run `loopbus help <command>` or `loopbus <command> --help` for a command's options
+and an example.
 
 Exit status: 0 success, 1 failure (not retryable), 75 retryable failure,
 2 usage or local configuration error.
 Logging: RUST_LOG=debug|info|warn|error (default info), to stderr.
 ";
+
+/// One command: its name, its help text and the function that runs it.
+struct Command {
+    name: &'static str,
+    help: &'static str,
+    run: fn(&[String]) -> Result<i32, CommandError>,
+}
+
+/// Every command, in the order `loopbus --help` lists them.
+const COMMANDS: &[Command] = &[
+    Command {
+        name: "serve",
+        help: super::serve::HELP,
+        run: super::serve::run,
+    },
+    Command {
+        name: "init",
+        help: super::init::HELP,
+        run: super::init::run,
+    },
+    Command {
+        name: "talk",
+        help: super::talk::HELP,
+        run: super::talk::run,
+    },
+    Command {
+        name: "health",
+        help: super::health::HELP,
+        run: super::health::run,
+    },
+    Command {
+        name: "list",
+        help: super::list::HELP,
+        run: super::list::run,
+    },
+    Command {
+        name: "doctor",
+        help: super::doctor::HELP,
+        run: super::doctor::run,
+    },
+    Command {
+        name: "usage",
+        help: super::usage_report::HELP,
+        run: super::usage_report::run,
+    },
+    Command {
+        name: "audit",
+        help: super::audit_log::HELP,
+        run: super::audit_log::run,
+    },
+];
+
+/// The words besides the commands that `loopbus` takes first.
+const OTHER_WORDS: [&str; 3] = ["help", "version", "--version"];
 
 /// Runs the command named by `args` (without the program name) and returns its exit
 /// status, or why it could not do its work.
@@ -55,62 +111,130 @@ Logging: RUST_LOG=debug|info|warn|error (default info), to stderr.
 ///
 /// Arguments that are not UTF-8, an unknown command, or whatever the command returns.
 pub fn run(args: impl IntoIterator<Item = OsString>) -> Result<i32, CommandError> {
-    let logging = init_logging();
-    let result = run_command(args);
+    let args: Vec<OsString> = args.into_iter().collect();
+    let style = match args.first().and_then(|a| a.to_str()) {
+        Some("serve") => LogStyle::Server,
+        _ => LogStyle::Client,
+    };
+    let logging = init_logging(style);
+    let result = match run_command(args) {
+        // The reader of stdout went away: nothing more to say, and nothing failed.
+        Err(CommandError::StdoutClosed) => Ok(EXIT_OK),
+        other => other,
+    };
     if let Some(logging) = logging {
         logging.flush(LOG_FLUSH_TIMEOUT);
     }
     result
 }
 
-fn run_command(args: impl IntoIterator<Item = OsString>) -> Result<i32, CommandError> {
+fn run_command(args: Vec<OsString>) -> Result<i32, CommandError> {
     let args: Vec<String> = args
         .into_iter()
         .map(OsString::into_string)
         .collect::<Result<_, _>>()
         .map_err(|_| usage("arguments must be valid UTF-8"))?;
-    let Some((command, rest)) = args.split_first() else {
+    let Some((word, rest)) = args.split_first() else {
         eprint!("{HELP}");
         return Err(usage("no command given").into());
     };
-    let code = match command.as_str() {
-        "serve" => super::serve::run(rest)?,
-        "init" => super::init::run(rest)?,
-        "talk" => super::talk::run(rest)?,
-        "health" => super::health::run(rest)?,
-        "list" => super::list::run(rest)?,
-        "doctor" => super::doctor::run(rest)?,
-        "usage" => super::usage_report::run(rest)?,
-        "audit" => super::audit_log::run(rest)?,
-        "help" | "--help" | "-h" => {
-            print!("{HELP}");
-            EXIT_OK
-        }
+    let code = match word.as_str() {
+        "help" | "--help" | "-h" => match rest.first() {
+            None => {
+                output::print(HELP)?;
+                EXIT_OK
+            }
+            Some(name) => {
+                output::print(find(name)?.help)?;
+                EXIT_OK
+            }
+        },
         "--version" | "-V" | "version" => {
-            println!("loopbus {}", env!("CARGO_PKG_VERSION"));
+            output::println(&format!("loopbus {}", env!("CARGO_PKG_VERSION")))?;
             EXIT_OK
         }
-        other => {
-            return Err(usage(format!("unknown command `{other}`; run `loopbus --help`")).into())
+        name => {
+            let command = find(name)?;
+            if asks_for_help(rest) {
+                output::print(command.help)?;
+                EXIT_OK
+            } else {
+                (command.run)(rest)?
+            }
         }
     };
-    let _ = std::io::stdout().flush();
-    Ok(code)
+    match std::io::stdout().flush() {
+        Err(e) if e.kind() == io::ErrorKind::BrokenPipe => Err(CommandError::StdoutClosed),
+        _ => Ok(code),
+    }
 }
 
-/// `RUST_LOG` (default `info`) to stderr through the log queue, each line stamped with
-/// the UTC time. Returns the queue's handle, or `None` if its thread could not be
-/// started (logging then goes straight to stderr).
-fn init_logging() -> Option<LogQueue> {
+/// The command called `name`.
+///
+/// # Errors
+/// No command has that name; the message suggests the one meant when it is close.
+fn find(name: &str) -> Result<&'static Command, UsageError> {
+    if let Some(command) = COMMANDS.iter().find(|c| c.name == name) {
+        return Ok(command);
+    }
+    let words = COMMANDS.iter().map(|c| c.name).chain(OTHER_WORDS);
+    Err(match closest(name, words) {
+        Some(meant) => usage(format!(
+            "unknown command `{name}`; did you mean `{meant}`? (run `loopbus --help`)"
+        )),
+        None => usage(format!("unknown command `{name}`; run `loopbus --help`")),
+    })
+}
+
+/// Whether `-h` or `--help` comes before any `--` in a command's arguments.
+fn asks_for_help(args: &[String]) -> bool {
+    args.iter()
+        .take_while(|a| *a != "--")
+        .any(|a| a == "-h" || a == "--help")
+}
+
+/// How log lines look on stderr.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum LogStyle {
+    /// `serve`, a long-running process whose log is read later: each line stamped
+    /// with the UTC time and its level.
+    Server,
+    /// The commands a person or a script runs and waits for: `loopbus: warning: ...`,
+    /// like the command's own messages, no timestamp.
+    Client,
+}
+
+/// One log line's text in `style`, without the newline.
+fn format_log_line(
+    style: LogStyle,
+    level: log::Level,
+    message: &std::fmt::Arguments<'_>,
+) -> String {
+    match style {
+        LogStyle::Server => format!("{} {level:5} {message}", crate::time::now_iso8601()),
+        LogStyle::Client => {
+            let label = match level {
+                log::Level::Error => "error: ",
+                log::Level::Warn => "warning: ",
+                log::Level::Info => "",
+                log::Level::Debug | log::Level::Trace => "debug: ",
+            };
+            format!("loopbus: {label}{message}")
+        }
+    }
+}
+
+/// `RUST_LOG` (default `info`) to stderr through the log queue, each line in `style`.
+/// Returns the queue's handle, or `None` if its thread could not be started (logging
+/// then goes straight to stderr).
+fn init_logging(style: LogStyle) -> Option<LogQueue> {
     let mut builder =
         env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("info"));
-    builder.format(|out, record| {
+    builder.format(move |out, record| {
         writeln!(
             out,
-            "{} {:5} {}",
-            crate::time::now_iso8601(),
-            record.level(),
-            record.args()
+            "{}",
+            format_log_line(style, record.level(), record.args())
         )
     });
     let (queue, lines) = LogQueue::new(LOG_QUEUE_LINES);
@@ -335,6 +459,27 @@ mod tests {
         let line = lines.try_recv().unwrap();
         assert_eq!(line.len(), MAX_LOG_LINE_BYTES + 1);
         assert_eq!(line.last(), Some(&b'\n'));
+    }
+
+    #[test]
+    fn client_warnings_have_no_timestamp() {
+        let line = format_log_line(LogStyle::Client, log::Level::Warn, &format_args!("x {}", 1));
+        assert_eq!(line, "loopbus: warning: x 1");
+        let line = format_log_line(LogStyle::Client, log::Level::Info, &format_args!("y"));
+        assert_eq!(line, "loopbus: y");
+        let line = format_log_line(LogStyle::Server, log::Level::Warn, &format_args!("z"));
+        assert!(line.ends_with("Z WARN  z"), "{line}");
+    }
+
+    #[test]
+    fn help_is_asked_for_before_the_end_of_options() {
+        let args = |v: &[&str]| v.iter().map(|s| (*s).to_owned()).collect::<Vec<_>>();
+        assert!(asks_for_help(&args(&["worker", "--help"])));
+        assert!(asks_for_help(&args(&["-h"])));
+        assert!(!asks_for_help(&args(&["worker", "--", "--help"])));
+        assert!(!asks_for_help(&args(&["worker", "hello"])));
+        assert!(find("talk").is_ok());
+        assert!(find("tlak").is_err_and(|e| e.0.contains("did you mean `talk`?")));
     }
 
     #[test]

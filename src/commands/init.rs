@@ -1,36 +1,63 @@
-//! `loopbus init DIR`: write a ready config.json.
+//! `loopbus init DIR`: write a ready config.json, or change the settings given in an
+//! existing one (`--force`), keeping a backup.
 
-use crate::cli::{local, usage, Args, CommandError, EXIT_OK};
+use super::output;
+use super::settings::{self, EngineChoice, PeersChoice, Settings};
+use crate::cli::{local, usage, Args, CommandError, UsageError, EXIT_OK};
 use crate::config::{self, CONFIG_FILE};
 use crate::secret::Secret;
-use crate::{files, registry};
+use crate::{files, registry, time};
+use serde_json::Value;
+use std::path::{Path, PathBuf};
 
 /// Help text.
 pub const HELP: &str = "\
-loopbus init DIR [--force] [--fixed-secret] [--kind NAME]
+loopbus init DIR [--engine PRESET_OR_COMMAND] [--peers NAMES] [--budget USD]
+                 [--port N] [--kind NAME] [--fixed-secret] [--force [--rotate-secret]]
 
 Create the state directory DIR (mode 0700) and write DIR/config.json (mode 0600):
-the bus enabled, every peer allowed, maxDepth 3 and an OS-chosen port. No secret is
-written: the instance makes a fresh one at each start and publishes it only in the
-registry (mode 0600). An existing config.json is left alone unless --force is given.
+the bus enabled, every peer allowed, maxDepth 3 and an OS-chosen port, changed by
+the options below. No secret is written: the instance makes a fresh one at each
+start and publishes it only in the registry (mode 0600).
 
---fixed-secret  also write a random bus.secret, kept across restarts (for scripts
-                that call a fixed port with curl). It costs this: a secret that
-                leaks, or that a squatter on a stale port learns, keeps working
-                after every restart until you change it by hand.
-
+--engine E      the engine: `echo` (the built-in echo engine, the default),
+                `claude` (claude -p --output-format json, its JSON read for the
+                reply and the cost), `codex` (codex exec --skip-git-repo-check -,
+                in Codex's read-only sandbox; its stdout is the reply, and it
+                reports no cost), or a command line, split on whitespace
+                (`--engine 'my-engine --fast'`: its stdout is the reply).
+--peers NAMES   who may call this instance: `*` (every caller, the default) or
+                names separated by commas (`--peers reviewer,planner`).
+--budget USD    budgetUsd: turns are refused once this much is spent; `none`
+                removes it.
+--port N        bus.port (0: the OS picks at each start).
 --kind NAME     write bus.kind NAME (the `kind` health answers with) and a
                 bus.acceptKinds that keeps both loopbus and cc-telegram-bridge.
                 `--kind cc-telegram-bridge` lets the original TypeScript bus find
                 this instance (see the README, \"Running beside cc-telegram-bridge\").
+--fixed-secret  also write a random bus.secret, kept across restarts (for scripts
+                that call a fixed port with curl). It costs this: a secret that
+                leaks, or that a squatter on a stale port learns, keeps working
+                after every restart until you change it by hand. A fixed secret
+                already in config.json is kept.
+--rotate-secret write a new random bus.secret in place of the old one (it takes
+                effect when the instance restarts).
+
+An existing config.json is left alone unless --force is given. With --force, only
+the settings given change; the rest (engine, budget, peers, secret, ...) is kept,
+and the old file is kept as config.json.bak-TIMESTAMP (mode 0600). A running
+instance reloads the new config.json within a second; port and secret changes take
+effect when it restarts.
 
 The engine gets each prompt on stdin (engine.prompt \"stdin\", the default). With
 engine.prompt \"arg\" the prompt is the command's last argument instead, and every
 local user can read it in the process list (ps, /proc/PID/cmdline): use \"arg\" only
 for an engine that cannot read stdin, on a machine no one else uses.
 
-Example:
+Examples:
   loopbus init ~/.loopbus/worker && loopbus serve --state-dir ~/.loopbus/worker
+  loopbus init ~/.loopbus/worker --engine claude --peers reviewer --budget 5
+  loopbus init ~/.loopbus/worker --force --budget 10
 ";
 
 /// Runs `init`.
@@ -38,25 +65,23 @@ Example:
 /// # Errors
 /// Bad arguments, an existing config without `--force`, or a file system error.
 pub fn run(args: &[String]) -> Result<i32, CommandError> {
-    let args = Args::parse(args, &["kind"], &["force", "fixed-secret"])?;
-    if args.help {
-        print!("{HELP}");
-        return Ok(EXIT_OK);
-    }
+    let args = Args::parse(
+        args,
+        &["kind", "engine", "peers", "budget", "port"],
+        &["force", "fixed-secret", "rotate-secret"],
+    )?;
     args.at_most(1)?;
     let dir = args.positionals.first().ok_or_else(|| {
-        usage("missing DIR; usage: loopbus init DIR [--force] [--fixed-secret] [--kind NAME]")
+        usage("missing DIR; usage: loopbus init DIR [--force] [--engine E] [--peers NAMES] ...")
     })?;
-    let kind = args.value("kind");
-    if kind.is_some_and(|kind| kind.is_empty() || kind.chars().any(char::is_control)) {
-        return Err(usage("`--kind` must be a non-empty name without control characters").into());
-    }
+    let mut settings = settings_from(&args)?;
     let dir = std::path::PathBuf::from(dir);
     let name = super::instance_name(&dir, None)?;
     let path = dir.join(CONFIG_FILE);
-    if path.exists() && !args.switch("force") {
+    let force = args.switch("force");
+    if path.exists() && !force {
         return Err(local(format!(
-            "{}: already exists; pass --force to replace it",
+            "{}: already exists; pass --force to change it (the settings not given are kept)",
             path.display()
         )));
     }
@@ -73,23 +98,104 @@ pub fn run(args: &[String]) -> Result<i32, CommandError> {
         files::create_dir_private(path)
             .map_err(|e| local(format!("{}: cannot create: {e}", path.display())))?;
     }
-    let secret = if args.switch("fixed-secret") {
-        Some(
-            Secret::generate()
-                .map_err(|e| local(format!("cannot read random bytes from the OS: {e}")))?,
-        )
+    let old = if path.exists() {
+        let bytes = config::read_file(&path).map_err(|e| local(e.to_string()))?;
+        Some(bytes)
     } else {
         None
     };
-    files::write_atomic(
-        &path,
-        config::default_config_json_with(secret.as_ref(), kind).as_bytes(),
-        files::PRIVATE_FILE_MODE,
-    )
-    .map_err(|e| local(format!("{}: cannot write: {e}", path.display())))?;
-    println!("wrote {} for instance {name}", path.display());
-    println!("start it with: loopbus serve --state-dir {}", dir.display());
+    let (mut json, replaced) = match old.as_deref().map(serde_json::from_slice::<Value>) {
+        Some(Ok(Value::Object(map))) => (map, false),
+        Some(_) => (settings::new_config(), true),
+        None => (settings::new_config(), false),
+    };
+    let has_secret = json
+        .get("bus")
+        .and_then(|b| b.get("secret"))
+        .and_then(Value::as_str)
+        .is_some_and(|s| !s.is_empty());
+    if args.switch("rotate-secret") || (args.switch("fixed-secret") && !has_secret) {
+        settings.secret = Some(
+            Secret::generate()
+                .map_err(|e| local(format!("cannot read random bytes from the OS: {e}")))?,
+        );
+    }
+    settings.apply(&mut json);
+    let mut text = serde_json::to_string_pretty(&Value::Object(json))
+        .map_err(|e| local(format!("cannot write {}: {e}", path.display())))?;
+    text.push('\n');
+    // What init writes must be what serve accepts.
+    config::parse_file(&path, text.as_bytes()).map_err(|e| {
+        local(format!(
+            "{e} (after applying the options; the file was not changed: fix it, or move it \
+             away and run init again)"
+        ))
+    })?;
+    let backup = match &old {
+        Some(bytes) => Some(back_up(&path, bytes)?),
+        None => None,
+    };
+    files::write_atomic(&path, text.as_bytes(), files::PRIVATE_FILE_MODE)
+        .map_err(|e| local(format!("{}: cannot write: {e}", path.display())))?;
+    let mut said = format!("wrote {} for instance {name}", path.display());
+    if let Some(backup) = &backup {
+        let how = if replaced {
+            "it was not a JSON object; "
+        } else {
+            ""
+        };
+        said.push_str(&format!("\n{how}the old one is {}", backup.display()));
+    }
+    match registry::running(&root, &name) {
+        Ok(Some(entry)) => said.push_str(&format!(
+            "\n{name} is running (pid {}, port {}): it reloads config.json within a second; \
+             port and secret changes take effect when it restarts",
+            entry.pid, entry.port
+        )),
+        _ => said.push_str(&format!(
+            "\nstart it with: loopbus serve --state-dir {}",
+            dir.display()
+        )),
+    }
+    output::println(&said)?;
     Ok(EXIT_OK)
+}
+
+/// The settings the options give.
+fn settings_from(args: &Args) -> Result<Settings, UsageError> {
+    let kind = args.value("kind");
+    if kind.is_some_and(|kind| kind.is_empty() || kind.chars().any(char::is_control)) {
+        return Err(usage(
+            "`--kind` must be a non-empty name without control characters",
+        ));
+    }
+    Ok(Settings {
+        engine: args.value("engine").map(EngineChoice::parse).transpose()?,
+        peers: args.value("peers").map(PeersChoice::parse).transpose()?,
+        budget: args
+            .value("budget")
+            .map(settings::parse_budget)
+            .transpose()?,
+        port: args.parsed::<u16>("port", "a port number (0-65535)")?,
+        kind: kind.map(str::to_owned),
+        secret: None,
+    })
+}
+
+/// Keeps `bytes`, the config.json at `path` about to be replaced, as
+/// `config.json.bak-TIMESTAMP` (mode 0600: it may hold the secret), and returns its
+/// path.
+fn back_up(path: &Path, bytes: &[u8]) -> Result<PathBuf, CommandError> {
+    let stamp: String = time::now_iso8601()
+        .chars()
+        .filter(|c| *c != '-' && *c != ':')
+        .collect();
+    let mut backup = path.as_os_str().to_owned();
+    backup.push(format!(".bak-{stamp}"));
+    let backup = PathBuf::from(backup);
+    files::write_atomic(&backup, bytes, files::PRIVATE_FILE_MODE)
+        .map_err(|e| local(format!("{}: cannot write: {e}", backup.display())))?;
+    Ok(backup)
 }
 
 /// Why `init` refuses `path`: the owner, mode and fix when it is untrusted.

@@ -1,6 +1,6 @@
 //! `loopbus list`: the registry's instances, each probed for liveness.
 
-use super::terminal;
+use super::{output, terminal};
 use crate::cli::{local, Args, CommandError, EXIT_OK};
 use crate::registry::{self, Listed};
 use crate::time;
@@ -36,10 +36,6 @@ Examples:
 /// config.json.
 pub fn run(args: &[String]) -> Result<i32, CommandError> {
     let args = Args::parse(args, &["root", "state-dir"], &["json"])?;
-    if args.help {
-        print!("{HELP}");
-        return Ok(EXIT_OK);
-    }
     args.at_most(0)?;
     let (root, state_dir) = super::registry_root(args.value("root"), args.value("state-dir"))?;
     let kinds = super::accept_kinds(state_dir.as_deref())?;
@@ -53,14 +49,14 @@ pub fn run(args: &[String]) -> Result<i32, CommandError> {
         let instances: Vec<Value> = listed.iter().map(|l| as_json(l, now)).collect();
         let text = json!({ "instances": instances }).to_string();
         if terminal {
-            println!("{}", terminal::escape_json_controls(&text));
+            output::println(&terminal::escape_json_controls(&text))?;
         } else {
-            println!("{text}");
+            output::println(&text)?;
         }
     } else if listed.is_empty() {
         terminal::eprint_line(&format!("no instances registered in {}", path.display()));
     } else {
-        print!("{}", table(&listed, now));
+        output::print(&table(&listed, now))?;
     }
     Ok(EXIT_OK)
 }

@@ -1,10 +1,14 @@
 //! `loopbus serve`: the command-line face of [`Instance`]; runs one instance until
 //! SIGTERM/SIGINT.
 
-use crate::cli::{usage, Args, CommandError, EXIT_OK};
+use super::{output, terminal};
+use crate::cli::{local, usage, Args, CommandError, UsageError, EXIT_OK};
+use crate::registry;
 use crate::secret::Secret;
-use crate::server::{Instance, InstanceOptions};
-use std::net::{IpAddr, SocketAddr};
+use crate::server::{Instance, InstanceOptions, ServeError};
+use std::io;
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::path::Path;
 
 /// Help text.
 pub const HELP: &str = "\
@@ -14,7 +18,9 @@ Run the instance whose state directory is DIR (default: $LOOPBUS_STATE_DIR) unti
 SIGTERM or SIGINT. Reads DIR/config.json (create one with `loopbus init DIR`),
 listens on ADDR:N (default 127.0.0.1 and bus.port; 0 lets the OS pick), and
 registers in the channel root's .bus-registry.json (the root is DIR's parent).
-The name defaults to DIR's last component. Only loopback addresses are accepted.
+The name defaults to DIR's last component. Only the loopback addresses 127.0.0.1
+(or `localhost`) and ::1 are accepted. Once it is ready, one log line names the
+instance, its address, engine, peers and budget.
 --print-curl prints a ready-to-paste curl command, secret included, once listening.
 
 Example:
@@ -32,12 +38,10 @@ pub fn run(args: &[String]) -> Result<i32, CommandError> {
         &["state-dir", "name", "port", "bind"],
         &["print-curl"],
     )?;
-    if args.help {
-        print!("{HELP}");
-        return Ok(EXIT_OK);
-    }
     args.at_most(0)?;
     let state_dir = super::state_dir_from(args.value("state-dir"))?;
+    let root =
+        registry::channel_root(&std::path::absolute(&state_dir).unwrap_or(state_dir.clone()));
     let mut options = InstanceOptions::new(state_dir).handle_signals(true);
     if let Some(name) = args.value("name") {
         options = options.name(name);
@@ -46,28 +50,94 @@ pub fn run(args: &[String]) -> Result<i32, CommandError> {
         options = options.port(port);
     }
     if let Some(text) = args.value("bind") {
-        let ip: IpAddr = text
-            .parse()
-            .map_err(|_| usage(format!("`--bind` must be an IP address, not {text:?}")))?;
-        options = options.bind(ip);
+        options = options.bind(bind_address(text)?);
     }
-    let instance = Instance::start(options)?;
+    let instance = Instance::start(options).map_err(|e| name_the_holder(e, &root))?;
     if args.switch("print-curl") {
-        print_curl(instance.name(), instance.addr(), instance.secret());
+        // Serving matters more than this text: a closed stdout does not stop it.
+        let _ = output::print(&curl_text(
+            instance.name(),
+            instance.addr(),
+            instance.secret(),
+        ));
     }
     instance.run()?;
     Ok(EXIT_OK)
 }
 
-fn print_curl(name: &str, addr: SocketAddr, secret: &Secret) {
-    println!("loopbus: instance {name} is listening on http://{addr}");
-    println!("Talk to it (the bus secret is in this command; keep it local):");
-    println!(
-        "  curl -s http://{addr}/api/talk -H 'Authorization: {}' -H 'Content-Type: application/json' \\\n    -d '{{\"fromInstance\":\"me\",\"prompt\":\"hello\",\"depth\":0}}'",
+/// `--bind ADDR`: an IP address, or `localhost` for 127.0.0.1 (the address the
+/// clients dial).
+fn bind_address(text: &str) -> Result<IpAddr, UsageError> {
+    if text.eq_ignore_ascii_case("localhost") {
+        return Ok(IpAddr::V4(Ipv4Addr::LOCALHOST));
+    }
+    let text = text.trim_start_matches('[').trim_end_matches(']');
+    text.parse().map_err(|_| {
+        usage(format!(
+            "`--bind` must be 127.0.0.1, localhost or ::1, not {}",
+            terminal::escape_controls(text)
+        ))
+    })
+}
+
+/// A bind failure because the port is in use, with the registered instance that holds
+/// it named when the registry under `root` has one on that port.
+fn name_the_holder(error: ServeError, root: &Path) -> CommandError {
+    let ServeError::Bind { addr, source } = &error else {
+        return error.into();
+    };
+    if source.kind() != io::ErrorKind::AddrInUse {
+        return error.into();
+    }
+    let holder = registry::store::read(root).ok().and_then(|entries| {
+        entries
+            .into_iter()
+            .find(|(_, entry)| entry.port == addr.port())
+    });
+    match holder {
+        Some((name, entry)) => local(format!(
+            "cannot listen on {addr}: the port is in use, registered to instance {name} (pid \
+             {}) in {}; stop it, or pick another port (--port, or bus.port; 0 lets the OS pick)",
+            entry.pid,
+            registry::registry_path(root).display()
+        )),
+        None => local(format!(
+            "cannot listen on {addr}: the port is in use by a process not registered in {}; \
+             pick another port (--port, or bus.port; 0 lets the OS pick)",
+            registry::registry_path(root).display()
+        )),
+    }
+}
+
+fn curl_text(name: &str, addr: SocketAddr, secret: &Secret) -> String {
+    format!(
+        "loopbus: instance {name} is listening on http://{addr}\n\
+         Talk to it (the bus secret is in this command; keep it local):\n  \
+         curl -s http://{addr}/api/talk -H 'Authorization: {}' -H 'Content-Type: application/json' \\\n    \
+         -d '{{\"fromInstance\":\"me\",\"prompt\":\"hello\",\"depth\":0}}'\n\
+         Check its health:\n  curl -s http://{addr}/api/health\n",
         secret.bearer_header()
-    );
-    println!("Check its health:");
-    println!("  curl -s http://{addr}/api/health");
-    // `make run` pipes nothing, but a supervisor may read stdout through a pipe.
-    let _ = std::io::Write::flush(&mut std::io::stdout());
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bind_addresses() {
+        let cases = [
+            ("localhost", Some("127.0.0.1")),
+            ("LOCALHOST", Some("127.0.0.1")),
+            ("127.0.0.1", Some("127.0.0.1")),
+            ("::1", Some("::1")),
+            ("[::1]", Some("::1")),
+            ("0.0.0.0", Some("0.0.0.0")), // refused at bind, with the reason
+            ("example.com", None),
+        ];
+        for (text, want) in cases {
+            let got = bind_address(text).ok().map(|ip| ip.to_string());
+            assert_eq!(got.as_deref(), want, "{text}");
+        }
+    }
 }

@@ -15,6 +15,7 @@ use std::collections::BTreeMap;
 use std::fmt;
 use std::path::PathBuf;
 
+#[cfg(test)]
 use serde_json::Value;
 
 use crate::secret::Secret;
@@ -251,6 +252,65 @@ pub enum OutputMode {
     Json,
 }
 
+impl Config {
+    /// The keys whose values differ between `self` and `other`, in the file's terms
+    /// (`bus.peers`, `budgetUsd`, `engine.command`, ...), for the reload log line; the
+    /// bus turned on or off is `bus` (its `enabled` is no key of the file).
+    pub fn changed_keys(&self, other: &Config) -> Vec<&'static str> {
+        let (a, b) = (&self.bus, &other.bus);
+        let mut changed = Vec::new();
+        let mut check = |key, differs: bool| {
+            if differs {
+                changed.push(key);
+            }
+        };
+        check("bus", a.enabled != b.enabled);
+        check("bus.peers", a.peers != b.peers);
+        check("bus.maxDepth", a.max_depth != b.max_depth);
+        check("bus.port", a.port != b.port);
+        check("bus.secret", a.secret != b.secret);
+        check("bus.kind", a.kind != b.kind);
+        check("bus.acceptKinds", a.accept_kinds != b.accept_kinds);
+        check(
+            "bus.maxConcurrentTurns",
+            a.max_concurrent_turns != b.max_concurrent_turns,
+        );
+        check(
+            "bus.maxQueuedTurns",
+            a.max_queued_turns != b.max_queued_turns,
+        );
+        check(
+            "bus.cancelOnHangup",
+            a.cancel_on_hangup != b.cancel_on_hangup,
+        );
+        check("bus.reattachSecs", a.reattach_secs != b.reattach_secs);
+        check("bus.parallel", a.parallel != b.parallel);
+        check("bus.chain", a.chain != b.chain);
+        check("bus.verifier", a.verifier != b.verifier);
+        check("budgetUsd", self.budget_usd != other.budget_usd);
+        match (&self.engine, &other.engine) {
+            (Some(a), Some(b)) => {
+                check("engine.command", a.command != b.command);
+                check("engine.prompt", a.prompt != b.prompt);
+                check("engine.output", a.output != b.output);
+                check("engine.timeoutSecs", a.timeout_secs != b.timeout_secs);
+                check(
+                    "engine.maxOutputBytes",
+                    a.max_output_bytes != b.max_output_bytes,
+                );
+                check(
+                    "engine.maxTurnCostUsd",
+                    a.max_turn_cost_usd != b.max_turn_cost_usd,
+                );
+                check("engine.cwd", a.cwd != b.cwd);
+                check("engine.env", a.env != b.env);
+            }
+            (a, b) => check("engine", a.is_some() != b.is_some()),
+        }
+        changed
+    }
+}
+
 /// The `config.json` that `loopbus init` writes: the bus on, every peer allowed,
 /// default depth, an OS-chosen port, and `secret` only when one is given (`init
 /// --fixed-secret`): without it each start makes a fresh secret. (`init` itself calls
@@ -264,7 +324,9 @@ pub fn default_config_json(secret: Option<&Secret>) -> String {
 /// NAME and an explicit `bus.acceptKinds` that keeps both default kinds
 /// ([`DEFAULT_ACCEPT_KINDS`]) and adds NAME when it is neither: an instance of kind
 /// `cc-telegram-bridge` is found by the original's client and still finds loopbus
-/// peers.
+/// peers. (`init` now builds its file in `commands::settings`; this is the tests'
+/// minimal config.)
+#[cfg(test)]
 pub fn default_config_json_with(secret: Option<&Secret>, kind: Option<&str>) -> String {
     // `Value`'s Display writes a properly escaped JSON string.
     let secret_line = secret
@@ -311,6 +373,29 @@ mod tests {
         for (peers, name, want) in cases {
             assert_eq!(peers.allows(name), want, "{peers:?} {name}");
         }
+    }
+
+    #[test]
+    fn changed_keys_name_what_an_edit_changed() {
+        let old = parse::parse(br#"{"bus": {"peers": "*"}}"#).unwrap();
+        assert!(old.changed_keys(&old).is_empty());
+        let new = parse::parse(
+            br#"{"bus": {"peers": ["a"], "maxDepth": 2}, "budgetUsd": 1, "engine": {"command": ["x"]}}"#,
+        )
+        .unwrap();
+        assert_eq!(
+            old.changed_keys(&new),
+            ["bus.peers", "bus.maxDepth", "budgetUsd", "engine"]
+        );
+        let off = parse::parse(br#"{"bus": false}"#).unwrap();
+        assert!(old.changed_keys(&off).contains(&"bus"));
+        let other_engine =
+            parse::parse(br#"{"bus": {"peers": ["a"], "maxDepth": 2}, "budgetUsd": 1, "engine": {"command": ["y"], "timeoutSecs": 5}}"#)
+                .unwrap();
+        assert_eq!(
+            new.changed_keys(&other_engine),
+            ["engine.command", "engine.timeoutSecs"]
+        );
     }
 
     /// `init` could not write a config the original's client finds (contract 4.1,

@@ -49,9 +49,8 @@ pub fn bind_loopback(addr: SocketAddr) -> io::Result<TcpListener> {
     if ip != std::net::Ipv4Addr::LOCALHOST && ip != std::net::Ipv6Addr::LOCALHOST {
         return Err(io::Error::new(
             ErrorKind::PermissionDenied,
-            format!(
-                "refusing to listen on {addr}: loopbus listens on the loopback addresses 127.0.0.1 and [::1] only"
-            ),
+            // The caller's error names the address already.
+            "loopbus listens on the loopback addresses 127.0.0.1 (localhost) and [::1] only",
         ));
     }
     use rustix::net::{AddressFamily, SocketFlags, SocketType};

@@ -16,6 +16,25 @@ pub(super) struct TalkMeta {
     pub(super) request_id: Option<String>,
 }
 
+impl TalkMeta {
+    /// `from alice, depth 1, prompt 12 chars` for a log line, leaving out what is not
+    /// known (a request refused before its body was read). `fromInstance` holds no
+    /// control character (the body check refuses one), so it is written as it is.
+    pub(super) fn describe(&self) -> String {
+        let mut parts = vec![match &self.from_instance {
+            Some(from) => format!("from {from}"),
+            None => "caller unknown".to_owned(),
+        }];
+        if let Some(depth) = self.depth {
+            parts.push(format!("depth {depth}"));
+        }
+        if let Some(chars) = self.prompt_chars {
+            parts.push(format!("prompt {chars} chars"));
+        }
+        parts.join(", ")
+    }
+}
+
 impl Bus {
     pub(super) fn json(status: u16, body: Vec<u8>) -> Response {
         Response {
@@ -38,7 +57,7 @@ impl Bus {
         let (status, code) = refusal.status_and_code();
         let envelope = Envelope::failure(
             &self.name,
-            Failure::new(code, refusal.message()),
+            Failure::new(code, refusal.message(self.name.as_str())),
             elapsed_ms(received_at),
         );
         let mut response = Bus::envelope_response(status, &envelope);
@@ -59,11 +78,8 @@ impl Bus {
         meta: &TalkMeta,
     ) -> Response {
         let (status, code) = refusal.status_and_code();
-        log::debug!(
-            "talk refused: {status} {code} (from {})",
-            meta.from_instance.as_deref().unwrap_or("?"),
-        );
-        let message = refusal.message();
+        log::debug!("talk refused: {status} {code} ({})", meta.describe());
+        let message = refusal.message(self.name.as_str());
         let duration_ms = elapsed_ms(received_at);
         self.audit.record(&audit::Record {
             outcome: "refused",

@@ -135,9 +135,10 @@ impl Service for Bus {
             return HeadAction::Respond(response);
         }
         match (path, head.method.as_str()) {
-            (HEALTH_PATH, "GET") => HeadAction::Respond(self.health(head)),
+            // HEAD gets the GET answer; the HTTP layer leaves out its body (contract 3).
+            (HEALTH_PATH, "GET" | "HEAD") => HeadAction::Respond(self.health(head)),
             (HEALTH_PATH, _) => HeadAction::Respond(
-                self.refusal_response(&Refusal::MethodNotAllowed("GET"), received_at),
+                self.refusal_response(&Refusal::MethodNotAllowed("GET, HEAD"), received_at),
             ),
             (TALK_PATH, "POST") => {
                 match checks::check_talk_head(head, self.config.bus.enabled, &self.secret) {

@@ -203,7 +203,7 @@ impl Instance {
         if let Some(engine) = &config.engine {
             crate::engine::warnings(engine)
                 .iter()
-                .for_each(|w| log::warn!("{w}"));
+                .for_each(|w| log::warn!("{}: {w}", config_path.display()));
         }
 
         let serving = files::hold_lock(&state_dir.join(SERVE_LOCK_FILE))
@@ -276,7 +276,7 @@ impl Instance {
                 source,
             },
         )?;
-        log::info!("serving {name} on {addr} (pid {pid})");
+        log::info!("{}", super::startup::ready_line(&name, addr, pid, &config));
         if !config.bus.enabled {
             super::upkeep::warn_bus_disabled(&config_path);
         }
@@ -367,7 +367,10 @@ impl Instance {
         // Stopped first, so that it cannot write the entry back.
         registry_check.stop();
         if let Err(e) = registry::deregister(&root, &name, pid) {
-            log::warn!("cannot deregister from the registry: {e}");
+            log::warn!(
+                "cannot deregister from {}: {e}",
+                registry::registry_path(&root).display()
+            );
         }
         // What the engines left behind is killed and reaped before serve exits: once it
         // has, it would be PID 1's (contract section 8).

@@ -87,8 +87,10 @@ impl Refusal {
         }
     }
 
-    /// The human-readable `error` text. Never echoes what the peer sent.
-    pub fn message(&self) -> String {
+    /// The human-readable `error` text, naming `instance` (the one refusing) where it
+    /// speaks of it: a caller reads it beside its own local refusals. Never echoes what
+    /// the peer sent.
+    pub fn message(&self, instance: &str) -> String {
         match self {
             Refusal::BadHost => {
                 "Host must be 127.0.0.1:PORT, localhost:PORT or [::1]:PORT".to_owned()
@@ -108,22 +110,21 @@ impl Refusal {
                 "Content-Length is repeated with different values".to_owned()
             }
             Refusal::TooLarge => format!("request body is larger than {MAX_BODY_BYTES} bytes"),
-            Refusal::BusDisabled => "the bus is disabled on this instance".to_owned(),
+            Refusal::BusDisabled => format!("the bus is disabled on {instance}"),
             Refusal::Unauthorized => "missing or wrong bearer secret".to_owned(),
             Refusal::Body(e) => e.to_string(),
-            Refusal::PeerNotAllowed => "caller is not in this instance's peers".to_owned(),
+            Refusal::PeerNotAllowed => format!("the caller is not among {instance}'s peers"),
             Refusal::DepthExceeded { depth, max } => {
-                format!("depth {depth} reaches this instance's maxDepth of {max}")
+                format!("depth {depth} reaches {instance}'s maxDepth of {max}")
             }
             Refusal::RequestIdReused => {
                 "`ext.requestId` was used before for a different prompt or depth".to_owned()
             }
-            Refusal::UnknownRequestId => {
-                "no turn with this `ext.requestId` to cancel (finished turns are kept 10 minutes)"
-                    .to_owned()
-            }
-            Refusal::Busy => "turn queue is full; try again shortly".to_owned(),
-            Refusal::ShuttingDown => "instance is shutting down".to_owned(),
+            Refusal::UnknownRequestId => format!(
+                "{instance} has no turn with this `ext.requestId` to cancel (finished turns are kept 10 minutes)"
+            ),
+            Refusal::Busy => format!("{instance}'s turn queue is full; try again shortly"),
+            Refusal::ShuttingDown => format!("{instance} is shutting down"),
             Refusal::HandlerPanicked => "the turn handler failed unexpectedly".to_owned(),
             Refusal::NotFound => {
                 "no such endpoint; use POST /api/talk or GET /api/health".to_owned()
@@ -171,6 +172,22 @@ mod tests {
         for (refusal, status, code) in cases {
             let (s, c) = refusal.status_and_code();
             assert_eq!((s, c.as_str()), (status, code), "{refusal:?}");
+        }
+    }
+
+    /// A refusal from a peer read the same as the caller's own ("this instance").
+    #[test]
+    fn refusals_name_the_instance_refusing() {
+        for refusal in [
+            Refusal::BusDisabled,
+            Refusal::PeerNotAllowed,
+            Refusal::DepthExceeded { depth: 3, max: 3 },
+            Refusal::ShuttingDown,
+            Refusal::Busy,
+        ] {
+            let message = refusal.message("worker");
+            assert!(message.contains("worker"), "{message}");
+            assert!(!message.contains("this instance"), "{message}");
         }
     }
 }

@@ -106,14 +106,20 @@ fn check(entry: &Entry, last_error: &mut Option<String>) {
     match registry::ensure_registered(root, name, addr.ip(), addr.port(), *pid, secret) {
         Ok(written) => {
             if written {
-                log::warn!("the registry entry of {name} was missing; registered again");
+                log::warn!(
+                    "{}: the entry of {name} was missing; registered again",
+                    registry::registry_path(root).display()
+                );
             }
             *last_error = None;
         }
         Err(e) => {
             let error = e.to_string();
             if last_error.as_deref() != Some(error.as_str()) {
-                log::warn!("cannot check the registry: {error}");
+                log::warn!(
+                    "cannot check {}: {error}",
+                    registry::registry_path(root).display()
+                );
             }
             *last_error = Some(error);
         }

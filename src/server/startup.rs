@@ -9,6 +9,7 @@ use crate::http;
 use crate::protocol::InstanceName;
 use crate::registry;
 use std::io;
+use std::net::SocketAddr;
 use std::os::unix::net::UnixStream;
 use std::path::Path;
 
@@ -110,17 +111,54 @@ pub(super) fn claim_name(root: &Path, name: &InstanceName) -> Result<(), ServeEr
             })
         }
         Ok(None) => {}
-        Err(e) => log::warn!("cannot read the registry: {e}"),
+        Err(e) => log::warn!(
+            "cannot read {}: {e}",
+            registry::registry_path(root).display()
+        ),
     }
     match registry::prune(root) {
         Ok(pruned) => {
             for stale in pruned {
-                log::info!("removed the stale registry entry of {stale}");
+                log::info!(
+                    "removed the stale registry entry of {stale} from {}",
+                    registry::registry_path(root).display()
+                );
             }
         }
-        Err(e) => log::warn!("cannot prune the registry: {e}"),
+        Err(e) => log::warn!(
+            "cannot prune {}: {e}",
+            registry::registry_path(root).display()
+        ),
     }
     Ok(())
+}
+
+/// The one line logged once an instance is ready: its name, address and pid, and the
+/// engine, peers and budget it runs with (no secret, no env values).
+pub(super) fn ready_line(
+    name: &InstanceName,
+    addr: SocketAddr,
+    pid: u32,
+    config: &Config,
+) -> String {
+    let engine = match &config.engine {
+        Some(engine) => engine.command.join(" "),
+        None => "built-in echo".to_owned(),
+    };
+    let peers = match (&config.bus.peers, config.bus.enabled) {
+        (_, false) => "none (bus disabled)".to_owned(),
+        (config::Peers::Any, true) => "*".to_owned(),
+        (config::Peers::Only(names), true) => names.join(","),
+    };
+    let budget = match config.budget_usd {
+        Some(usd) => format!("{usd} USD"),
+        None => "none".to_owned(),
+    };
+    format!(
+        "ready: {name} on http://{addr} (pid {pid}), engine {engine}, peers {peers}, \
+         maxDepth {}, budget {budget}",
+        config.bus.max_depth
+    )
 }
 
 /// The loop's end of the stop pipe (readable when a stop is asked for) and the end
@@ -152,4 +190,37 @@ pub(super) fn route_signals(write: &UnixStream) -> io::Result<Vec<signal_hook::S
         )?);
     }
     Ok(guards)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_ready_line_names_engine_peers_and_budget() {
+        let name = InstanceName::new("worker").unwrap();
+        let addr: SocketAddr = "127.0.0.1:7701".parse().unwrap();
+        let mut config = Config {
+            bus: config::BusConfig::open(),
+            ..Config::default()
+        };
+        assert_eq!(
+            ready_line(&name, addr, 42, &config),
+            "ready: worker on http://127.0.0.1:7701 (pid 42), engine built-in echo, peers *, \
+             maxDepth 3, budget none"
+        );
+        config.bus.peers = config::Peers::Only(vec!["a".into(), "b".into()]);
+        config.budget_usd = Some(1.2);
+        config.engine = Some(config::EngineConfig::new(vec![
+            "claude".into(),
+            "-p".into(),
+        ]));
+        let line = ready_line(&name, addr, 42, &config);
+        assert!(
+            line.ends_with("engine claude -p, peers a,b, maxDepth 3, budget 1.2 USD"),
+            "{line}"
+        );
+        config.bus.enabled = false;
+        assert!(ready_line(&name, addr, 42, &config).contains("peers none (bus disabled)"));
+    }
 }

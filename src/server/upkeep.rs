@@ -34,6 +34,26 @@ pub(super) fn warn_bus_disabled(config_path: &Path) {
     );
 }
 
+/// What a stopping instance logs: what it stopped, and what it waits for.
+fn stopping_line(name: &str, queued: usize, running: usize) -> String {
+    let turns = |n: usize| if n == 1 { "turn" } else { "turns" };
+    let mut line = format!("{name} stopping: no new connections");
+    if queued > 0 {
+        line.push_str(&format!(
+            ", {queued} queued {} answered server_busy",
+            turns(queued)
+        ));
+    }
+    if running > 0 {
+        line.push_str(&format!(
+            "; waiting up to {} s for {running} running {}; Ctrl-C again to stop now",
+            SHUTDOWN_GRACE.as_secs(),
+            turns(running)
+        ));
+    }
+    line
+}
+
 impl Bus {
     /// Re-reads config.json if it changed; keeps the last good config on any problem.
     pub(super) fn reload_config(&mut self) {
@@ -51,22 +71,34 @@ impl Bus {
             return;
         }
         self.config_bytes = bytes;
-        match config::parse(&self.config_bytes) {
+        let path = self.config_path.display();
+        match config::parse_file(&self.config_path, &self.config_bytes) {
             Ok(mut new) => {
                 if let Some(engine) = &self.engine_override {
                     engine.apply(&mut new);
                 }
-                if new.bus.port != self.config.bus.port || new.bus.secret != self.config.bus.secret
-                {
+                let changed = self.config.changed_keys(&new);
+                let later: Vec<&str> = changed
+                    .iter()
+                    .copied()
+                    .filter(|key| matches!(*key, "bus.port" | "bus.secret"))
+                    .collect();
+                if !later.is_empty() {
                     log::warn!(
-                        "config.json: port and secret changes take effect at the next start"
+                        "{path}: {} changed; that takes effect at the next start",
+                        later.join(" and ")
                     );
                 }
                 if self.config.bus.enabled && !new.bus.enabled {
                     warn_bus_disabled(&self.config_path);
                 }
+                let what = if changed.is_empty() {
+                    "no setting changed".to_owned()
+                } else {
+                    format!("changed {}", changed.join(", "))
+                };
                 log::info!(
-                    "config.json reloaded: bus {}, maxDepth {}",
+                    "{path} reloaded: {what} (bus {}, maxDepth {})",
                     if new.bus.enabled {
                         "enabled"
                     } else {
@@ -81,7 +113,7 @@ impl Bus {
                 {
                     crate::engine::warnings(engine)
                         .iter()
-                        .for_each(|w| log::warn!("{w}"));
+                        .for_each(|w| log::warn!("{path}: {w}"));
                 }
                 self.config = Arc::new(new);
             }
@@ -102,10 +134,14 @@ impl Bus {
             }
             return;
         }
-        log::info!("stopping: no new connections, queued turns get server_busy");
         self.stopping_since = Some(Instant::now());
         control.stop_accepting();
-        for (turn, _job) in self.pool.close() {
+        let queued = self.pool.close();
+        log::info!(
+            "{}",
+            stopping_line(&self.name, queued.len(), self.pool.load().running)
+        );
+        for (turn, _job) in queued {
             for (conn, response) in self.refuse_queued(turn, &Refusal::ShuttingDown) {
                 control.respond(conn, response);
             }
@@ -135,7 +171,8 @@ impl Bus {
                     }
                 } else if now.duration_since(since) >= SHUTDOWN_GRACE {
                     log::warn!(
-                        "running turns did not finish within {SHUTDOWN_GRACE:?}; killing {} engine(s)",
+                        "running turns did not finish within {} s; killing {} engine(s)",
+                        SHUTDOWN_GRACE.as_secs(),
                         self.running.count()
                     );
                     self.running.kill_all();
@@ -144,5 +181,28 @@ impl Bus {
                 now + SHUTDOWN_POLL
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn shutdown_says_what_it_waits_for() {
+        assert_eq!(
+            stopping_line("worker", 0, 2),
+            "worker stopping: no new connections; waiting up to 30 s for 2 running turns; \
+             Ctrl-C again to stop now"
+        );
+        assert_eq!(
+            stopping_line("worker", 1, 1),
+            "worker stopping: no new connections, 1 queued turn answered server_busy; \
+             waiting up to 30 s for 1 running turn; Ctrl-C again to stop now"
+        );
+        assert_eq!(
+            stopping_line("worker", 0, 0),
+            "worker stopping: no new connections"
+        );
     }
 }

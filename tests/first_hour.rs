@@ -1,0 +1,537 @@
+//! What a new user tripped over in the first hour (issue 13): readiness, `init`'s
+//! options and `--force`, help and "did you mean", a closed stdout, messages that name
+//! their instance, `--bind localhost`, shutdown progress, `HEAD /api/health`, and log
+//! lines a person can read.
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    reason = "tests fail loudly on the first broken expectation"
+)]
+
+mod common;
+
+use common::*;
+use serde_json::{json, Value};
+use std::io::{Read, Write};
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+/// How long a test waits for something that should happen at once.
+const WAIT: Duration = Duration::from_secs(20);
+
+fn stdout(out: &std::process::Output) -> String {
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+fn stderr(out: &std::process::Output) -> String {
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+fn read_json(path: &Path) -> Value {
+    serde_json::from_slice(&std::fs::read(path).unwrap()).unwrap()
+}
+
+#[test]
+fn health_wait_succeeds_once_serve_registers() {
+    let root = TestRoot::new("wait");
+    let root_arg = root.path.to_str().unwrap().to_owned();
+    // The README's script: health runs before serve has registered.
+    let waiting = Command::new(bin())
+        .args(["health", "worker", "--root", &root_arg, "--wait", "30"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let _worker = root.start("worker", &open_config("s"));
+    let out = waiting.wait_with_output().unwrap();
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        describe(&["health"], &out)
+    );
+    let answer: Value = serde_json::from_str(&stdout(&out)).unwrap();
+    assert_eq!(answer["instance"], "worker");
+}
+
+#[test]
+fn health_wait_gives_up_with_the_usual_failure() {
+    let root = TestRoot::new("wait-none");
+    let args = [
+        "health",
+        "nobody",
+        "--root",
+        root.path.to_str().unwrap(),
+        "--wait",
+        "0.3",
+    ];
+    let out = run(&args, &[], None);
+    assert_eq!(out.status.code(), Some(75), "{}", describe(&args, &out));
+    assert!(
+        stderr(&out).contains("nobody is not registered"),
+        "{}",
+        describe(&args, &out)
+    );
+    let args = [
+        "health",
+        "nobody",
+        "--root",
+        root.path.to_str().unwrap(),
+        "--wait",
+        "x",
+    ];
+    assert_eq!(run(&args, &[], None).status.code(), Some(2));
+}
+
+#[test]
+fn health_json_is_accepted() {
+    let root = TestRoot::new("health-json");
+    let _worker = root.start("worker", &open_config("s"));
+    let args = [
+        "health",
+        "worker",
+        "--root",
+        root.path.to_str().unwrap(),
+        "--json",
+    ];
+    let out = run(&args, &[], None);
+    assert_eq!(out.status.code(), Some(0), "{}", describe(&args, &out));
+    let answer: Value = serde_json::from_str(&stdout(&out)).unwrap();
+    assert_eq!(answer["status"], "ok");
+}
+
+#[test]
+fn serve_logs_one_ready_line_with_engine_peers_and_budget() {
+    let root = TestRoot::new("ready");
+    let worker = root.start(
+        "worker",
+        &json!({"bus": {"peers": ["alice", "bob"], "secret": "s"}, "budgetUsd": 2.5}),
+    );
+    let want = format!(
+        "ready: worker on http://127.0.0.1:{} (pid {}), engine built-in echo, peers alice,bob, \
+         maxDepth 3, budget 2.5 USD",
+        worker.port,
+        worker.pid()
+    );
+    assert!(worker.wait_for_log(&want, WAIT), "{}", worker.describe());
+    assert_eq!(worker.stderr().matches("ready: ").count(), 1);
+}
+
+#[test]
+fn init_takes_engine_peers_budget_port_and_kind() {
+    let root = TestRoot::new("init-options");
+    let dir = root.path.join("worker");
+    let args = [
+        "init",
+        dir.to_str().unwrap(),
+        "--engine",
+        "claude",
+        "--peers",
+        "alice,bob",
+        "--budget",
+        "1.20",
+        "--port",
+        "7801",
+        "--kind",
+        "cc-telegram-bridge",
+    ];
+    let out = run(&args, &[], None);
+    assert_eq!(out.status.code(), Some(0), "{}", describe(&args, &out));
+    let config = read_json(&dir.join("config.json"));
+    assert_eq!(
+        config["engine"],
+        json!({"command": ["claude", "-p", "--output-format", "json"], "output": "json"})
+    );
+    assert_eq!(config["bus"]["peers"], json!(["alice", "bob"]));
+    assert_eq!(config["bus"]["port"], 7801);
+    assert_eq!(config["bus"]["kind"], "cc-telegram-bridge");
+    assert_eq!(config["budgetUsd"], json!(1.2));
+    assert!(config["bus"].get("secret").is_none(), "{config}");
+    // A command line is split on whitespace; `echo` is the built-in engine.
+    let args = [
+        "init",
+        dir.to_str().unwrap(),
+        "--force",
+        "--engine",
+        "my-engine  --fast",
+    ];
+    assert_eq!(run(&args, &[], None).status.code(), Some(0));
+    let config = read_json(&dir.join("config.json"));
+    assert_eq!(
+        config["engine"],
+        json!({"command": ["my-engine", "--fast"]})
+    );
+    let args = ["init", dir.to_str().unwrap(), "--force", "--engine", "echo"];
+    assert_eq!(run(&args, &[], None).status.code(), Some(0));
+    assert!(read_json(&dir.join("config.json")).get("engine").is_none());
+    for bad in [
+        ["--peers", ","],
+        ["--budget", "-1"],
+        ["--engine", " "],
+        ["--port", "x"],
+    ] {
+        let args = ["init", dir.to_str().unwrap(), "--force", bad[0], bad[1]];
+        let out = run(&args, &[], None);
+        assert_eq!(out.status.code(), Some(2), "{}", describe(&args, &out));
+    }
+}
+
+#[test]
+fn init_force_keeps_engine_budget_and_peers() {
+    let root = TestRoot::new("init-force");
+    let dir = root.path.join("worker");
+    let d = dir.to_str().unwrap();
+    let first = [
+        "init",
+        d,
+        "--engine",
+        "claude",
+        "--peers",
+        "alice",
+        "--budget",
+        "3",
+        "--fixed-secret",
+    ];
+    assert_eq!(run(&first, &[], None).status.code(), Some(0));
+    let path = dir.join("config.json");
+    let before = read_json(&path);
+    let before_bytes = std::fs::read(&path).unwrap();
+
+    let args = ["init", d, "--force", "--port", "7802"];
+    let out = run(&args, &[], None);
+    assert_eq!(out.status.code(), Some(0), "{}", describe(&args, &out));
+    let after = read_json(&path);
+    assert_eq!(after["engine"], before["engine"]);
+    assert_eq!(after["budgetUsd"], before["budgetUsd"]);
+    assert_eq!(after["bus"]["peers"], before["bus"]["peers"]);
+    assert_eq!(
+        after["bus"]["secret"], before["bus"]["secret"],
+        "no rotation asked"
+    );
+    assert_eq!(after["bus"]["port"], 7802);
+
+    // The old file is kept, private.
+    let backups: Vec<_> = std::fs::read_dir(&dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| {
+            p.file_name()
+                .unwrap()
+                .to_string_lossy()
+                .starts_with("config.json.bak-")
+        })
+        .collect();
+    assert_eq!(backups.len(), 1, "{backups:?}");
+    assert_eq!(file_mode(&backups[0]), 0o600);
+    assert_eq!(std::fs::read(&backups[0]).unwrap(), before_bytes);
+    assert!(
+        stdout(&out).contains(&backups[0].display().to_string()),
+        "{}",
+        stdout(&out)
+    );
+
+    let args = ["init", d, "--force", "--rotate-secret"];
+    assert_eq!(run(&args, &[], None).status.code(), Some(0));
+    let rotated = read_json(&path);
+    assert_ne!(rotated["bus"]["secret"], before["bus"]["secret"]);
+    assert_eq!(rotated["engine"], before["engine"]);
+}
+
+#[test]
+fn init_force_on_a_running_instance_does_not_say_start_it() {
+    let root = TestRoot::new("init-running");
+    let worker = root.start("worker", &open_config("s"));
+    let args = [
+        "init",
+        worker.state_dir.to_str().unwrap(),
+        "--force",
+        "--budget",
+        "4",
+    ];
+    let out = run(&args, &[], None);
+    assert_eq!(out.status.code(), Some(0), "{}", describe(&args, &out));
+    assert!(
+        !stdout(&out).contains("start it with"),
+        "{}",
+        describe(&args, &out)
+    );
+    assert!(
+        stdout(&out).contains("worker is running"),
+        "{}",
+        describe(&args, &out)
+    );
+    // The reload that follows says what changed, and the secret stayed.
+    assert!(
+        worker.wait_for_log("reloaded: changed budgetUsd", WAIT),
+        "{}",
+        worker.describe()
+    );
+    assert_eq!(
+        read_json(&worker.state_dir.join("config.json"))["bus"]["secret"],
+        "s"
+    );
+}
+
+#[test]
+fn help_talk_shows_talk_help() {
+    for command in ["talk", "health", "list", "serve", "init"] {
+        let via_help = run(&["help", command], &[], None);
+        let via_flag = run(&[command, "--help"], &[], None);
+        assert_eq!(
+            via_help.status.code(),
+            Some(0),
+            "{}",
+            describe(&["help", command], &via_help)
+        );
+        assert_eq!(stdout(&via_help), stdout(&via_flag), "{command}");
+        assert!(
+            stdout(&via_help).starts_with(&format!("loopbus {command}")),
+            "{command}"
+        );
+    }
+    let out = run(&["help", "tlak"], &[], None);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(
+        stderr(&out).contains("did you mean `talk`?"),
+        "{}",
+        stderr(&out)
+    );
+}
+
+#[test]
+fn unknown_option_suggests() {
+    let out = run(&["list", "--jsno", "--root", "/nonexistent"], &[], None);
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("unknown option `--jsno`; did you mean `--json`?"),
+        "{}",
+        stderr(&out)
+    );
+    let out = run(&["lsit"], &[], None);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(
+        stderr(&out).contains("did you mean `list`?"),
+        "{}",
+        stderr(&out)
+    );
+}
+
+/// Runs `args` with stdout a pipe whose reader has already gone.
+fn run_into_closed_pipe(args: &[&str]) -> std::process::Output {
+    let (reader, writer) = std::io::pipe().unwrap();
+    drop(reader);
+    Command::new(bin())
+        .args(args)
+        .env_remove("LOOPBUS_STATE_DIR")
+        .stdin(Stdio::null())
+        .stdout(writer)
+        .stderr(Stdio::piped())
+        .output()
+        .unwrap()
+}
+
+#[test]
+fn list_into_a_closed_pipe_exits_quietly() {
+    let root = TestRoot::new("closed-pipe");
+    let _worker = root.start("worker", &open_config("s"));
+    let r = root.path.to_str().unwrap();
+    let cases: [&[&str]; 6] = [
+        &["list", "--root", r],
+        &["list", "--root", r, "--json"],
+        &["health", "worker", "--root", r],
+        &["help", "talk"],
+        &["talk", "--help"],
+        &["--version"],
+    ];
+    for args in cases {
+        let out = run_into_closed_pipe(args);
+        assert_eq!(out.status.code(), Some(0), "{}", describe(args, &out));
+        assert!(out.stderr.is_empty(), "{}", describe(args, &out));
+    }
+}
+
+#[test]
+fn head_health_has_the_get_headers_and_no_body() {
+    let root = TestRoot::new("head-health");
+    let worker = root.start("worker", &open_config("s"));
+    let host = worker.host();
+    let mut stream = connect(worker.port);
+    let raw = format!(
+        "HEAD /api/health HTTP/1.1\r\nHost: {host}\r\n\r\nGET /api/health HTTP/1.1\r\nHost: {host}\r\n\r\n"
+    );
+    stream.write_all(raw.as_bytes()).unwrap();
+    // The HEAD answer's head, read byte by byte: its body must not be there.
+    let mut head = Vec::new();
+    let mut byte = [0u8];
+    while !head.ends_with(b"\r\n\r\n") {
+        stream.read_exact(&mut byte).unwrap();
+        head.push(byte[0]);
+    }
+    let head = String::from_utf8(head).unwrap();
+    assert!(head.starts_with("HTTP/1.1 200 "), "{head}");
+    // The very next bytes are the GET's answer, whose headers the HEAD answer had.
+    let get = read_response(&mut stream).expect("the GET answer");
+    assert_eq!(get.status, 200);
+    assert_eq!(get.json()["instance"], "worker");
+    for (name, value) in &get.headers {
+        assert!(
+            head.contains(&format!("{name}: {value}\r\n")),
+            "HEAD lacks {name}: {value}\n{head}"
+        );
+    }
+}
+
+#[test]
+fn bind_localhost_is_loopback() {
+    let root = TestRoot::new("bind-localhost");
+    root.write_config("worker", &open_config("s"));
+    let mut worker = Instance::spawn(&root, "worker", &["--bind", "localhost"]);
+    worker.assert_alive("serve --bind localhost");
+    assert!(
+        worker.stderr().contains("on http://127.0.0.1:"),
+        "{}",
+        worker.describe()
+    );
+}
+
+#[test]
+fn a_non_loopback_refusal_says_it_once() {
+    let root = TestRoot::new("bind-any");
+    root.write_config("worker", &open_config("s"));
+    let dir = root.state_dir("worker");
+    let args = [
+        "serve",
+        "--state-dir",
+        dir.to_str().unwrap(),
+        "--bind",
+        "0.0.0.0",
+    ];
+    let out = run(&args, &[], None);
+    assert_eq!(out.status.code(), Some(2), "{}", describe(&args, &out));
+    let text = stderr(&out);
+    assert_eq!(text.matches("0.0.0.0").count(), 1, "{text}");
+    assert!(text.contains("loopback"), "{text}");
+}
+
+#[test]
+fn address_in_use_names_the_registered_instance_holding_it() {
+    let root = TestRoot::new("in-use");
+    let holder = root.start("holder", &open_config("s"));
+    root.write_config("second", &open_config("t"));
+    let dir = root.state_dir("second");
+    let port = holder.port.to_string();
+    let args = [
+        "serve",
+        "--state-dir",
+        dir.to_str().unwrap(),
+        "--port",
+        &port,
+    ];
+    let out = run(&args, &[], None);
+    assert_eq!(out.status.code(), Some(2), "{}", describe(&args, &out));
+    let text = stderr(&out);
+    assert!(
+        text.contains("in use, registered to instance holder"),
+        "{text}"
+    );
+    assert!(text.contains(&format!("pid {}", holder.pid())), "{text}");
+}
+
+#[test]
+fn refusals_name_the_instance_instead_of_this_instance() {
+    let root = TestRoot::new("named-refusal");
+    let worker = root.start(
+        "worker",
+        &json!({"bus": {"peers": ["alice"], "secret": "s", "maxDepth": 2}}),
+    );
+    let mallory = worker.talk("mallory", "hi", 0).json();
+    assert_eq!(mallory["errorCode"], "peer_not_allowed");
+    assert!(
+        mallory["error"].as_str().unwrap().contains("worker"),
+        "{mallory}"
+    );
+    let deep = worker.talk("alice", "hi", 5).json();
+    assert_eq!(deep["errorCode"], "max_depth_exceeded");
+    assert!(
+        deep["error"]
+            .as_str()
+            .unwrap()
+            .contains("worker's maxDepth"),
+        "{deep}"
+    );
+    for answer in [mallory, deep] {
+        assert!(
+            !answer["error"].as_str().unwrap().contains("this instance"),
+            "{answer}"
+        );
+    }
+}
+
+#[test]
+fn shutdown_says_what_it_waits_for() {
+    let root = TestRoot::new("shutdown-wait");
+    let gate = root.path.join("gate");
+    let calls = root.path.join("calls");
+    let engine = json!({
+        "command": ["sh", format!("{}/tests/engines/gate.sh", env!("CARGO_MANIFEST_DIR"))],
+        "env": {"GATE": gate.to_string_lossy(), "CALLS_FILE": calls.to_string_lossy()},
+    });
+    let mut worker = root.start(
+        "worker",
+        &json!({"bus": {"peers": "*", "secret": "s"}, "engine": engine}),
+    );
+    let talk = worker.spawn_talk("hi");
+    assert!(
+        eventually(WAIT, || calls.exists()),
+        "the turn started\n{}",
+        worker.describe()
+    );
+    signal(worker.pid(), "TERM");
+    let want = "worker stopping: no new connections; waiting up to 30 s for 1 running turn; \
+                Ctrl-C again to stop now";
+    let said = worker.wait_for_log(want, WAIT);
+    std::fs::write(&gate, b"").unwrap();
+    assert!(said, "{}", worker.describe());
+    assert_eq!(talk.join().unwrap().status, 200);
+    assert_eq!(worker.wait(WAIT).code(), Some(0), "{}", worker.describe());
+}
+
+#[test]
+fn client_warnings_have_no_timestamp() {
+    let root = TestRoot::new("client-warning");
+    let registry = root.path.join(".bus-registry.json");
+    std::fs::write(&registry, br#"{"instances": {"bad": {"port": "x"}}}"#).unwrap();
+    let args = ["list", "--root", root.path.to_str().unwrap()];
+    let out = run(&args, &[], None);
+    assert_eq!(out.status.code(), Some(0), "{}", describe(&args, &out));
+    let text = stderr(&out);
+    let warning = text
+        .lines()
+        .find(|l| l.contains("warning:"))
+        .unwrap_or_else(|| panic!("no warning: {text}"));
+    assert!(
+        warning.starts_with(&format!("loopbus: warning: {}", registry.display())),
+        "{text}"
+    );
+}
+
+#[test]
+fn debug_logs_have_no_rust_debug_formatting() {
+    let root = TestRoot::new("no-debug-format");
+    let worker = root.start(
+        "worker",
+        &json!({"bus": {"peers": ["alice"], "secret": "s"}}),
+    );
+    let _ = worker.talk("mallory", "hi", 1);
+    assert!(
+        worker.wait_for_log("talk refused", WAIT),
+        "{}",
+        worker.describe()
+    );
+    let log = worker.stderr();
+    for needle in ["Some(", "None", "\"mallory\""] {
+        assert!(!log.contains(needle), "{needle} in the log:\n{log}");
+    }
+    assert!(log.contains("from mallory, depth 1"), "{log}");
+}
