@@ -45,17 +45,17 @@ fn available(interpreter: &str) -> bool {
     found
 }
 
-/// Runs `interpreter script args...` with `env` and `stdin`, killed past
+/// Runs `interpreter file args...` with `env` and `stdin`, killed past
 /// [`EXAMPLE_LIMIT`].
 fn run_example(
     interpreter: &str,
-    name: &str,
+    file: &Path,
     args: &[&str],
     env: &[(&str, &str)],
     stdin: &str,
 ) -> Output {
     let mut child = Command::new(interpreter)
-        .arg(script(name))
+        .arg(file)
         .args(args)
         .env_remove("LOOPBUS_INSTANCE")
         .env_remove("LOOPBUS_DEPTH")
@@ -104,7 +104,7 @@ fn examples_talk_to_a_real_instance(interpreter: &str, name: &str) {
 
     let output = run_example(
         interpreter,
-        name,
+        &script(name),
         &[root_arg, "worker", "hello"],
         &as_reviewer,
         "",
@@ -119,7 +119,7 @@ fn examples_talk_to_a_real_instance(interpreter: &str, name: &str) {
 
     let output = run_example(
         interpreter,
-        name,
+        &script(name),
         &[root_arg, "worker"],
         &as_reviewer,
         "from stdin\n",
@@ -127,7 +127,13 @@ fn examples_talk_to_a_real_instance(interpreter: &str, name: &str) {
     assert!(output.status.success(), "{}", describe(name, &output));
     assert_eq!(String::from_utf8_lossy(&output.stdout), "from stdin\n");
 
-    let output = run_example(interpreter, name, &[root_arg, "worker", "hi"], &[], "");
+    let output = run_example(
+        interpreter,
+        &script(name),
+        &[root_arg, "worker", "hi"],
+        &[],
+        "",
+    );
     assert_eq!(output.status.code(), Some(1), "{}", describe(name, &output));
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert!(
@@ -136,7 +142,13 @@ fn examples_talk_to_a_real_instance(interpreter: &str, name: &str) {
         describe(name, &output)
     );
 
-    let output = run_example(interpreter, name, &[root_arg, "nobody", "hi"], &[], "");
+    let output = run_example(
+        interpreter,
+        &script(name),
+        &[root_arg, "nobody", "hi"],
+        &[],
+        "",
+    );
     assert_eq!(
         output.status.code(),
         Some(75),
@@ -268,7 +280,7 @@ fn client_examples_send_json_and_the_secret_only_on_the_proved_connection() {
         write_registry(&root, port, SECRET);
         let output = run_example(
             interpreter,
-            name,
+            &script(name),
             &[root.path.to_str().unwrap(), "worker", "ping"],
             &[("LOOPBUS_DEPTH", "1")],
             "",
@@ -320,7 +332,7 @@ fn client_examples_refuse_a_port_that_cannot_prove_the_secret() {
         write_registry(&root, port, SECRET);
         let output = run_example(
             interpreter,
-            name,
+            &script(name),
             &[root.path.to_str().unwrap(), "worker", "secret prompt"],
             &[],
             "",
@@ -333,5 +345,48 @@ fn client_examples_refuse_a_port_that_cannot_prove_the_secret() {
             describe(name, &output)
         );
         assert!(seen.talk.is_none(), "{name} sent a talk to a squatter");
+    }
+}
+
+/// The fenced block of `language` in the README's section on calling an instance from
+/// a script.
+fn readme_snippet(language: &str) -> String {
+    let readme =
+        std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("README.md")).unwrap();
+    let section = readme
+        .split("\n## ")
+        .find(|s| s.starts_with("Calling an instance from a script"))
+        .expect("the README section on calling an instance from a script");
+    let fence = format!("```{language}\n");
+    let start = section
+        .find(&fence)
+        .unwrap_or_else(|| panic!("no {language} block"))
+        + fence.len();
+    let end = start + section[start..].find("```").unwrap();
+    section[start..end].to_owned()
+}
+
+/// The README's Python and Node snippets, pasted into a file, print the reply.
+#[test]
+fn readme_client_snippets_work_when_pasted_into_a_file() {
+    let root = TestRoot::new("client-snippets");
+    let worker = root.start("worker", &json!({"bus": {"peers": "*"}}));
+    for (interpreter, language, file) in [
+        ("python3", "python", "snippet.py"),
+        ("node", "js", "snippet.mjs"),
+    ] {
+        if !available(interpreter) {
+            continue;
+        }
+        let path = root.path.join(file);
+        std::fs::write(&path, readme_snippet(language)).unwrap();
+        let output = run_example(interpreter, &path, &[root.path.to_str().unwrap()], &[], "");
+        assert!(
+            output.status.success(),
+            "{}\n{}",
+            describe(file, &output),
+            worker.describe()
+        );
+        assert_eq!(String::from_utf8_lossy(&output.stdout), "hello\n", "{file}");
     }
 }
