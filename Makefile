@@ -3,7 +3,7 @@ CARGO ?= cargo
 DEMO_DIR := .loopbus/demo
 BIN := target/debug/loopbus
 
-.PHONY: all build run test fmt lint bench fuzz clean
+.PHONY: all build run test fmt lint bench fuzz clean install
 
 all: build
 
@@ -24,6 +24,11 @@ test:
 
 fmt:
 	$(CARGO) fmt --all
+
+# Builds the release binary and installs it as `loopbus` in cargo's bin directory
+# ($CARGO_HOME/bin, by default ~/.cargo/bin), with the committed Cargo.lock.
+install:
+	$(CARGO) install --path . --locked
 
 # Runs every fuzz target in fuzz/ for FUZZ_SECS seconds each (nightly and cargo-fuzz;
 # never part of `make test`, which is stable-only). FUZZ_TARGETS picks a subset. The
