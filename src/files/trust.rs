@@ -55,6 +55,14 @@ impl std::fmt::Display for Untrusted {
                  `chown {} {path}` if it is really ours",
                 self.us, self.us
             )
+        } else if self.kind == TrustKind::Dir && self.mode & STICKY != 0 {
+            // A shared sticky directory such as /tmp: never loosen it; move off it.
+            write!(
+                f,
+                ", a directory every user may write to (like /tmp); put the channel root in \
+                 a private directory of its own instead (`loopbus init /tmp/bus/NAME` \
+                 creates /tmp/bus private)"
+            )
         } else {
             write!(
                 f,
@@ -65,6 +73,10 @@ impl std::fmt::Display for Untrusted {
 }
 
 impl std::error::Error for Untrusted {}
+
+/// The sticky bit: in a directory everyone may write to, only a file's owner may remove
+/// or rename it (`/tmp`).
+const STICKY: u32 = 0o1000;
 
 /// Whether files of `owner` are trusted by the process running as `us`: our own, and
 /// root's (root can write anything of ours anyway).
@@ -136,4 +148,32 @@ pub fn check_trusted(path: &Path, kind: TrustKind) -> io::Result<()> {
 /// that is what it is.
 pub fn untrusted(err: &io::Error) -> Option<&Untrusted> {
     err.get_ref()?.downcast_ref()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn untrusted(kind: TrustKind, mode: u32) -> String {
+        Untrusted {
+            path: PathBuf::from("/some/dir"),
+            kind,
+            owner: 1000,
+            mode,
+            us: 1000,
+        }
+        .to_string()
+    }
+
+    /// The fix named for a shared sticky directory was `chmod go-w /tmp`, which would
+    /// break every other user of /tmp.
+    #[test]
+    fn bug_the_fix_for_a_state_directory_in_tmp_was_to_chmod_tmp() {
+        let sticky = untrusted(TrustKind::Dir, 0o1777);
+        assert!(!sticky.contains("chmod"), "{sticky}");
+        assert!(sticky.contains("private directory"), "{sticky}");
+        // A plain group-writable directory or file: tightening it is the fix.
+        assert!(untrusted(TrustKind::Dir, 0o775).contains("chmod go-w /some/dir"));
+        assert!(untrusted(TrustKind::File, 0o1666).contains("chmod go-w /some/dir"));
+    }
 }
