@@ -347,11 +347,16 @@ fn stopped(options: &DelegateOptions, signal: i32, args: &Args, started: Instant
     };
     let target = &options.target;
     let what = match send_cancel(options) {
-        Some(CancelOutcome::Answered(_)) => "the turn was cancelled",
+        Some(CancelOutcome::Answered(envelope)) => match envelope.failure {
+            Some(f) if f.code == ErrorCode::Cancelled => "the turn was cancelled".to_owned(),
+            // The turn had finished, or had not arrived: nothing runs there now.
+            Some(f) => format!("{target} answered the cancel request with {}", f.code),
+            None => format!("{target} had already finished the turn"),
+        },
         Some(CancelOutcome::NotSupported) => {
-            "the peer does not advertise cancel-on-hangup, so the connection was closed"
+            format!("{target} does not advertise cancel-on-hangup, so the connection was closed")
         }
-        Some(CancelOutcome::NoRequestId) | None => "the connection was closed",
+        Some(_) | None => "the connection was closed".to_owned(),
     };
     let message = format!("interrupted by {name}; {what}");
     if args.switch("json") {
