@@ -508,6 +508,96 @@ mod tests {
     }
 
     #[test]
+    fn failures_that_may_have_run_the_turn_table() {
+        let t = || "worker".to_owned();
+        let remote = |code: &str| DelegateError::Remote {
+            from_instance: t(),
+            failure: Failure::new(ErrorCode::from_wire(code), "e"),
+            duration_ms: 1,
+            peer: Box::default(),
+        };
+        let broken = || DelegateError::Broken {
+            target: t(),
+            reason: ClientError::Closed,
+        };
+        let timeout = || DelegateError::Timeout {
+            target: t(),
+            after: Duration::from_secs(1),
+        };
+        // (failure, code, retryable, may have run the turn)
+        let cases: Vec<(DelegateError, &str, bool, bool)> = vec![
+            (timeout(), "timeout", true, true),
+            (broken(), "instance_unavailable", true, true),
+            (
+                DelegateError::InvalidResponse {
+                    target: t(),
+                    reason: "x".into(),
+                },
+                "invalid_response",
+                true,
+                true,
+            ),
+            (remote("unknown"), "unknown", true, true),
+            (remote("server_busy"), "server_busy", true, false),
+            (remote("engine_cli"), "engine_cli", true, false),
+            (
+                DelegateError::Connection {
+                    target: t(),
+                    reason: ClientError::Connect(io(std::io::ErrorKind::ConnectionRefused)),
+                },
+                "instance_unavailable",
+                true,
+                false,
+            ),
+            (
+                DelegateError::NotRegistered { target: t() },
+                "instance_unavailable",
+                true,
+                false,
+            ),
+            (
+                DelegateError::NoRandomness {
+                    error: io(std::io::ErrorKind::NotFound),
+                },
+                "internal_error",
+                true,
+                false,
+            ),
+            (
+                DelegateError::NotRetried {
+                    target: t(),
+                    error: Box::new(timeout()),
+                },
+                "timeout",
+                true,
+                true,
+            ),
+        ];
+        for (error, code, retryable, may_have_run) in cases {
+            assert_eq!(error.code().as_str(), code, "{error:?}");
+            assert_eq!(error.retryable(), retryable, "{error:?}");
+            assert_eq!(error.may_have_run(), may_have_run, "{error:?}");
+        }
+        let not_retried = DelegateError::NotRetried {
+            target: t(),
+            error: Box::new(broken()),
+        };
+        assert!(matches!(not_retried.cause(), DelegateError::Broken { .. }));
+        assert_eq!(
+            not_retried.to_string(),
+            "instance worker is not available: connection closed before a complete answer \
+             after the request was sent; not retried: the turn may have run, and worker does \
+             not advertise idempotent-requests, so a retry could run it twice"
+        );
+        // The peer's own failure keeps its envelope when it was not retried.
+        let kept = DelegateError::NotRetried {
+            target: t(),
+            error: Box::new(remote("unknown")),
+        };
+        assert_eq!(kept.to_envelope("me", 9).from_instance, "worker");
+    }
+
+    #[test]
     fn transport_errors_map_to_table_rows() {
         let cases: Vec<(ClientError, &str)> = vec![
             (ClientError::Timeout, "timeout"),

@@ -213,17 +213,15 @@ fn wait(options: &DelegateOptions) -> Result<Waited, CommandError> {
     }
     let (done, finished) = mpsc::channel();
     let worker = options.clone();
-    let spawned = std::thread::Builder::new()
+    // Nothing has been sent when this fails.
+    std::thread::Builder::new()
         .name("talk".to_owned())
         .spawn(move || {
             let outcome = client::delegate(&worker);
             let _ = done.send(outcome);
             let _ = (&wake_write).write_all(&[0]);
-        });
-    if spawned.is_err() {
-        // No thread to spare: wait here, without a progress line.
-        return Ok(Waited::Done(client::delegate(options)));
-    }
+        })
+        .map_err(setup)?;
     let started = Instant::now();
     let mut progress = Progress::new(options.target.as_str(), std::io::stderr().is_terminal());
     loop {
