@@ -570,3 +570,133 @@ fn the_strict_stand_in_accepts_every_request_our_client_sends() {
         rejected.lock().unwrap()
     );
 }
+
+// ---------------------------------------------------------------------------------
+// Kept connections (the library's fast path): never to another instance than the one
+// they were proven for, and a kept connection the peer closes costs nothing.
+
+#[test]
+fn a_restarted_instance_is_proven_anew_not_reached_on_a_kept_connection() {
+    let root = TestRoot::new("life-kept-restart");
+    let mut worker = root.start("worker", &open_config("first-secret"));
+    root.write_config("me", &json!({"bus": {"peers": "*"}}));
+    let config = loopbus::load_config(&root.state_dir("me").join("config.json")).unwrap();
+    let ask = |prompt: &str| {
+        loopbus::delegate(&loopbus::DelegateOptions::new(
+            &root.path,
+            "me".parse().unwrap(),
+            config.bus.clone(),
+            "worker".parse().unwrap(),
+            prompt,
+        ))
+    };
+    assert_eq!(ask("one").unwrap().text, "one");
+    assert_eq!(ask("two").unwrap().text, "two");
+    worker.terminate(BOUND);
+    let _again = root.start("worker", &open_config("second-secret"));
+    assert_eq!(ask("three").unwrap().text, "three");
+}
+
+/// One request a [`closing_peer`] read: the connection's number and the talk body.
+type Seen = (usize, Value);
+
+/// A keep-alive peer without proof that answers a health and a talk on each
+/// connection, and closes the connection on its next request without an answer: a
+/// peer closing a kept connection just as it is used again.
+fn closing_peer() -> (u16, Arc<Mutex<Vec<Seen>>>) {
+    use std::io::{Read, Write};
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let record = Arc::clone(&seen);
+    std::thread::spawn(move || {
+        for (number, stream) in listener.incoming().enumerate() {
+            let Ok(mut stream) = stream else { continue };
+            let record = Arc::clone(&record);
+            std::thread::spawn(move || {
+                let mut buffer = Vec::new();
+                for request in 0.. {
+                    let Some((path, body)) = read_one(&mut stream, &mut buffer) else {
+                        return;
+                    };
+                    if path == "/api/talk" {
+                        let body: Value = serde_json::from_slice(&body).unwrap();
+                        record.lock().unwrap().push((number, body));
+                    }
+                    let answer = match request {
+                        0 => json!({"kind": "loopbus", "instance": "worker", "status": "ok",
+                                    "pid": 1, "protocolVersion": 1,
+                                    "capabilities": [BASE[0], BASE[1], IDEMPOTENT]}),
+                        1 => json!({"success": true, "text": "answered", "fromInstance": "worker",
+                                    "durationMs": 1, "protocolVersion": 1, "capabilities": BASE}),
+                        _ => return,
+                    };
+                    let answer = answer.to_string();
+                    let head = format!(
+                        "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n",
+                        answer.len()
+                    );
+                    if stream
+                        .write_all(format!("{head}{answer}").as_bytes())
+                        .is_err()
+                    {
+                        return;
+                    }
+                }
+            });
+        }
+    });
+    fn read_one(
+        stream: &mut std::net::TcpStream,
+        buffer: &mut Vec<u8>,
+    ) -> Option<(String, Vec<u8>)> {
+        let mut chunk = [0u8; 4096];
+        loop {
+            if let Some(end) = buffer.windows(4).position(|w| w == b"\r\n\r\n") {
+                let head = String::from_utf8_lossy(&buffer[..end]).into_owned();
+                let path = head.split(' ').nth(1)?.to_owned();
+                let length: usize = head
+                    .lines()
+                    .filter_map(|line| line.split_once(':'))
+                    .find(|(name, _)| name.eq_ignore_ascii_case("content-length"))
+                    .map_or(0, |(_, value)| value.trim().parse().unwrap());
+                if buffer.len() >= end + 4 + length {
+                    let body = buffer[end + 4..end + 4 + length].to_vec();
+                    buffer.drain(..end + 4 + length);
+                    return Some((path, body));
+                }
+            }
+            let n = stream.read(&mut chunk).ok()?;
+            if n == 0 {
+                return None;
+            }
+            buffer.extend_from_slice(&chunk[..n]);
+        }
+    }
+    (port, seen)
+}
+
+#[test]
+fn a_kept_connection_the_peer_closes_is_replaced_and_the_request_sent_again() {
+    let root = TestRoot::new("life-kept-closed");
+    root.write_config("me", &json!({"bus": {"peers": "*"}}));
+    let (port, seen) = closing_peer();
+    register_by_hand(&root.path, "worker", port, std::process::id(), "w-secret");
+    let config = loopbus::load_config(&root.state_dir("me").join("config.json")).unwrap();
+    let options = loopbus::DelegateOptions::new(
+        &root.path,
+        "me".parse().unwrap(),
+        config.bus,
+        "worker".parse().unwrap(),
+        "p",
+    );
+    assert_eq!(loopbus::delegate(&options).unwrap().text, "answered");
+    assert_eq!(loopbus::delegate(&options).unwrap().text, "answered");
+    let seen = seen.lock().unwrap().clone();
+    // The second delegation went out on the kept connection (0), which the peer
+    // closed; then on a freshly proven one (1), with the same request id.
+    let connections: Vec<usize> = seen.iter().map(|(c, _)| *c).collect();
+    assert_eq!(connections, [0, 0, 1], "{seen:?}");
+    assert_ne!(request_id(&seen[0].1), request_id(&seen[1].1));
+    assert_eq!(request_id(&seen[1].1), request_id(&seen[2].1));
+}
