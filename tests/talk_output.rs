@@ -76,3 +76,14 @@ fn nothing_meant_for_a_terminal_reaches_a_pipe() {
     assert_eq!(t.stdout(), "ok\n");
     assert_eq!(t.stderr(), "", "{}", t.describe());
 }
+
+#[test]
+fn a_bad_retries_value_is_a_usage_error() {
+    let (_root, me, peer) = setup("out-retries", "ok");
+    for bad in ["-1", "x", "101", "1.5"] {
+        let t = talk(&me, &["worker", "hi", "--retries", bad], &[], None);
+        assert_eq!(t.code(), Some(2), "{}", t.describe());
+        assert!(t.stderr().contains("--retries"), "{}", t.describe());
+    }
+    assert!(peer.requests().is_empty());
+}
