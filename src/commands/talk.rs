@@ -5,17 +5,14 @@
 use super::terminal;
 use crate::cli::{
     local, usage, Args, CommandError, UsageError, EXIT_FAILURE, EXIT_OK, EXIT_RETRYABLE,
-    EXIT_SIGINT, EXIT_SIGTERM,
 };
-use crate::client::{self, CancelOutcome, DelegateError, DelegateOptions, Reply, DEFAULT_TIMEOUT};
-use crate::protocol::{Envelope, ErrorCode, Failure, UsageReport, MAX_BODY_BYTES};
+use crate::client::{self, DelegateError, DelegateOptions, Reply, DEFAULT_TIMEOUT};
+use crate::protocol::{UsageReport, MAX_BODY_BYTES};
 use crate::registry;
-use signal_hook::consts::{SIGINT, SIGTERM};
 use std::io::{IsTerminal, Read, Write};
-use std::os::unix::net::UnixStream;
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{mpsc, Arc};
 use std::time::{Duration, Instant};
+
+mod watch;
 
 /// Help text.
 pub const HELP: &str = "\
@@ -72,15 +69,6 @@ Examples:
 
 /// Most retries `--retries` accepts.
 pub const MAX_RETRIES: u32 = 100;
-
-/// How long a turn runs before a terminal shows the time waited.
-const PROGRESS_AFTER: Duration = Duration::from_secs(2);
-
-/// How often the wait wakes to update the time shown.
-const PROGRESS_TICK: Duration = Duration::from_millis(250);
-
-/// The signals that cancel the turn and stop `talk`.
-const CANCEL_SIGNALS: [i32; 2] = [SIGINT, SIGTERM];
 
 /// Runs `talk`.
 ///
@@ -147,14 +135,13 @@ pub fn run(args: &[String]) -> Result<i32, CommandError> {
     .with_retries(retries)
     .with_request_id(request_id);
     let started = Instant::now();
-    let outcome = match wait(&options)? {
-        Waited::Done(outcome) => outcome,
-        Waited::Signalled(signal) => return Ok(stopped(&options, signal, &args, started)),
-    };
+    let watch = watch::watch(&options, args.switch("json"))?;
+    let outcome = client::delegate(&options);
+    watch.finish();
     // Given up for good on a turn that may still run there: cancel it (contract 8.1).
     if let Err(error) = &outcome {
         if matches!(error.cause(), DelegateError::Timeout { .. }) {
-            send_cancel(&options);
+            watch::send_cancel(&options);
         }
     }
     print_outcome(&outcome, caller.as_str(), &args, started);
@@ -182,110 +169,6 @@ pub fn run(args: &[String]) -> Result<i32, CommandError> {
     }
 }
 
-/// How the wait for the delegation ended.
-enum Waited {
-    /// The delegation finished.
-    Done(Result<Reply, DelegateError>),
-    /// One of [`CANCEL_SIGNALS`] came first.
-    Signalled(i32),
-}
-
-/// Runs the delegation on its own thread and waits for it, for a signal, and (on a
-/// terminal) shows the time waited. The signals wake the wait through a socket pair
-/// at once (`signal_hook`'s self-pipe), so a cancel goes out without delay.
-///
-/// # Errors
-/// The signal handlers or the wake-up pair could not be set up.
-fn wait(options: &DelegateOptions) -> Result<Waited, CommandError> {
-    let setup = |e: std::io::Error| local(format!("cannot set up the wait for the answer: {e}"));
-    let (wake_read, wake_write) = UnixStream::pair().map_err(setup)?;
-    wake_write.set_nonblocking(true).map_err(setup)?;
-    wake_read
-        .set_read_timeout(Some(PROGRESS_TICK))
-        .map_err(setup)?;
-    let caught = Arc::new(AtomicUsize::new(0));
-    for signal in CANCEL_SIGNALS {
-        // Registered in this order, so the flag is set before the wake-up is written.
-        signal_hook::flag::register_usize(signal, Arc::clone(&caught), signal as usize)
-            .map_err(setup)?;
-        signal_hook::low_level::pipe::register(signal, wake_write.try_clone().map_err(setup)?)
-            .map_err(setup)?;
-    }
-    let (done, finished) = mpsc::channel();
-    let worker = options.clone();
-    // Nothing has been sent when this fails.
-    std::thread::Builder::new()
-        .name("talk".to_owned())
-        .spawn(move || {
-            let outcome = client::delegate(&worker);
-            let _ = done.send(outcome);
-            let _ = (&wake_write).write_all(&[0]);
-        })
-        .map_err(setup)?;
-    let started = Instant::now();
-    let mut progress = Progress::new(options.target.as_str(), std::io::stderr().is_terminal());
-    loop {
-        let signal = caught.load(Ordering::SeqCst);
-        if signal != 0 {
-            progress.clear();
-            return Ok(Waited::Signalled(i32::try_from(signal).unwrap_or(SIGTERM)));
-        }
-        if let Ok(outcome) = finished.try_recv() {
-            progress.clear();
-            return Ok(Waited::Done(outcome));
-        }
-        // Woken by the worker, a signal, or the tick: each is looked at above.
-        let mut drain = [0u8; 64];
-        let _ = (&wake_read).read(&mut drain);
-        progress.show(started.elapsed());
-    }
-}
-
-/// The time waited, on stderr when it is a terminal, updated in place.
-struct Progress<'a> {
-    target: &'a str,
-    terminal: bool,
-    /// The whole seconds last shown, if any.
-    shown: Option<u64>,
-}
-
-impl<'a> Progress<'a> {
-    fn new(target: &'a str, terminal: bool) -> Progress<'a> {
-        Progress {
-            target,
-            terminal,
-            shown: None,
-        }
-    }
-
-    fn show(&mut self, waited: Duration) {
-        if !self.terminal || waited < PROGRESS_AFTER || self.shown == Some(waited.as_secs()) {
-            return;
-        }
-        self.shown = Some(waited.as_secs());
-        let mut stderr = std::io::stderr().lock();
-        let _ = write!(stderr, "\r\x1b[K{}", progress_line(self.target, waited));
-        let _ = stderr.flush();
-    }
-
-    fn clear(&mut self) {
-        if self.shown.take().is_some() {
-            let mut stderr = std::io::stderr().lock();
-            let _ = write!(stderr, "\r\x1b[K");
-            let _ = stderr.flush();
-        }
-    }
-}
-
-/// The line shown while waiting: `loopbus: waiting for worker: 12 s (Ctrl-C cancels)`.
-fn progress_line(target: &str, waited: Duration) -> String {
-    format!(
-        "loopbus: waiting for {}: {} s (Ctrl-C cancels)",
-        terminal::escape_controls(target),
-        waited.as_secs()
-    )
-}
-
 /// The one-line cost summary: `worker: $0.0123, 1,200 in / 340 out tokens, 3.2 s`.
 fn cost_line(from: &str, usage: &UsageReport, duration_ms: u64) -> String {
     let cost = usage
@@ -310,70 +193,6 @@ fn thousands(n: u64) -> String {
         out.push(digit);
     }
     out
-}
-
-/// Sends the cancel request for the delegation (bounded by `client::CANCEL_TIMEOUT`)
-/// and says on stderr what became of it when it did not go as planned.
-fn send_cancel(options: &DelegateOptions) -> Option<CancelOutcome> {
-    let target = &options.target;
-    match client::cancel(options) {
-        Ok(outcome) => {
-            let answer = match &outcome {
-                CancelOutcome::Answered(e) => {
-                    e.failure.as_ref().map_or("success", |f| f.code.as_str())
-                }
-                _ => "not sent",
-            };
-            log::info!("cancel request to {target}: {answer}");
-            Some(outcome)
-        }
-        Err(error) => {
-            terminal::eprint_line(&format!(
-                "loopbus: talk to {target}: could not cancel the turn: {error}"
-            ));
-            None
-        }
-    }
-}
-
-/// After a signal: cancel, say so, print the `--json` envelope, and the exit status.
-fn stopped(options: &DelegateOptions, signal: i32, args: &Args, started: Instant) -> i32 {
-    let name = if signal == SIGINT {
-        "SIGINT"
-    } else {
-        "SIGTERM"
-    };
-    let target = &options.target;
-    let what = match send_cancel(options) {
-        Some(CancelOutcome::Answered(envelope)) => match envelope.failure {
-            Some(f) if f.code == ErrorCode::Cancelled => "the turn was cancelled".to_owned(),
-            // The turn had finished, or had not arrived: nothing runs there now.
-            Some(f) => format!("{target} answered the cancel request with {}", f.code),
-            None => format!("{target} had already finished the turn"),
-        },
-        Some(CancelOutcome::NotSupported) => {
-            format!("{target} does not advertise cancel-on-hangup, so the connection was closed")
-        }
-        Some(_) | None => "the connection was closed".to_owned(),
-    };
-    let message = format!("interrupted by {name}; {what}");
-    if args.switch("json") {
-        let took = u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX);
-        let envelope = Envelope::failure(
-            options.caller.as_str(),
-            Failure::new(ErrorCode::Cancelled, message.clone()),
-            took,
-        );
-        let mut stdout = std::io::stdout().lock();
-        let _ = writeln!(stdout, "{}", String::from_utf8_lossy(&envelope.to_json()));
-        let _ = stdout.flush();
-    }
-    terminal::eprint_line(&format!("loopbus: talk to {target}: {message} [cancelled]"));
-    if signal == SIGINT {
-        EXIT_SIGINT
-    } else {
-        EXIT_SIGTERM
-    }
 }
 
 /// Prints the reply or, with `--json`, the envelope, on stdout.
@@ -535,15 +354,6 @@ mod tests {
         for (n, shown) in cases {
             assert_eq!(thousands(n), shown);
         }
-    }
-
-    #[test]
-    fn the_wait_shows_whole_seconds_and_escapes_the_target() {
-        assert_eq!(
-            progress_line("worker", Duration::from_millis(12_900)),
-            "loopbus: waiting for worker: 12 s (Ctrl-C cancels)"
-        );
-        assert!(!progress_line("a\x1bb", Duration::ZERO).contains('\x1b'));
     }
 
     #[test]
