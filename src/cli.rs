@@ -12,6 +12,10 @@ pub const EXIT_FAILURE: i32 = 1;
 pub const EXIT_USAGE: i32 = 2;
 /// A failure that is retryable (sysexits' EX_TEMPFAIL).
 pub const EXIT_RETRYABLE: i32 = 75;
+/// `talk` stopped by SIGINT, after cancelling its turn (128 + 2, as a shell reports it).
+pub const EXIT_SIGINT: i32 = 130;
+/// `talk` stopped by SIGTERM, after cancelling its turn (128 + 15).
+pub const EXIT_SIGTERM: i32 = 143;
 
 /// A bad command line: an unknown option, a missing or malformed argument.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -8,7 +8,8 @@
 //! - start an instance in-process: [`Instance`], [`InstanceOptions`], [`ServeError`],
 //!   [`ShutdownHandle`], [`EngineOverride`];
 //! - delegate one prompt to a registered instance: [`delegate`], [`DelegateOptions`],
-//!   [`Reply`], [`DelegateError`];
+//!   [`Reply`], [`DelegateError`]; cancel it: [`cancel`], [`new_request_id`],
+//!   [`CancelOutcome`];
 //! - the configuration an instance and a caller read: [`Config`], [`BusConfig`],
 //!   [`Peers`], [`EngineConfig`], [`load_config`], [`parse_config`], [`ConfigError`];
 //! - the wire protocol's types: [`TalkRequest`], [`Envelope`], [`Failure`],
@@ -45,7 +46,10 @@ mod time;
 mod turns;
 mod usage;
 
-pub use client::{delegate, DelegateError, DelegateOptions, PeerProtocol, Reply, DEFAULT_TIMEOUT};
+pub use client::{
+    cancel, delegate, new_request_id, CancelOutcome, DelegateError, DelegateOptions, PeerProtocol,
+    Reply, CANCEL_TIMEOUT, DEFAULT_BACKOFF_BASE, DEFAULT_BACKOFF_CAP, DEFAULT_TIMEOUT,
+};
 pub use config::{
     load as load_config, parse as parse_config, BusConfig, Config, ConfigError, EngineConfig,
     OutputMode, Peers, PromptMode,

@@ -1,8 +1,10 @@
-//! The bus secret: a bearer token that never shows up in logs or `Debug` output.
+//! The bus secret: a bearer token that never shows up in logs or `Debug` output; and
+//! the OS randomness that secrets, proof nonces and request ids are made of.
 
 use std::fmt;
 use std::fs::File;
 use std::io::{self, Read};
+use std::sync::OnceLock;
 
 use hmac::{Hmac, KeyInit, Mac};
 use sha2::Sha256;
@@ -146,6 +148,44 @@ impl fmt::Display for Secret {
     }
 }
 
+/// The OS's randomness device.
+const RANDOM_DEVICE: &str = "/dev/urandom";
+
+/// [`RANDOM_DEVICE`], opened once per process (close-on-exec, as std opens every
+/// file) and shared by every thread: a read of it has no position to share, and
+/// opening it again for each nonce cost a client a system call pair per delegation.
+static RANDOM_SOURCE: OnceLock<File> = OnceLock::new();
+
+/// Fills `buf` with random bytes from the OS.
+///
+/// # Errors
+///
+/// Any I/O error opening or reading [`RANDOM_DEVICE`].
+fn fill_random(buf: &mut [u8]) -> io::Result<()> {
+    let source = match RANDOM_SOURCE.get() {
+        Some(source) => source,
+        None => {
+            let opened = File::open(RANDOM_DEVICE)?;
+            // Two threads may both open it; one handle is kept, the other closed.
+            RANDOM_SOURCE.get_or_init(|| opened)
+        }
+    };
+    let mut reader: &File = source;
+    reader.read_exact(buf)
+}
+
+/// `N` random bytes from the OS (`/dev/urandom`): request ids (contract 8.2) and
+/// the client's retry jitter are made of them.
+///
+/// # Errors
+///
+/// Any I/O error opening or reading `/dev/urandom`.
+pub fn random_bytes<const N: usize>() -> io::Result<[u8; N]> {
+    let mut bytes = [0u8; N];
+    fill_random(&mut bytes)?;
+    Ok(bytes)
+}
+
 /// `bytes` random bytes from the OS (`/dev/urandom`), as lowercase hex (`2 * bytes`
 /// characters).
 ///
@@ -154,7 +194,7 @@ impl fmt::Display for Secret {
 /// Any I/O error opening or reading `/dev/urandom`.
 pub(crate) fn random_hex(bytes: usize) -> io::Result<String> {
     let mut buf = vec![0u8; bytes];
-    File::open("/dev/urandom")?.read_exact(&mut buf)?;
+    fill_random(&mut buf)?;
     Ok(hex(&buf))
 }
 
@@ -254,6 +294,18 @@ mod tests {
         }
         assert!(!Secret::new("jefe").unwrap().verify_proof(message, want));
         assert!(!s.verify_proof(b"what do ya want for nothing!", want));
+    }
+
+    #[test]
+    fn random_bytes_differ_from_call_to_call() {
+        let a: [u8; 16] = random_bytes().unwrap();
+        let b: [u8; 16] = random_bytes().unwrap();
+        assert_ne!(a, b);
+        let from_threads: Vec<[u8; 16]> = (0..4)
+            .map(|_| std::thread::spawn(|| random_bytes::<16>().unwrap()))
+            .map(|t| t.join().unwrap())
+            .collect();
+        assert!(from_threads.iter().all(|r| *r != a && *r != b));
     }
 
     #[test]

@@ -40,7 +40,8 @@ fn a_talks_to_b_and_gets_the_exact_reply() {
     let prompt = "hello beta: \"quotes\", tabs\t, unicode \u{1F600}\nand a second line";
     let t = talk(&a_dir, &["beta", prompt], &[], None);
     assert_eq!(t.code(), Some(0), "{}", t.describe());
-    assert_eq!(t.stdout(), prompt, "{}", t.describe());
+    // The reply ends with a newline on a pipe too (issue 13); `--raw` adds nothing.
+    assert_eq!(t.stdout(), format!("{prompt}\n"), "{}", t.describe());
 
     // The prompt from stdin, and the whole envelope with --json.
     let t = talk(&a_dir, &["beta", "--json"], &[], Some("from stdin"));
@@ -60,7 +61,7 @@ fn a_talks_to_b_and_gets_the_exact_reply() {
         None,
     );
     assert_eq!(out.status.code(), Some(0), "{}", describe(&args, &out));
-    assert_eq!(String::from_utf8_lossy(&out.stdout), "via env");
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "via env\n");
 
     // Secrets never reach the caller's output.
     for s in [t.stdout(), t.stderr()] {
@@ -93,7 +94,7 @@ fn three_instances_talk_to_each_other_and_remote_limits_apply() {
         let prompt = format!("{from} to {to}");
         let t = talk(&root.state_dir(from), &[to, &prompt], &[], None);
         assert_eq!(t.code(), Some(0), "{}", t.describe());
-        assert_eq!(t.stdout(), prompt);
+        assert_eq!(t.stdout(), format!("{prompt}\n"));
     }
 
     // beta refuses gamma: the peer's own peer_not_allowed, passed through.
@@ -150,7 +151,7 @@ fn configurable_kind_joins_another_mesh() {
     let t = talk(&me, &["bridge", "hi"], &[], None);
     assert_eq!(
         (t.code(), t.stdout().as_str()),
-        (Some(0), "hi"),
+        (Some(0), "hi\n"),
         "{}",
         t.describe()
     );
@@ -164,7 +165,7 @@ fn configurable_kind_joins_another_mesh() {
     let t = talk(&root.state_dir("member"), &["custom", "hi"], &[], None);
     assert_eq!(
         (t.code(), t.stdout().as_str()),
-        (Some(0), "hi"),
+        (Some(0), "hi\n"),
         "{}",
         t.describe()
     );
@@ -302,8 +303,9 @@ fn local_checks_fail_before_anything_is_sent() {
 
     assert!(peer.requests().is_empty(), "{:?}", peer.requests());
 
-    // Just under the limit goes through (the fake peer answers success).
-    let fits = "x".repeat(262_000);
+    // Just under the limit goes through (the fake peer answers success); the body
+    // also carries `ext.requestId` (issue 11).
+    let fits = "x".repeat(261_900);
     let t = talk(&me, &["worker", "--json"], &[], Some(&fits));
     assert_eq!(t.code(), Some(0), "{}", t.describe());
 }
@@ -560,8 +562,19 @@ fn request_shape_bearer_secret_and_incremented_depth() {
         Some(format!("127.0.0.1:{}", peer.port).as_str())
     );
     assert_eq!(request.header("content-type"), Some("application/json"));
+    // Every delegation carries a request id: 32 lowercase hex digits (issue 11).
+    let mut body = request.json();
+    let id = body["ext"]["requestId"].as_str().unwrap().to_owned();
+    assert!(
+        id.len() == 32
+            && id
+                .bytes()
+                .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b)),
+        "{id}"
+    );
+    body.as_object_mut().unwrap().remove("ext");
     assert_eq!(
-        request.json(),
+        body,
         json!({"fromInstance": "me", "prompt": "the prompt", "depth": 2, "protocolVersion": 1,
                "capabilities": ["structured-errors", "retryable-errors"]})
     );

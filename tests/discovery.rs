@@ -115,7 +115,7 @@ fn twenty_concurrent_serve_processes_lose_no_registration() {
     let first = root.state_dir(&names[0]);
     let t = talk(&first, &[&names[N - 1], "across the crowd"], &[], None);
     assert_eq!(t.code(), Some(0), "{}", t.describe());
-    assert_eq!(t.stdout(), "across the crowd");
+    assert_eq!(t.stdout(), "across the crowd\n");
 
     // And concurrent deregistration loses nothing either: the registry ends empty.
     for pid in &pids {

@@ -260,10 +260,10 @@ fn bug_talk_raw_did_not_give_the_replys_exact_bytes() {
     let root = TestRoot::new("osc52-reply");
     let _worker = osc52_pair(&root, "printf 'a\\033]52;c;aGk=\\007b\\rc'");
 
-    // Not a terminal: the reply as it came.
+    // Not a terminal: the reply as it came, and a final newline (issue 13).
     let (shown, output) = talk(&root, &[]);
     assert_eq!(output.status.code(), Some(0), "{shown}");
-    assert_eq!(output.stdout, format!("a{OSC52}b\rc").as_bytes());
+    assert_eq!(output.stdout, format!("a{OSC52}b\rc\n").as_bytes());
 
     // --raw: the exact bytes, no newline added.
     let (shown, output) = talk(&root, &["--raw"]);

@@ -533,7 +533,7 @@ fn invalid_entries_and_a_torn_registry_do_not_break_lookup() {
 
     let t1 = talk(&me, &["beta", "still there"], &[], None);
     assert_eq!(t1.code(), Some(0), "{}", t1.describe());
-    assert_eq!(t1.stdout(), "still there");
+    assert_eq!(t1.stdout(), "still there\n");
     let names: Vec<Value> = list_json(&root).iter().map(|i| i["name"].clone()).collect();
     assert_eq!(names, [json!("beta")]);
     talk(&me, &["port-zero", "hi", "--json"], &[], None).assert_failure(
@@ -558,7 +558,7 @@ fn invalid_entries_and_a_torn_registry_do_not_break_lookup() {
     let _gamma = root.start("gamma", &open_config("sc"));
     let t3 = talk(&me, &["gamma", "recovered"], &[], None);
     assert_eq!(t3.code(), Some(0), "{}", t3.describe());
-    assert_eq!(t3.stdout(), "recovered");
+    assert_eq!(t3.stdout(), "recovered\n");
     let aside = std::fs::read_dir(&root.path)
         .unwrap()
         .flatten()

@@ -219,7 +219,7 @@ fn a_squatted_name_is_not_already_running_the_instance_takes_it_over() {
     assert_eq!(out.status.code(), Some(0), "{shown}");
     assert_eq!(
         String::from_utf8_lossy(&out.stdout),
-        "after the takeover",
+        "after the takeover\n",
         "{shown}"
     );
     assert!(squatter
@@ -250,7 +250,7 @@ fn a_v6_instance_is_reached_at_v6_never_at_a_v4_listener_on_its_port() {
     assert_eq!(out.status.code(), Some(0), "{shown}");
     assert_eq!(
         String::from_utf8_lossy(&out.stdout),
-        "to the right one",
+        "to the right one\n",
         "{shown}"
     );
     match v4.accept() {

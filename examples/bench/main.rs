@@ -84,6 +84,8 @@ struct Settings {
     talk_samples: usize,
     library_samples: usize,
     quick: bool,
+    /// Only the delegation figures (`--delegation`), printed, not written.
+    delegation_only: bool,
     /// Where to write the table (besides stdout), if anywhere.
     out: Option<PathBuf>,
     bin: PathBuf,
@@ -100,6 +102,18 @@ fn main() -> ExitCode {
         }
     };
     let started = Instant::now();
+    if settings.delegation_only {
+        return match delegation_only(&settings) {
+            Ok(text) => {
+                print!("{text}");
+                ExitCode::SUCCESS
+            }
+            Err(e) => {
+                eprintln!("bench: {e}");
+                ExitCode::FAILURE
+            }
+        };
+    }
     match run(&settings) {
         Ok(report) => {
             let markdown = report::render(&report);
@@ -134,14 +148,16 @@ fn parse_args() -> Result<Option<Settings>, String> {
     let mut out = None;
     let mut bin = None;
     let mut quick = false;
+    let mut delegation_only = false;
     let mut iter = args.iter();
     while let Some(arg) = iter.next() {
         match arg.as_str() {
             "--quick" => quick = true,
+            "--delegation" => delegation_only = true,
             "--out" => out = Some(PathBuf::from(iter.next().ok_or("--out needs a file")?)),
             "--bin" => bin = Some(PathBuf::from(iter.next().ok_or("--bin needs a path")?)),
             "-h" | "--help" => {
-                println!("usage: cargo run --release --example bench -- [--quick] [--out FILE] [--bin PATH]");
+                println!("usage: cargo run --release --example bench -- [--quick] [--delegation] [--out FILE] [--bin PATH]");
                 return Ok(None);
             }
             other => return Err(format!("unknown argument {other:?}; try --help")),
@@ -152,7 +168,7 @@ fn parse_args() -> Result<Option<Settings>, String> {
         None => default_bin()?,
     };
     // A quick run only prints, unless told where to write: its figures are not results.
-    if out.is_none() && !quick {
+    if out.is_none() && !quick && !delegation_only {
         out = Some(manifest.join(RESULTS_FILE));
     }
     let command = if args.is_empty() {
@@ -182,6 +198,7 @@ fn parse_args() -> Result<Option<Settings>, String> {
             LIBRARY_SAMPLES
         },
         quick,
+        delegation_only,
         out,
         bin,
         command,
@@ -272,6 +289,31 @@ fn run(settings: &Settings) -> Result<Report, String> {
         library,
         footprint,
     })
+}
+
+/// `--delegation`: item 4 alone, against a fresh echo instance, as plain lines (for
+/// working on the client's fast path without the whole run).
+fn delegation_only(settings: &Settings) -> Result<String, String> {
+    let root = Root::new().map_err(|e| format!("cannot create the bench root: {e}"))?;
+    let echo = Server::start(
+        &settings.bin,
+        &root,
+        ECHO,
+        &instance::config(&json!({}), &json!({})),
+    )?;
+    root.write_config(CALLER, &instance::config(&json!({}), &json!({})))
+        .map_err(|e| format!("cannot write the caller's config: {e}"))?;
+    let caller_dir = root.state_dir(CALLER);
+    progress("delegation: `loopbus talk` as a process");
+    let talk = delegate::talk_process(&settings.bin, &caller_dir, ECHO, settings.talk_samples);
+    progress("delegation: library call");
+    let library = delegate::library_call(&caller_dir, ECHO, settings.library_samples);
+    echo.stop();
+    Ok(format!(
+        "`loopbus talk` as a process: {}\nlibrary client call: {}\n",
+        report::delegation_line(&talk),
+        report::delegation_line(&library)
+    ))
 }
 
 /// Median-able start-up times: spawn to first 200 from health, each on a fresh port.

@@ -396,6 +396,25 @@ fn render_delegation(out: &mut String, report: &Report) -> std::fmt::Result {
     Ok(())
 }
 
+/// One delegation measurement on one line: `median M (fastest F, slowest S, N samples)`.
+pub fn delegation_line(d: &Delegation) -> String {
+    match d {
+        Delegation::Measured {
+            samples,
+            median,
+            min,
+            max,
+        } => format!(
+            "median {} (fastest {}, slowest {}, {samples} samples)",
+            latency(Some(*median)),
+            latency(Some(*min)),
+            latency(Some(*max))
+        ),
+        Delegation::NotAvailable(why) => format!("not available: {}", one_line(why)),
+        Delegation::Failed(why) => format!("failed: {}", one_line(why)),
+    }
+}
+
 fn render_footprint(out: &mut String, f: &Footprint) -> std::fmt::Result {
     writeln!(out, "\n## Footprint and start-up\n")?;
     writeln!(out, "| measure | value |\n| --- | ---: |")?;

@@ -88,6 +88,14 @@ pub enum DelegateError {
         /// What happened.
         reason: ClientError,
     },
+    /// The connection broke after the whole request was sent: the peer may have run
+    /// the turn.
+    Broken {
+        /// The target asked for.
+        target: String,
+        /// What happened.
+        reason: ClientError,
+    },
     /// No complete answer within the timeout.
     Timeout {
         /// The target asked for.
@@ -101,6 +109,22 @@ pub enum DelegateError {
         target: String,
         /// What was wrong with it (never the answer itself).
         reason: String,
+    },
+    /// The OS's randomness could not be read, so no request id could be made; nothing
+    /// was sent.
+    NoRandomness {
+        /// Why not.
+        error: std::io::Error,
+    },
+    /// A retryable failure that was not retried although retries were left: it may
+    /// have run the turn, and the target's health did not list `idempotent-requests`,
+    /// so a retry could run it a second time (contract 8.2). Code and flag are the
+    /// failure's own.
+    NotRetried {
+        /// The target asked for.
+        target: String,
+        /// The failure.
+        error: Box<DelegateError>,
     },
     /// The peer answered with a failure envelope; its code is kept as it is.
     Remote {
@@ -130,10 +154,36 @@ impl DelegateError {
             | DelegateError::ForeignListener { .. }
             | DelegateError::OwnerUnknown { .. }
             | DelegateError::Unproven { .. }
-            | DelegateError::Connection { .. } => ErrorCode::InstanceUnavailable,
+            | DelegateError::Connection { .. }
+            | DelegateError::Broken { .. } => ErrorCode::InstanceUnavailable,
             DelegateError::Timeout { .. } => ErrorCode::Timeout,
             DelegateError::InvalidResponse { .. } => ErrorCode::InvalidResponse,
+            DelegateError::NoRandomness { .. } => ErrorCode::InternalError,
+            DelegateError::NotRetried { error, .. } => error.code(),
             DelegateError::Remote { failure, .. } => failure.code.clone(),
+        }
+    }
+
+    /// Whether the peer may have run the turn although this failure came back: a
+    /// timeout, a connection broken after the request was sent, an answer that is no
+    /// envelope, or the peer's own `unknown` failure. Such a failure is retried only
+    /// against a peer that deduplicates requests (contract 8.2).
+    pub fn may_have_run(&self) -> bool {
+        match self {
+            DelegateError::Timeout { .. }
+            | DelegateError::Broken { .. }
+            | DelegateError::InvalidResponse { .. } => true,
+            DelegateError::Remote { failure, .. } => failure.code == ErrorCode::Unknown,
+            DelegateError::NotRetried { error, .. } => error.may_have_run(),
+            _ => false,
+        }
+    }
+
+    /// The failure behind a [`DelegateError::NotRetried`], or this one.
+    pub fn cause(&self) -> &DelegateError {
+        match self {
+            DelegateError::NotRetried { error, .. } => error.cause(),
+            other => other,
         }
     }
 
@@ -142,6 +192,7 @@ impl DelegateError {
     pub fn retryable(&self) -> bool {
         match self {
             DelegateError::Remote { failure, .. } => failure.retryable,
+            DelegateError::NotRetried { error, .. } => error.retryable(),
             DelegateError::ForeignListener { .. } | DelegateError::OwnerUnknown { .. } => false,
             // Trying again reaches the same squatter: an operator must look.
             DelegateError::Unproven { .. } => false,
@@ -162,6 +213,9 @@ impl DelegateError {
     /// names `caller` (the instance that produced it) and took `duration_ms`.
     pub fn to_envelope(&self, caller: &str, duration_ms: u64) -> Envelope {
         match self {
+            DelegateError::NotRetried { error, .. } if error.is_remote() => {
+                error.to_envelope(caller, duration_ms)
+            }
             DelegateError::Remote {
                 from_instance,
                 failure,
@@ -182,6 +236,13 @@ impl DelegateError {
                 duration_ms,
             ),
         }
+    }
+}
+
+impl DelegateError {
+    /// Whether the peer itself answered with this failure.
+    fn is_remote(&self) -> bool {
+        matches!(self, DelegateError::Remote { .. })
     }
 }
 
@@ -231,6 +292,23 @@ impl fmt::Display for DelegateError {
             DelegateError::Connection { target, reason } => {
                 write!(f, "instance {target} is not available: {reason}")
             }
+            DelegateError::Broken { target, reason } => {
+                write!(
+                    f,
+                    "instance {target} is not available: {reason} after the request was sent"
+                )
+            }
+            DelegateError::NoRandomness { error } => {
+                write!(
+                    f,
+                    "cannot make a request id from the OS's randomness: {error}"
+                )
+            }
+            DelegateError::NotRetried { target, error } => write!(
+                f,
+                "{error}; not retried: the turn may have run, and {target} does not \
+                 advertise idempotent-requests, so a retry could run it twice"
+            ),
             DelegateError::Timeout { target, after } => {
                 write!(
                     f,

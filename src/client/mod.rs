@@ -1,12 +1,19 @@
 //! The client side of the bus: one delegation to another instance, exactly as contract
-//! section 5 tables it.
+//! section 5 tables it, with its request id, its retries and its cancel (contract 8).
 //!
 //! [`delegate`] runs the caller's local checks first (own bus enabled, target among own
-//! peers, depth below own `maxDepth`, body within [`MAX_BODY_BYTES`]), then looks the
+//! peers, depth below own `maxDepth`, body within
+//! [`MAX_BODY_BYTES`](crate::protocol::MAX_BODY_BYTES)), then looks the
 //! target up in the registry and probes its health, and only on the connection whose
 //! probe matched sends `POST /api/talk` with the bearer secret and `depth + 1`. The
 //! answer becomes a [`Reply`] or a [`DelegateError`]; [`DelegateError::code`] is the
 //! one place where client failures get their wire code.
+//!
+//! Every delegation carries `ext.requestId` (128 random bits, contract 8.2), the same
+//! across its retries ([`DelegateOptions::with_retries`]); [`cancel`] cancels it by
+//! that id. A connection whose probe matched is kept for the next delegation to the
+//! same instance (`pool`), so that a library that delegates often skips the probe's
+//! round trip without the secret ever going out on an unproven connection.
 //!
 //! ```no_run
 //! use loopbus::{delegate, BusConfig, DelegateOptions, InstanceName};
@@ -21,7 +28,8 @@
 //!     InstanceName::new("worker")?,
 //!     "Please verify this answer",
 //! )
-//! .with_timeout(Duration::from_secs(60));
+//! .with_timeout(Duration::from_secs(60))
+//! .with_retries(2);
 //! match delegate(&options) {
 //!     Ok(reply) => println!("{}", reply.text),
 //!     Err(e) => eprintln!("{} (retryable: {}): {e}", e.code(), e.retryable()),
@@ -31,20 +39,23 @@
 //! ```
 
 use crate::config::BusConfig;
-use crate::http::client::{ClientError, Connection, ReceivedResponse};
 use crate::protocol::{
-    self, encode_talk_request, encode_talk_request_with, Envelope, InstanceName, TalkRequest,
-    MAX_BODY_BYTES,
+    Envelope, InstanceName, RequestExt, RequestId, UsageReport, IDEMPOTENT_REQUESTS,
 };
-use crate::registry::owner::OwnerRefusal;
-use crate::registry::{self};
+use crate::secret;
 use std::fmt;
 use std::path::PathBuf;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
+mod attempt;
+mod cancel;
 mod error;
+mod pool;
+mod retry;
 
+pub use cancel::{cancel, CancelOutcome, CANCEL_TIMEOUT};
 pub use error::DelegateError;
+pub use retry::{DEFAULT_BACKOFF_BASE, DEFAULT_BACKOFF_CAP};
 
 /// How long `loopbus talk` waits for an answer unless told otherwise (contract
 /// section 5).
@@ -67,14 +78,24 @@ pub struct DelegateOptions {
     pub prompt: String,
     /// The caller's current depth; the request carries `depth + 1`.
     pub depth: u64,
-    /// How long to wait for the answer once the request is sent.
+    /// How long each attempt waits for the answer once its request is sent.
     pub timeout: Duration,
+    /// The delegation's `ext.requestId`; `None`: [`delegate`] makes a fresh one per
+    /// call (and [`cancel`] cannot name it).
+    pub request_id: Option<RequestId>,
+    /// How many times a retryable failure is tried again (0: never).
+    pub retries: u32,
+    /// The first retry's backoff ceiling ([`DEFAULT_BACKOFF_BASE`]).
+    pub backoff_base: Duration,
+    /// The largest backoff ceiling ([`DEFAULT_BACKOFF_CAP`]).
+    pub backoff_cap: Duration,
 }
 
 impl DelegateOptions {
     /// A delegation of `prompt` from `caller` to `target`, found in the registry of
     /// the channel root `root`, checked against the caller's own `bus` config; at
-    /// depth 0 and with [`DEFAULT_TIMEOUT`] until set otherwise.
+    /// depth 0, with [`DEFAULT_TIMEOUT`], no retries and a fresh request id per call
+    /// until set otherwise.
     pub fn new(
         root: impl Into<PathBuf>,
         caller: InstanceName,
@@ -90,6 +111,10 @@ impl DelegateOptions {
             prompt: prompt.into(),
             depth: 0,
             timeout: DEFAULT_TIMEOUT,
+            request_id: None,
+            retries: 0,
+            backoff_base: DEFAULT_BACKOFF_BASE,
+            backoff_cap: DEFAULT_BACKOFF_CAP,
         }
     }
 
@@ -98,9 +123,40 @@ impl DelegateOptions {
         DelegateOptions { depth, ..self }
     }
 
-    /// How long to wait for the answer once the request is sent.
+    /// How long each attempt waits for the answer once its request is sent.
     pub fn with_timeout(self, timeout: Duration) -> DelegateOptions {
         DelegateOptions { timeout, ..self }
+    }
+
+    /// The delegation's request id (contract 8.2), sent with every attempt: the same
+    /// id names the same turn, to a retry, to another `delegate` call that attaches to
+    /// it, and to [`cancel`]. Make one with [`new_request_id`].
+    pub fn with_request_id(self, request_id: RequestId) -> DelegateOptions {
+        DelegateOptions {
+            request_id: Some(request_id),
+            ..self
+        }
+    }
+
+    /// Retries a failure whose `retryable` is true up to `retries` times, with the
+    /// same request id, after an exponential backoff with full jitter (see
+    /// [`DelegateOptions::with_backoff`]). A failure that may have run the turn (a
+    /// timeout, a connection broken after the request was sent, an answer that is no
+    /// envelope, an `unknown` failure) is retried only when the target's health listed
+    /// `idempotent-requests`; otherwise the error is a
+    /// [`DelegateError::NotRetried`] that says why.
+    pub fn with_retries(self, retries: u32) -> DelegateOptions {
+        DelegateOptions { retries, ..self }
+    }
+
+    /// The backoff: retry `n` (from 0) waits a uniform random time in
+    /// `[0, min(cap, base * 2^n)]`.
+    pub fn with_backoff(self, base: Duration, cap: Duration) -> DelegateOptions {
+        DelegateOptions {
+            backoff_base: base,
+            backoff_cap: cap,
+            ..self
+        }
     }
 }
 
@@ -114,12 +170,16 @@ impl fmt::Debug for DelegateOptions {
             .field("prompt_chars", &self.prompt.chars().count())
             .field("depth", &self.depth)
             .field("timeout", &self.timeout)
+            .field("request_id", &self.request_id)
+            .field("retries", &self.retries)
+            .field("backoff_base", &self.backoff_base)
+            .field("backoff_cap", &self.backoff_cap)
             .finish()
     }
 }
 
 /// A successful delegation.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct Reply {
     /// The reply text.
     pub text: String,
@@ -129,6 +189,8 @@ pub struct Reply {
     pub duration_ms: u64,
     /// What the peer's envelope said of its protocol.
     pub peer: PeerProtocol,
+    /// What the turn cost, when the peer reported it (`usage-report`, contract 8.3).
+    pub usage: Option<UsageReport>,
 }
 
 /// What a peer's envelope said of its protocol, kept so that `loopbus talk --json`
@@ -143,17 +205,31 @@ pub struct PeerProtocol {
 
 impl Reply {
     /// The reply as the peer's success envelope, as `loopbus talk --json` prints it:
-    /// with the peer's own `protocolVersion` and `capabilities`, absent ones absent.
+    /// with the peer's own `protocolVersion`, `capabilities` and `usage`, absent ones
+    /// absent.
     pub fn to_envelope(&self) -> Envelope {
         Envelope {
             protocol_version: self.peer.protocol_version,
             capabilities: self.peer.capabilities.clone(),
             ..Envelope::success(&self.from_instance, self.text.clone(), self.duration_ms)
         }
+        .with_usage(self.usage)
     }
 }
 
-/// Delegates `options.prompt` to `options.target` and waits for the answer.
+/// A fresh request id: 128 random bits from the OS as 32 lowercase hex digits
+/// (contract 8.2).
+///
+/// # Errors
+///
+/// The OS's randomness could not be read.
+pub fn new_request_id() -> std::io::Result<RequestId> {
+    secret::random_bytes().map(RequestId::from_random)
+}
+
+/// Delegates `options.prompt` to `options.target` and waits for the answer, retrying
+/// as [`DelegateOptions::with_retries`] says, with one request id for every attempt
+/// (`options.request_id`, else a fresh one).
 ///
 /// # Errors
 ///
@@ -162,199 +238,101 @@ impl Reply {
 /// too large, registry unreadable, target not registered, health probe not matching
 /// (the secret is then never sent), the target's port held by another user's process
 /// (nor then), connection refused or broken, no answer within
-/// `options.timeout`, an answer that is not an envelope, a failure envelope.
+/// `options.timeout`, an answer that is not an envelope, a failure envelope. After
+/// retries, the last attempt's; [`DelegateError::NotRetried`] when a retry could have
+/// run the turn twice.
 pub fn delegate(options: &DelegateOptions) -> Result<Reply, DelegateError> {
-    let bus = &options.bus;
-    let target = &options.target;
-    if !bus.enabled {
-        return Err(DelegateError::BusDisabled);
-    }
-    if !bus.peers.allows(target) {
-        return Err(DelegateError::PeerNotAllowed {
-            target: target.to_string(),
-        });
-    }
-    if options.depth >= bus.max_depth {
-        return Err(DelegateError::MaxDepth {
-            depth: options.depth,
-            max: bus.max_depth,
-        });
-    }
-    // `depth < max_depth <= u64::MAX`, so this cannot overflow.
-    let request = TalkRequest::new(
-        options.caller.to_string(),
-        options.prompt.clone(),
-        options.depth.saturating_add(1),
-    );
-    let body = encode_talk_request(&request);
-    if body.len() as u64 > MAX_BODY_BYTES {
-        return Err(DelegateError::TooLarge { bytes: body.len() });
-    }
-
-    let entry = registry::lookup(&options.root, target)
-        .map_err(|error| DelegateError::Registry {
-            path: registry::registry_path(&options.root),
-            error,
-        })?
-        .ok_or_else(|| DelegateError::NotRegistered {
-            target: target.to_string(),
-        })?;
-    let (mut connection, listed) = connection_for_the_secret(target, &entry, &bus.accept_kinds)?;
-    // The request lists the base two plus the extensions the target's health listed
-    // that this build implements (contract 4.1): the original accepts no other string.
-    let body = encode_talk_request_with(&request, &protocol::negotiate(&listed));
-    if body.len() as u64 > MAX_BODY_BYTES {
-        return Err(DelegateError::TooLarge { bytes: body.len() });
-    }
-    log::debug!(
-        "delegating to {target} on port {} ({} prompt chars, depth {})",
-        entry.port,
-        options.prompt.chars().count(),
-        options.depth.saturating_add(1)
-    );
-
-    // A timeout too large for the clock means "no deadline worth the name": a year.
-    let deadline = Instant::now()
-        .checked_add(options.timeout)
-        .unwrap_or_else(|| Instant::now() + Duration::from_secs(365 * 24 * 3600));
-    if !connection.is_reusable() {
-        if entry.proof {
-            // The proof holds for the connection it came on only.
-            return Err(DelegateError::Connection {
-                target: target.to_string(),
-                reason: ClientError::Closed,
-            });
-        }
-        connection = Connection::open_at(entry.host, entry.port, deadline)
-            .map_err(|e| transport_error(target, options.timeout, e))?;
-    }
-
-    // --- Same-user check (contract section 6.1) --------------------------------------
-    // A peer that cannot prove itself gets the secret only when the socket at the other
-    // end of the connection the secret goes out on, and the listener on its port,
-    // belong to our own uid; where the tables are readable but do not list that end,
-    // it gets nothing either.
-    if !entry.proof {
-        let (peer, local) = connection.addresses().map_err(|e| {
-            log::debug!("owner of port {} unknown: {e}", entry.port);
-            DelegateError::OwnerUnknown {
-                target: target.to_string(),
-                port: entry.port,
-            }
-        })?;
-        registry::check_connection_owner(peer, local).map_err(|refusal| match refusal {
-            OwnerRefusal::Foreign(mismatch) => DelegateError::ForeignListener {
-                target: target.to_string(),
-                mismatch,
-            },
-            OwnerRefusal::Unknown { port } => DelegateError::OwnerUnknown {
-                target: target.to_string(),
-                port,
-            },
-        })?;
-    }
-    // --- end of the same-user check --------------------------------------------------
-
-    let response = connection
-        .post_talk(&entry.secret, &body, deadline)
-        .map_err(|e| transport_error(target, options.timeout, e))?;
-    interpret(target, response)
-}
-
-/// The connection the secret may go out on: the one whose health probe of exactly the
-/// entry's address matched (name, kind, and for an entry with `proof: true` a valid
-/// proof of the entry's secret, contract 6.1), with the capabilities its health
-/// listed. Nothing of the secret or the prompt has been sent when this fails.
-///
-/// # Errors
-///
-/// [`DelegateError::Unproven`] (not retryable) when the port's holder fails the proof;
-/// [`DelegateError::ProbeFailed`] for any other probe failure.
-fn connection_for_the_secret(
-    target: &InstanceName,
-    entry: &registry::Entry,
-    accept_kinds: &[String],
-) -> Result<(Connection, Vec<String>), DelegateError> {
-    let probed = registry::probe_entry(target, entry, Some(accept_kinds)).map_err(|reason| {
-        if reason.is_failed_proof() {
-            DelegateError::Unproven {
-                target: target.to_string(),
-                port: entry.port,
-                reason,
-            }
-        } else {
-            DelegateError::ProbeFailed {
-                target: target.to_string(),
-                reason,
-            }
-        }
-    })?;
-    Ok((probed.connection, probed.answer.health.capabilities))
-}
-
-/// Maps a failed exchange to the table's row.
-fn transport_error(target: &str, timeout: Duration, error: ClientError) -> DelegateError {
-    let target = target.to_owned();
-    match error {
-        ClientError::Timeout => DelegateError::Timeout {
-            target,
-            after: timeout,
-        },
-        ClientError::Malformed(what) => DelegateError::InvalidResponse {
-            target,
-            reason: what.to_owned(),
-        },
-        reason @ (ClientError::NotLoopback(_)
-        | ClientError::Connect(_)
-        | ClientError::Io(_)
-        | ClientError::Closed
-        | ClientError::UnsendableSecret) => DelegateError::Connection { target, reason },
-    }
-}
-
-/// Turns a complete answer into a reply or an error. Any status may carry a failure
-/// envelope (refusals come as 4xx/5xx); a success envelope counts only with 200.
-fn interpret(target: &str, response: ReceivedResponse) -> Result<Reply, DelegateError> {
-    let envelope = protocol::parse_answer(response.status, &response.body).map_err(|e| {
-        DelegateError::InvalidResponse {
-            target: target.to_owned(),
-            reason: format!("HTTP {}: {e}", response.status),
-        }
-    })?;
-    // The probe established that `target` answers on this port.
-    let from_instance = if envelope.from_instance.is_empty() {
-        target.to_owned()
-    } else {
-        envelope.from_instance
+    attempt::local_checks(options)?;
+    let request_id = match &options.request_id {
+        Some(id) => id.clone(),
+        None => new_request_id().map_err(|error| DelegateError::NoRandomness { error })?,
     };
-    let peer = PeerProtocol {
-        protocol_version: envelope.protocol_version,
-        capabilities: envelope.capabilities,
+    let backoff = retry::Backoff {
+        base: options.backoff_base,
+        cap: options.backoff_cap,
     };
-    match envelope.failure {
-        Some(failure) => Err(DelegateError::Remote {
-            from_instance,
-            failure,
-            duration_ms: envelope.duration_ms,
-            peer: Box::new(peer),
-        }),
-        None if response.status == 200 => Ok(Reply {
-            text: envelope.text,
-            from_instance,
-            duration_ms: envelope.duration_ms,
-            peer,
-        }),
-        None => Err(DelegateError::InvalidResponse {
-            target: target.to_owned(),
-            reason: format!("a success envelope with HTTP {}", response.status),
-        }),
+    let mut jitter = None;
+    let mut retries_done = 0;
+    let mut dedupes = false;
+    loop {
+        let mut listed = None;
+        let what = attempt::Exchange {
+            prompt: &options.prompt,
+            ext: RequestExt {
+                request_id: Some(request_id.clone()),
+                cancel: false,
+            },
+            timeout: options.timeout,
+            required: None,
+        };
+        let outcome = attempt::exchange(options, what, &mut listed).and_then(|sent| match sent {
+            attempt::Sent::Answer(response) => attempt::interpret(&options.target, response),
+            // Nothing is required of a delegation's peer.
+            attempt::Sent::NotListed => Err(DelegateError::NotRegistered {
+                target: options.target.to_string(),
+            }),
+        });
+        let error = match outcome {
+            Ok(reply) => return Ok(reply),
+            Err(error) => error,
+        };
+        if let Some(listed) = listed {
+            dedupes = listed.iter().any(|c| c == IDEMPOTENT_REQUESTS);
+        }
+        let failed = retry::Failed {
+            retryable: error.retryable(),
+            may_have_run: error.may_have_run(),
+        };
+        let jitter = jitter.get_or_insert_with(seeded_jitter);
+        match retry::decide(
+            failed,
+            retries_done,
+            options.retries,
+            dedupes,
+            &backoff,
+            jitter,
+        ) {
+            retry::Decision::GiveUp => return Err(error),
+            retry::Decision::WouldRunTwice => {
+                return Err(DelegateError::NotRetried {
+                    target: options.target.to_string(),
+                    error: Box::new(error),
+                })
+            }
+            retry::Decision::Retry(after) => {
+                retries_done += 1;
+                log::info!(
+                    "retry {retries_done} of {} to {} in {} ms, after: {error} [{}]",
+                    options.retries,
+                    options.target,
+                    after.as_millis(),
+                    error.code()
+                );
+                std::thread::sleep(after);
+            }
+        }
     }
+}
+
+/// The retry jitter, seeded from the OS (from the clock if that fails: jitter only
+/// spreads retries apart).
+fn seeded_jitter() -> retry::Jitter {
+    let seed = secret::random_bytes::<8>()
+        .map(u64::from_le_bytes)
+        .unwrap_or_else(|_| {
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_nanos() as u64)
+        });
+    retry::Jitter::seeded(seed)
 }
 
 #[cfg(test)]
 mod tests {
+    use super::attempt::{interpret, transport_error};
     use super::*;
-    use crate::protocol::{ErrorCode, Failure};
+    use crate::http::client::{ClientError, ReceivedResponse};
+    use crate::protocol::{ErrorCode, Failure, MAX_BODY_BYTES};
     use crate::registry::{OwnerMismatch, ProbeError};
 
     fn io(kind: std::io::ErrorKind) -> std::io::Error {
@@ -527,6 +505,96 @@ mod tests {
             assert_eq!(envelope.protocol_version, Some(1));
             assert!(!failure.error.is_empty());
         }
+    }
+
+    #[test]
+    fn failures_that_may_have_run_the_turn_table() {
+        let t = || "worker".to_owned();
+        let remote = |code: &str| DelegateError::Remote {
+            from_instance: t(),
+            failure: Failure::new(ErrorCode::from_wire(code), "e"),
+            duration_ms: 1,
+            peer: Box::default(),
+        };
+        let broken = || DelegateError::Broken {
+            target: t(),
+            reason: ClientError::Closed,
+        };
+        let timeout = || DelegateError::Timeout {
+            target: t(),
+            after: Duration::from_secs(1),
+        };
+        // (failure, code, retryable, may have run the turn)
+        let cases: Vec<(DelegateError, &str, bool, bool)> = vec![
+            (timeout(), "timeout", true, true),
+            (broken(), "instance_unavailable", true, true),
+            (
+                DelegateError::InvalidResponse {
+                    target: t(),
+                    reason: "x".into(),
+                },
+                "invalid_response",
+                true,
+                true,
+            ),
+            (remote("unknown"), "unknown", true, true),
+            (remote("server_busy"), "server_busy", true, false),
+            (remote("engine_cli"), "engine_cli", true, false),
+            (
+                DelegateError::Connection {
+                    target: t(),
+                    reason: ClientError::Connect(io(std::io::ErrorKind::ConnectionRefused)),
+                },
+                "instance_unavailable",
+                true,
+                false,
+            ),
+            (
+                DelegateError::NotRegistered { target: t() },
+                "instance_unavailable",
+                true,
+                false,
+            ),
+            (
+                DelegateError::NoRandomness {
+                    error: io(std::io::ErrorKind::NotFound),
+                },
+                "internal_error",
+                true,
+                false,
+            ),
+            (
+                DelegateError::NotRetried {
+                    target: t(),
+                    error: Box::new(timeout()),
+                },
+                "timeout",
+                true,
+                true,
+            ),
+        ];
+        for (error, code, retryable, may_have_run) in cases {
+            assert_eq!(error.code().as_str(), code, "{error:?}");
+            assert_eq!(error.retryable(), retryable, "{error:?}");
+            assert_eq!(error.may_have_run(), may_have_run, "{error:?}");
+        }
+        let not_retried = DelegateError::NotRetried {
+            target: t(),
+            error: Box::new(broken()),
+        };
+        assert!(matches!(not_retried.cause(), DelegateError::Broken { .. }));
+        assert_eq!(
+            not_retried.to_string(),
+            "instance worker is not available: connection closed before a complete answer \
+             after the request was sent; not retried: the turn may have run, and worker does \
+             not advertise idempotent-requests, so a retry could run it twice"
+        );
+        // The peer's own failure keeps its envelope when it was not retried.
+        let kept = DelegateError::NotRetried {
+            target: t(),
+            error: Box::new(remote("unknown")),
+        };
+        assert_eq!(kept.to_envelope("me", 9).from_instance, "worker");
     }
 
     #[test]

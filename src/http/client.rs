@@ -192,6 +192,8 @@ pub struct Connection {
     buffer: Vec<u8>,
     /// Whether another request may be sent after the last response.
     reusable: bool,
+    /// Whether the last request was written whole (so that the peer may act on it).
+    sent: bool,
 }
 
 /// The time left until `deadline`, or [`ClientError::Timeout`] when none is.
@@ -236,6 +238,7 @@ impl Connection {
             host,
             buffer: Vec::new(),
             reusable: true,
+            sent: false,
         })
     }
 
@@ -263,6 +266,12 @@ impl Connection {
         self.reusable
     }
 
+    /// Whether the last request went out whole: after a failure, whether the peer may
+    /// have acted on it (a connection broken after this point may have run a turn).
+    pub fn request_sent(&self) -> bool {
+        self.sent
+    }
+
     /// `GET /api/health`, keeping the connection open for a following request, with
     /// `X-Loopbus-Nonce: <nonce>` when `nonce` is given (contract 6.1; the nonce's
     /// format is the protocol's business, the header's is this layer's).
@@ -288,8 +297,21 @@ impl Connection {
         self.exchange(head.as_bytes(), &[], deadline)
     }
 
+    /// Whether the connection is still open with nothing unread: the peer has neither
+    /// closed it nor sent anything unasked since the last response. A check before a
+    /// kept connection is used again.
+    pub fn is_open_and_idle(&self) -> bool {
+        if !self.reusable || !self.buffer.is_empty() || self.stream.set_nonblocking(true).is_err() {
+            return false;
+        }
+        let mut probe = [0u8; 1];
+        let idle =
+            matches!(self.stream.peek(&mut probe), Err(e) if e.kind() == ErrorKind::WouldBlock);
+        self.stream.set_nonblocking(false).is_ok() && idle
+    }
+
     /// `POST /api/talk` with a JSON `body` and `Authorization: Bearer <secret>`, asking
-    /// the server to close the connection afterwards.
+    /// the server to close the connection afterwards unless `keep_alive`.
     ///
     /// # Errors
     /// See [`ClientError`]; also [`ClientError::Closed`] if the connection is not reusable.
@@ -297,13 +319,19 @@ impl Connection {
         &mut self,
         secret: &Secret,
         body: &[u8],
+        keep_alive: bool,
         deadline: Instant,
     ) -> Result<ReceivedResponse, ClientError> {
         if !is_header_value(secret.expose()) {
             return Err(ClientError::UnsendableSecret);
         }
+        let close = if keep_alive {
+            ""
+        } else {
+            "Connection: close\r\n"
+        };
         let head = format!(
-            "POST {TALK_PATH} HTTP/1.1\r\nHost: {}\r\nAuthorization: {}\r\nContent-Type: application/json\r\nAccept: application/json\r\nUser-Agent: loopbus/{}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+            "POST {TALK_PATH} HTTP/1.1\r\nHost: {}\r\nAuthorization: {}\r\nContent-Type: application/json\r\nAccept: application/json\r\nUser-Agent: loopbus/{}\r\nContent-Length: {}\r\n{close}\r\n",
             self.host,
             secret.bearer_header(),
             env!("CARGO_PKG_VERSION"),
@@ -323,14 +351,17 @@ impl Connection {
             return Err(ClientError::Closed);
         }
         self.reusable = false;
+        self.sent = false;
         let wait = remaining(deadline)?.min(WRITE_TIMEOUT);
         self.stream
             .set_write_timeout(Some(wait))
             .map_err(ClientError::Io)?;
-        let written = self
-            .stream
-            .write_all(head)
-            .and_then(|()| self.stream.write_all(body));
+        // One write for head and body: written apart, the server's loop wakes for the
+        // head, runs its checks and sleeps again before the body comes.
+        let mut request = Vec::with_capacity(head.len() + body.len());
+        request.extend_from_slice(head);
+        request.extend_from_slice(body);
+        let written = self.stream.write_all(&request);
         if let Err(e) = written {
             if is_timeout(&e) {
                 return Err(ClientError::Timeout);
@@ -339,6 +370,7 @@ impl Connection {
             // can still be waiting in our receive buffer.
             return self.read_response(deadline).map_err(|_| ClientError::Io(e));
         }
+        self.sent = true;
         self.read_response(deadline)
     }
 
@@ -545,7 +577,9 @@ mod tests {
             let mut connection =
                 Connection::open_at(Ipv4Addr::LOCALHOST.into(), port, soon).unwrap();
             let secret = Secret::new(bad).unwrap();
-            let error = connection.post_talk(&secret, b"{}", soon).unwrap_err();
+            let error = connection
+                .post_talk(&secret, b"{}", false, soon)
+                .unwrap_err();
             assert!(matches!(error, ClientError::UnsendableSecret), "{error}");
             assert!(!error.to_string().contains(bad));
         }

@@ -1,0 +1,232 @@
+//! When a failed delegation is tried again, and after how long: the pure decision and
+//! the backoff with full jitter, on plain values (no clock, no sleep, no socket), so
+//! that they are tested with a seeded random.
+//!
+//! A failure is retried only when its `retryable` is true and retries are left. A
+//! failure that may have run the turn (a timeout, a connection broken after the
+//! request was sent, an answer that is no envelope, an `unknown` failure) is retried
+//! only against a peer whose health listed `idempotent-requests`: that peer attaches
+//! the retry to the turn (contract 8.2), any other would run it a second time.
+
+use std::time::Duration;
+
+/// The first retry's backoff ceiling, unless `DelegateOptions::with_backoff` says
+/// otherwise: retry `n` (from 0) waits a uniform random time in
+/// `[0, min(cap, base * 2^n)]`.
+pub const DEFAULT_BACKOFF_BASE: Duration = Duration::from_millis(250);
+/// The largest backoff ceiling, unless `DelegateOptions::with_backoff` says otherwise.
+pub const DEFAULT_BACKOFF_CAP: Duration = Duration::from_secs(10);
+
+/// What the retry decision needs to know of one failed attempt.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Failed {
+    /// The failure's `retryable` flag.
+    pub retryable: bool,
+    /// Whether the peer may have run the turn for it.
+    pub may_have_run: bool,
+}
+
+/// What to do after a failed attempt.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Decision {
+    /// Try again after this long.
+    Retry(Duration),
+    /// Stop: the failure is not retryable, or no retries are left.
+    GiveUp,
+    /// Stop although retries are left: the failure may have run the turn and the peer
+    /// does not deduplicate requests, so a retry could run it twice.
+    WouldRunTwice,
+}
+
+/// Exponential backoff with full jitter.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Backoff {
+    /// The first retry's ceiling.
+    pub base: Duration,
+    /// The largest ceiling.
+    pub cap: Duration,
+}
+
+impl Default for Backoff {
+    fn default() -> Backoff {
+        Backoff {
+            base: DEFAULT_BACKOFF_BASE,
+            cap: DEFAULT_BACKOFF_CAP,
+        }
+    }
+}
+
+impl Backoff {
+    /// The ceiling of retry `retry` (from 0): `min(cap, base * 2^retry)`, without
+    /// overflow.
+    pub fn ceiling(&self, retry: u32) -> Duration {
+        let factor = 1u32.checked_shl(retry).unwrap_or(u32::MAX);
+        self.base
+            .checked_mul(factor)
+            .unwrap_or(Duration::MAX)
+            .min(self.cap)
+    }
+
+    /// How long retry `retry` waits: uniform in `[0, ceiling(retry)]`, to the
+    /// microsecond.
+    pub fn delay(&self, retry: u32, jitter: &mut Jitter) -> Duration {
+        let ceiling = u64::try_from(self.ceiling(retry).as_micros()).unwrap_or(u64::MAX);
+        Duration::from_micros(jitter.up_to(ceiling))
+    }
+}
+
+/// Decides what follows a failed attempt, when `retries_done` retries have already
+/// been made of the `retries` allowed, against a peer that deduplicates requests
+/// (`peer_dedupes`: its health listed `idempotent-requests`) or not.
+pub fn decide(
+    failed: Failed,
+    retries_done: u32,
+    retries: u32,
+    peer_dedupes: bool,
+    backoff: &Backoff,
+    jitter: &mut Jitter,
+) -> Decision {
+    if !failed.retryable || retries_done >= retries {
+        Decision::GiveUp
+    } else if failed.may_have_run && !peer_dedupes {
+        Decision::WouldRunTwice
+    } else {
+        Decision::Retry(backoff.delay(retries_done, jitter))
+    }
+}
+
+/// The jitter's random numbers: splitmix64, seeded from the OS in the client and
+/// with a fixed seed in tests. Jitter spreads retries apart; it protects nothing, so a
+/// small fast generator is enough.
+#[derive(Clone, Debug)]
+pub struct Jitter(u64);
+
+impl Jitter {
+    /// A generator with this seed.
+    pub fn seeded(seed: u64) -> Jitter {
+        Jitter(seed)
+    }
+
+    /// The next 64 random bits.
+    pub fn next_u64(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    }
+
+    /// A number in `[0, max]` (the modulo's bias is far below what jitter cares for).
+    pub fn up_to(&mut self, max: u64) -> u64 {
+        match max.checked_add(1) {
+            Some(span) => self.next_u64() % span,
+            None => self.next_u64(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MS: fn(u64) -> Duration = Duration::from_millis;
+
+    #[test]
+    fn ceilings_double_up_to_the_cap() {
+        let backoff = Backoff::default();
+        let cases = [
+            (0, MS(250)),
+            (1, MS(500)),
+            (2, MS(1_000)),
+            (5, MS(8_000)),
+            (6, MS(10_000)),
+            (31, MS(10_000)),
+            (32, MS(10_000)),
+            (u32::MAX, MS(10_000)),
+        ];
+        for (retry, want) in cases {
+            assert_eq!(backoff.ceiling(retry), want, "retry {retry}");
+        }
+        let huge = Backoff {
+            base: Duration::MAX,
+            cap: Duration::MAX,
+        };
+        assert_eq!(huge.ceiling(3), Duration::MAX);
+    }
+
+    #[test]
+    fn delays_are_full_jitter_within_the_ceiling() {
+        let backoff = Backoff::default();
+        let mut jitter = Jitter::seeded(7);
+        for retry in 0..10 {
+            let mut lowest = Duration::MAX;
+            let mut highest = Duration::ZERO;
+            for _ in 0..2_000 {
+                let delay = backoff.delay(retry, &mut jitter);
+                assert!(delay <= backoff.ceiling(retry), "retry {retry}: {delay:?}");
+                lowest = lowest.min(delay);
+                highest = highest.max(delay);
+            }
+            // Full jitter: the whole range is used, from near zero to near the ceiling.
+            assert!(lowest < backoff.ceiling(retry) / 20, "retry {retry}");
+            assert!(highest > backoff.ceiling(retry) * 19 / 20, "retry {retry}");
+        }
+        let none = Backoff {
+            base: Duration::ZERO,
+            cap: Duration::ZERO,
+        };
+        assert_eq!(none.delay(4, &mut jitter), Duration::ZERO);
+    }
+
+    #[test]
+    fn the_same_seed_gives_the_same_delays() {
+        let backoff = Backoff::default();
+        let run = |seed| {
+            let mut jitter = Jitter::seeded(seed);
+            (0..5)
+                .map(|retry| backoff.delay(retry, &mut jitter))
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(run(42), run(42));
+        assert_ne!(run(42), run(43));
+    }
+
+    #[test]
+    fn decision_table() {
+        let backoff = Backoff::default();
+        let failed = |retryable, may_have_run| Failed {
+            retryable,
+            may_have_run,
+        };
+        // (failure, retries done, retries allowed, peer dedupes, retried?)
+        let cases: [(Failed, u32, u32, bool, Option<Decision>); 10] = [
+            (failed(true, false), 0, 2, false, None),
+            (failed(true, false), 1, 2, false, None),
+            (failed(true, false), 2, 2, false, Some(Decision::GiveUp)),
+            (failed(true, false), 0, 0, true, Some(Decision::GiveUp)),
+            (failed(false, false), 0, 5, true, Some(Decision::GiveUp)),
+            (failed(false, true), 0, 5, false, Some(Decision::GiveUp)),
+            (
+                failed(true, true),
+                0,
+                5,
+                false,
+                Some(Decision::WouldRunTwice),
+            ),
+            (failed(true, true), 0, 5, true, None),
+            (failed(true, true), 4, 5, true, None),
+            (failed(true, true), 5, 5, false, Some(Decision::GiveUp)),
+        ];
+        for (failure, done, allowed, dedupes, want) in cases {
+            let mut jitter = Jitter::seeded(1);
+            let got = decide(failure, done, allowed, dedupes, &backoff, &mut jitter);
+            match want {
+                Some(want) => assert_eq!(got, want, "{failure:?} {done}/{allowed} {dedupes}"),
+                None => match got {
+                    Decision::Retry(after) => assert!(after <= backoff.ceiling(done)),
+                    other => panic!("{failure:?} {done}/{allowed} {dedupes}: {other:?}"),
+                },
+            }
+        }
+    }
+}
