@@ -535,3 +535,37 @@ fn debug_logs_have_no_rust_debug_formatting() {
     }
     assert!(log.contains("from mallory, depth 1"), "{log}");
 }
+
+/// Every command that looks up the registry takes `--root`; `talk` did not.
+#[test]
+fn talk_takes_root_for_a_target_registered_under_another_root() {
+    let theirs = TestRoot::new("talk-root-theirs");
+    let ours = TestRoot::new("talk-root-ours");
+    let _worker = theirs.start("worker", &open_config("s3cret-for-talk-root"));
+    let me = ours.write_config("me", &json!({"bus": {"peers": "*"}}));
+    let state_dir = me.parent().unwrap().to_str().unwrap().to_owned();
+    let root = theirs.path.to_str().unwrap().to_owned();
+    // Without --root, worker is looked up under our own root: not there.
+    let out = run(
+        &["talk", "--state-dir", &state_dir, "worker", "hi"],
+        &[],
+        None,
+    );
+    assert_eq!(out.status.code(), Some(75), "{}", stderr(&out));
+    assert!(stderr(&out).contains("not registered"), "{}", stderr(&out));
+    let out = run(
+        &[
+            "talk",
+            "--state-dir",
+            &state_dir,
+            "--root",
+            &root,
+            "worker",
+            "hi",
+        ],
+        &[],
+        None,
+    );
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    assert_eq!(stdout(&out), "hi\n");
+}

@@ -22,16 +22,19 @@ use std::time::{Duration, Instant};
 /// The first that fails.
 pub(super) fn local_checks(options: &DelegateOptions) -> Result<(), DelegateError> {
     let bus = &options.bus;
+    let caller = options.caller.to_string();
     if !bus.enabled {
-        return Err(DelegateError::BusDisabled);
+        return Err(DelegateError::BusDisabled { caller });
     }
     if !bus.peers.allows(&options.target) {
         return Err(DelegateError::PeerNotAllowed {
+            caller,
             target: options.target.to_string(),
         });
     }
     if options.depth >= bus.max_depth {
         return Err(DelegateError::MaxDepth {
+            caller,
             depth: options.depth,
             max: bus.max_depth,
         });

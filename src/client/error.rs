@@ -17,14 +17,21 @@ use std::time::Duration;
 #[non_exhaustive]
 pub enum DelegateError {
     /// The caller's own bus is disabled.
-    BusDisabled,
+    BusDisabled {
+        /// The calling instance.
+        caller: String,
+    },
     /// The target is not among the caller's `peers`.
     PeerNotAllowed {
+        /// The calling instance.
+        caller: String,
         /// The target asked for.
         target: String,
     },
     /// The caller's depth already reached its own `maxDepth`.
     MaxDepth {
+        /// The calling instance.
+        caller: String,
         /// The caller's depth.
         depth: u64,
         /// The caller's `maxDepth`.
@@ -144,7 +151,7 @@ impl DelegateError {
     /// section 5).
     pub fn code(&self) -> ErrorCode {
         match self {
-            DelegateError::BusDisabled => ErrorCode::BusDisabled,
+            DelegateError::BusDisabled { .. } => ErrorCode::BusDisabled,
             DelegateError::PeerNotAllowed { .. } => ErrorCode::PeerNotAllowed,
             DelegateError::MaxDepth { .. } => ErrorCode::MaxDepthExceeded,
             DelegateError::TooLarge { .. } => ErrorCode::RequestTooLarge,
@@ -249,14 +256,14 @@ impl DelegateError {
 impl fmt::Display for DelegateError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            DelegateError::BusDisabled => {
-                f.write_str("the bus is disabled in this instance's config")
+            DelegateError::BusDisabled { caller } => {
+                write!(f, "the bus is disabled in {caller}'s own config")
             }
-            DelegateError::PeerNotAllowed { target } => {
-                write!(f, "{target} is not among this instance's peers")
+            DelegateError::PeerNotAllowed { caller, target } => {
+                write!(f, "{target} is not among {caller}'s own peers")
             }
-            DelegateError::MaxDepth { depth, max } => {
-                write!(f, "depth {depth} reaches this instance's maxDepth of {max}")
+            DelegateError::MaxDepth { caller, depth, max } => {
+                write!(f, "depth {depth} reaches {caller}'s own maxDepth of {max}")
             }
             DelegateError::TooLarge { bytes } => write!(
                 f,

@@ -360,7 +360,11 @@ mod tests {
             }),
         };
         let cases: Vec<(DelegateError, &str, bool)> = vec![
-            (DelegateError::BusDisabled, "bus_disabled", false),
+            (
+                DelegateError::BusDisabled { caller: t() },
+                "bus_disabled",
+                false,
+            ),
             (
                 DelegateError::Unproven {
                     target: t(),
@@ -380,12 +384,19 @@ mod tests {
                 false,
             ),
             (
-                DelegateError::PeerNotAllowed { target: t() },
+                DelegateError::PeerNotAllowed {
+                    caller: t(),
+                    target: t(),
+                },
                 "peer_not_allowed",
                 false,
             ),
             (
-                DelegateError::MaxDepth { depth: 3, max: 3 },
+                DelegateError::MaxDepth {
+                    caller: t(),
+                    depth: 3,
+                    max: 3,
+                },
                 "max_depth_exceeded",
                 false,
             ),

@@ -16,20 +16,22 @@ mod watch;
 
 /// Help text.
 pub const HELP: &str = "\
-loopbus talk TARGET [PROMPT] [--state-dir DIR] [--name NAME] [--depth N]
-             [--timeout SECS] [--retries N] [--json | --raw]
+loopbus talk TARGET [PROMPT] [--state-dir DIR] [--name NAME] [--root ROOT]
+             [--depth N] [--timeout SECS] [--retries N] [--json | --raw]
 
 Send PROMPT (read from stdin when absent or `-`) to the instance TARGET and print
 its reply on stdout. Acts as the instance whose state directory is DIR (default:
 $LOOPBUS_STATE_DIR): its config.json decides whether it may call TARGET (bus
 enabled, TARGET among its peers, depth below its maxDepth) and which kinds of
-peer it accepts; TARGET is looked up in DIR's parent's .bus-registry.json and
-must pass a health check before the secret is sent.
+peer it accepts; TARGET is looked up in DIR's parent's .bus-registry.json (or
+ROOT's) and must pass a health check before the secret is sent.
 
 Options:
   --state-dir DIR   the calling instance's state directory
   --name NAME       the calling instance's name (default: $LOOPBUS_INSTANCE when
                     DIR comes from $LOOPBUS_STATE_DIR, else DIR's last component)
+  --root ROOT       the channel root whose registry names TARGET (default: DIR's
+                    parent)
   --depth N         the current delegation depth (default: $LOOPBUS_DEPTH, else 0);
                     the request carries N + 1
   --timeout SECS    how long each attempt waits for the answer (default 1800)
@@ -79,7 +81,7 @@ pub const MAX_RETRIES: u32 = 100;
 pub fn run(args: &[String]) -> Result<i32, CommandError> {
     let args = Args::parse(
         args,
-        &["state-dir", "name", "depth", "timeout", "retries"],
+        &["state-dir", "name", "root", "depth", "timeout", "retries"],
         &["json", "raw"],
     )?;
     if args.help {
@@ -123,17 +125,15 @@ pub fn run(args: &[String]) -> Result<i32, CommandError> {
     let request_id =
         client::new_request_id().map_err(|e| local(format!("cannot make a request id: {e}")))?;
 
-    let options = DelegateOptions::new(
-        registry::channel_root(&state_dir),
-        caller.clone(),
-        config.bus,
-        target.clone(),
-        prompt,
-    )
-    .with_depth(depth)
-    .with_timeout(timeout)
-    .with_retries(retries)
-    .with_request_id(request_id);
+    let root = match args.value("root") {
+        Some(root) => std::path::PathBuf::from(root),
+        None => registry::channel_root(&state_dir),
+    };
+    let options = DelegateOptions::new(root, caller.clone(), config.bus, target.clone(), prompt)
+        .with_depth(depth)
+        .with_timeout(timeout)
+        .with_retries(retries)
+        .with_request_id(request_id);
     let started = Instant::now();
     let watch = watch::watch(&options, args.switch("json"))?;
     let outcome = client::delegate(&options);
