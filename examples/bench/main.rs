@@ -75,6 +75,9 @@ const CALLER: &str = "bench-caller";
 const STARTUP: &str = "bench-startup";
 /// Where the table goes, relative to the crate root.
 const RESULTS_FILE: &str = "bench/results.md";
+/// Hand-written notes (before/after measurements of past changes), relative to the
+/// crate root: appended to [`RESULTS_FILE`] as they are, so that a rerun keeps them.
+const NOTES_FILE: &str = "bench/notes.md";
 
 /// What the command line asked for.
 struct Settings {
@@ -116,11 +119,16 @@ fn main() -> ExitCode {
     }
     match run(&settings) {
         Ok(report) => {
-            let markdown = report::render(&report);
+            let mut markdown = report::render(&report);
             print!("{markdown}");
             let Some(out) = &settings.out else {
                 return ExitCode::SUCCESS;
             };
+            let notes = Path::new(env!("CARGO_MANIFEST_DIR")).join(NOTES_FILE);
+            if let Ok(notes) = std::fs::read_to_string(&notes) {
+                markdown.push('\n');
+                markdown.push_str(&notes);
+            }
             if let Some(dir) = out.parent() {
                 let _ = std::fs::create_dir_all(dir);
             }

@@ -197,7 +197,7 @@ fn render_into(out: &mut String, report: &Report) -> std::fmt::Result {
     writeln!(out, "# loopbus benchmarks\n")?;
     writeln!(
         out,
-        "Written by `make bench` (`examples/bench/`); rerun it rather than editing this file."
+        "Written by `make bench` (`examples/bench/`); rerun it rather than editing this file. The sections after the generated ones are `bench/notes.md`, copied as they are."
     )?;
     if m.quick {
         writeln!(

@@ -69,9 +69,12 @@ impl Bus {
             let key = key?;
             return self.cancel_request(conn, &key, received_at, &meta, now);
         }
-        let digest = requests::digest(&request.prompt, request.depth);
-        if let Some(key) = &key {
-            match self.requests.look(key, Some(&digest), now) {
+        // What the id stands for; only a request that names one needs it.
+        let digest = key
+            .as_ref()
+            .map(|_| requests::digest(&request.prompt, request.depth));
+        if let (Some(key), Some(digest)) = (&key, &digest) {
+            match self.requests.look(key, Some(digest), now) {
                 Seen::New => {}
                 Seen::Mismatch => {
                     return Some(self.refuse_talk(&Refusal::RequestIdReused, received_at, &meta))
@@ -130,7 +133,7 @@ impl Bus {
                 return Some(self.refuse_talk(&Refusal::Busy, received_at, &state.meta));
             }
         }
-        if let Some(key) = key {
+        if let (Some(key), Some(digest)) = (key, digest) {
             self.requests.running(key, digest, id);
         }
         self.turns.insert(id, state);
