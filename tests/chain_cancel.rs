@@ -118,26 +118,6 @@ fn audit(dir: &std::path::Path) -> Vec<Value> {
         .collect()
 }
 
-/// The pids whose parent is `pid`.
-fn children(pid: u32) -> Vec<u32> {
-    let mut found = Vec::new();
-    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
-        let Ok(child) = entry.file_name().to_string_lossy().parse::<u32>() else {
-            continue;
-        };
-        let Ok(stat) = std::fs::read_to_string(format!("/proc/{child}/stat")) else {
-            continue;
-        };
-        let parent = stat
-            .rsplit_once(')')
-            .and_then(|(_, rest)| rest.split_whitespace().nth(1).map(str::to_owned));
-        if parent.as_deref() == Some(pid.to_string().as_str()) {
-            found.push(child);
-        }
-    }
-    found
-}
-
 /// A's own `loopbus talk` to B, as A's engine would run it.
 fn top_talk(chain: &Chain) -> Child {
     Command::new(bin())

@@ -39,30 +39,9 @@ fn config(turns: (usize, usize), engine: Option<serde_json::Value>) -> serde_jso
     config
 }
 
-/// The pids whose parent is `pid`, from /proc.
-fn children_of(pid: u32) -> Vec<u32> {
-    let mut children = Vec::new();
-    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
-        let Ok(stat) = std::fs::read_to_string(entry.path().join("stat")) else {
-            continue;
-        };
-        // "pid (comm) state ppid ...": comm may hold spaces, so split after ')'.
-        let Some((head, rest)) = stat.rsplit_once(')') else {
-            continue;
-        };
-        let ppid = rest.split_whitespace().nth(1).and_then(|p| p.parse().ok());
-        if ppid == Some(pid) {
-            if let Some(child) = head.split_whitespace().next().and_then(|p| p.parse().ok()) {
-                children.push(child);
-            }
-        }
-    }
-    children
-}
-
 /// Kills the process groups of `pid`'s children (its engines lead their own groups).
 fn kill_engines(pid: u32) {
-    for child in children_of(pid) {
+    for child in children(pid) {
         let group = i32::try_from(child)
             .ok()
             .and_then(rustix::process::Pid::from_raw);
@@ -294,7 +273,7 @@ fn bug_answers_during_shutdown_kept_the_connection_open() {
         .write_all(&w.talk_request("c", "running", 0))
         .unwrap();
     assert!(
-        eventually(BOUND, || !children_of(w.pid()).is_empty()),
+        eventually(BOUND, || !children(w.pid()).is_empty()),
         "the engine never started"
     );
     let mut queued = connect(w.port);
@@ -428,7 +407,7 @@ fn bug_engine_pipes_took_the_descriptors_health_needed() {
         readers.push(read_on_thread(stream, &busy));
     }
     assert!(
-        eventually(BOUND, || children_of(w.pid()).len() >= TURNS),
+        eventually(BOUND, || children(w.pid()).len() >= TURNS),
         "the engines did not all start\nstderr:\n{}",
         w.stderr()
     );

@@ -122,26 +122,6 @@ fn tcp_socket(local: u16, remote: u16) -> Option<(String, u64)> {
     })
 }
 
-/// Children of `pid` in any state, from /proc.
-fn children(pid: u32) -> Vec<u32> {
-    let mut found = Vec::new();
-    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
-        let Ok(child) = entry.file_name().to_string_lossy().parse::<u32>() else {
-            continue;
-        };
-        let Ok(stat) = std::fs::read_to_string(format!("/proc/{child}/stat")) else {
-            continue;
-        };
-        let Some(rest) = stat.rsplit_once(')').map(|(_, r)| r) else {
-            continue;
-        };
-        if rest.split_whitespace().nth(1) == Some(pid.to_string().as_str()) {
-            found.push(child);
-        }
-    }
-    found
-}
-
 /// Children of `pid` that are zombies (state Z), from /proc.
 fn zombie_children(pid: u32) -> Vec<u32> {
     let mut zombies = Vec::new();

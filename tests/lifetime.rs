@@ -99,26 +99,6 @@ impl Gated {
     }
 }
 
-/// The pids whose parent is `pid`.
-fn children(pid: u32) -> Vec<u32> {
-    let mut found = Vec::new();
-    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
-        let Ok(child) = entry.file_name().to_string_lossy().parse::<u32>() else {
-            continue;
-        };
-        let Ok(stat) = std::fs::read_to_string(format!("/proc/{child}/stat")) else {
-            continue;
-        };
-        let parent = stat
-            .rsplit_once(')')
-            .and_then(|(_, rest)| rest.split_whitespace().nth(1).map(str::to_owned));
-        if parent.as_deref() == Some(pid.to_string().as_str()) {
-            found.push(child);
-        }
-    }
-    found
-}
-
 /// A v1 request body.
 fn body(prompt: &str, ext: Option<Value>, capabilities: &[&str]) -> Value {
     let mut body = json!({

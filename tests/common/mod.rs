@@ -814,3 +814,25 @@ pub fn connections_to_open(wanted: usize) -> usize {
     }
     wanted.min(room)
 }
+
+/// The pids whose parent is `pid` (in any state), from /proc: a server's engines, and
+/// the leftovers reparented to it.
+pub fn children(pid: u32) -> Vec<u32> {
+    let mut found = Vec::new();
+    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Ok(child) = entry.file_name().to_string_lossy().parse::<u32>() else {
+            continue;
+        };
+        let Ok(stat) = std::fs::read_to_string(format!("/proc/{child}/stat")) else {
+            continue;
+        };
+        // "pid (comm) state ppid ...": comm may hold spaces, so split after the last ')'.
+        let parent = stat
+            .rsplit_once(')')
+            .and_then(|(_, rest)| rest.split_whitespace().nth(1)?.parse::<u32>().ok());
+        if parent == Some(pid) {
+            found.push(child);
+        }
+    }
+    found
+}
