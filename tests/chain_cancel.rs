@@ -76,6 +76,7 @@ impl Chain {
         let gone = eventually(CHAIN_GONE.saturating_sub(gave_up.elapsed()), || {
             self.engines_gone()
         });
+        eprintln!("chain gone after {:?}", gave_up.elapsed());
         assert!(
             gone,
             "engines still alive {:?} after the top gave up: {:?}",

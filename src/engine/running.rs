@@ -159,14 +159,14 @@ impl RunningEngines {
         kill_tree(spawned.pid, Signal::TERM);
     }
 
-    /// Whether any process is left in the group of `spawned`, which is not reaped yet
-    /// (so its group id is still its own).
+    /// Whether a process that has not exited is left in the group of `spawned`, which
+    /// is not reaped yet (so its group id is still its own): one besides the engine.
     pub(super) fn group_alive(&self, spawned: &Spawned) -> bool {
-        let _state = self.lock();
-        i32::try_from(spawned.pid)
+        let gone = i32::try_from(spawned.pid)
             .ok()
             .and_then(Pid::from_raw)
-            .is_some_and(|pid| rustix::process::test_kill_process_group(pid).is_ok())
+            .is_none_or(|pid| rustix::process::test_kill_process_group(pid).is_err());
+        !gone && super::reaper::group_has_live_member(spawned.pid, spawned.pid)
     }
 
     /// Waits until an engine exited ([`RunningEngines::nudge`]) or `timeout` passed.
