@@ -3,7 +3,7 @@
 //! followed like `tail -f` across the writer's rotation. A line that is not JSON is
 //! shown as such; nothing is written.
 
-use super::{stdout, terminal};
+use super::{output, terminal};
 use crate::audit::AUDIT_FILE;
 use crate::cli::{local, usage, Args, CommandError, UsageError, EXIT_OK};
 use crate::files;
@@ -55,7 +55,7 @@ const MAX_QUOTED_CHARS: usize = 80;
 pub fn run(args: &[String]) -> Result<i32, CommandError> {
     let args = Args::parse(args, &["state-dir", "since"], &["json", "follow"])?;
     if args.help {
-        print!("{HELP}");
+        super::output::print(HELP)?;
         return Ok(EXIT_OK);
     }
     args.at_most(0)?;
@@ -124,8 +124,10 @@ enum Stop {
     Io(PathBuf, io::Error),
 }
 
-impl From<stdout::Closed> for Stop {
-    fn from(_: stdout::Closed) -> Stop {
+impl From<CommandError> for Stop {
+    /// A write to stdout failed: it was closed, or can't be written; there is nowhere
+    /// left to say so.
+    fn from(_: CommandError) -> Stop {
         Stop::Closed
     }
 }
@@ -367,16 +369,16 @@ const COLUMNS: [(&str, usize); 6] = [
 ];
 
 impl Printer {
-    fn header(&self) -> Result<(), stdout::Closed> {
+    fn header(&self) -> Result<(), CommandError> {
         if self.json {
             return Ok(());
         }
         let mut cells: Vec<String> = COLUMNS.iter().map(|(name, _)| (*name).to_owned()).collect();
         cells.push("DETAIL".to_owned());
-        stdout::line(&row(&cells))
+        output::println(&row(&cells))
     }
 
-    fn show(&mut self, line: &Line, file: &Path) -> Result<(), stdout::Closed> {
+    fn show(&mut self, line: &Line, file: &Path) -> Result<(), CommandError> {
         let parsed = if line.cut {
             None
         } else {
@@ -395,7 +397,7 @@ impl Printer {
         }
         if self.json {
             // A line that parsed as JSON is UTF-8.
-            return stdout::line(&String::from_utf8_lossy(&line.bytes));
+            return output::println(&String::from_utf8_lossy(&line.bytes));
         }
         let text = |v: &Value| match v {
             Value::Null => "-".to_owned(),
@@ -416,10 +418,10 @@ impl Printer {
             text(&meta["errorCode"]),
             text(&value["detail"]),
         ];
-        stdout::line(&row(&cells))
+        output::println(&row(&cells))
     }
 
-    fn corrupt(&self, line: &Line, file: &Path) -> Result<(), stdout::Closed> {
+    fn corrupt(&self, line: &Line, file: &Path) -> Result<(), CommandError> {
         let what = if line.cut {
             format!("longer than {MAX_LINE_BYTES} bytes")
         } else {
@@ -440,7 +442,7 @@ impl Printer {
         let mut cells: Vec<String> = vec!["-".to_owned(); COLUMNS.len()];
         cells[1] = "corrupt".to_owned();
         cells.push(format!("line {} is {what}: {quoted:?}", line.number));
-        stdout::line(&row(&cells))
+        output::println(&row(&cells))
     }
 }
 

@@ -9,7 +9,6 @@ pub mod list;
 pub mod output;
 pub mod serve;
 pub mod settings;
-pub mod stdout;
 pub mod talk;
 pub mod terminal;
 pub mod usage_report;

@@ -85,7 +85,7 @@ pub fn run(args: &[String]) -> Result<i32, CommandError> {
         &["json", "raw"],
     )?;
     if args.help {
-        print!("{HELP}");
+        super::output::print(HELP)?;
         return Ok(EXIT_OK);
     }
     args.at_most(2)?;

@@ -1,7 +1,7 @@
 //! `loopbus usage`: each instance's usage.json and budget, as a table or JSON. Costs
 //! are shown rounded (4 places, like the budget refusal); nothing is written.
 
-use super::{stdout, terminal};
+use super::{output, terminal};
 use crate::cli::{local, usage, Args, CommandError, EXIT_OK};
 use crate::config::{self, CONFIG_FILE};
 use crate::usage::{self as usage_file, Usage};
@@ -50,7 +50,7 @@ struct Row {
 pub fn run(args: &[String]) -> Result<i32, CommandError> {
     let args = Args::parse(args, &["state-dir", "root"], &["json"])?;
     if args.help {
-        print!("{HELP}");
+        super::output::print(HELP)?;
         return Ok(EXIT_OK);
     }
     args.at_most(0)?;
@@ -68,12 +68,12 @@ pub fn run(args: &[String]) -> Result<i32, CommandError> {
     if args.switch("json") {
         let instances: Vec<Value> = rows.iter().map(as_json).collect();
         let text = json!({ "instances": instances }).to_string();
-        let _ = stdout::line(&terminal::escape_json_controls(&text));
+        let _ = output::println(&terminal::escape_json_controls(&text));
     } else if rows.is_empty() {
         terminal::eprint_line("no instances (directories with a config.json) found");
     } else {
         for line in table(&rows) {
-            if stdout::line(&line).is_err() {
+            if output::println(&line).is_err() {
                 break;
             }
         }

@@ -14,6 +14,7 @@ mod cancel;
 mod outcome;
 mod preflight;
 mod process;
+mod procfs;
 mod reaper;
 mod running;
 

@@ -10,6 +10,11 @@ use std::process::{Child, Command, ExitStatus};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
+/// How long serve, stopping, waits for its engines' leftovers to be killed and reaped
+/// ([`RunningEngines::wait_contained`]): the leftover reaper's 2 s between SIGTERM and
+/// SIGKILL, and time to reap them and to look again.
+pub const SHUTDOWN_CONTAIN_LIMIT: Duration = Duration::from_secs(5);
+
 /// The engines running now (spawned, not yet reaped), so that shutdown can kill them
 /// and the leftover reaper can tell them apart from leftovers.
 #[derive(Debug, Default, Clone)]
@@ -57,13 +62,13 @@ impl RunningEngines {
         self.shared.passed.notify_all();
     }
 
-    /// Waits, at most [`super::reaper::SHUTDOWN_CONTAIN_LIMIT`], until no engine runs and the leftover reaper has looked
+    /// Waits, at most [`SHUTDOWN_CONTAIN_LIMIT`], until no engine runs and the leftover reaper has looked
     /// for leftovers after that and found none left (each got SIGTERM, SIGKILL after
     /// its grace, and was reaped); whether that happened. For shutdown: what serve
     /// leaves when it exits is no longer its to kill. Without the reaper running there
     /// is nothing to wait for.
     pub fn wait_contained(&self) -> bool {
-        let deadline = Instant::now() + super::reaper::SHUTDOWN_CONTAIN_LIMIT;
+        let deadline = Instant::now() + SHUTDOWN_CONTAIN_LIMIT;
         let mut state = self.lock();
         if !state.reaper_runs {
             return true;
@@ -166,7 +171,7 @@ impl RunningEngines {
             .ok()
             .and_then(Pid::from_raw)
             .is_none_or(|pid| rustix::process::test_kill_process_group(pid).is_err());
-        !gone && super::reaper::group_has_live_member(spawned.pid, spawned.pid)
+        !gone && super::procfs::group_has_live_member(spawned.pid, spawned.pid)
     }
 
     /// Waits until an engine exited ([`RunningEngines::nudge`]) or `timeout` passed.

@@ -25,7 +25,6 @@ use std::time::{Duration, Instant, SystemTime};
 
 use serde_json::Value;
 
-use super::store::REGISTRY_FILE;
 use crate::{files, time};
 
 /// A lock whose owner took it longer ago than this, or whose directory (without a
@@ -41,9 +40,13 @@ const OWNER_FILE: &str = "owner.json";
 /// An `owner.json` larger than this is unreadable.
 const MAX_OWNER_BYTES: u64 = 4096;
 
+/// The lock directory's name inside the channel root: the registry file's name plus
+/// `.lock`, as the original implementation names it.
+pub const LOCK_DIR: &str = ".bus-registry.json.lock";
+
 /// The lock directory of the channel root `root`.
 pub fn lock_path(root: &Path) -> PathBuf {
-    root.join(format!("{REGISTRY_FILE}.lock"))
+    root.join(LOCK_DIR)
 }
 
 /// Runs `f` while holding the registry lock of `root`, waiting at most

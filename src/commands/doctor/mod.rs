@@ -5,7 +5,7 @@
 
 mod registry_checks;
 
-use super::{stdout, terminal};
+use super::{output, terminal};
 use crate::cli::{Args, CommandError, EXIT_FAILURE, EXIT_OK};
 use crate::config::{self, Config, Peers, CONFIG_FILE};
 use crate::engine;
@@ -107,7 +107,7 @@ pub(super) struct Target<'a> {
 pub fn run(args: &[String]) -> Result<i32, CommandError> {
     let args = Args::parse(args, &["state-dir", "root", "name"], &[])?;
     if args.help {
-        print!("{HELP}");
+        crate::commands::output::print(HELP)?;
         return Ok(EXIT_OK);
     }
     args.at_most(0)?;
@@ -148,7 +148,7 @@ pub fn run(args: &[String]) -> Result<i32, CommandError> {
             Level::Fail => "fail",
         };
         let shown = format!("{level:<4}  {}", terminal::escape_controls(text));
-        if stdout::line(&shown).is_err() {
+        if output::println(&shown).is_err() {
             break;
         }
     }
