@@ -569,3 +569,26 @@ fn talk_takes_root_for_a_target_registered_under_another_root() {
     assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
     assert_eq!(stdout(&out), "hi\n");
 }
+
+/// `--rotate-secret` on an instance without a fixed secret quietly wrote one, with all
+/// a fixed secret costs: it is refused, and names the option that writes one.
+#[test]
+fn rotate_secret_without_a_fixed_secret_is_refused_not_a_quiet_fixed_secret() {
+    let root = TestRoot::new("rotate-none");
+    let dir = root.state_dir("w");
+    let d = dir.to_str().unwrap();
+    assert_eq!(run(&["init", d], &[], None).status.code(), Some(0));
+    let before = std::fs::read(dir.join("config.json")).unwrap();
+    let out = run(&["init", d, "--force", "--rotate-secret"], &[], None);
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    assert!(stderr(&out).contains("--fixed-secret"), "{}", stderr(&out));
+    assert_eq!(std::fs::read(dir.join("config.json")).unwrap(), before);
+    // Asked for both: a fixed secret is written.
+    let out = run(
+        &["init", d, "--force", "--rotate-secret", "--fixed-secret"],
+        &[],
+        None,
+    );
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    assert!(read_json(&dir.join("config.json"))["bus"]["secret"].is_string());
+}

@@ -378,3 +378,21 @@ fn negotiation_lists_the_base_two_plus_what_the_request_asked_for() {
         );
     }
 }
+
+/// A text engine reports no usage: its envelope carried `usage` of zeros, and `talk`
+/// printed "$0.0000, 0 in / 0 out tokens".
+#[test]
+fn a_text_engine_reports_no_usage_even_when_asked() {
+    let root = TestRoot::new("text-usage");
+    let config = json!({"bus": {"peers": "*", "secret": "s"}, "engine": {"command": ["cat"]}});
+    let w = root.start("worker", &config);
+    let v = w
+        .talk_body(&body(
+            "p",
+            None,
+            &["structured-errors", "retryable-errors", "usage-report"],
+        ))
+        .json();
+    assert_eq!(v["text"], "p", "{v}");
+    assert!(v.get("usage").is_none(), "{v}");
+}

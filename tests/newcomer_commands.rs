@@ -401,3 +401,21 @@ fn audit_follow_prints_a_new_talk_as_it_happens() {
     let _ = follow.wait();
     drop::<Instance>(instance);
 }
+
+/// `audit` and `usage` of a mistyped state directory printed "no audit log yet" and
+/// an empty row, and exited 0.
+#[test]
+fn audit_and_usage_of_a_directory_that_is_no_state_directory_are_errors() {
+    let root = TestRoot::new("not-a-state-dir");
+    let missing = root.path.join("typo");
+    let missing = missing.to_str().unwrap();
+    for command in ["audit", "usage"] {
+        let out = run(&[command, "--state-dir", missing], &[], None);
+        assert_eq!(out.status.code(), Some(2), "{command}: {out:?}");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            stderr.contains("no such state directory"),
+            "{command}: {stderr}"
+        );
+    }
+}

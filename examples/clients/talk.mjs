@@ -132,7 +132,9 @@ async function main() {
   // 4. The envelope: success and text, or errorCode and retryable.
   const envelope = talk.json;
   if (envelope.success === true) {
-    process.stdout.write(envelope.text ?? "");
+    const text = envelope.text ?? "";
+    // Like `loopbus talk`: the reply ends with a newline, so a prompt never lands on it.
+    process.stdout.write(text.endsWith("\n") ? text : text + "\n");
     return;
   }
   const code = envelope.errorCode ?? "unknown";

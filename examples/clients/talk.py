@@ -99,7 +99,9 @@ def main():
 
     # 4. The envelope: success and text, or errorCode and retryable.
     if envelope.get("success") is True:
-        sys.stdout.write(envelope.get("text", ""))
+        text = envelope.get("text", "")
+        # Like `loopbus talk`: the reply ends with a newline, so a prompt never lands on it.
+        sys.stdout.write(text if text.endswith("\n") else text + "\n")
         return
     retryable = envelope.get("retryable") is True
     code = envelope.get("errorCode", "unknown")

@@ -61,6 +61,13 @@ pub fn run(args: &[String]) -> Result<i32, CommandError> {
     args.at_most(0)?;
     let state_dir = super::state_dir_from(args.value("state-dir"))?;
     let since = args.value("since").map(parse_since).transpose()?;
+    // A mistyped directory is an error, not an empty log.
+    if !state_dir.is_dir() {
+        return Err(local(format!(
+            "{}: no such state directory (create one with `loopbus init DIR`)",
+            state_dir.display()
+        )));
+    }
     let path = state_dir.join(AUDIT_FILE);
     let mut rotated = path.clone().into_os_string();
     rotated.push(".1");

@@ -139,8 +139,9 @@ fn run_command(args: Vec<OsString>) -> Result<i32, CommandError> {
         return Err(usage("no command given").into());
     };
     let code = match word.as_str() {
-        "help" | "--help" | "-h" => match rest.first() {
-            None => {
+        "help" | "--help" | "-h" => match rest.first().map(String::as_str) {
+            // `loopbus help help`: the overview says how help works.
+            None | Some("help") => {
                 output::print(HELP)?;
                 EXIT_OK
             }

@@ -114,6 +114,16 @@ pub fn run(args: &[String]) -> Result<i32, CommandError> {
         .and_then(|b| b.get("secret"))
         .and_then(Value::as_str)
         .is_some_and(|s| !s.is_empty());
+    // Rotating makes a fixed secret fixed anew; where none is fixed (each start makes a
+    // fresh one), it would quietly fix one, with all that costs: only on request.
+    if args.switch("rotate-secret") && !has_secret && !args.switch("fixed-secret") {
+        return Err(usage(format!(
+            "{}: no fixed bus.secret to rotate: each start of the instance makes a fresh \
+             one already (to write a fixed one, pass --fixed-secret)",
+            path.display()
+        ))
+        .into());
+    }
     if args.switch("rotate-secret") || (args.switch("fixed-secret") && !has_secret) {
         settings.secret = Some(
             Secret::generate()

@@ -58,7 +58,17 @@ pub fn run(args: &[String]) -> Result<i32, CommandError> {
         (Some(_), Some(_)) => {
             return Err(usage("give --state-dir DIR or --root DIR, not both").into())
         }
-        (Some(dir), None) if !dir.is_empty() => vec![PathBuf::from(dir)],
+        (Some(dir), None) if !dir.is_empty() => {
+            let dir = PathBuf::from(dir);
+            // A mistyped directory is an error, not an instance with no usage.
+            if !dir.is_dir() {
+                return Err(local(format!(
+                    "{}: no such state directory (create one with `loopbus init DIR`)",
+                    dir.display()
+                )));
+            }
+            vec![dir]
+        }
         (_, root) => {
             let (root, _) = super::registry_root(root, None)?;
             instance_dirs(&root)?

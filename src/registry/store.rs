@@ -484,7 +484,10 @@ mod tests {
     /// The lock directory is named after the registry file, as the original names it.
     #[test]
     fn the_lock_directory_is_named_after_the_registry_file() {
-        assert_eq!(super::super::lock::LOCK_DIR, format!("{REGISTRY_FILE}.lock"));
+        assert_eq!(
+            super::super::lock::LOCK_DIR,
+            format!("{REGISTRY_FILE}.lock")
+        );
     }
     use crate::files::test_support::TestDir;
     use std::os::unix::fs::PermissionsExt;

@@ -110,8 +110,9 @@ impl Bus {
             (Some(f), None) => ("failure", audit_detail(f), Some(f.code.as_str())),
         };
         log::debug!(
-            "talk answered: {outcome} (from {}, {} ms)",
-            meta.from_instance.as_deref().unwrap_or("?"),
+            "talk answered: {outcome}{} ({}, {} ms)",
+            code.map(|c| format!(" {c}")).unwrap_or_default(),
+            meta.describe(),
             envelope.duration_ms
         );
         self.audit.record(&audit::Record {

@@ -11,6 +11,7 @@ use super::answer::{elapsed_ms, TalkMeta};
 use super::requests::{self, RequestKey, Seen};
 use super::{Bus, Refusal};
 use crate::audit;
+use crate::config::OutputMode;
 use crate::engine::{self, CancelToken, Engine, Turn, TurnOutput, TurnResult};
 use crate::http::{ConnId, Response};
 use crate::protocol::{self, Envelope, ErrorCode, TalkRequest, UsageReport, USAGE_REPORT};
@@ -36,7 +37,8 @@ pub(super) struct TurnState {
     key: Option<RequestKey>,
     /// The capabilities its envelope lists (contract 4.1).
     capabilities: Vec<String>,
-    /// Whether its envelope carries `usage` (the request listed `usage-report`).
+    /// Whether its envelope carries `usage`: the request listed `usage-report` and the
+    /// engine reports usage (`engine.output: "json"`; a text engine reports none).
     wants_usage: bool,
     /// Cancels its engine.
     cancel: CancelToken,
@@ -115,7 +117,12 @@ impl Bus {
             received_at,
             key: key.clone(),
             capabilities: protocol::negotiate(&request.capabilities),
-            wants_usage: request.lists(USAGE_REPORT),
+            wants_usage: request.lists(USAGE_REPORT)
+                && self
+                    .config
+                    .engine
+                    .as_ref()
+                    .is_some_and(|e| e.output == OutputMode::Json),
             cancel: CancelToken::new(),
             cancelled: None,
             orphaned_at: None,
@@ -242,7 +249,9 @@ impl Bus {
             return;
         };
         state.waiters.retain(|c| *c != conn);
-        if !state.waiters.is_empty() {
+        // Others still wait, or it is being cancelled already (a caller that sent a
+        // cancel request hangs up before its answer): nothing to decide.
+        if !state.waiters.is_empty() || state.cancelled.is_some() {
             return;
         }
         let named = state.key.is_some();

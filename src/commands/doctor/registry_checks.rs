@@ -42,11 +42,15 @@ pub(super) fn check(report: &mut Report, t: &Target<'_>, config: Option<&Config>
             t.root.display()
         ));
     }
-    if stale.is_empty() {
+    // This instance's own entry, when stale, was reported above.
+    let own_stale = listed.iter().any(|l| &l.name == t.name && is_stale(l));
+    if stale.is_empty() && !own_stale {
         report.ok(format!(
             "no stale registry entries ({} registered)",
             listed.len()
         ));
+    } else if stale.is_empty() {
+        report.ok("no stale registry entries of other instances");
     }
     check_ports(report, t, &listed, config);
 }

@@ -4,7 +4,7 @@
 
 use super::super::terminal;
 use crate::cli::{local, CommandError, EXIT_SIGINT, EXIT_SIGTERM};
-use crate::client::{self, CancelOutcome, DelegateOptions};
+use crate::client::{self, CancelOutcome, DelegateError, DelegateOptions};
 use crate::protocol::{Envelope, ErrorCode, Failure};
 use signal_hook::consts::{SIGINT, SIGTERM};
 use std::io::{IsTerminal, Read, Write};
@@ -162,6 +162,16 @@ pub(super) fn send_cancel(options: &DelegateOptions) -> Option<CancelOutcome> {
             };
             log::info!("cancel request to {target}: {answer}");
             Some(outcome)
+        }
+        // Sent, and the answer (which comes once the engine is gone: SIGKILL follows
+        // SIGTERM after the server's grace) did not come in time: the turn is being
+        // cancelled all the same.
+        Err(DelegateError::Timeout { .. }) => {
+            terminal::eprint_line(&format!(
+                "loopbus: talk to {target}: cancel request sent; {target} had not confirmed it \
+                 when talk stopped waiting (it stops the engine with SIGTERM, then SIGKILL)"
+            ));
+            None
         }
         Err(error) => {
             terminal::eprint_line(&format!(
