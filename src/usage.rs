@@ -68,6 +68,18 @@ pub struct TurnUsage {
     pub cached_tokens: u64,
     /// Cost in US dollars (finite, non-negative).
     pub cost_usd: f64,
+    /// Whether the engine reported a cost (`cost_usd` is 0 otherwise).
+    pub cost_reported: bool,
+    /// Whether the engine reported any token count (the counts are 0 otherwise).
+    pub tokens_reported: bool,
+}
+
+impl TurnUsage {
+    /// Whether the engine reported anything at all: a turn of a text engine, or of a
+    /// JSON engine that said nothing of its usage, counts with zeros, but reports none.
+    pub fn is_reported(&self) -> bool {
+        self.cost_reported || self.tokens_reported
+    }
 }
 
 impl Usage {
@@ -350,6 +362,7 @@ mod tests {
             output_tokens: 5,
             cached_tokens: 2,
             cost_usd: cost,
+            ..TurnUsage::default()
         }
     }
 

@@ -287,7 +287,10 @@ fn client_examples_send_json_and_the_secret_only_on_the_proved_connection() {
         );
         let seen = seen.join().unwrap();
         assert!(output.status.success(), "{}", describe(name, &output));
-        assert_eq!(String::from_utf8_lossy(&output.stdout), "from the stand-in\n");
+        assert_eq!(
+            String::from_utf8_lossy(&output.stdout),
+            "from the stand-in\n"
+        );
         assert_eq!(seen.health[0], "GET /api/health HTTP/1.1", "{name}");
         let nonce = header(&seen.health, "x-loopbus-nonce").unwrap_or("");
         assert_eq!(nonce.len(), 32, "{name}: nonce {nonce:?}");

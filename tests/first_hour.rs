@@ -592,3 +592,52 @@ fn rotate_secret_without_a_fixed_secret_is_refused_not_a_quiet_fixed_secret() {
     assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
     assert!(read_json(&dir.join("config.json"))["bus"]["secret"].is_string());
 }
+
+/// A stderr that can't be written (a full disk, a log pipe whose reader died) made
+/// every command exit 101 (a panic in `eprintln!`), and `talk` after a signal hang
+/// forever ignoring further signals.
+#[test]
+fn a_stderr_that_cannot_be_written_changes_no_exit_status() {
+    let full = || {
+        std::fs::OpenOptions::new()
+            .write(true)
+            .open("/dev/full")
+            .unwrap()
+    };
+    let root = TestRoot::new("stderr-full");
+    let me = root.write_config("me", &json!({"bus": {"peers": "*"}}));
+    let state_dir = me.parent().unwrap().to_str().unwrap().to_owned();
+    let status = Command::new(bin())
+        .args(["talk", "--state-dir", &state_dir, "nobody", "hi"])
+        .stdout(Stdio::null())
+        .stderr(full())
+        .status()
+        .unwrap();
+    assert_eq!(status.code(), Some(75), "not registered is retryable");
+    // A talk waiting for a slow engine, then SIGINT: it cancels and exits 130.
+    let slow = json!({
+        "bus": {"peers": "*", "secret": "s3cret-stderr-full"},
+        "engine": {"command": ["sleep", "30"]},
+    });
+    let worker = root.start("worker", &slow);
+    let mut talk = Command::new(bin())
+        .args(["talk", "--state-dir", &state_dir, "worker", "hi"])
+        .stdout(Stdio::null())
+        .stderr(full())
+        .spawn()
+        .unwrap();
+    assert!(eventually(WAIT, || worker.health()["turns"]["running"] == 1));
+    send_signal(talk.id(), rustix::process::Signal::INT);
+    let started = std::time::Instant::now();
+    let status = loop {
+        if let Some(status) = talk.try_wait().unwrap() {
+            break status;
+        }
+        if started.elapsed() > WAIT {
+            let _ = talk.kill();
+            panic!("talk hung after SIGINT with an unwritable stderr");
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    };
+    assert_eq!(status.code(), Some(130));
+}

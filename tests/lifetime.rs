@@ -396,3 +396,33 @@ fn a_text_engine_reports_no_usage_even_when_asked() {
     assert_eq!(v["text"], "p", "{v}");
     assert!(v.get("usage").is_none(), "{v}");
 }
+
+/// Usage is what the engine reported: a JSON engine that reported tokens but no cost
+/// got `costUsd: 0.0` (contract 8.3: null), one that reported nothing got zeros.
+#[test]
+fn usage_in_an_envelope_is_only_what_the_engine_reported() {
+    let root = TestRoot::new("reported-usage");
+    let asked = ["structured-errors", "retryable-errors", "usage-report"];
+    let engine = |name: &str, output: &str| {
+        let command = format!("cat > /dev/null; printf '%s' '{output}'");
+        let config = json!({
+            "bus": {"peers": "*", "secret": "s"},
+            "engine": {"command": ["sh", "-c", command], "output": "json"},
+        });
+        root.start(name, &config)
+    };
+    let tokens_only = engine(
+        "tokens",
+        r#"{"result":"r","usage":{"input_tokens":9,"output_tokens":3}}"#,
+    );
+    let v = tokens_only.talk_body(&body("p", None, &asked)).json();
+    assert_eq!(
+        v["usage"],
+        json!({"costUsd": null, "inputTokens": 9, "outputTokens": 3, "cachedTokens": 0}),
+        "{v}"
+    );
+    let silent = engine("silent", r#"{"result":"r"}"#);
+    let v = silent.talk_body(&body("p", None, &asked)).json();
+    assert_eq!(v["text"], "r", "{v}");
+    assert!(v.get("usage").is_none(), "{v}");
+}

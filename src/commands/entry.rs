@@ -135,7 +135,7 @@ fn run_command(args: Vec<OsString>) -> Result<i32, CommandError> {
         .collect::<Result<_, _>>()
         .map_err(|_| usage("arguments must be valid UTF-8"))?;
     let Some((word, rest)) = args.split_first() else {
-        eprint!("{HELP}");
+        let _ = io::stderr().write_all(HELP.as_bytes());
         return Err(usage("no command given").into());
     };
     let code = match word.as_str() {
@@ -251,7 +251,10 @@ fn init_logging(style: LogStyle) -> Option<LogQueue> {
             Some(queue)
         }
         Err(e) => {
-            eprintln!("loopbus: cannot start the log writer ({e}); logging to stderr directly");
+            let _ = writeln!(
+                io::stderr(),
+                "loopbus: cannot start the log writer ({e}); logging to stderr directly"
+            );
             None
         }
     };

@@ -62,9 +62,12 @@ fn escape_with(
 }
 
 /// Writes `line` and a newline to stderr, escaped: stderr is always treated as a
-/// terminal, since it usually is one even when stdout is piped.
+/// terminal, since it usually is one even when stdout is piped. A stderr that can't
+/// be written (full, closed) loses the line; it never panics (`eprintln!` would, and
+/// turn any exit status into 101).
 pub fn eprint_line(line: &str) {
-    eprintln!("{}", escape_controls(line));
+    use std::io::Write;
+    let _ = writeln!(std::io::stderr().lock(), "{}", escape_controls(line));
 }
 
 #[cfg(test)]

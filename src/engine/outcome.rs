@@ -235,11 +235,16 @@ fn usage_of(value: &Value) -> Result<TurnUsage, String> {
                 )
             })?,
     };
+    let tokens_reported = ["input_tokens", "output_tokens", "cache_read_input_tokens"]
+        .iter()
+        .any(|field| present(value.get("usage").and_then(|u| u.get(*field))).is_some());
     Ok(TurnUsage {
         input_tokens: tokens("input_tokens")?,
         output_tokens: tokens("output_tokens")?,
         cached_tokens: tokens("cache_read_input_tokens")?,
         cost_usd: cost,
+        cost_reported: present(value.get("total_cost_usd")).is_some(),
+        tokens_reported,
     })
 }
 
@@ -566,6 +571,8 @@ mod tests {
             output_tokens: 4,
             cached_tokens: 5,
             cost_usd: 0.25,
+            cost_reported: true,
+            tokens_reported: true,
         };
         // (mode, exit, stdout, the usage to record)
         let rows: &[(OutputMode, Exit, &str, Option<TurnUsage>)] = &[

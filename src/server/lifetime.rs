@@ -11,7 +11,6 @@ use super::answer::{elapsed_ms, TalkMeta};
 use super::requests::{self, RequestKey, Seen};
 use super::{Bus, Refusal};
 use crate::audit;
-use crate::config::OutputMode;
 use crate::engine::{self, CancelToken, Engine, Turn, TurnOutput, TurnResult};
 use crate::http::{ConnId, Response};
 use crate::protocol::{self, Envelope, ErrorCode, TalkRequest, UsageReport, USAGE_REPORT};
@@ -37,8 +36,8 @@ pub(super) struct TurnState {
     key: Option<RequestKey>,
     /// The capabilities its envelope lists (contract 4.1).
     capabilities: Vec<String>,
-    /// Whether its envelope carries `usage`: the request listed `usage-report` and the
-    /// engine reports usage (`engine.output: "json"`; a text engine reports none).
+    /// Whether its envelope carries `usage` (the request listed `usage-report`), when
+    /// the engine reported any.
     wants_usage: bool,
     /// Cancels its engine.
     cancel: CancelToken,
@@ -117,12 +116,7 @@ impl Bus {
             received_at,
             key: key.clone(),
             capabilities: protocol::negotiate(&request.capabilities),
-            wants_usage: request.lists(USAGE_REPORT)
-                && self
-                    .config
-                    .engine
-                    .as_ref()
-                    .is_some_and(|e| e.output == OutputMode::Json),
+            wants_usage: request.lists(USAGE_REPORT),
             cancel: CancelToken::new(),
             cancelled: None,
             orphaned_at: None,
@@ -358,11 +352,13 @@ impl Bus {
             Some(_) => TurnResult::Failed(engine::cancelled()),
             None => output.result,
         };
+        // Only what the engine reported (contract 8.3): a text engine reports nothing,
+        // a JSON engine may report tokens without a cost.
         let usage = output
             .usage
-            .filter(|_| state.wants_usage)
+            .filter(|u| state.wants_usage && u.is_reported())
             .map(|u| UsageReport {
-                cost_usd: Some(u.cost_usd),
+                cost_usd: u.cost_reported.then_some(u.cost_usd),
                 input_tokens: u.input_tokens,
                 output_tokens: u.output_tokens,
                 cached_tokens: u.cached_tokens,

@@ -114,7 +114,17 @@ pub(super) fn watch(options: &DelegateOptions, json: bool) -> Result<Watch, Comm
                     *phase = Phase::Stopping;
                     drop(phase);
                     let signal = i32::try_from(signal).unwrap_or(SIGTERM);
-                    std::process::exit(stopped(&options, signal, json, started));
+                    // The main thread now waits for this exit: it must come, whatever
+                    // goes wrong while cancelling and reporting.
+                    let exit = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                        stopped(&options, signal, json, started)
+                    }))
+                    .unwrap_or(if signal == SIGINT {
+                        EXIT_SIGINT
+                    } else {
+                        EXIT_SIGTERM
+                    });
+                    std::process::exit(exit);
                 }
                 Phase::Waiting(shown) => {
                     let waited = started.elapsed();
