@@ -426,3 +426,32 @@ fn usage_in_an_envelope_is_only_what_the_engine_reported() {
     assert_eq!(v["text"], "r", "{v}");
     assert!(v.get("usage").is_none(), "{v}");
 }
+
+/// A duplicate or a cancel request got the envelope negotiated for the turn's first
+/// request (its capabilities, its `usage`), not for its own (contract 4.1, 8.3).
+#[test]
+fn each_waiter_gets_the_turns_envelope_as_its_own_request_negotiated() {
+    let root = TestRoot::new("per-waiter");
+    let config = json!({"bus": {"peers": "*", "secret": "s"}, "engine": {"command": ["sh", script("json_cost.sh")], "output": "json"}});
+    let w = root.start("worker", &config);
+    let all = [
+        "structured-errors",
+        "retryable-errors",
+        "idempotent-requests",
+        "cancel-on-hangup",
+        "usage-report",
+    ];
+    let with = |caps: &[&str]| body("p", Some(json!({"requestId": ID})), caps);
+    let first = w.talk_body(&with(&all)).json();
+    assert_eq!(first["capabilities"], json!(all), "{first}");
+    assert_eq!(first["usage"]["costUsd"], 0.4, "{first}");
+    // The stored envelope, for a retry that lists only the base two.
+    let base = w.talk_body(&with(&CAPABILITIES)).json();
+    assert_eq!(base["capabilities"], json!(CAPABILITIES), "{base}");
+    assert!(base.get("usage").is_none(), "{base}");
+    assert_eq!(base["text"], first["text"]);
+    assert_eq!(
+        base["durationMs"], first["durationMs"],
+        "the same turn's envelope"
+    );
+}

@@ -11,7 +11,7 @@ use crate::engine::{RunningEngines, Turn, TurnOutput};
 use crate::http::{
     ConnId, Control, Head, HeadAction, HttpError, Response, Service, HEALTH_PATH, TALK_PATH,
 };
-use crate::protocol::{self, InstanceName};
+use crate::protocol::{self, Envelope, InstanceName};
 use crate::secret::Secret;
 use crate::turns::TurnPool;
 use std::collections::HashMap;
@@ -64,7 +64,7 @@ pub struct Bus {
     pub(super) conns: HashMap<ConnId, TurnId>,
     pub(super) next_turn: u64,
     /// Request ids of running and recently answered turns (contract 8.2).
-    pub(super) requests: RequestStore<TurnId>,
+    pub(super) requests: RequestStore<TurnId, Envelope>,
     /// Answers for connections other than the one a callback serves, delivered at the
     /// next wake-up.
     pub(super) outbox: Vec<(ConnId, Response)>,

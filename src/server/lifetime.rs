@@ -22,23 +22,48 @@ use std::time::{Duration, Instant};
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct TurnId(u64);
 
+/// A connection waiting for a turn's envelope, and what its own request negotiated:
+/// every waiter's envelope is the turn's, with its own request's capabilities, and
+/// `usage` only if its request listed `usage-report` (contract 4.1, 8.3).
+#[derive(Debug, Clone)]
+struct Waiter {
+    conn: ConnId,
+    capabilities: Vec<String>,
+    wants_usage: bool,
+}
+
+impl Waiter {
+    fn new(conn: ConnId, request: &TalkRequest) -> Waiter {
+        Waiter {
+            conn,
+            capabilities: protocol::negotiate(&request.capabilities),
+            wants_usage: request.lists(USAGE_REPORT),
+        }
+    }
+
+    /// The turn's `envelope` as this waiter's request negotiated it.
+    fn answer(&self, envelope: &Envelope) -> Response {
+        let usage = envelope.usage.filter(|_| self.wants_usage);
+        let envelope = envelope
+            .clone()
+            .with_capabilities(self.capabilities.clone())
+            .with_usage(usage);
+        Bus::json(200, envelope.to_json())
+    }
+}
+
 /// What the server keeps of one admitted turn until it is answered.
 #[derive(Debug)]
 pub(super) struct TurnState {
     /// The connections waiting for its envelope (the first request's and those of
     /// retries and cancel requests attached to it).
-    waiters: Vec<ConnId>,
+    waiters: Vec<Waiter>,
     /// When its first request arrived: its envelope's `durationMs` counts from here.
     received_at: Instant,
     /// The first request, for the audit line.
     meta: TalkMeta,
     /// Its (`fromInstance`, `requestId`), if it named an id.
     key: Option<RequestKey>,
-    /// The capabilities its envelope lists (contract 4.1).
-    capabilities: Vec<String>,
-    /// Whether its envelope carries `usage` (the request listed `usage-report`), when
-    /// the engine reported any.
-    wants_usage: bool,
     /// Cancels its engine.
     cancel: CancelToken,
     /// Why it was cancelled, once it was.
@@ -65,10 +90,11 @@ impl Bus {
             id,
         });
         let now = Instant::now();
+        let waiter = Waiter::new(conn, &request);
         if request.ext.cancel {
             // The parser allows `cancel` only with a request id.
             let key = key?;
-            return self.cancel_request(conn, &key, received_at, &meta, now);
+            return self.cancel_request(waiter, &key, received_at, &meta, now);
         }
         // What the id stands for; only a request that names one needs it.
         let digest = key
@@ -87,7 +113,7 @@ impl Bus {
                     self.requests.forget(key);
                 }
                 Seen::Running(turn) => {
-                    self.attach(conn, turn);
+                    self.attach(waiter, turn);
                     self.audit_request(
                         "attached",
                         "a retry joined the running turn of its request id",
@@ -97,7 +123,7 @@ impl Bus {
                     );
                     return None;
                 }
-                Seen::Answered(body) => {
+                Seen::Answered(envelope) => {
                     self.audit_request(
                         "duplicate",
                         "a retry got the stored envelope of its request id; no engine ran",
@@ -105,18 +131,16 @@ impl Bus {
                         received_at,
                         Some(200),
                     );
-                    return Some(Bus::json(200, body.to_vec()));
+                    return Some(waiter.answer(&envelope));
                 }
             }
         }
         let id = TurnId(self.next_turn);
         self.next_turn = self.next_turn.wrapping_add(1);
         let state = TurnState {
-            waiters: vec![conn],
+            waiters: vec![waiter],
             received_at,
             key: key.clone(),
-            capabilities: protocol::negotiate(&request.capabilities),
-            wants_usage: request.lists(USAGE_REPORT),
             cancel: CancelToken::new(),
             cancelled: None,
             orphaned_at: None,
@@ -155,7 +179,7 @@ impl Bus {
     /// answers it; an unknown id is `invalid_request`.
     fn cancel_request(
         &mut self,
-        conn: ConnId,
+        waiter: Waiter,
         key: &RequestKey,
         received_at: Instant,
         meta: &TalkMeta,
@@ -170,11 +194,12 @@ impl Bus {
                     received_at,
                     None,
                 );
-                self.attach(conn, turn);
+                let conn = waiter.conn;
+                self.attach(waiter, turn);
                 let answers = self.cancel_turn(turn, "cancelled by a cancel request");
                 self.deliver(conn, answers)
             }
-            Seen::Answered(body) => {
+            Seen::Answered(envelope) => {
                 self.audit_request(
                     "duplicate",
                     "a cancel request for a finished turn got its stored envelope",
@@ -182,7 +207,7 @@ impl Bus {
                     received_at,
                     Some(200),
                 );
-                Some(Bus::json(200, body.to_vec()))
+                Some(waiter.answer(&envelope))
             }
             Seen::New | Seen::Mismatch => {
                 Some(self.refuse_talk(&Refusal::UnknownRequestId, received_at, meta))
@@ -190,13 +215,13 @@ impl Bus {
         }
     }
 
-    /// Makes `conn` wait on `turn` too.
-    fn attach(&mut self, conn: ConnId, turn: TurnId) {
+    /// Makes `waiter` wait on `turn` too.
+    fn attach(&mut self, waiter: Waiter, turn: TurnId) {
         if let Some(state) = self.turns.get_mut(&turn) {
-            state.waiters.push(conn);
+            self.conns.insert(waiter.conn, turn);
+            state.waiters.push(waiter);
             state.orphaned_at = None;
             state.abandoned = false;
-            self.conns.insert(conn, turn);
         }
     }
 
@@ -242,7 +267,7 @@ impl Bus {
         let Some(state) = self.turns.get_mut(&turn) else {
             return;
         };
-        state.waiters.retain(|c| *c != conn);
+        state.waiters.retain(|w| w.conn != conn);
         // Others still wait, or it is being cancelled already (a caller that sent a
         // cancel request hangs up before its answer): nothing to decide.
         if !state.waiters.is_empty() || state.cancelled.is_some() {
@@ -325,8 +350,8 @@ impl Bus {
         let Some(state) = self.turns.remove(&turn) else {
             return Vec::new();
         };
-        for conn in &state.waiters {
-            self.conns.remove(conn);
+        for waiter in &state.waiters {
+            self.conns.remove(&waiter.conn);
         }
         let output = match outcome {
             Outcome::Finished(output) => output,
@@ -336,10 +361,10 @@ impl Bus {
                     self.requests.forget(key);
                 }
                 let mut answers = Vec::new();
-                for conn in &state.waiters {
+                for waiter in &state.waiters {
                     let refusal = Refusal::HandlerPanicked;
                     answers.push((
-                        *conn,
+                        waiter.conn,
                         self.refuse_talk(&refusal, state.received_at, &state.meta),
                     ));
                 }
@@ -353,10 +378,11 @@ impl Bus {
             None => output.result,
         };
         // Only what the engine reported (contract 8.3): a text engine reports nothing,
-        // a JSON engine may report tokens without a cost.
+        // a JSON engine may report tokens without a cost. Each waiter gets it if its
+        // request asked.
         let usage = output
             .usage
-            .filter(|u| state.wants_usage && u.is_reported())
+            .filter(|u| u.is_reported())
             .map(|u| UsageReport {
                 cost_usd: u.cost_reported.then_some(u.cost_usd),
                 input_tokens: u.input_tokens,
@@ -367,21 +393,21 @@ impl Bus {
             TurnResult::Reply(text) => Envelope::success(&self.name, text, took),
             TurnResult::Failed(failure) => Envelope::failure(&self.name, failure, took),
         }
-        .with_capabilities(state.capabilities.clone())
         .with_usage(usage);
         if !state.abandoned {
             let status = (!state.waiters.is_empty()).then_some(200);
             self.audit_answer(&state.meta, &envelope, state.cancelled, status);
         }
-        let body = envelope.to_json();
+        let envelope = Arc::new(envelope);
         if let Some(key) = &state.key {
             let storable = match &envelope.failure {
                 None => true,
                 Some(f) => !f.retryable && f.code != ErrorCode::BudgetExhausted,
             };
             if storable {
+                let size = envelope.to_json().len();
                 self.requests
-                    .answered(key, Arc::new(body.clone()), Instant::now());
+                    .answered(key, Arc::clone(&envelope), size, Instant::now());
             } else {
                 self.requests.forget(key);
             }
@@ -389,7 +415,7 @@ impl Bus {
         state
             .waiters
             .iter()
-            .map(|conn| (*conn, Bus::json(200, body.clone())))
+            .map(|waiter| (waiter.conn, waiter.answer(&envelope)))
             .collect()
     }
 
@@ -407,10 +433,10 @@ impl Bus {
             self.requests.forget(key);
         }
         let mut answers = Vec::new();
-        for conn in &state.waiters {
-            self.conns.remove(conn);
+        for waiter in &state.waiters {
+            self.conns.remove(&waiter.conn);
             answers.push((
-                *conn,
+                waiter.conn,
                 self.refuse_talk(refusal, state.received_at, &state.meta),
             ));
         }

@@ -2,8 +2,9 @@
 //! turn running, and the stored envelopes of those that finished, so that a retry
 //! attaches to its turn or gets its answer again instead of running the engine twice.
 //!
-//! Pure bookkeeping: no I/O, time passed in. Bounds: at most [`MAX_STORED_ANSWERS`]
-//! stored envelopes and [`MAX_STORED_BYTES`] bytes (envelope, key and
+//! Pure bookkeeping: no I/O, time passed in, the answer type generic (the server
+//! stores envelopes). Bounds: at most [`MAX_STORED_ANSWERS`] stored answers and
+//! [`MAX_STORED_BYTES`] bytes (the answer's size as given, key and
 //! [`ENTRY_OVERHEAD_BYTES`] each); beyond either, the oldest stored answer is evicted
 //! first; an answer is kept for [`ANSWER_TTL`]. Running entries are bounded by the turn
 //! pool (one per admitted turn) and are never evicted. A restart forgets everything.
@@ -53,40 +54,44 @@ pub fn digest(prompt: &str, depth: u64) -> RequestDigest {
 
 /// What the store knows of a request id.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Seen<T> {
+pub enum Seen<T, A> {
     /// Nothing: a new turn.
     New,
     /// The id is known for a different prompt or depth.
     Mismatch,
     /// Its turn is running (or queued) under this id of the caller's.
     Running(T),
-    /// Its turn finished; this is the envelope it answered.
-    Answered(Arc<Vec<u8>>),
+    /// Its turn finished; this is what it answered.
+    Answered(Arc<A>),
 }
 
 #[derive(Debug)]
-enum State<T> {
+enum State<T, A> {
     Running(T),
-    Answered { body: Arc<Vec<u8>>, at: Instant },
+    Answered {
+        answer: Arc<A>,
+        size: usize,
+        at: Instant,
+    },
 }
 
 #[derive(Debug)]
-struct Entry<T> {
+struct Entry<T, A> {
     digest: RequestDigest,
-    state: State<T>,
+    state: State<T, A>,
 }
 
-/// The store; `T` names a running turn.
+/// The store; `T` names a running turn, `A` is what a finished one answered.
 #[derive(Debug)]
-pub struct RequestStore<T> {
-    entries: HashMap<RequestKey, Entry<T>>,
+pub struct RequestStore<T, A> {
+    entries: HashMap<RequestKey, Entry<T, A>>,
     /// Stored answers, oldest first (an entry's `at` tells a stale element apart).
     answered: VecDeque<(RequestKey, Instant)>,
     answers: usize,
     bytes: usize,
 }
 
-impl<T> Default for RequestStore<T> {
+impl<T, A> Default for RequestStore<T, A> {
     fn default() -> Self {
         RequestStore {
             entries: HashMap::new(),
@@ -97,7 +102,7 @@ impl<T> Default for RequestStore<T> {
     }
 }
 
-impl<T: Copy> RequestStore<T> {
+impl<T: Copy, A> RequestStore<T, A> {
     /// What is known of `key` at `now`. With `digest` (a request), an id known for
     /// another prompt or depth is [`Seen::Mismatch`]; without (a cancel request,
     /// whose prompt is not compared), it is not looked at.
@@ -106,7 +111,7 @@ impl<T: Copy> RequestStore<T> {
         key: &RequestKey,
         digest: Option<&RequestDigest>,
         now: Instant,
-    ) -> Seen<T> {
+    ) -> Seen<T, A> {
         self.expire(now);
         let Some(entry) = self.entries.get(key) else {
             return Seen::New;
@@ -116,7 +121,7 @@ impl<T: Copy> RequestStore<T> {
         }
         match &entry.state {
             State::Running(turn) => Seen::Running(*turn),
-            State::Answered { body, .. } => Seen::Answered(Arc::clone(body)),
+            State::Answered { answer, .. } => Seen::Answered(Arc::clone(answer)),
         }
     }
 
@@ -132,14 +137,15 @@ impl<T: Copy> RequestStore<T> {
         );
     }
 
-    /// Stores the envelope `key`'s turn answered, evicting the oldest answers to stay
-    /// within the bounds. An envelope over [`MAX_STORED_BYTES`] alone is not stored.
-    pub fn answered(&mut self, key: &RequestKey, body: Arc<Vec<u8>>, now: Instant) {
+    /// Stores what `key`'s turn answered, `size` bytes of it (an envelope: its JSON's
+    /// length), evicting the oldest answers to stay within the bounds. An answer over
+    /// [`MAX_STORED_BYTES`] alone is not stored.
+    pub fn answered(&mut self, key: &RequestKey, answer: Arc<A>, size: usize, now: Instant) {
         let Some(digest) = self.entries.get(key).map(|e| e.digest) else {
             return;
         };
         self.remove(key);
-        let size = entry_bytes(key, &body);
+        let size = entry_bytes(key, size);
         if size > MAX_STORED_BYTES {
             return;
         }
@@ -155,7 +161,11 @@ impl<T: Copy> RequestStore<T> {
             key.clone(),
             Entry {
                 digest,
-                state: State::Answered { body, at: now },
+                state: State::Answered {
+                    answer,
+                    size,
+                    at: now,
+                },
             },
         );
     }
@@ -192,7 +202,10 @@ impl<T: Copy> RequestStore<T> {
         while let Some((key, at)) = self.answered.pop_front() {
             let current = matches!(
                 self.entries.get(&key),
-                Some(Entry { state: State::Answered { at: a, .. }, .. }) if *a == at
+                Some(Entry {
+                    state: State::Answered { at: a, .. },
+                    ..
+                }) if *a == at
             );
             if current {
                 self.remove(&key);
@@ -205,16 +218,17 @@ impl<T: Copy> RequestStore<T> {
     /// Removes `key`, keeping the counters right (its queue element goes stale).
     fn remove(&mut self, key: &RequestKey) {
         if let Some(entry) = self.entries.remove(key) {
-            if let State::Answered { body, .. } = &entry.state {
+            if let State::Answered { size, .. } = &entry.state {
                 self.answers -= 1;
-                self.bytes -= entry_bytes(key, body);
+                self.bytes -= size;
             }
         }
     }
 }
 
-fn entry_bytes(key: &RequestKey, body: &[u8]) -> usize {
-    body.len() + key.bytes() + ENTRY_OVERHEAD_BYTES
+/// What an answer of `size` bytes under `key` counts against [`MAX_STORED_BYTES`].
+fn entry_bytes(key: &RequestKey, size: usize) -> usize {
+    size + key.bytes() + ENTRY_OVERHEAD_BYTES
 }
 
 #[cfg(test)]
@@ -235,7 +249,7 @@ mod tests {
     #[test]
     fn a_running_turn_then_its_answer() {
         let t0 = Instant::now();
-        let mut store: RequestStore<u32> = RequestStore::default();
+        let mut store: RequestStore<u32, Vec<u8>> = RequestStore::default();
         let k = key("a", 1);
         let d = digest("p", 1);
         assert_eq!(store.look(&k, Some(&d), t0), Seen::New);
@@ -247,7 +261,7 @@ mod tests {
         assert_eq!(store.look(&k, None, t0), Seen::Running(7));
         // Another caller's same id is another request.
         assert_eq!(store.look(&key("b", 1), Some(&d), t0), Seen::New);
-        store.answered(&k, body("envelope"), t0);
+        store.answered(&k, body("envelope"), 8, t0);
         assert_eq!(
             store.look(&k, Some(&d), t0),
             Seen::Answered(body("envelope"))
@@ -267,25 +281,30 @@ mod tests {
     #[test]
     fn a_forgotten_turn_runs_again() {
         let t0 = Instant::now();
-        let mut store: RequestStore<u32> = RequestStore::default();
+        let mut store: RequestStore<u32, Vec<u8>> = RequestStore::default();
         let k = key("a", 2);
         store.running(k.clone(), digest("p", 1), 1);
         store.forget(&k);
         assert_eq!(store.look(&k, None, t0), Seen::New);
         // An answer for an id that is not running (forgotten) is not stored.
-        store.answered(&k, body("x"), t0);
+        store.answered(&k, body("x"), 1, t0);
         assert_eq!(store.look(&k, None, t0), Seen::New);
     }
 
     #[test]
     fn ten_thousand_ids_stay_within_the_bounds() {
         let t0 = Instant::now();
-        let mut store: RequestStore<u32> = RequestStore::default();
+        let mut store: RequestStore<u32, Vec<u8>> = RequestStore::default();
         let big = Arc::new(vec![b'x'; 16 * 1024]);
         for n in 0..10_000u128 {
             let k = key("caller", n);
             store.running(k.clone(), digest("p", 1), 0);
-            store.answered(&k, Arc::clone(&big), t0 + Duration::from_millis(n as u64));
+            store.answered(
+                &k,
+                Arc::clone(&big),
+                big.len(),
+                t0 + Duration::from_millis(n as u64),
+            );
             let (answers, bytes) = store.stored();
             assert!(answers <= MAX_STORED_ANSWERS, "{answers}");
             assert!(bytes <= MAX_STORED_BYTES, "{bytes}");
@@ -298,11 +317,11 @@ mod tests {
         assert!(matches!(store.look(&newest, None, t0), Seen::Answered(_)));
         assert_eq!(store.look(&key("caller", 0), None, t0), Seen::New);
         // Small answers: the entry bound bites.
-        let mut store: RequestStore<u32> = RequestStore::default();
+        let mut store: RequestStore<u32, Vec<u8>> = RequestStore::default();
         for n in 0..10_000u128 {
             let k = key("caller", n);
             store.running(k.clone(), digest("p", 1), 0);
-            store.answered(&k, body("{}"), t0);
+            store.answered(&k, body("{}"), 2, t0);
         }
         assert_eq!(store.stored().0, MAX_STORED_ANSWERS);
         assert_eq!(store.entries.len(), MAX_STORED_ANSWERS);
@@ -312,10 +331,10 @@ mod tests {
     #[test]
     fn an_envelope_over_the_byte_bound_is_not_stored() {
         let t0 = Instant::now();
-        let mut store: RequestStore<u32> = RequestStore::default();
+        let mut store: RequestStore<u32, Vec<u8>> = RequestStore::default();
         let k = key("a", 3);
         store.running(k.clone(), digest("p", 1), 0);
-        store.answered(&k, Arc::new(vec![0; MAX_STORED_BYTES]), t0);
+        store.answered(&k, Arc::new(Vec::new()), MAX_STORED_BYTES, t0);
         assert_eq!(store.look(&k, None, t0), Seen::New);
         assert_eq!(store.stored(), (0, 0));
     }
