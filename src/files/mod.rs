@@ -16,7 +16,9 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
+mod pid;
 mod trust;
+pub use pid::pid_is_gone;
 
 pub use trust::{check_trusted, check_trusted_metadata, untrusted, TrustKind};
 
@@ -99,19 +101,6 @@ fn temp_file_pid(name: &str) -> Option<u32> {
         return None;
     }
     pid.parse().ok()
-}
-
-/// Whether process `pid` certainly no longer exists (signal 0 finds no such process).
-/// A pid this system cannot have is gone; one we may not signal (another user's)
-/// exists. The one liveness rule of temp-file cleanup, the registry lock and pruning.
-pub fn pid_is_gone(pid: u32) -> bool {
-    let Some(pid) = i32::try_from(pid)
-        .ok()
-        .and_then(rustix::process::Pid::from_raw)
-    else {
-        return true;
-    };
-    rustix::process::test_kill_process(pid) == Err(rustix::io::Errno::SRCH)
 }
 
 /// The directory of `path` (`.` for a bare file name) and its file name.

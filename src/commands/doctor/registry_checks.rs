@@ -68,14 +68,19 @@ fn check_own(report: &mut Report, t: &Target<'_>, own: &Listed) {
                 ""
             },
         )),
-        Err(_) if files::pid_is_gone(own.entry.pid) => report.fail(format!(
-            "registered port {port} does not answer: the process {} that registered {} is \
-             gone; start it with `{}`",
-            own.entry.pid, t.name, t.serve
+        // Its process is gone: the port refuses, or answers as someone else.
+        Err(e) if files::pid_is_gone(own.entry.pid) => report.fail(format!(
+            "registered port {port} does not answer as {}: the process {} that registered \
+             it is gone ({e}); start it with `{}`",
+            t.name, own.entry.pid, t.serve
         )),
+        // Its process lives, yet the port does not answer as it: a wrong secret in the
+        // registry, another program on the port, or an instance that hangs.
         Err(e) => report.fail(format!(
-            "registered port {port} does not answer as {} ({e}): is `{}` running?",
-            t.name, t.serve
+            "registered port {port} does not answer as {} ({e}), though its process {} is \
+             alive: look at that process's log (`loopbus serve` logs to stderr), and at \
+             `loopbus list`",
+            t.name, own.entry.pid
         )),
     }
     if let Ok(answer) = &own.liveness {
