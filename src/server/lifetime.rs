@@ -43,10 +43,14 @@ impl Waiter {
 
     /// The turn's `envelope` as this waiter's request negotiated it.
     fn answer(&self, envelope: &Envelope) -> Response {
+        self.clone().into_answer(envelope.clone())
+    }
+
+    /// [`Waiter::answer`], for the one waiter of an envelope made for it alone.
+    fn into_answer(self, envelope: Envelope) -> Response {
         let usage = envelope.usage.filter(|_| self.wants_usage);
         let envelope = envelope
-            .clone()
-            .with_capabilities(self.capabilities.clone())
+            .with_capabilities(self.capabilities)
             .with_usage(usage);
         Bus::json(200, envelope.to_json())
     }
@@ -135,24 +139,33 @@ impl Bus {
                 }
             }
         }
+        let turn = Turn {
+            request,
+            config: Arc::clone(&self.config),
+            cancel: CancelToken::new(),
+        };
+        let inline = match (Engine::run_inline(&turn), &key) {
+            // Echo without a budget and without a request id: nothing to run, wait
+            // for, cancel or store; answered at once.
+            (Some(result), None) => {
+                let envelope = self.envelope(result, None, received_at);
+                self.audit_answer(&meta, &envelope, None, Some(200));
+                return Some(waiter.into_answer(envelope));
+            }
+            (inline, _) => inline,
+        };
         let id = TurnId(self.next_turn);
         self.next_turn = self.next_turn.wrapping_add(1);
         let state = TurnState {
             waiters: vec![waiter],
             received_at,
             key: key.clone(),
-            cancel: CancelToken::new(),
+            cancel: turn.cancel.clone(),
             cancelled: None,
             orphaned_at: None,
             abandoned: false,
             meta,
         };
-        let turn = Turn {
-            request,
-            config: Arc::clone(&self.config),
-            cancel: state.cancel.clone(),
-        };
-        let inline = Engine::run_inline(&turn);
         if inline.is_none() {
             if let Err(Busy(_turn)) = self.pool.submit(id, turn) {
                 return Some(self.refuse_talk(&Refusal::Busy, received_at, &state.meta));
@@ -371,7 +384,6 @@ impl Bus {
                 return answers;
             }
         };
-        let took = elapsed_ms(state.received_at);
         let result = match state.cancelled {
             // Cancelled is cancelled, even if the engine finished as the cancel came.
             Some(_) => TurnResult::Failed(engine::cancelled()),
@@ -389,11 +401,7 @@ impl Bus {
                 output_tokens: u.output_tokens,
                 cached_tokens: u.cached_tokens,
             });
-        let envelope = match result {
-            TurnResult::Reply(text) => Envelope::success(&self.name, text, took),
-            TurnResult::Failed(failure) => Envelope::failure(&self.name, failure, took),
-        }
-        .with_usage(usage);
+        let envelope = self.envelope(result, usage, state.received_at);
         if !state.abandoned {
             let status = (!state.waiters.is_empty()).then_some(200);
             self.audit_answer(&state.meta, &envelope, state.cancelled, status);
@@ -417,6 +425,22 @@ impl Bus {
             .iter()
             .map(|waiter| (waiter.conn, waiter.answer(&envelope)))
             .collect()
+    }
+
+    /// A turn's envelope, before each waiter's negotiation: the result, the usage the
+    /// engine reported, the time since its first request.
+    fn envelope(
+        &self,
+        result: TurnResult,
+        usage: Option<UsageReport>,
+        received_at: Instant,
+    ) -> Envelope {
+        let took = elapsed_ms(received_at);
+        match result {
+            TurnResult::Reply(text) => Envelope::success(&self.name, text, took),
+            TurnResult::Failed(failure) => Envelope::failure(&self.name, failure, took),
+        }
+        .with_usage(usage)
     }
 
     /// Answers every connection waiting on the queued `turn` with `refusal` (shutdown:
