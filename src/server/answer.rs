@@ -1,10 +1,15 @@
 //! The answers the server writes: envelopes and refusals as HTTP responses, the health
-//! body, a finished turn's envelope, and the audit line of every talk outcome.
+//! body, a finished turn's envelope as each waiting request negotiated it, and the
+//! audit line of every talk outcome.
 
 use super::{Bus, Refusal};
 use crate::audit;
-use crate::http::{Head, Response};
-use crate::protocol::{proof, Envelope, ErrorCode, Failure, Health, TurnLoad};
+use crate::engine::TurnResult;
+use crate::http::{ConnId, Head, Response};
+use crate::protocol::{
+    self, proof, Envelope, ErrorCode, Failure, Health, TalkRequest, TurnLoad, UsageReport,
+    USAGE_REPORT,
+};
 use std::time::Instant;
 
 /// What the audit line of one talk outcome knows about the request.
@@ -35,7 +40,57 @@ impl TalkMeta {
     }
 }
 
+/// A connection waiting for a turn's envelope, and what its own request negotiated:
+/// every waiter's envelope is the turn's, with its own request's capabilities, and
+/// `usage` only if its request listed `usage-report` (contract 4.1, 8.3).
+#[derive(Debug, Clone)]
+pub(super) struct Waiter {
+    pub(super) conn: ConnId,
+    capabilities: Vec<String>,
+    wants_usage: bool,
+}
+
+impl Waiter {
+    pub(super) fn new(conn: ConnId, request: &TalkRequest) -> Waiter {
+        Waiter {
+            conn,
+            capabilities: protocol::negotiate(&request.capabilities),
+            wants_usage: request.lists(USAGE_REPORT),
+        }
+    }
+
+    /// The turn's `envelope` as this waiter's request negotiated it.
+    pub(super) fn answer(&self, envelope: &Envelope) -> Response {
+        self.clone().into_answer(envelope.clone())
+    }
+
+    /// [`Waiter::answer`], for the one waiter of an envelope made for it alone.
+    pub(super) fn into_answer(self, envelope: Envelope) -> Response {
+        let usage = envelope.usage.filter(|_| self.wants_usage);
+        let envelope = envelope
+            .with_capabilities(self.capabilities)
+            .with_usage(usage);
+        Bus::json(200, envelope.to_json())
+    }
+}
+
 impl Bus {
+    /// A turn's envelope, before each waiter's negotiation: the result, the usage the
+    /// engine reported, the time since its first request.
+    pub(super) fn envelope(
+        &self,
+        result: TurnResult,
+        usage: Option<UsageReport>,
+        received_at: Instant,
+    ) -> Envelope {
+        let took = elapsed_ms(received_at);
+        match result {
+            TurnResult::Reply(text) => Envelope::success(&self.name, text, took),
+            TurnResult::Failed(failure) => Envelope::failure(&self.name, failure, took),
+        }
+        .with_usage(usage)
+    }
+
     pub(super) fn json(status: u16, body: Vec<u8>) -> Response {
         Response {
             status,

@@ -7,13 +7,13 @@
 //! connections other than the one being served now go through the bus's outbox, which
 //! the next wake-up of the loop delivers.
 
-use super::answer::{elapsed_ms, TalkMeta};
+use super::answer::{elapsed_ms, TalkMeta, Waiter};
 use super::requests::{self, RequestKey, Seen};
 use super::{Bus, Refusal};
 use crate::audit;
 use crate::engine::{self, CancelToken, Engine, Turn, TurnOutput, TurnResult};
 use crate::http::{ConnId, Response};
-use crate::protocol::{self, Envelope, ErrorCode, TalkRequest, UsageReport, USAGE_REPORT};
+use crate::protocol::{ErrorCode, TalkRequest, UsageReport};
 use crate::turns::{Busy, Outcome};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -21,40 +21,6 @@ use std::time::{Duration, Instant};
 /// Names one admitted turn.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct TurnId(u64);
-
-/// A connection waiting for a turn's envelope, and what its own request negotiated:
-/// every waiter's envelope is the turn's, with its own request's capabilities, and
-/// `usage` only if its request listed `usage-report` (contract 4.1, 8.3).
-#[derive(Debug, Clone)]
-struct Waiter {
-    conn: ConnId,
-    capabilities: Vec<String>,
-    wants_usage: bool,
-}
-
-impl Waiter {
-    fn new(conn: ConnId, request: &TalkRequest) -> Waiter {
-        Waiter {
-            conn,
-            capabilities: protocol::negotiate(&request.capabilities),
-            wants_usage: request.lists(USAGE_REPORT),
-        }
-    }
-
-    /// The turn's `envelope` as this waiter's request negotiated it.
-    fn answer(&self, envelope: &Envelope) -> Response {
-        self.clone().into_answer(envelope.clone())
-    }
-
-    /// [`Waiter::answer`], for the one waiter of an envelope made for it alone.
-    fn into_answer(self, envelope: Envelope) -> Response {
-        let usage = envelope.usage.filter(|_| self.wants_usage);
-        let envelope = envelope
-            .with_capabilities(self.capabilities)
-            .with_usage(usage);
-        Bus::json(200, envelope.to_json())
-    }
-}
 
 /// What the server keeps of one admitted turn until it is answered.
 #[derive(Debug)]
@@ -425,22 +391,6 @@ impl Bus {
             .iter()
             .map(|waiter| (waiter.conn, waiter.answer(&envelope)))
             .collect()
-    }
-
-    /// A turn's envelope, before each waiter's negotiation: the result, the usage the
-    /// engine reported, the time since its first request.
-    fn envelope(
-        &self,
-        result: TurnResult,
-        usage: Option<UsageReport>,
-        received_at: Instant,
-    ) -> Envelope {
-        let took = elapsed_ms(received_at);
-        match result {
-            TurnResult::Reply(text) => Envelope::success(&self.name, text, took),
-            TurnResult::Failed(failure) => Envelope::failure(&self.name, failure, took),
-        }
-        .with_usage(usage)
     }
 
     /// Answers every connection waiting on the queued `turn` with `refusal` (shutdown:
