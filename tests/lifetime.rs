@@ -455,3 +455,40 @@ fn each_waiter_gets_the_turns_envelope_as_its_own_request_negotiated() {
         "the same turn's envelope"
     );
 }
+
+/// `loopbus talk --retries 2` against a real instance whose engine fails once with a
+/// retryable code (`engine_cli`), then succeeds: success, and the engine ran twice
+/// (a retryable failure is not stored, so the retry with the same id runs again).
+#[test]
+fn talk_retries_an_engine_that_fails_once_and_succeeds_with_two_runs() {
+    let root = TestRoot::new("retry-engine");
+    let calls = root.path.join("calls");
+    let script =
+        "n=$(wc -l < \"$CALLS_FILE\" 2>/dev/null || echo 0); echo call >> \"$CALLS_FILE\"; \
+                  if [ \"$n\" -eq 0 ]; then echo 'transient trouble' >&2; exit 1; fi; cat";
+    let config = json!({
+        "bus": {"peers": "*", "secret": "s-retry"},
+        "engine": {"command": ["sh", "-c", script], "env": {"CALLS_FILE": calls.to_str().unwrap()}},
+    });
+    let _worker = root.start("worker", &config);
+    let me = root.write_config("me", &json!({"bus": {"peers": "*"}}));
+    let state_dir = me.parent().unwrap().to_str().unwrap().to_owned();
+    let out = run(
+        &[
+            "talk",
+            "--state-dir",
+            &state_dir,
+            "--retries",
+            "2",
+            "worker",
+            "hello",
+        ],
+        &[("RUST_LOG", "info")],
+        None,
+    );
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{stderr}");
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "hello\n");
+    assert_eq!(std::fs::read_to_string(&calls).unwrap().lines().count(), 2);
+    assert!(stderr.contains("retry 1"), "the retry is logged: {stderr}");
+}
