@@ -429,53 +429,6 @@ fn each_library_delegation_gets_a_fresh_request_id_unless_given_one() {
     assert_eq!(talks[2]["ext"]["requestId"], "caller-chosen-id-0001");
 }
 
-// ---------------------------------------------------------------------------------
-// The original implementation's strict rules (contract 4.1), as tests/original_peer.rs
-// states them: every request our client sends it must pass.
-
-/// The only capability strings the original's parsers accept.
-const ORIGINAL_CAPABILITIES: [&str; 2] = BASE;
-/// The only top-level request fields the original's parser accepts.
-const ORIGINAL_REQUEST_FIELDS: [&str; 6] = [
-    "fromInstance",
-    "prompt",
-    "depth",
-    "protocolVersion",
-    "capabilities",
-    "ext",
-];
-
-/// Why the original's request parser would reject `body`, if it would.
-fn original_rejects_request(body: &Value) -> Option<String> {
-    let object = body.as_object()?;
-    if let Some(field) = object
-        .keys()
-        .find(|k| !ORIGINAL_REQUEST_FIELDS.contains(&k.as_str()))
-    {
-        return Some(format!("unknown field {field}"));
-    }
-    if !object.get("fromInstance").is_some_and(Value::is_string)
-        || !object.get("prompt").is_some_and(Value::is_string)
-        || !object.get("depth").is_some_and(Value::is_u64)
-    {
-        return Some("a required field is missing or of the wrong type".into());
-    }
-    if object.get("ext").is_some_and(|ext| !ext.is_object()) {
-        return Some("ext is not an object".into());
-    }
-    match object.get("capabilities") {
-        None => None,
-        Some(Value::Array(items)) => items
-            .iter()
-            .find(|c| {
-                !c.as_str()
-                    .is_some_and(|c| ORIGINAL_CAPABILITIES.contains(&c))
-            })
-            .map(|c| format!("capability {c} is not a base one")),
-        Some(other) => Some(format!("capabilities is {other}")),
-    }
-}
-
 #[test]
 fn the_strict_stand_in_accepts_every_request_our_client_sends() {
     let root = TestRoot::new("life-strict");

@@ -17,59 +17,10 @@ use std::sync::{Arc, Mutex};
 use std::thread;
 use std::time::Duration;
 
-/// The only capability strings the original's parsers accept.
-const ORIGINAL_CAPABILITIES: [&str; 2] = ["structured-errors", "retryable-errors"];
-/// The only top-level request fields the original's parser accepts.
-const ORIGINAL_REQUEST_FIELDS: [&str; 6] = [
-    "fromInstance",
-    "prompt",
-    "depth",
-    "protocolVersion",
-    "capabilities",
-    "ext",
-];
 /// The original's kind, as its health answers it.
 const ORIGINAL_KIND: &str = "cc-telegram-bridge";
 /// How long one exchange with the stand-in may take before a test gives up on it.
 const EXCHANGE_BOUND: Duration = Duration::from_secs(10);
-
-/// Why the original's request parser would reject `body`, if it would.
-fn original_rejects_request(body: &Value) -> Option<String> {
-    let Some(object) = body.as_object() else {
-        return Some("not an object".into());
-    };
-    if let Some(field) = object
-        .keys()
-        .find(|k| !ORIGINAL_REQUEST_FIELDS.contains(&k.as_str()))
-    {
-        return Some(format!("unknown field {field}"));
-    }
-    if !object.get("fromInstance").is_some_and(Value::is_string)
-        || !object.get("prompt").is_some_and(Value::is_string)
-        || !object.get("depth").is_some_and(Value::is_u64)
-    {
-        return Some("a required field is missing or of the wrong type".into());
-    }
-    if object.get("ext").is_some_and(|ext| !ext.is_object()) {
-        return Some("ext is not an object".into());
-    }
-    capabilities_problem(object.get("capabilities"))
-}
-
-/// Why a `capabilities` value is one the original rejects, if it is.
-fn capabilities_problem(capabilities: Option<&Value>) -> Option<String> {
-    match capabilities {
-        None => None,
-        Some(Value::Array(items)) => items
-            .iter()
-            .find(|c| {
-                !c.as_str()
-                    .is_some_and(|c| ORIGINAL_CAPABILITIES.contains(&c))
-            })
-            .map(|c| format!("capability {c} is not a base one")),
-        Some(other) => Some(format!("capabilities is {other}")),
-    }
-}
 
 /// The stand-in's client logic: why the original's client would reject this response
 /// envelope, if it would. Extra top-level fields are allowed (it passes them through).

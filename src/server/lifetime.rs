@@ -254,12 +254,19 @@ impl Bus {
         }
         let named = state.key.is_some();
         if named && (reattach > 0 || !cancel_on_hangup) {
-            // Kept for a retry to attach; the tick cancels it when the window closes.
+            // Kept for a retry to attach; the tick cancels it when the window closes
+            // (with `bus.cancelOnHangup` false, never: it runs to its end).
             state.orphaned_at = Some(Instant::now());
-            log::info!(
-                "caller {} hung up; its turn waits {reattach} s for a retry of its request id",
-                state.meta.from_instance.as_deref().unwrap_or("?")
-            );
+            let caller = state.meta.from_instance.as_deref().unwrap_or("?");
+            if cancel_on_hangup {
+                log::info!(
+                    "caller {caller} hung up; its turn waits {reattach} s for a retry of its request id"
+                );
+            } else {
+                log::info!(
+                    "caller {caller} hung up; its turn runs to its end (bus.cancelOnHangup is false), and a retry of its request id gets its answer"
+                );
+            }
             return;
         }
         if cancel_on_hangup {

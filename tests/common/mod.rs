@@ -836,3 +836,57 @@ pub fn children(pid: u32) -> Vec<u32> {
     }
     found
 }
+
+// The original TypeScript implementation's strict rules (contract 4.1), for the
+// stand-ins of tests/original_peer.rs and tests/client_lifetime.rs: written from the
+// contract's facts, not from its code.
+
+/// The only capability strings the original's parsers accept.
+pub const ORIGINAL_CAPABILITIES: [&str; 2] = ["structured-errors", "retryable-errors"];
+/// The only top-level request fields the original's parser accepts.
+pub const ORIGINAL_REQUEST_FIELDS: [&str; 6] = [
+    "fromInstance",
+    "prompt",
+    "depth",
+    "protocolVersion",
+    "capabilities",
+    "ext",
+];
+
+/// Why the original's request parser would reject `body`, if it would.
+pub fn original_rejects_request(body: &Value) -> Option<String> {
+    let Some(object) = body.as_object() else {
+        return Some("not an object".into());
+    };
+    if let Some(field) = object
+        .keys()
+        .find(|k| !ORIGINAL_REQUEST_FIELDS.contains(&k.as_str()))
+    {
+        return Some(format!("unknown field {field}"));
+    }
+    if !object.get("fromInstance").is_some_and(Value::is_string)
+        || !object.get("prompt").is_some_and(Value::is_string)
+        || !object.get("depth").is_some_and(Value::is_u64)
+    {
+        return Some("a required field is missing or of the wrong type".into());
+    }
+    if object.get("ext").is_some_and(|ext| !ext.is_object()) {
+        return Some("ext is not an object".into());
+    }
+    capabilities_problem(object.get("capabilities"))
+}
+
+/// Why a `capabilities` value is one the original rejects, if it is.
+pub fn capabilities_problem(capabilities: Option<&Value>) -> Option<String> {
+    match capabilities {
+        None => None,
+        Some(Value::Array(items)) => items
+            .iter()
+            .find(|c| {
+                !c.as_str()
+                    .is_some_and(|c| ORIGINAL_CAPABILITIES.contains(&c))
+            })
+            .map(|c| format!("capability {c} is not a base one")),
+        Some(other) => Some(format!("capabilities is {other}")),
+    }
+}
