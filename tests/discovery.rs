@@ -200,7 +200,7 @@ fn serve_prunes_stale_entries_at_startup() {
         beta.describe()
     );
     assert!(
-        beta.stderr().contains("stale registry entry of ghost"),
+        beta.wait_for_log("stale registry entry of ghost", Duration::from_secs(10)),
         "{}",
         beta.describe()
     );

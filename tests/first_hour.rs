@@ -388,8 +388,10 @@ fn bind_localhost_is_loopback() {
     root.write_config("worker", &open_config("s"));
     let mut worker = Instance::spawn(&root, "worker", &["--bind", "localhost"]);
     worker.assert_alive("serve --bind localhost");
+    // The ready line goes through the log queue: it may reach stderr a moment after
+    // the registration the spawn waited for.
     assert!(
-        worker.stderr().contains("on http://127.0.0.1:"),
+        worker.wait_for_log("on http://127.0.0.1:", WAIT),
         "{}",
         worker.describe()
     );

@@ -884,7 +884,7 @@ fn bug_a_low_open_files_limit_left_health_behind_the_backlog() {
     let fds = open_fds(w.pid());
     assert!(fds <= 256, "the server holds {fds} descriptors");
     assert!(
-        w.stderr().contains("256"),
+        w.wait_for_log("256", Duration::from_secs(10)),
         "the reduced cap is logged\nstderr:\n{}",
         w.stderr()
     );
