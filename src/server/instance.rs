@@ -1,8 +1,9 @@
 //! The composition root: one instance from start to stop. [`Instance::start`] reads the
 //! config, locks the state directory, claims the name, binds, and registers;
-//! [`Instance::run`] serves until a shutdown is asked for, then deregisters.
+//! [`Instance::run`] serves until a shutdown is asked for, then deregisters. An instance
+//! dropped without `run` deregisters too, and stops its threads.
 
-use super::registry_check::RegistryCheck;
+use super::registry_check::Registration;
 use super::startup::{
     check_ownership, check_turns_fit, claim_name, interrupt_pair, read_config,
     remove_stale_temp_files, route_signals, warn_about_modes,
@@ -140,6 +141,8 @@ impl ShutdownHandle {
 }
 
 /// One running instance: bound, registered, and ready to [`run`](Instance::run).
+/// Dropping it without `run` closes its port, stops its turn workers, and removes its
+/// registry entry (the fields drop in this order).
 pub struct Instance {
     name: InstanceName,
     root: PathBuf,
@@ -148,7 +151,7 @@ pub struct Instance {
     pid: u32,
     event_loop: EventLoop,
     bus: Bus,
-    registry_check: RegistryCheck,
+    registration: Registration,
     shutdown: ShutdownHandle,
     /// Held until the instance is dropped: no second serve for this state directory.
     _serving: File,
@@ -246,10 +249,6 @@ impl Instance {
             }
         }
         let waker = event_loop.waker();
-        let bus_waker = Arc::clone(&waker);
-        let wake: super::bus::Wake = Arc::new(move || {
-            let _ = bus_waker.wake();
-        });
         // The server glues the two: a worker runs a turn on the engine, then wakes the
         // loop. Waking fails only if the OS refuses the write to mio's eventfd; the
         // result then waits for the next wake-up.
@@ -267,8 +266,8 @@ impl Instance {
         let pid = std::process::id();
         // Started before registering, so that no failure comes after it; its first
         // check is one interval away.
-        let registry_check =
-            RegistryCheck::start(root.clone(), name.clone(), addr, pid, secret.clone())
+        let registration =
+            Registration::start(root.clone(), name.clone(), addr, pid, secret.clone())
                 .map_err(setup("start the registry check"))?;
         registry::register_at(&root, &name, addr.ip(), addr.port(), pid, &secret).map_err(
             |source| ServeError::Register {
@@ -299,8 +298,8 @@ impl Instance {
             secret,
             pid,
             event_loop,
-            bus: Bus::new(settings, pool, wake),
-            registry_check,
+            bus: Bus::new(settings, pool),
+            registration,
             shutdown: ShutdownHandle(Arc::new(shutdown)),
             _serving: serving,
             _signals: signals,
@@ -333,7 +332,8 @@ impl Instance {
     }
 
     /// Serves until a shutdown is asked for (a [`ShutdownHandle`], or a signal when
-    /// [`InstanceOptions::handle_signals`] is on), then deregisters.
+    /// [`InstanceOptions::handle_signals`] is on), then deregisters and stops its
+    /// threads (a turn worker still running a killed engine's turn exits after it).
     ///
     /// # Errors
     ///
@@ -342,11 +342,9 @@ impl Instance {
     pub fn run(self) -> Result<(), ServeError> {
         let Instance {
             name,
-            root,
-            pid,
             mut event_loop,
             mut bus,
-            registry_check,
+            registration,
             _serving,
             _signals,
             ..
@@ -364,14 +362,7 @@ impl Instance {
             );
             running.kill_all();
         }
-        // Stopped first, so that it cannot write the entry back.
-        registry_check.stop();
-        if let Err(e) = registry::deregister(&root, &name, pid) {
-            log::warn!(
-                "cannot deregister from {}: {e}",
-                registry::registry_path(&root).display()
-            );
-        }
+        drop(registration);
         // What the engines left behind is killed and reaped before serve exits: once it
         // has, it would be PID 1's (contract section 8).
         if !running.wait_contained() {
@@ -382,11 +373,8 @@ impl Instance {
             Ok(Err(e)) => return Err(ServeError::Loop(e)),
             Err(_) => return Err(ServeError::Panicked),
         }
-        // Dropping the bus's audit log writes what is still queued.
-        let pool = bus.into_pool();
-        if pool.is_idle() {
-            pool.join();
-        }
+        // Dropping the bus writes what its audit log still queues and stops the workers.
+        drop(bus);
         log::info!("stopped {name}");
         Ok(())
     }

@@ -22,7 +22,7 @@ pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(30);
 const SHUTDOWN_POLL: Duration = Duration::from_millis(50);
 /// After killing the engines that outlived [`SHUTDOWN_GRACE`], how long their turns
 /// get to report (and their callers to be answered) before the process exits.
-const KILL_GRACE: Duration = Duration::from_secs(3);
+const SHUTDOWN_KILL_GRACE: Duration = Duration::from_secs(3);
 
 /// The warning of a disabled bus, at startup and at a reload that disables it: the
 /// instance answers health but refuses every talk, which would otherwise look healthy.
@@ -142,30 +142,44 @@ impl Bus {
             stopping_line(&self.name, queued.len(), self.pool.load().running)
         );
         for (turn, _job) in queued {
-            for (conn, response) in self.refuse_queued(turn, &Refusal::ShuttingDown) {
-                control.respond(conn, response);
+            if let Some(ended) = self.table.refuse(turn, Refusal::ShuttingDown) {
+                self.answer(ended, control);
             }
         }
     }
 
-    /// Periodic work: a config reload check; during a shutdown, its progress. Returns
-    /// when to be called next.
+    /// Periodic work: a config reload check, the turn table's deadlines; during a
+    /// shutdown, its progress. Returns when to be called next.
     pub(super) fn tick(&mut self, now: Instant, control: &mut Control) -> Instant {
+        let due = (self.table).tick(now, &self.config.bus, |turn| self.pool.is_queued(turn));
+        for turn in due.expired {
+            self.cancel(
+                turn,
+                "the caller hung up and no retry came within bus.reattachSecs",
+            );
+        }
+        for (turn, ended) in due.overdue {
+            log::error!(
+                "a bug: the turn of {} did not answer within engine.timeoutSecs plus {} s; \
+                 its callers get internal_error",
+                super::turn_table::caller(&ended.meta),
+                super::turn_table::WAITER_GRACE.as_secs()
+            );
+            self.pool.cancel(turn);
+            self.answer(ended, control);
+        }
+        self.on_wake(control);
         match self.stopping_since {
             None => {
                 self.reload_config();
-                self.requests.expire(now);
-                let orphan_due = self.reap_orphans(now);
-                self.on_wake(control);
                 let reload = now + CONFIG_RELOAD_INTERVAL;
-                orphan_due.map_or(reload, |due| due.min(reload))
+                due.next.map_or(reload, |due| due.min(reload))
             }
             Some(since) => {
-                self.on_wake(control);
-                if self.pool.is_idle() && self.turns.is_empty() {
+                if self.pool.is_idle() && self.table.is_empty() {
                     control.exit();
                 } else if let Some(killed_at) = self.engines_killed_at {
-                    if now.duration_since(killed_at) >= KILL_GRACE {
+                    if now.duration_since(killed_at) >= SHUTDOWN_KILL_GRACE {
                         log::warn!("turns still running after their engines were killed; exiting");
                         control.exit();
                     }
