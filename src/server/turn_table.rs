@@ -80,7 +80,7 @@ impl<C> Waiter<C> {
 
     /// The turn's `envelope` as this waiter's request negotiated it.
     pub(super) fn negotiate(&self, envelope: &Envelope) -> Envelope {
-        let usage = envelope.usage.clone().filter(|_| self.wants_usage);
+        let usage = envelope.usage.filter(|_| self.wants_usage);
         envelope
             .clone()
             .with_capabilities(self.capabilities.clone())
