@@ -2,12 +2,13 @@
 //! turn running, and the stored envelopes of those that finished, so that a retry
 //! attaches to its turn or gets its answer again instead of running the engine twice.
 //!
-//! Pure bookkeeping: no I/O, time passed in, the answer type generic (the server
-//! stores envelopes). Bounds: at most [`MAX_STORED_ANSWERS`] stored answers and
-//! [`MAX_STORED_BYTES`] bytes (the answer's size as given, key and
-//! [`ENTRY_OVERHEAD_BYTES`] each); beyond either, the oldest stored answer is evicted
-//! first; an answer is kept for [`ANSWER_TTL`]. Running entries are bounded by the turn
-//! pool (one per admitted turn) and are never evicted. A restart forgets everything.
+//! The turn table (`server/turn_table.rs`) owns it. Pure bookkeeping: no I/O, time
+//! passed in, the answer type generic (the server stores envelopes). Bounds: at most
+//! [`MAX_STORED_ANSWERS`] stored answers and [`MAX_STORED_BYTES`] bytes (the answer's
+//! size as given, key and [`ENTRY_OVERHEAD_BYTES`] each); beyond either, the oldest
+//! stored answer (by the time it was stored) is evicted first; an answer is kept for
+//! [`ANSWER_TTL`]. Running entries are bounded by the turn pool (one per admitted turn)
+//! and are never evicted. A restart forgets everything.
 
 use crate::protocol::RequestId;
 use sha2::{Digest as _, Sha256};

@@ -1,40 +1,47 @@
 //! The turn table: every admitted turn, the connections waiting on it and the stored
 //! answers of finished ones (contract 8.1, 8.2), with one owner. It is pure: no I/O, no
 //! clock of its own (time is passed in), no thread. It says what to answer and what to
-//! cancel; the bus writes the answers, audits, and takes turns out of the pool. Every
-//! answer to a connection that waits on a turn is an [`Ended`] that [`TurnTable::finish`]
-//! or [`TurnTable::tick`] returns, and the bus writes it from a loop callback that can
-//! write ([`crate::http::Control`]): that is the one way out. Every turn submitted to the
-//! pool gets exactly one report back from it (ran, panicked, or withdrawn from the
-//! queue), so a cancel's answer comes the same way as an engine's.
+//! cancel; the bus writes the answers, audits, and takes turns out of the pool's queue.
+//! Every answer to a connection that waits on a turn is an [`Ended`] that
+//! [`TurnTable::finish`], [`TurnTable::refuse`] or [`TurnTable::tick`] returns, which the
+//! bus writes from a loop callback through [`crate::http::Control`]: that is the one way
+//! out. Every turn submitted to the pool gets exactly one report back from it (ran,
+//! panicked, or withdrawn from the queue), so a cancel's answer comes the way an
+//! engine's does.
 //!
-//! A turn's states (a `TurnState` in `turns`; its request id, if it named one, is in
-//! `requests` as running, then as answered):
+//! A turn's states, and what moves it between them:
 //!
 //! ```text
-//!  admit ──(pool full: 503 server_busy, nothing kept)
-//!    │
-//!    ▼            a worker takes it           the pool reports it
-//! [queued] ───────────────────────▶ [running] ──────────────▶ finish ─▶ [answered]
-//!    │   (its waiters' deadline starts:    │                    every waiter gets the
-//!    │    engine.timeoutSecs + WAITER_GRACE)                    envelope; stored when
-//!    │                                     │                    it names an id and is
-//!    │  cancel: a cancel request, a hang-up, the reattach        not retryable
-//!    │  window closing ─▶ [cancelling] ──▶ the pool reports        │
-//!    │  (queued: withdrawn; running: the engine is stopped)        ▼ ANSWER_TTL or
-//!    │                                                      [stored] ──▶ evicted
-//!    │  last waiter hangs up:                                  (a retry gets it)
-//!    │    no id ─▶ cancel (bus.cancelOnHangup false: [abandoned], runs on, unanswered)
-//!    │    an id ─▶ [kept] for bus.reattachSecs: a retry attaches (back to waiting),
-//!    │             none comes ─▶ cancel (cancelOnHangup false: runs to its end)
-//!    │
-//!    ├─ shutdown (queued only) ─▶ every waiter: 503 server_busy
-//!    └─ deadline passed with waiters (a bug) ─▶ every waiter: 500 internal_error,
-//!       the turn cancelled and forgotten
+//!            pool full: 503 server_busy, nothing kept
+//!           /
+//! request -+-admit-> QUEUED --a worker takes it--> RUNNING
+//!                      |     (its waiters' deadline    |
+//!                      |      starts: timeoutSecs      | the pool reports it
+//!                      |      + WAITER_GRACE)          v
+//!                      |                            FINISHED: every waiter gets the
+//!                      |                               |      envelope; the turn leaves
+//!                      |                               |      the table
+//!                      |                               | it named an id and is not
+//!                      |                               v retryable
+//!                      |                            STORED --ANSWER_TTL, or evicted
+//!                      |                                     oldest first--> gone
+//!                      v
+//!   QUEUED or RUNNING, on:
+//!     a retry of its id ............. one more waiter (a KEPT turn is waited on again)
+//!     a cancel request for its id ... one more waiter, then CANCELLING
+//!     the last waiter hangs up, no id  CANCELLING (bus.cancelOnHangup false: ABANDONED:
+//!                                     runs on, answers nobody, its answer not audited)
+//!     the last waiter hangs up, an id KEPT for bus.reattachSecs (cancelOnHangup false:
+//!                                     to its end); when the window closes, CANCELLING
+//!     shutdown (QUEUED only) ........ every waiter 503 server_busy; gone
+//!     its deadline passes, waiters .. every waiter 500 internal_error (a bug, logged);
+//!                                     its engine stopped; gone
+//!   CANCELLING: a queued turn is withdrawn from the queue, a running one's engine
+//!     stopped; the pool reports it like any turn: FINISHED, `cancelled`.
 //! ```
 //!
-//! A retry of a running turn's id, and a cancel request for it, attach to it as one
-//! more waiter; each waiter gets the turn's envelope as its own request negotiated it.
+//! Each waiter gets the turn's envelope as its own request negotiated it. A turn's
+//! request id is running in the request store exactly while the turn is in the table.
 
 use super::answer::TalkMeta;
 use super::requests::{self, RequestKey, RequestStore, Seen};

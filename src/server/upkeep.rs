@@ -1,6 +1,7 @@
-//! The server's upkeep between requests: config reload and shutdown (stop accepting,
-//! answer queued turns, give running turns their grace, then kill their engines). The
-//! registry self-check runs on a thread of its own ([`super::registry_check`]).
+//! The server's upkeep between requests: config reload, the turn table's deadlines
+//! (reattach windows, waiters' deadlines) and shutdown (stop accepting, answer queued
+//! turns, give running turns their grace, then kill their engines). The registry
+//! self-check runs on a thread of its own ([`super::registry_check`]).
 //!
 //! The config reload is the one file read left on the loop, because it cannot wait:
 //! [`config::read_file`] opens without blocking and without following a symlink,
