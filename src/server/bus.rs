@@ -101,11 +101,10 @@ impl Bus {
         request: protocol::TalkRequest,
         meta: TalkMeta,
     ) -> Option<Response> {
-        let timeout = self.config.engine.as_ref().map_or(0, |e| e.timeout_secs);
-        let timeout = Duration::from_secs(timeout);
-        let admitted = self
-            .table
-            .admit(conn, &request, meta.clone(), timeout, Instant::now());
+        let engine = self.config.engine.as_ref();
+        let timeout = Duration::from_secs(engine.map_or(0, |e| e.timeout_secs));
+        let now = Instant::now();
+        let admitted = self.table.admit(conn, &request, meta.clone(), timeout, now);
         let (outcome, detail, answer) = match admitted {
             Admit::New(new) => {
                 let cancel = new.cancel_token();
@@ -157,20 +156,6 @@ impl Bus {
             log::info!("cancelling the turn of {}: {why}", caller(meta));
         }
         self.pool.cancel(turn);
-    }
-
-    /// Answers the waiters of the turns the pool reported.
-    fn finished(&mut self, control: &mut Control) {
-        let now = Instant::now();
-        let finished: Vec<_> = self.pool.finished().collect();
-        for done in finished {
-            if matches!(done.outcome, Outcome::Panicked) {
-                log::error!("turn handler panicked");
-            }
-            if let Some(ended) = self.table.finish(done.key, done.outcome, now) {
-                self.answer(ended, control);
-            }
-        }
     }
 }
 
@@ -245,8 +230,18 @@ impl Service for Bus {
         }
     }
 
+    /// Answers the waiters of the turns the pool reported.
     fn on_wake(&mut self, control: &mut Control) {
-        self.finished(control);
+        let now = Instant::now();
+        let finished: Vec<_> = self.pool.finished().collect();
+        for done in finished {
+            if matches!(done.outcome, Outcome::Panicked) {
+                log::error!("turn handler panicked");
+            }
+            if let Some(ended) = self.table.finish(done.key, done.outcome, now) {
+                self.answer(ended, control);
+            }
+        }
     }
 
     fn on_interrupt(&mut self, control: &mut Control) {

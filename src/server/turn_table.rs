@@ -243,9 +243,8 @@ impl<C: Copy + Eq + Hash> TurnTable<C> {
             .map(|_| requests::digest(&request.prompt, request.depth));
         if let Some(key) = &key {
             match self.requests.look(key, digest.as_ref(), now) {
-                Seen::New => {}
                 Seen::Mismatch => return Admit::Refused(Refusal::RequestIdReused),
-                Seen::Running(turn) => {
+                Seen::Running(turn) if self.turns.contains_key(&turn) => {
                     self.attach(waiter, turn);
                     return if cancel {
                         Admit::Cancel(turn)
@@ -254,6 +253,9 @@ impl<C: Copy + Eq + Hash> TurnTable<C> {
                     };
                 }
                 Seen::Answered(envelope) => return Admit::Stored(waiter.negotiate(&envelope)),
+                // An id runs exactly while its turn is here; should that ever not hold,
+                // the request runs as a new turn rather than wait on nothing.
+                Seen::New | Seen::Running(_) => {}
             }
         }
         if cancel {
@@ -287,6 +289,7 @@ impl<C: Copy + Eq + Hash> TurnTable<C> {
         self.turns.insert(id, state);
     }
 
+    /// Makes `waiter` wait on `turn` too (which the table holds).
     fn attach(&mut self, waiter: Waiter<C>, turn: TurnId) {
         if let Some(state) = self.turns.get_mut(&turn) {
             self.waiting.insert(waiter.conn, turn);

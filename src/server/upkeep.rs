@@ -152,7 +152,9 @@ impl Bus {
     /// Periodic work: a config reload check, the turn table's deadlines; during a
     /// shutdown, its progress. Returns when to be called next.
     pub(super) fn tick(&mut self, now: Instant, control: &mut Control) -> Instant {
-        let due = self.table.tick(now, &self.config.bus, |turn| self.pool.is_queued(turn));
+        let due = self
+            .table
+            .tick(now, &self.config.bus, |turn| self.pool.is_queued(turn));
         for turn in due.expired {
             self.cancel(
                 turn,
