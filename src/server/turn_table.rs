@@ -95,7 +95,7 @@ impl<C> Waiter<C> {
     }
 }
 
-/// One admitted turn, until the pool reports it.
+/// One admitted turn, until it ends (an [`Ended`]).
 #[derive(Debug)]
 struct TurnState<C> {
     /// The connections waiting for its envelope: the first request's, and those of
@@ -425,7 +425,8 @@ impl<C: Copy + Eq + Hash> TurnTable<C> {
                 state.started_at = Some(now);
             }
             let kept_until = state.orphaned_at.zip(window).map(|(at, w)| at + w);
-            let answer_by = (state.started_at)
+            let answer_by = state
+                .started_at
                 .filter(|_| !state.waiters.is_empty())
                 .map(|at| at + state.limit);
             for (deadline, due) in [(kept_until, &mut expired), (answer_by, &mut overdue)] {
