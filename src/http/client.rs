@@ -297,21 +297,8 @@ impl Connection {
         self.exchange(head.as_bytes(), &[], deadline)
     }
 
-    /// Whether the connection is still open with nothing unread: the peer has neither
-    /// closed it nor sent anything unasked since the last response. A check before a
-    /// kept connection is used again.
-    pub fn is_open_and_idle(&self) -> bool {
-        if !self.reusable || !self.buffer.is_empty() || self.stream.set_nonblocking(true).is_err() {
-            return false;
-        }
-        let mut probe = [0u8; 1];
-        let idle =
-            matches!(self.stream.peek(&mut probe), Err(e) if e.kind() == ErrorKind::WouldBlock);
-        self.stream.set_nonblocking(false).is_ok() && idle
-    }
-
     /// `POST /api/talk` with a JSON `body` and `Authorization: Bearer <secret>`, asking
-    /// the server to close the connection afterwards unless `keep_alive`.
+    /// the server to close the connection afterwards.
     ///
     /// # Errors
     /// See [`ClientError`]; also [`ClientError::Closed`] if the connection is not reusable.
@@ -319,19 +306,13 @@ impl Connection {
         &mut self,
         secret: &Secret,
         body: &[u8],
-        keep_alive: bool,
         deadline: Instant,
     ) -> Result<ReceivedResponse, ClientError> {
         if !is_header_value(secret.expose()) {
             return Err(ClientError::UnsendableSecret);
         }
-        let close = if keep_alive {
-            ""
-        } else {
-            "Connection: close\r\n"
-        };
         let head = format!(
-            "POST {TALK_PATH} HTTP/1.1\r\nHost: {}\r\nAuthorization: {}\r\nContent-Type: application/json\r\nAccept: application/json\r\nUser-Agent: loopbus/{}\r\nContent-Length: {}\r\n{close}\r\n",
+            "POST {TALK_PATH} HTTP/1.1\r\nHost: {}\r\nAuthorization: {}\r\nContent-Type: application/json\r\nAccept: application/json\r\nUser-Agent: loopbus/{}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
             self.host,
             secret.bearer_header(),
             env!("CARGO_PKG_VERSION"),
@@ -578,7 +559,7 @@ mod tests {
                 Connection::open_at(Ipv4Addr::LOCALHOST.into(), port, soon).unwrap();
             let secret = Secret::new(bad).unwrap();
             let error = connection
-                .post_talk(&secret, b"{}", false, soon)
+                .post_talk(&secret, b"{}", soon)
                 .unwrap_err();
             assert!(matches!(error, ClientError::UnsendableSecret), "{error}");
             assert!(!error.to_string().contains(bad));

@@ -16,16 +16,15 @@
 //! and the [`probe`](mod@probe) asks an entry's port whether that instance still answers there,
 //! and lists by asking. Neither imports `client`.
 
-mod cache;
 pub mod lock;
 pub mod owner;
 pub mod probe;
 pub mod store;
 mod warnings;
 
-pub use cache::lookup;
 pub use owner::{check_connection_owner, OwnerMismatch};
-pub use probe::{list, probe_entry, probe_port, prune, running, Listed, ProbeError, Probed};
+pub use probe::{list, probe, prune, running, Listed, ProbeError, Probed, Target};
 pub use store::{
-    channel_root, default_name, deregister, ensure_registered, register_at, registry_path, Entry,
+    channel_root, default_name, deregister, ensure_registered, lookup, register_at, registry_path,
+    RegistryEntry,
 };

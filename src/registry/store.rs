@@ -32,7 +32,7 @@ const CORRUPT_SUFFIX: &str = "corrupt";
 
 /// One registered instance. `Debug` prints the secret as `[redacted]`.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Entry {
+pub struct RegistryEntry {
     /// The loopback port it listens on (1-65535).
     pub port: u16,
     /// The process id of its `serve` process.
@@ -65,7 +65,7 @@ pub fn registry_path(root: &Path) -> PathBuf {
 /// # Errors
 ///
 /// The file exists but can't be read.
-pub fn read(root: &Path) -> io::Result<BTreeMap<InstanceName, Entry>> {
+pub fn read(root: &Path) -> io::Result<BTreeMap<InstanceName, RegistryEntry>> {
     let path = registry_path(root);
     check_root(root)?;
     let bytes = match files::read_trusted_file(&path, MAX_REGISTRY_BYTES) {
@@ -283,7 +283,7 @@ pub fn deregister(root: &Path, name: &InstanceName, pid: u32) -> io::Result<bool
 /// # Errors
 ///
 /// The registry file exists but can't be read.
-pub fn lookup(root: &Path, name: &InstanceName) -> io::Result<Option<Entry>> {
+pub fn lookup(root: &Path, name: &InstanceName) -> io::Result<Option<RegistryEntry>> {
     Ok(read(root)?.remove(name))
 }
 
@@ -296,7 +296,7 @@ pub fn lookup(root: &Path, name: &InstanceName) -> io::Result<Option<Entry>> {
 /// Any I/O error locking, reading or writing the registry.
 pub fn remove_unchanged(
     root: &Path,
-    stale: Vec<(InstanceName, Entry)>,
+    stale: Vec<(InstanceName, RegistryEntry)>,
 ) -> io::Result<Vec<InstanceName>> {
     if stale.is_empty() {
         return Ok(Vec::new());
@@ -379,7 +379,7 @@ fn save(path: &Path, document: Map<String, Value>) -> io::Result<()> {
 #[derive(Debug)]
 pub struct Parsed {
     /// The valid entries.
-    pub entries: BTreeMap<InstanceName, Entry>,
+    pub entries: BTreeMap<InstanceName, RegistryEntry>,
     /// Why each invalid entry was skipped. Never contains a secret.
     pub skipped: Vec<String>,
 }
@@ -408,7 +408,7 @@ pub fn parse(bytes: &[u8]) -> Result<Parsed, &'static str> {
     Ok(Parsed { entries, skipped })
 }
 
-fn parse_entry(value: &Value) -> Result<Entry, &'static str> {
+fn parse_entry(value: &Value) -> Result<RegistryEntry, &'static str> {
     let port = value
         .get("port")
         .and_then(non_negative_integer)
@@ -444,7 +444,7 @@ fn parse_entry(value: &Value) -> Result<Entry, &'static str> {
     // `proof` other than `true` (absent, false, or of another shape) is an entry that
     // does not claim to prove itself.
     let proof = value.get("proof").and_then(Value::as_bool).unwrap_or(false);
-    Ok(Entry {
+    Ok(RegistryEntry {
         port,
         pid,
         secret,
@@ -804,7 +804,7 @@ mod tests {
 
     #[test]
     fn entry_debug_redacts_the_secret() {
-        let entry = Entry {
+        let entry = RegistryEntry {
             port: 1,
             pid: 2,
             secret: secret("top-secret-value"),
