@@ -85,7 +85,10 @@ pub(super) fn exchange(
         })?;
     let (mut connection, capabilities) = prove(options, &entry)?;
     *listed = Some(capabilities.clone());
-    if what.required.is_some_and(|required| !capabilities.iter().any(|c| c == required)) {
+    if what
+        .required
+        .is_some_and(|required| !capabilities.iter().any(|c| c == required))
+    {
         return Ok(Sent::NotListed);
     }
     let request = request(options, what);
@@ -155,22 +158,24 @@ fn prove(
     entry: &registry::RegistryEntry,
 ) -> Result<(Connection, Vec<String>), DelegateError> {
     let target = &options.target;
-    let probed = registry::probe(Target::Entry(target, entry), Some(&options.bus.accept_kinds)).map_err(
-        |reason| {
-            if reason.is_failed_proof() {
-                DelegateError::Unproven {
-                    target: target.to_string(),
-                    port: entry.port,
-                    reason,
-                }
-            } else {
-                DelegateError::ProbeFailed {
-                    target: target.to_string(),
-                    reason,
-                }
+    let probed = registry::probe(
+        Target::Entry(target, entry),
+        Some(&options.bus.accept_kinds),
+    )
+    .map_err(|reason| {
+        if reason.is_failed_proof() {
+            DelegateError::Unproven {
+                target: target.to_string(),
+                port: entry.port,
+                reason,
             }
-        },
-    )?;
+        } else {
+            DelegateError::ProbeFailed {
+                target: target.to_string(),
+                reason,
+            }
+        }
+    })?;
     let mut connection = probed.connection;
     if !connection.is_reusable() {
         if entry.proof {

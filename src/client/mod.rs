@@ -222,8 +222,12 @@ impl Reply {
 ///
 /// The OS's randomness could not be read.
 pub fn new_request_id() -> std::io::Result<RequestId> {
-    secret::random_bytes().map(RequestId::from_random)
+    // 32 hex digits are always a request id.
+    RequestId::new(secret::random_hex(REQUEST_ID_BYTES)?).map_err(std::io::Error::other)
 }
+
+/// Random bytes in a request id made by [`new_request_id`]: 128 bits (contract 8.2).
+const REQUEST_ID_BYTES: usize = 16;
 
 /// Delegates `options.prompt` to `options.target` and waits for the answer, retrying
 /// as [`DelegateOptions::with_retries`] says, with one request id for every attempt

@@ -18,7 +18,7 @@ use std::time::Duration;
 
 mod pid;
 mod trust;
-pub use pid::pid_is_gone;
+pub use pid::{children_of, group_has_live_member, parent_of, pid_is_gone};
 
 pub use trust::{check_trusted, check_trusted_metadata, untrusted, TrustKind};
 

@@ -12,7 +12,9 @@
 //! Only loopback addresses are ever connected to: [`Connection::open`] refuses any
 //! other address before a socket is created.
 
-use super::headers::{self, LengthError, HEALTH_PATH, MAX_HEADERS, MAX_HEAD_BYTES, TALK_PATH};
+use super::headers::{
+    self, LengthError, HEALTH_PATH, MAX_HEADERS, MAX_HEAD_BYTES, NONCE_HEADER, TALK_PATH,
+};
 use crate::secret::Secret;
 use std::fmt;
 use std::io::{self, ErrorKind, Read, Write};
@@ -177,10 +179,6 @@ pub fn parse_response_head(bytes: &[u8]) -> Result<Option<(ResponseHead, usize)>
         head_len,
     )))
 }
-
-/// The request header that carries a health probe's proof nonce (contract 6.1; the
-/// same name as `protocol::proof::NONCE_HEADER`, which this layer may not import).
-pub const NONCE_HEADER: &str = "X-Loopbus-Nonce";
 
 /// One connection to a loopback HTTP/1.1 server.
 #[derive(Debug)]
@@ -558,9 +556,7 @@ mod tests {
             let mut connection =
                 Connection::open_at(Ipv4Addr::LOCALHOST.into(), port, soon).unwrap();
             let secret = Secret::new(bad).unwrap();
-            let error = connection
-                .post_talk(&secret, b"{}", soon)
-                .unwrap_err();
+            let error = connection.post_talk(&secret, b"{}", soon).unwrap_err();
             assert!(matches!(error, ClientError::UnsendableSecret), "{error}");
             assert!(!error.to_string().contains(bad));
         }

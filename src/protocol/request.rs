@@ -194,11 +194,13 @@ fn is_integer_text(text: &str) -> bool {
         return false;
     }
     // An exponent past i64 saturates: far beyond any digit count a body can hold.
-    let exponent = exponent.parse::<i64>().unwrap_or(if exponent.starts_with('-') {
-        i64::MIN
-    } else {
-        i64::MAX
-    });
+    let exponent = exponent
+        .parse::<i64>()
+        .unwrap_or(if exponent.starts_with('-') {
+            i64::MIN
+        } else {
+            i64::MAX
+        });
     let digits = format!("{whole}{fraction}");
     let significant = digits.trim_end_matches('0');
     let count = |n: usize| i64::try_from(n).unwrap_or(i64::MAX);
@@ -253,7 +255,7 @@ mod tests {
         let mut request = TalkRequest::new("a", "p", 1);
         // The original's health lists the base two; it may still get a request id,
         // which lives inside `ext`, an object of anything.
-        request.ext.request_id = Some(super::super::RequestId::from_random([1; 16]));
+        request.ext.request_id = Some(super::super::RequestId::new("01".repeat(16)).unwrap());
         let original: Vec<String> = BASE_CAPABILITIES.iter().map(|c| (*c).to_owned()).collect();
         for body in [
             encode_talk_request(&request),
@@ -392,7 +394,7 @@ mod tests {
     #[test]
     fn encoded_request_is_valid_v1() {
         let mut req = TalkRequest::new("a", "p", 2);
-        req.ext.request_id = Some(super::super::RequestId::from_random([9; 16]));
+        req.ext.request_id = Some(super::super::RequestId::new("09".repeat(16)).unwrap());
         let body = encode_talk_request(&req);
         req.capabilities = BASE_CAPABILITIES.iter().map(|c| (*c).to_owned()).collect();
         assert_eq!(parse_talk_request(&body).unwrap(), req);

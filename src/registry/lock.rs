@@ -507,7 +507,10 @@ mod tests {
         fs::write(&path, b"").unwrap();
         let refused = acquire(dir.path(), Duration::ZERO).unwrap_err();
         assert_eq!(refused.kind(), io::ErrorKind::InvalidData);
-        assert!(refused.to_string().contains("not a lock directory"), "{refused}");
+        assert!(
+            refused.to_string().contains("not a lock directory"),
+            "{refused}"
+        );
         assert!(path.is_file(), "left alone");
         fs::remove_file(&path).unwrap();
         let held = acquire(dir.path(), Duration::ZERO).unwrap().unwrap();

@@ -238,7 +238,7 @@ mod tests {
     fn key(from: &str, n: u128) -> RequestKey {
         RequestKey {
             from_instance: from.to_owned(),
-            id: RequestId::from_random(n.to_be_bytes()),
+            id: RequestId::new(format!("{n:032x}")).unwrap(),
         }
     }
 
