@@ -25,7 +25,7 @@ use std::time::{Duration, Instant};
 /// kernel completes the handshake); waiting longer only means its backlog is full.
 pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
 /// Longest wait for one request to be written. The server allows 10 s for a body.
-pub const WRITE_TIMEOUT: Duration = Duration::from_secs(10);
+pub const REQUEST_WRITE_TIMEOUT: Duration = Duration::from_secs(10);
 /// Largest response status line plus headers accepted: the head limit of both
 /// directions, [`MAX_HEAD_BYTES`].
 pub const MAX_RESPONSE_HEAD_BYTES: usize = MAX_HEAD_BYTES;
@@ -37,7 +37,7 @@ pub const MAX_RESPONSE_HEADERS: usize = MAX_HEADERS;
 /// it six (`\u0001`), so this leaves room for a default engine's worst case.
 pub const MAX_RESPONSE_BODY_BYTES: u64 = 8 << 20;
 /// Size of each read from the socket.
-const READ_CHUNK: usize = 16 * 1024;
+const RESPONSE_READ_CHUNK: usize = 16 * 1024;
 
 /// Why an HTTP exchange did not produce a response. Messages never contain anything
 /// the caller sent (so never a secret).
@@ -331,7 +331,7 @@ impl Connection {
         }
         self.reusable = false;
         self.sent = false;
-        let wait = remaining(deadline)?.min(WRITE_TIMEOUT);
+        let wait = remaining(deadline)?.min(REQUEST_WRITE_TIMEOUT);
         self.stream
             .set_write_timeout(Some(wait))
             .map_err(ClientError::Io)?;
@@ -359,7 +359,7 @@ impl Connection {
         self.stream
             .set_read_timeout(Some(wait))
             .map_err(ClientError::Io)?;
-        let mut chunk = [0u8; READ_CHUNK];
+        let mut chunk = [0u8; RESPONSE_READ_CHUNK];
         loop {
             match self.stream.read(&mut chunk) {
                 Ok(0) => return Ok(false),
