@@ -1,4 +1,5 @@
-//! `usage.json`: accumulated engine usage, and the budget check built on it.
+//! `usage.json`: accumulated engine usage, which the budget check (`engine::budget`)
+//! reads.
 //!
 //! Every read and update runs under the file's advisory lock ([`files::with_lock`]);
 //! an update writes the new totals atomically, then mirrors them to `usage.json.bak`.
@@ -10,7 +11,7 @@
 //! engine then refuses budgeted turns: the budget never resets silently.
 
 use crate::{files, time};
-use serde_json::{json, Value};
+use serde::{Deserialize, Serialize};
 use std::fmt;
 use std::io;
 use std::path::{Path, PathBuf};
@@ -40,21 +41,30 @@ pub fn round_cost(cost: f64) -> f64 {
     (cost * COST_STEPS_PER_USD).round() / COST_STEPS_PER_USD
 }
 
-/// Accumulated usage of one instance.
-#[derive(Debug, Clone, Default, PartialEq)]
+/// Accumulated usage of one instance, as `usage.json` holds it (fields in the file's
+/// order). `totalCostUsd` and `requestCount` must be present; other missing counters
+/// count as 0, and a missing or null `lastUpdatedAt` is `None`. A value of the wrong
+/// type (a counter that is not a non-negative integer, a cost that is not a finite
+/// non-negative number) makes the whole file invalid.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
 pub struct Usage {
-    /// Sum of input tokens.
-    pub total_input_tokens: u64,
-    /// Sum of output tokens.
-    pub total_output_tokens: u64,
+    /// When the file was last updated (ISO-8601), if ever.
+    #[serde(default)]
+    pub last_updated_at: Option<String>,
+    /// Number of engine turns recorded.
+    pub request_count: u64,
     /// Sum of cache-read input tokens.
+    #[serde(default)]
     pub total_cached_tokens: u64,
     /// Sum of reported cost, in US dollars.
     pub total_cost_usd: f64,
-    /// Number of engine turns recorded.
-    pub request_count: u64,
-    /// When the file was last updated (ISO-8601), if ever.
-    pub last_updated_at: Option<String>,
+    /// Sum of input tokens.
+    #[serde(default)]
+    pub total_input_tokens: u64,
+    /// Sum of output tokens.
+    #[serde(default)]
+    pub total_output_tokens: u64,
 }
 
 /// What one turn used, as the engine reported it.
@@ -84,52 +94,17 @@ impl TurnUsage {
 
 impl Usage {
     fn to_json(&self) -> Vec<u8> {
-        let mut bytes = serde_json::to_vec_pretty(&json!({
-            "totalInputTokens": self.total_input_tokens,
-            "totalOutputTokens": self.total_output_tokens,
-            "totalCachedTokens": self.total_cached_tokens,
-            "totalCostUsd": self.total_cost_usd,
-            "requestCount": self.request_count,
-            "lastUpdatedAt": self.last_updated_at,
-        }))
-        // Serializing a `Value` of numbers, strings and null into a Vec cannot fail.
-        .unwrap_or_default();
+        // Serializing numbers, strings and null into a Vec cannot fail.
+        let mut bytes = serde_json::to_vec_pretty(self).unwrap_or_default();
         bytes.push(b'\n');
         bytes
     }
 
-    /// Parses a usage file. `totalCostUsd` and `requestCount` must be present; other
-    /// missing counters count as 0, and a missing or null `lastUpdatedAt` is `None`.
-    /// A value of the wrong type (a counter that is not a non-negative integer, a cost
-    /// that is not a finite non-negative number) makes the whole file invalid.
+    /// Parses a usage file (see [`Usage`] for what makes one invalid).
     fn from_json(bytes: &[u8]) -> Option<Usage> {
-        let value: Value = serde_json::from_slice(bytes).ok()?;
-        let object = value.as_object()?;
-        let count = |field: &str| -> Option<u64> {
-            match object.get(field) {
-                None => Some(0),
-                Some(v) => v.as_u64(),
-            }
-        };
-        // The two fields the budget rests on must be there: `{}` is not "no usage".
-        let cost = object
-            .get("totalCostUsd")?
-            .as_f64()
-            .filter(|c| c.is_finite() && *c >= 0.0)?;
-        object.get("requestCount")?;
-        let last_updated_at = match object.get("lastUpdatedAt") {
-            None | Some(Value::Null) => None,
-            Some(Value::String(s)) => Some(s.clone()),
-            Some(_) => return None,
-        };
-        Some(Usage {
-            total_input_tokens: count("totalInputTokens")?,
-            total_output_tokens: count("totalOutputTokens")?,
-            total_cached_tokens: count("totalCachedTokens")?,
-            total_cost_usd: cost,
-            request_count: count("requestCount")?,
-            last_updated_at,
-        })
+        serde_json::from_slice::<Usage>(bytes)
+            .ok()
+            .filter(|usage| usage.total_cost_usd.is_finite() && usage.total_cost_usd >= 0.0)
     }
 
     /// Adds `turn`. Token counts saturate; a cost that is not finite and
@@ -355,6 +330,7 @@ fn read_small(path: &Path) -> io::Result<Option<Vec<u8>>> {
 mod tests {
     use super::*;
     use crate::files::test_support::TestDir;
+    use serde_json::{json, Value};
 
     fn turn(cost: f64) -> TurnUsage {
         TurnUsage {
