@@ -61,7 +61,7 @@ pub fn with_registry_lock<T>(root: &Path, f: impl FnOnce() -> io::Result<T>) -> 
 }
 
 /// Like [`with_registry_lock`], but gives up at once (`Ok(None)`) if a live holder has
-/// the lock: for the event loop, which must not wait.
+/// the lock: for the registry self-check, which tries again at its next round.
 ///
 /// # Errors
 ///

@@ -192,8 +192,8 @@ fn insert_locked(
 /// rewritten without it). Returns whether it wrote. An entry of another process under
 /// the same name is left alone (and reported as `Ok(false)`): two live instances must
 /// not take turns overwriting each other. Never waits for the lock: if another process
-/// holds it, nothing is written this time (`Ok(false)`), so the event loop can call
-/// this.
+/// holds it, nothing is written this time (`Ok(false)`) and the instance's registry
+/// self-check tries again at its next round.
 ///
 /// # Errors
 ///
@@ -261,21 +261,8 @@ pub fn deregister(root: &Path, name: &InstanceName, pid: u32) -> io::Result<bool
     if !root.is_dir() {
         return Ok(false);
     }
-    let path = registry_path(root);
-    lock::with_registry_lock(root, || {
-        let mut document = load(&path)?;
-        let instances = instances_mut(&mut document);
-        let ours = instances
-            .get(name.as_str())
-            .and_then(|value| parse_entry(value).ok())
-            .is_some_and(|entry| entry.pid == pid);
-        if !ours {
-            return Ok(false);
-        }
-        instances.remove(name.as_str());
-        save(&path, document)?;
-        Ok(true)
-    })
+    let removed = remove_if(root, |n, entry| n == name.as_str() && entry.pid == pid)?;
+    Ok(!removed.is_empty())
 }
 
 /// The entry registered as `name` under `root`, if there is a valid one.
@@ -301,20 +288,28 @@ pub fn remove_unchanged(
     if stale.is_empty() {
         return Ok(Vec::new());
     }
+    remove_if(root, |name, entry| {
+        stale.iter().any(|(n, e)| n.as_str() == name && e == entry)
+    })
+}
+
+/// Removes, under the lock, every valid entry for which `matches` holds, and returns
+/// their names; writes only when it removed one.
+fn remove_if(
+    root: &Path,
+    matches: impl Fn(&str, &RegistryEntry) -> bool,
+) -> io::Result<Vec<InstanceName>> {
     let path = registry_path(root);
     lock::with_registry_lock(root, || {
         let mut document = load(&path)?;
         let instances = instances_mut(&mut document);
-        let mut removed = Vec::new();
-        for (name, entry) in stale {
-            let unchanged = instances
-                .get(name.as_str())
-                .and_then(|value| parse_entry(value).ok())
-                .is_some_and(|current| current == entry);
-            if unchanged {
-                instances.remove(name.as_str());
-                removed.push(name);
-            }
+        let removed: Vec<InstanceName> = instances
+            .iter()
+            .filter(|(name, value)| parse_entry(value).is_ok_and(|entry| matches(name, &entry)))
+            .filter_map(|(name, _)| InstanceName::new(name.as_str()).ok())
+            .collect();
+        for name in &removed {
+            instances.remove(name.as_str());
         }
         if !removed.is_empty() {
             save(&path, document)?;
