@@ -74,28 +74,24 @@ fn quoted(s: &str) -> String {
 impl fmt::Display for ProbeError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            ProbeError::Http(e) => write!(f, "health check failed: {e}"),
-            ProbeError::Status(status) => write!(f, "health check answered HTTP {status}"),
-            ProbeError::NotHealth(e) => write!(f, "health check answer is not valid: {e}"),
-            ProbeError::OtherInstance(h) => write!(
+            Self::Http(e) => write!(f, "health check failed: {e}"),
+            Self::Status(status) => write!(f, "health check answered HTTP {status}"),
+            Self::NotHealth(e) => write!(f, "health check answer is not valid: {e}"),
+            Self::OtherInstance(h) => write!(
                 f,
                 "the port is held by another instance ({})",
                 quoted(&h.instance)
             ),
-            ProbeError::NotReady(h) => {
-                write!(
+            Self::NotReady(h) => write!(
                     f,
                     "the instance is not serving (status {})",
                     quoted(&h.status)
-                )
-            }
-            ProbeError::KindNotAccepted(h) => {
-                write!(f, "the instance's kind {} is not accepted", quoted(&h.kind))
-            }
-            ProbeError::NoProof => f.write_str(
+                ),
+            Self::KindNotAccepted(h) => write!(f, "the instance's kind {} is not accepted", quoted(&h.kind)),
+            Self::NoProof => f.write_str(
                 "whatever holds the port gave no proof of the instance's secret; not sending it",
             ),
-            ProbeError::WrongProof => f.write_str(
+            Self::WrongProof => f.write_str(
                 "whatever holds the port gave a wrong proof of the instance's secret; not sending it",
             ),
         }
@@ -109,7 +105,7 @@ impl ProbeError {
     /// it holds the entry's secret: a squatter, refused without retrying (contract
     /// 6.1).
     pub fn is_failed_proof(&self) -> bool {
-        matches!(self, ProbeError::NoProof | ProbeError::WrongProof)
+        matches!(self, Self::NoProof | Self::WrongProof)
     }
 
     /// Whether the entry is certainly stale, so that `prune` may remove it: nothing
@@ -119,21 +115,21 @@ impl ProbeError {
     /// itself but is stopping or of another kind is still there.
     pub fn is_stale(&self) -> bool {
         match self {
-            ProbeError::Http(ClientError::Connect(_) | ClientError::Malformed(_))
-            | ProbeError::Http(ClientError::Closed)
-            | ProbeError::Status(_)
-            | ProbeError::NotHealth(_)
-            | ProbeError::OtherInstance(_)
-            | ProbeError::NoProof
-            | ProbeError::WrongProof => true,
-            ProbeError::Http(
+            Self::Http(ClientError::Connect(_) | ClientError::Malformed(_))
+            | Self::Http(ClientError::Closed)
+            | Self::Status(_)
+            | Self::NotHealth(_)
+            | Self::OtherInstance(_)
+            | Self::NoProof
+            | Self::WrongProof => true,
+            Self::Http(
                 ClientError::NotLoopback(_)
                 | ClientError::Timeout
                 | ClientError::Io(_)
                 | ClientError::UnsendableSecret,
             )
-            | ProbeError::NotReady(_)
-            | ProbeError::KindNotAccepted(_) => false,
+            | Self::NotReady(_)
+            | Self::KindNotAccepted(_) => false,
         }
     }
 }
