@@ -529,7 +529,7 @@ fn the_strict_stand_in_accepts_every_request_our_client_sends() {
 // anew, and nothing goes out on a connection an earlier delegation used.
 
 #[test]
-fn a_restarted_instance_is_proven_anew_not_reached_on_a_kept_connection() {
+fn a_restarted_instance_is_proven_anew() {
     let root = TestRoot::new("life-kept-restart");
     let mut worker = root.start("worker", &open_config("first-secret"));
     root.write_config("me", &json!({"bus": {"peers": "*"}}));
