@@ -390,7 +390,8 @@ fn integer_in(value: &Value, min: u64, max: u64) -> Option<u64> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::config::{default_config_json, DEFAULT_REATTACH_SECS};
+    use crate::config::tests::default_config_json;
+    use crate::config::DEFAULT_REATTACH_SECS;
     use std::path::PathBuf;
 
     fn bus_defaults_enabled() -> BusConfig {
