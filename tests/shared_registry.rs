@@ -374,7 +374,10 @@ fn a_file_at_the_locks_name_is_refused_not_removed() {
     let output = run(&["serve", "--state-dir", dir.to_str().unwrap()], &[], None);
     assert_eq!(output.status.code(), Some(2), "{output:?}");
     let stderr = String::from_utf8_lossy(&output.stderr);
-    assert!(stderr.contains("not a lock directory; remove it"), "{stderr}");
+    assert!(
+        stderr.contains("not a lock directory; remove it"),
+        "{stderr}"
+    );
     assert!(lock_path(&root.path).is_file());
 }
 
