@@ -227,13 +227,9 @@ impl Connection {
         })?;
         // Small requests: send them at once rather than waiting for more to coalesce.
         stream.set_nodelay(true).map_err(ClientError::Io)?;
-        let host = match addr {
-            SocketAddr::V4(v4) => format!("{}:{}", v4.ip(), v4.port()),
-            SocketAddr::V6(v6) => format!("[{}]:{}", v6.ip(), v6.port()),
-        };
         Ok(Connection {
             stream,
-            host,
+            host: addr.to_string(),
             buffer: Vec::new(),
             reusable: true,
             sent: false,
@@ -337,10 +333,7 @@ impl Connection {
             .map_err(ClientError::Io)?;
         // One write for head and body: written apart, the server's loop wakes for the
         // head, runs its checks and sleeps again before the body comes.
-        let mut request = Vec::with_capacity(head.len() + body.len());
-        request.extend_from_slice(head);
-        request.extend_from_slice(body);
-        let written = self.stream.write_all(&request);
+        let written = self.stream.write_all(&[head, body].concat());
         if let Err(e) = written {
             if is_timeout(&e) {
                 return Err(ClientError::Timeout);
