@@ -83,7 +83,7 @@ pub fn spawn_failure(engine: &EngineConfig, error: &io::Error) -> Failure {
 /// executable, [`DELEGATION_PROGRAM`] not on the engine's `PATH`. One line each, for
 /// the log.
 pub fn warnings(engine: &EngineConfig) -> Vec<String> {
-    let findings = findings(engine);
+    let findings = findings(Some(engine));
     let mut found = Vec::new();
     if let Some(problem) = findings.cwd {
         found.push(format!("{problem}; every engine turn will fail"));
@@ -100,6 +100,7 @@ pub fn warnings(engine: &EngineConfig) -> Vec<String> {
 /// The start-up checks of one engine, each on its own (`loopbus doctor` shows them
 /// one a line; [`warnings`] logs the problems).
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct Findings {
     /// Why `engine.cwd` cannot be entered, if it is set and cannot.
     pub cwd: Option<String>,
@@ -112,7 +113,7 @@ pub struct Findings {
 
 /// The engine's `PATH`: `engine.env.PATH` when it sets one, else ours (`None`: no
 /// engine, ours).
-pub fn engine_path(engine: Option<&EngineConfig>) -> OsString {
+fn engine_path(engine: Option<&EngineConfig>) -> OsString {
     engine
         .and_then(|engine| engine.env.get("PATH"))
         .map(OsString::from)
@@ -121,7 +122,7 @@ pub fn engine_path(engine: Option<&EngineConfig>) -> OsString {
 }
 
 /// Where [`DELEGATION_PROGRAM`] is on `path_var`, or the problem's line.
-pub fn find_delegation(path_var: &OsString) -> Result<PathBuf, String> {
+fn find_delegation(path_var: &OsString) -> Result<PathBuf, String> {
     find_program(DELEGATION_PROGRAM, path_var, None).ok_or_else(|| {
         format!(
             "`{DELEGATION_PROGRAM}` is not on the engine's PATH; an engine that delegates \
@@ -130,10 +131,19 @@ pub fn find_delegation(path_var: &OsString) -> Result<PathBuf, String> {
     })
 }
 
-/// Runs the checks of [`Findings`] on `engine`.
-pub fn findings(engine: &EngineConfig) -> Findings {
+/// Runs the checks of [`Findings`] on `engine` (`None`: the built-in echo engine, which
+/// has no command and no cwd; only [`Findings::delegation`] is checked, on our `PATH`).
+/// Reads the file system only; starts nothing.
+pub fn findings(engine: Option<&EngineConfig>) -> Findings {
+    let path_var = engine_path(engine);
+    let Some(engine) = engine else {
+        return Findings {
+            cwd: None,
+            program: Ok(None),
+            delegation: find_delegation(&path_var),
+        };
+    };
     let cwd = engine.cwd.as_deref().and_then(cwd_problem);
-    let path_var = engine_path(Some(engine));
     let program = match engine.command.first() {
         // A relative program with a slash is found from `engine.cwd`: unknowable while
         // that is broken (reported as `cwd`).

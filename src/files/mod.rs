@@ -20,7 +20,7 @@ mod pid;
 mod trust;
 pub use pid::pid_is_gone;
 
-pub use trust::{check_trusted, check_trusted_metadata, untrusted, TrustKind};
+pub use trust::{check_trusted, check_trusted_metadata, untrusted, TrustKind, Untrusted};
 
 /// Mode of private state files: the registry, config.json, usage.json, the audit log and
 /// lock files.

@@ -30,6 +30,7 @@ const MAX_QUOTED_CHARS: usize = 80;
 
 /// A health answer that matched what the probe asked for.
 #[derive(Debug, Clone, PartialEq)]
+#[non_exhaustive]
 pub struct HealthAnswer {
     /// The fields every health answer has.
     pub health: Health,
@@ -193,15 +194,14 @@ pub fn probe_port(
     port: u16,
     name: Option<&InstanceName>,
     accept_kinds: Option<&[String]>,
-) -> Result<Probed, ProbeError> {
+) -> Result<HealthAnswer, ProbeError> {
     let deadline = Instant::now() + PROBE_TIMEOUT;
     let mut connection =
         Connection::open_at(store::DEFAULT_HOST, port, deadline).map_err(ProbeError::Http)?;
     let response = connection
         .get_health(None, deadline)
         .map_err(ProbeError::Http)?;
-    let answer = check_health(&response, name.map(InstanceName::as_str), accept_kinds)?;
-    Ok(Probed { connection, answer })
+    check_health(&response, name.map(InstanceName::as_str), accept_kinds)
 }
 
 /// The health probe of a registry entry, the one a caller must pass before it sends
@@ -256,6 +256,7 @@ pub fn probe(
 
 /// One registry entry with the outcome of its liveness probe.
 #[derive(Debug)]
+#[non_exhaustive]
 pub struct Listed {
     /// The instance's name.
     pub name: InstanceName,
@@ -263,6 +264,20 @@ pub struct Listed {
     pub entry: Entry,
     /// Its health answer if it is alive, else why not.
     pub liveness: Result<HealthAnswer, ProbeError>,
+}
+
+impl Listed {
+    /// Whether the entry's process certainly no longer exists (the rule start-up
+    /// pruning removes an entry by).
+    pub fn process_is_gone(&self) -> bool {
+        files::pid_is_gone(self.entry.pid)
+    }
+
+    /// Whether the entry is certainly stale: its process is gone, or whatever holds
+    /// its port is not that instance ([`ProbeError::is_stale`]).
+    pub fn is_stale(&self) -> bool {
+        self.process_is_gone() || self.liveness.as_ref().is_err_and(ProbeError::is_stale)
+    }
 }
 
 /// Probes every entry, [`MAX_PARALLEL_PROBES`] at a time, so that a registry full of

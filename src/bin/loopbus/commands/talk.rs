@@ -6,9 +6,7 @@ use super::terminal;
 use crate::cli::{
     local, usage, Args, CommandError, UsageError, EXIT_FAILURE, EXIT_OK, EXIT_RETRYABLE,
 };
-use crate::client::{self, DelegateError, DelegateOptions, Reply, DEFAULT_TIMEOUT};
-use crate::protocol::{UsageReport, MAX_BODY_BYTES};
-use crate::registry;
+use loopbus::{DelegateError, DelegateOptions, Reply, UsageReport, DEFAULT_TIMEOUT, MAX_BODY_BYTES};
 use std::io::{IsTerminal, Read, Write};
 use std::time::{Duration, Instant};
 
@@ -123,11 +121,11 @@ pub fn run(args: &[String]) -> Result<i32, CommandError> {
         Some(prompt) => prompt.to_owned(),
     };
     let request_id =
-        client::new_request_id().map_err(|e| local(format!("cannot make a request id: {e}")))?;
+        loopbus::new_request_id().map_err(|e| local(format!("cannot make a request id: {e}")))?;
 
     let root = match args.value("root") {
         Some(root) => std::path::PathBuf::from(root),
-        None => registry::channel_root(&state_dir),
+        None => loopbus::channel_root(&state_dir),
     };
     let options = DelegateOptions::new(root, caller.clone(), config.bus, target.clone(), prompt)
         .with_depth(depth)
@@ -136,7 +134,7 @@ pub fn run(args: &[String]) -> Result<i32, CommandError> {
         .with_request_id(request_id);
     let started = Instant::now();
     let watch = watch::watch(&options, args.switch("json"))?;
-    let outcome = client::delegate(&options);
+    let outcome = loopbus::delegate(&options);
     watch.finish();
     // Given up for good on a turn that may still run there: cancel it (contract 8.1).
     if let Err(error) = &outcome {
