@@ -70,8 +70,8 @@ pub use http::client::ClientError;
 // Configuration.
 pub use config::{
     load as load_config, parse as parse_config, parse_file as parse_config_file,
-    read_file as read_config_file, BusConfig, Config, ConfigError, EngineConfig, OutputMode,
-    Peers, PromptMode, CONFIG_FILE, DEFAULT_ACCEPT_KINDS, DEFAULT_MAX_DEPTH,
+    read_file as read_config_file, BusConfig, Config, ConfigError, EngineConfig, OutputMode, Peers,
+    PromptMode, CONFIG_FILE, DEFAULT_ACCEPT_KINDS, DEFAULT_MAX_DEPTH,
 };
 pub use engine::{findings as engine_findings, Findings as EngineFindings};
 pub use secret::{Secret, SECRET_BYTES};
@@ -86,8 +86,8 @@ pub use registry::{
 // An instance's records, and the file rules of every state file.
 pub use audit::AUDIT_FILE;
 pub use files::{
-    check_trusted, create_dir_private, mode_is_wider, open_regular as open_regular_file,
-    untrusted, write_atomic, TrustKind, Untrusted, PRIVATE_FILE_MODE,
+    check_trusted, create_dir_private, mode_is_wider, open_regular as open_regular_file, untrusted,
+    write_atomic, TrustKind, Untrusted, PRIVATE_FILE_MODE,
 };
 pub use time::{now_iso8601, parse_iso8601};
 pub use usage::{peek as read_usage, round_cost, Usage, UsageError};
@@ -95,10 +95,10 @@ pub use usage::{peek as read_usage, round_cost, Usage, UsageError};
 // The wire protocol.
 pub use protocol::{
     encode_talk_request, parse_response, parse_talk_request, Envelope, ErrorCode, ExtError,
-    Failure, Health, InstanceName, InvalidInstanceName, InvalidRequestId, RequestError,
-    RequestExt, RequestId, ResponseError, TalkRequest, TurnLoad, UsageReport, CAPABILITIES,
-    MAX_BODY_BYTES, MAX_FROM_INSTANCE_BYTES, MAX_INSTANCE_NAME_LEN, MAX_REQUEST_ID_LEN,
-    MIN_REQUEST_ID_LEN, PROTOCOL_VERSION,
+    Failure, Health, InstanceName, InvalidInstanceName, InvalidRequestId, RequestError, RequestExt,
+    RequestId, ResponseError, TalkRequest, TurnLoad, UsageReport, CAPABILITIES, MAX_BODY_BYTES,
+    MAX_FROM_INSTANCE_BYTES, MAX_INSTANCE_NAME_LEN, MAX_REQUEST_ID_LEN, MIN_REQUEST_ID_LEN,
+    PROTOCOL_VERSION,
 };
 
 /// The parsers the fuzz targets drive, and the replay of a byte stream through one

@@ -42,6 +42,7 @@ pub fn round_cost(cost: f64) -> f64 {
 
 /// Accumulated usage of one instance.
 #[derive(Debug, Clone, Default, PartialEq)]
+#[non_exhaustive]
 pub struct Usage {
     /// Sum of input tokens.
     pub total_input_tokens: u64,
@@ -158,6 +159,7 @@ impl Usage {
 
 /// Why usage could not be read or recorded.
 #[derive(Debug)]
+#[non_exhaustive]
 pub enum UsageError {
     /// `usage.json` is corrupt and no good copy exists; it was left in place.
     Corrupt(PathBuf),

@@ -23,6 +23,7 @@ pub enum TrustKind {
 /// trusted: it is owned by another uid than ours (and not by root), or it is writable
 /// by its group or by others. The message names the path, owner, mode and the fix.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct Untrusted {
     /// The path checked.
     pub path: PathBuf,

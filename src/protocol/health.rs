@@ -35,6 +35,7 @@ pub struct Health {
 
 /// The `turns` object of a health answer.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+#[non_exhaustive]
 pub struct TurnLoad {
     /// Turns being run now.
     pub running: usize,

@@ -29,5 +29,6 @@ pub use probe::{
     list, probe, probe_entry, probe_port, prune, running, HealthAnswer, Listed, ProbeError,
 };
 pub use store::{
-    read, channel_root, default_name, deregister, ensure_registered, register_at, registry_path, Entry,
+    channel_root, default_name, deregister, ensure_registered, read, register_at, registry_path,
+    Entry,
 };

@@ -66,7 +66,8 @@ pub fn parse_name(text: impl Into<String>) -> Result<InstanceName, UsageError> {
 /// config.json is missing, unreadable or invalid; the message names the file and the
 /// field, never a value.
 pub fn own_config(state_dir: &Path) -> Result<Config, CommandError> {
-    loopbus::load_config(&state_dir.join(CONFIG_FILE)).map_err(|e| config_usage_error(state_dir, &e))
+    loopbus::load_config(&state_dir.join(CONFIG_FILE))
+        .map_err(|e| config_usage_error(state_dir, &e))
 }
 
 /// A config error as a local configuration error, with a hint to run `loopbus init`

@@ -38,8 +38,7 @@ pub fn run(args: &[String]) -> Result<i32, CommandError> {
     )?;
     args.at_most(0)?;
     let state_dir = super::state_dir_from(args.value("state-dir"))?;
-    let root =
-        loopbus::channel_root(&std::path::absolute(&state_dir).unwrap_or(state_dir.clone()));
+    let root = loopbus::channel_root(&std::path::absolute(&state_dir).unwrap_or(state_dir.clone()));
     let mut options = InstanceOptions::new(state_dir).handle_signals(true);
     if let Some(name) = args.value("name") {
         options = options.name(name);

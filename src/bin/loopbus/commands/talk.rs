@@ -6,7 +6,9 @@ use super::terminal;
 use crate::cli::{
     local, usage, Args, CommandError, UsageError, EXIT_FAILURE, EXIT_OK, EXIT_RETRYABLE,
 };
-use loopbus::{DelegateError, DelegateOptions, Reply, UsageReport, DEFAULT_TIMEOUT, MAX_BODY_BYTES};
+use loopbus::{
+    DelegateError, DelegateOptions, Reply, UsageReport, DEFAULT_TIMEOUT, MAX_BODY_BYTES,
+};
 use std::io::{IsTerminal, Read, Write};
 use std::time::{Duration, Instant};
 
@@ -328,11 +330,12 @@ mod tests {
 
     #[test]
     fn the_cost_summary_reads_like_a_sentence() {
-        let usage = |cost_usd| UsageReport {
-            cost_usd,
-            input_tokens: 1_200,
-            output_tokens: 340,
-            cached_tokens: 0,
+        let usage = |cost_usd| {
+            let mut usage = UsageReport::default();
+            usage.cost_usd = cost_usd;
+            usage.input_tokens = 1_200;
+            usage.output_tokens = 340;
+            usage
         };
         assert_eq!(
             cost_line("worker", &usage(Some(0.0123)), 3_210),

@@ -225,14 +225,13 @@ mod tests {
 
     #[test]
     fn costs_are_shown_to_four_places_never_with_float_noise() {
+        let mut usage = Usage::default();
+        usage.total_cost_usd = 0.1 + 0.2 + 0.9000000000000002;
+        usage.request_count = 3;
         let row = Row {
             name: "w".to_owned(),
             state_dir: PathBuf::from("/x/w"),
-            usage: Usage {
-                total_cost_usd: 0.1 + 0.2 + 0.9000000000000002,
-                request_count: 3,
-                ..Usage::default()
-            },
+            usage,
             budget: Some(5.0),
             problems: Vec::new(),
         };
