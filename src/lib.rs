@@ -16,7 +16,7 @@
 //! - a channel root's registry: where it is ([`channel_root`], [`registry_path`]), its
 //!   entries ([`read_registry`], [`RegistryEntry`]), and whether they answer
 //!   ([`list_instances`], [`probe_instance`], [`probe_port`], [`running_instance`],
-//!   [`Listed`], [`HealthAnswer`], [`ProbeError`]);
+//!   [`Listed`], [`HealthAnswer`], [`ProbeError`], [`OwnerMismatch`]);
 //! - an instance's records: its usage ([`read_usage`], [`Usage`], [`UsageError`]) and
 //!   its audit log ([`AUDIT_FILE`], one JSON object a line);
 //! - the file rules every state file follows: [`check_trusted`] (and [`Untrusted`]),
@@ -78,9 +78,9 @@ pub use secret::{Secret, SECRET_BYTES};
 
 // The registry of a channel root.
 pub use registry::{
-    channel_root, default_name, list as list_instances, probe as probe_instance, probe_port,
+    channel_root, default_name, list as list_instances, probe_instance, probe_port,
     read as read_registry, registry_path, running as running_instance, Entry as RegistryEntry,
-    HealthAnswer, Listed, ProbeError,
+    HealthAnswer, Listed, OwnerMismatch, ProbeError, PROBE_TIMEOUT,
 };
 
 // An instance's records, and the file rules of every state file.

@@ -98,7 +98,7 @@ pub fn warnings(engine: &EngineConfig) -> Vec<String> {
 }
 
 /// The start-up checks of one engine, each on its own (`loopbus doctor` shows them
-/// one a line; [`warnings`] logs the problems).
+/// one a line; `serve` logs the problems).
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct Findings {
@@ -107,7 +107,8 @@ pub struct Findings {
     /// Where the program is, or why it is not an executable file. `Ok(None)` when it
     /// is relative to a broken `engine.cwd` (unknowable; [`Findings::cwd`] says why).
     pub program: Result<Option<PathBuf>, String>,
-    /// Where [`DELEGATION_PROGRAM`] is on the engine's `PATH`, or that it is not.
+    /// Where `loopbus` (for nested delegation) is on the engine's `PATH`, or that it
+    /// is not.
     pub delegation: Result<PathBuf, String>,
 }
 

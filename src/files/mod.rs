@@ -269,9 +269,9 @@ pub fn read_regular_file(path: &Path, max: u64) -> io::Result<Vec<u8>> {
     read_checked(path, max, false)
 }
 
-/// Opens the regular file `path` for reading, as [`read_regular_file`] does (without
-/// blocking, without following a symlink, checked on the handle), for a caller that
-/// reads it as a stream (`loopbus audit`).
+/// Opens the regular file `path` for reading without blocking (a FIFO put in its place
+/// cannot stall the reader) and without following a symlink, checked on the open
+/// handle, for a caller that reads it as a stream (`loopbus audit`).
 ///
 /// # Errors
 ///

@@ -26,7 +26,8 @@ mod warnings;
 pub use cache::lookup;
 pub use owner::{check_connection_owner, OwnerMismatch};
 pub use probe::{
-    list, probe, probe_entry, probe_port, prune, running, HealthAnswer, Listed, ProbeError,
+    list, probe as probe_instance, probe_entry, probe_port, prune, running, HealthAnswer, Listed,
+    ProbeError, PROBE_TIMEOUT,
 };
 pub use store::{
     channel_root, default_name, deregister, ensure_registered, read, register_at, registry_path,

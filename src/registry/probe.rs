@@ -182,14 +182,16 @@ pub struct Probed {
 }
 
 /// The health probe of a bare port (`loopbus health --port N`): connects to
-/// `127.0.0.1:port`, asks `GET /api/health`, and checks the answer as [`check_health`]
-/// does, all within [`PROBE_TIMEOUT`]. No proof is asked for: there is no entry, so no
-/// secret to check one with, and none to send.
+/// `127.0.0.1:port`, asks `GET /api/health`, and checks the answer: 200, a health
+/// object, `instance` equal to `name` (unless `name` is `None`), `status: "ok"`, and
+/// (unless `accept_kinds` is `None`) a `kind` in `accept_kinds`; all within
+/// [`PROBE_TIMEOUT`]. No proof is asked for: there is no entry, so no secret to check
+/// one with, and none to send.
 ///
 /// # Errors
 ///
-/// A failure to connect or to get an answer in time, or the first condition of
-/// [`check_health`] that does not hold.
+/// A failure to connect or to get an answer in time, or the first of those conditions
+/// that does not hold.
 pub fn probe_port(
     port: u16,
     name: Option<&InstanceName>,
@@ -241,11 +243,17 @@ pub fn probe_entry(
     Ok(Probed { connection, answer })
 }
 
-/// Probes whether the instance `name` answers as its entry says; see [`probe_entry`].
+/// Probes whether the instance `name` answers as its registry entry says, the probe a
+/// caller must pass before it sends the entry's secret: connects to exactly the
+/// entry's `host` and `port`, sends a fresh nonce with `GET /api/health`, checks the
+/// answer as [`probe_port`] does (with `instance` equal to `name`), and, for an entry
+/// with `proof: true`, requires the answer's `proof` to be the HMAC of the proof
+/// message under the entry's secret (constant-time compare; contract 6.1). All within
+/// [`PROBE_TIMEOUT`].
 ///
 /// # Errors
 ///
-/// As [`probe_entry`].
+/// As [`probe_port`], and [`ProbeError::NoProof`] or [`ProbeError::WrongProof`].
 pub fn probe(
     name: &InstanceName,
     entry: &Entry,
