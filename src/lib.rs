@@ -17,7 +17,7 @@
 //!   entries ([`read_registry`], [`RegistryEntry`]), and whether they answer
 //!   ([`list_instances`], [`probe_instance`], [`probe_port`], [`running_instance`],
 //!   [`Listed`], [`HealthAnswer`], [`ProbeError`], [`OwnerMismatch`]);
-//! - an instance's records: its usage ([`read_usage`], [`Usage`], [`UsageError`]) and
+//! - an instance's records: its usage ([`read_usage`], [`Usage`], [`UsageFileError`]) and
 //!   its audit log ([`AUDIT_FILE`], one JSON object a line);
 //! - the file rules every state file follows: [`check_trusted`] (and [`Untrusted`]),
 //!   [`write_atomic`], [`create_dir_private`], [`open_regular_file`];

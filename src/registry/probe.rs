@@ -232,13 +232,15 @@ pub fn probe(target: Target<'_>, accept_kinds: Option<&[String]>) -> Result<Prob
     Ok(Probed { connection, answer })
 }
 
-/// Probes whether the instance `name` answers as its registry entry says: the probe a
-/// caller must pass before it sends the entry's secret ([`Target::Entry`]).
+/// Probes whether the instance `name` answers as its registry entry says, the probe a
+/// caller must pass before it sends the entry's secret: `GET /api/health` at exactly
+/// the entry's `host` and `port` with a fresh nonce; 200, `status: "ok"`, `instance`
+/// equal to `name`, a `kind` in `accept_kinds` (unless `None`), and for an entry with
+/// `proof: true` a valid proof (contract 6.1); all within [`PROBE_TIMEOUT`].
 ///
 /// # Errors
 ///
-/// As [`probe`]: no answer in time, an answer that does not match, or a missing or
-/// wrong proof.
+/// No answer in time, an answer that does not match, or a missing or wrong proof.
 pub fn probe_instance(
     name: &InstanceName,
     entry: &RegistryEntry,
@@ -247,12 +249,13 @@ pub fn probe_instance(
     probe(Target::Entry(name, entry), accept_kinds).map(|probed| probed.answer)
 }
 
-/// The health probe of a bare port on 127.0.0.1 (`loopbus health --port N`), answering
-/// as `name` if given ([`Target::Port`]).
+/// The health probe of a bare port on 127.0.0.1 (`loopbus health --port N`): the
+/// checks of [`probe_instance`] with `instance` equal to `name` if given, and no nonce
+/// or proof (there is no entry, so no secret to check one with).
 ///
 /// # Errors
 ///
-/// As [`probe`].
+/// No answer in time, or an answer that does not match.
 pub fn probe_port(
     port: u16,
     name: Option<&InstanceName>,
