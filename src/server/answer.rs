@@ -175,7 +175,7 @@ impl Bus {
             .with_turns(turns)
             .with_bus_enabled(self.config.bus.enabled);
         // One nonce header exactly: two would leave open which one was answered.
-        let mut nonces = head.header_values(proof::NONCE_HEADER);
+        let mut nonces = head.header_values(crate::http::NONCE_HEADER);
         if let (Some(nonce), None) = (nonces.next(), nonces.next()) {
             if proof::is_valid_nonce(nonce) {
                 // A valid nonce is ASCII hex, so this conversion is lossless.

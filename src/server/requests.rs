@@ -77,8 +77,9 @@ enum State<T, A> {
     },
 }
 
+/// What the store holds for one request id.
 #[derive(Debug)]
-struct StoredRequest<T, A> {
+struct Stored<T, A> {
     digest: RequestDigest,
     state: State<T, A>,
 }
@@ -86,7 +87,7 @@ struct StoredRequest<T, A> {
 /// The store; `T` names a running turn, `A` is what a finished one answered.
 #[derive(Debug)]
 pub struct RequestStore<T, A> {
-    entries: HashMap<RequestKey, StoredRequest<T, A>>,
+    entries: HashMap<RequestKey, Stored<T, A>>,
     /// Stored answers, oldest first: key, serial and when it was stored. An element
     /// whose serial is not its key's current one is stale (the key was forgotten or
     /// stored again) and is skipped.
@@ -135,7 +136,7 @@ impl<T: Copy, A> RequestStore<T, A> {
     pub fn running(&mut self, key: RequestKey, digest: RequestDigest, turn: T) {
         self.forget(&key);
         let state = State::Running(turn);
-        self.entries.insert(key, StoredRequest { digest, state });
+        self.entries.insert(key, Stored { digest, state });
     }
 
     /// Stores what `key`'s turn answered, `size` bytes of it (an envelope: its JSON's
@@ -166,8 +167,7 @@ impl<T: Copy, A> RequestStore<T, A> {
             size,
             serial,
         };
-        self.entries
-            .insert(key.clone(), StoredRequest { digest, state });
+        self.entries.insert(key.clone(), Stored { digest, state });
     }
 
     /// Forgets `key` (its turn ended in a way a retry should run again), keeping the
@@ -209,7 +209,7 @@ impl<T: Copy, A> RequestStore<T, A> {
         while let Some((key, serial, at)) = self.answered.front() {
             let current = matches!(
                 self.entries.get(key),
-                Some(StoredRequest {
+                Some(Stored {
                     state: State::Answered { serial: s, .. },
                     ..
                 }) if s == serial
@@ -242,7 +242,7 @@ mod tests {
     fn key(from: &str, n: u128) -> RequestKey {
         RequestKey {
             from_instance: from.to_owned(),
-            id: RequestId::from_random(n.to_be_bytes()),
+            id: RequestId::new(format!("{n:032x}")).unwrap(),
         }
     }
 

@@ -487,7 +487,7 @@ mod tests {
     /// A request from `alice`, with the id numbered `id` if given.
     fn request(prompt: &str, id: Option<u128>, cancel: bool) -> TalkRequest {
         let mut request = TalkRequest::new("alice", prompt, 1);
-        request.ext.request_id = id.map(|n| RequestId::from_random(n.to_be_bytes()));
+        request.ext.request_id = id.map(|n| RequestId::new(format!("{n:032x}")).unwrap());
         request.ext.cancel = cancel;
         request
     }
