@@ -13,7 +13,9 @@
 //! - the configuration an instance and a caller read: [`Config`], [`BusConfig`],
 //!   [`Peers`], [`EngineConfig`], [`load_config`], [`parse_config`], [`ConfigError`];
 //! - the wire protocol's types: [`TalkRequest`], [`Envelope`], [`Failure`],
-//!   [`ErrorCode`], [`InstanceName`], their parsers and errors.
+//!   [`ErrorCode`], [`InstanceName`], their parsers and errors;
+//! - the one escaping rule for outside text shown on a terminal or in a log:
+//!   [`escape_for_terminal`].
 //!
 //! ```
 //! use loopbus::{parse_talk_request, Envelope, ErrorCode, Failure};
@@ -42,6 +44,7 @@ mod protocol;
 mod registry;
 mod secret;
 mod server;
+mod text;
 mod time;
 mod turns;
 mod usage;
@@ -65,6 +68,7 @@ pub use protocol::{
 pub use registry::ProbeError;
 pub use secret::{Secret, SECRET_BYTES};
 pub use server::{EngineOverride, Instance, InstanceOptions, ServeError, ShutdownHandle};
+pub use text::escape_for_terminal;
 
 /// The `loopbus` binary's entry; not part of the API.
 #[doc(hidden)]

@@ -21,7 +21,7 @@ const SQUATTED_SECRET: &str = "squatted-secret-7f3e9a";
 /// The OSC 52 clipboard write an engine puts on its stderr.
 const OSC52: &str = "\x1b]52;c;aGk=\x07";
 /// The same, as the escaping rule shows it.
-const OSC52_ESCAPED: &str = "\\x1b]52;c;aGk=\\x07";
+const OSC52_ESCAPED: &str = "\\u001b]52;c;aGk=\\u0007";
 
 /// A tiny HTTP server that answers every request as the legacy instance `worker`
 /// (kind cc-telegram-bridge, no proof), prints its port first and then every request
@@ -273,4 +273,32 @@ fn bug_talk_raw_did_not_give_the_replys_exact_bytes() {
     // --json and --raw together is a usage error.
     let (shown, output) = talk(&root, &["--json", "--raw"]);
     assert_eq!(output.status.code(), Some(2), "{shown}");
+}
+
+/// Regression: serve's own log lines carried outside text raw (a caller's name in the
+/// hang-up line, an engine's or a peer's error text, a command or a path from
+/// config). Every log line now goes through the one escaping rule: here the `ready:`
+/// line names an engine command holding an OSC title write.
+#[test]
+fn bug_serve_log_lines_carried_outside_text_raw() {
+    let root = TestRoot::new("log-escape");
+    let mut config = open_config("log-secret-7a8b9c");
+    config["engine"] = json!({"command": ["sh", "-c", "cat", "x\u{1b}]0;pwned\u{7}\u{9b}2J"]});
+    let worker = root.start("worker", &config);
+    assert!(
+        worker.wait_for_log("ready:", START_LIMIT),
+        "{}",
+        worker.describe()
+    );
+    let log = worker.stderr();
+    assert!(
+        log.contains(r"x\u001b]0;pwned\u0007\u009b2J"),
+        "{}",
+        worker.describe()
+    );
+    assert!(
+        !log.contains('\x1b') && !log.contains('\x07') && !log.contains('\u{9b}'),
+        "{}",
+        worker.describe()
+    );
 }
