@@ -15,6 +15,7 @@ pub mod usage_report;
 
 use crate::cli::{local, usage, CommandError, UsageError};
 use crate::config::{self, Config, ConfigError, CONFIG_FILE};
+use crate::files::{self, TrustKind};
 use crate::protocol::InstanceName;
 use crate::registry;
 use std::path::{Path, PathBuf};
@@ -62,13 +63,29 @@ pub fn parse_name(text: impl Into<String>) -> Result<InstanceName, UsageError> {
 }
 
 /// The config of the instance whose state directory is `state_dir`, read the way
-/// `serve` reads it ([`config::load`]: bounded, regular files only).
+/// `serve` reads it: the state directory and config.json must pass `serve`'s trust
+/// check ([`files::check_trusted`]: ours or root's, not writable by group or others,
+/// a symlink only if ours), since another user who could write them would decide our
+/// `peers`, `maxDepth` and whether our bus is enabled; then [`config::load`] (bounded,
+/// regular files only).
 ///
 /// # Errors
-/// config.json is missing, unreadable or invalid; the message names the file and the
-/// field, never a value.
+/// The state directory or config.json is untrusted; config.json is missing,
+/// unreadable or invalid. The message names the file and the field, never a value.
 pub fn own_config(state_dir: &Path) -> Result<Config, CommandError> {
-    config::load(&state_dir.join(CONFIG_FILE)).map_err(|e| config_usage_error(state_dir, &e))
+    let path = state_dir.join(CONFIG_FILE);
+    for (checked, kind) in [
+        (state_dir, TrustKind::Dir),
+        (path.as_path(), TrustKind::File),
+    ] {
+        match files::check_trusted(checked, kind) {
+            // A missing one is config::load's to report, with the hint to create it.
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => return Err(local(e.to_string())),
+            Ok(()) => {}
+        }
+    }
+    config::load(&path).map_err(|e| config_usage_error(state_dir, &e))
 }
 
 /// A config error as a local configuration error, with a hint to run `loopbus init`
