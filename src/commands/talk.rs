@@ -37,8 +37,9 @@ Options:
   --timeout SECS    how long each attempt waits for the answer (default 1800)
   --retries N       retry a retryable failure up to N times (default 0), same
                     request id, jittered backoff from 250 ms doubling to 10 s; a
-                    failure that may have run the turn (timeout, broken after
-                    sending, unknown) only if TARGET has idempotent-requests
+                    failure that may have run the turn (a timeout, ours or
+                    the peer's, broken after sending, unknown) only if TARGET
+                    has idempotent-requests
   --json            print the whole envelope, also for failures: the peer's own
                     (a legacy peer's without protocolVersion and capabilities),
                     or a v1 one for a failure decided here; with the turn's usage
