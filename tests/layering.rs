@@ -17,7 +17,7 @@ const ALLOWED: &[(&str, &[&str])] = &[
         "commands",
         &[
             "cli", "server", "client", "engine", "usage", "audit", "registry", "config",
-            "protocol", "files", "secret", "time",
+            "protocol", "files", "secret", "time", "text",
         ],
     ),
     ("cli", &["server"]),
@@ -30,7 +30,7 @@ const ALLOWED: &[(&str, &[&str])] = &[
     ),
     (
         "client",
-        &["registry", "http", "config", "protocol", "secret"],
+        &["registry", "http", "engine", "config", "protocol", "secret"],
     ),
     ("registry", &["http", "protocol", "files", "time", "secret"]),
     ("engine", &["usage", "config", "protocol", "files"]),
@@ -43,6 +43,7 @@ const ALLOWED: &[(&str, &[&str])] = &[
     ("files", &[]),
     ("time", &[]),
     ("secret", &[]),
+    ("text", &[]),
 ];
 
 fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {
