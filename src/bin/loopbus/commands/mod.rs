@@ -14,10 +14,7 @@ pub mod terminal;
 pub mod usage_report;
 
 use crate::cli::{local, usage, CommandError, UsageError};
-use crate::config::{self, Config, ConfigError, CONFIG_FILE};
-use crate::files::{self, TrustKind};
-use crate::protocol::InstanceName;
-use crate::registry;
+use loopbus::{Config, ConfigError, InstanceName, TrustKind, CONFIG_FILE, DEFAULT_ACCEPT_KINDS};
 use std::path::{Path, PathBuf};
 
 /// The state directory from `--state-dir`, else `$LOOPBUS_STATE_DIR`.
@@ -44,7 +41,7 @@ pub fn state_dir_from(flag: Option<&str>) -> Result<PathBuf, UsageError> {
 pub fn instance_name(state_dir: &Path, flag: Option<&str>) -> Result<InstanceName, UsageError> {
     let name = match flag {
         Some(name) => name.to_owned(),
-        None => registry::default_name(state_dir).ok_or_else(|| {
+        None => loopbus::default_name(state_dir).ok_or_else(|| {
             usage(format!(
                 "{}: cannot take an instance name from this path; pass --name",
                 state_dir.display()
@@ -64,10 +61,10 @@ pub fn parse_name(text: impl Into<String>) -> Result<InstanceName, UsageError> {
 
 /// The config of the instance whose state directory is `state_dir`, read the way
 /// `serve` reads it: the state directory and config.json must pass `serve`'s trust
-/// check ([`files::check_trusted`]: ours or root's, not writable by group or others,
-/// a symlink only if ours), since another user who could write them would decide our
-/// `peers`, `maxDepth` and whether our bus is enabled; then [`config::load`] (bounded,
-/// regular files only).
+/// check ([`loopbus::check_trusted`]: ours or root's, not writable by group or
+/// others, a symlink only if ours), since another user who could write them would
+/// decide our `peers`, `maxDepth` and whether our bus is enabled; then
+/// [`loopbus::load_config`] (bounded, regular files only).
 ///
 /// # Errors
 /// The state directory or config.json is untrusted; config.json is missing,
@@ -78,14 +75,14 @@ pub fn own_config(state_dir: &Path) -> Result<Config, CommandError> {
         (state_dir, TrustKind::Dir),
         (path.as_path(), TrustKind::File),
     ] {
-        match files::check_trusted(checked, kind) {
-            // A missing one is config::load's to report, with the hint to create it.
+        match loopbus::check_trusted(checked, kind) {
+            // A missing one is load_config's to report, with the hint to create it.
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
             Err(e) => return Err(local(e.to_string())),
             Ok(()) => {}
         }
     }
-    config::load(&path).map_err(|e| config_usage_error(state_dir, &e))
+    loopbus::load_config(&path).map_err(|e| config_usage_error(state_dir, &e))
 }
 
 /// A config error as a local configuration error, with a hint to run `loopbus init`
@@ -114,7 +111,7 @@ pub fn registry_root(
     let state_dir = state_dir_from(state_dir_flag).ok();
     match (root_flag, state_dir) {
         (Some(root), state_dir) if !root.is_empty() => Ok((PathBuf::from(root), state_dir)),
-        (_, Some(state_dir)) => Ok((registry::channel_root(&state_dir), Some(state_dir))),
+        (_, Some(state_dir)) => Ok((loopbus::channel_root(&state_dir), Some(state_dir))),
         _ => Err(usage(
             "no registry: pass --root DIR, or --state-dir DIR (or set LOOPBUS_STATE_DIR)",
         )),
@@ -129,6 +126,6 @@ pub fn registry_root(
 pub fn accept_kinds(state_dir: Option<&Path>) -> Result<Vec<String>, CommandError> {
     match state_dir {
         Some(dir) if dir.join(CONFIG_FILE).exists() => Ok(own_config(dir)?.bus.accept_kinds),
-        _ => Ok(config::DEFAULT_ACCEPT_KINDS.map(str::to_owned).to_vec()),
+        _ => Ok(DEFAULT_ACCEPT_KINDS.map(str::to_owned).to_vec()),
     }
 }

@@ -3,7 +3,7 @@
 //! [`escape_for_terminal`], so that escape sequences in a peer's reply, error text or
 //! instance name (clipboard writes, cursor moves, title changes) are seen, not obeyed.
 
-pub use crate::text::escape_for_terminal;
+pub use loopbus::escape_for_terminal;
 
 /// Writes `line` and a newline to stderr, escaped: stderr is always treated as a
 /// terminal, since it usually is one even when stdout is piped. A stderr that can't
