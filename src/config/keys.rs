@@ -6,7 +6,7 @@
 
 use serde_json::{Map, Value};
 
-use super::error::ConfigError;
+use super::error::{ConfigError, Problem};
 
 /// Keys of the top-level object.
 const TOP_KEYS: &[&str] = &["bus", "budgetUsd", "engine"];
@@ -99,10 +99,10 @@ pub(super) fn check(fields: &Map<String, Value>, object: Object) -> Result<(), C
     let known = |key: &str| object.keys().contains(&key) || object.ignored().contains(&key);
     match fields.keys().find(|key| !known(key)) {
         None => Ok(()),
-        Some(key) => Err(ConfigError::unknown_key(
-            object.path_of(key),
-            suggestion(key, object),
-        )),
+        Some(key) => Err(ConfigError::new(Problem::UnknownKey {
+            path: object.path_of(key),
+            suggestion: suggestion(key, object),
+        })),
     }
 }
 

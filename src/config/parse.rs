@@ -7,7 +7,7 @@ use serde_json::{Map, Value};
 use super::error::{ConfigError, Problem};
 use super::keys::{self, Object};
 use super::{
-    BusConfig, Config, EngineConfig, OutputMode, Peers, PromptMode, CONFIG_FILE,
+    BusConfig, Config, EngineConfig, OutputMode, Peers, PromptMode,
     DEFAULT_ENGINE_MAX_OUTPUT_BYTES, DEFAULT_ENGINE_TIMEOUT_SECS, MAX_CONCURRENT_TURNS_LIMIT,
     MAX_QUEUED_TURNS_LIMIT, MAX_REATTACH_SECS,
 };
@@ -22,20 +22,16 @@ use crate::secret::Secret;
 /// have (checked first, object by object), or a field has a value it may not have.
 pub fn parse(bytes: &[u8]) -> Result<Config, ConfigError> {
     if let Some(path) = super::duplicates::first_duplicate(bytes) {
-        return Err(ConfigError::duplicate_key(path));
+        return Err(ConfigError::new(Problem::DuplicateKey { path }));
     }
-    let value: Value = serde_json::from_slice(bytes).map_err(|err| ConfigError {
-        file: CONFIG_FILE.to_owned(),
-        problem: Problem::Syntax {
+    let value: Value = serde_json::from_slice(bytes).map_err(|err| {
+        ConfigError::new(Problem::Syntax {
             line: err.line(),
             column: err.column(),
-        },
+        })
     })?;
     let Value::Object(top) = value else {
-        return Err(ConfigError {
-            file: CONFIG_FILE.to_owned(),
-            problem: Problem::NotAnObject,
-        });
+        return Err(ConfigError::new(Problem::NotAnObject));
     };
     keys::check(&top, Object::Top)?;
 
@@ -341,17 +337,22 @@ fn non_empty_string(value: &Value) -> Option<String> {
     value.as_str().filter(|s| !s.is_empty()).map(str::to_owned)
 }
 
+/// What a string item must be: `"non-empty string"` or `"string"`.
+fn string_kind(non_empty: bool) -> &'static str {
+    if non_empty {
+        "non-empty string"
+    } else {
+        "string"
+    }
+}
+
 /// `value` as a list of strings (non-empty ones if `non_empty`).
 fn string_list(value: &Value, path: &str, non_empty: bool) -> Result<Vec<String>, ConfigError> {
     match value {
         Value::Array(items) => string_items(items, path, non_empty),
-        _ if non_empty => Err(ConfigError::field_error(
-            path,
-            "must be an array of non-empty strings",
-        )),
         _ => Err(ConfigError::field_error(
             path,
-            "must be an array of strings",
+            format!("must be an array of {}s", string_kind(non_empty)),
         )),
     }
 }
@@ -363,13 +364,9 @@ fn string_items(items: &[Value], path: &str, non_empty: bool) -> Result<Vec<Stri
         .enumerate()
         .map(|(i, item)| match item {
             Value::String(s) if !(non_empty && s.is_empty()) => Ok(s.clone()),
-            _ if non_empty => Err(ConfigError::field_error(
-                format!("{path}[{i}]"),
-                "must be a non-empty string",
-            )),
             _ => Err(ConfigError::field_error(
                 format!("{path}[{i}]"),
-                "must be a string",
+                format!("must be a {}", string_kind(non_empty)),
             )),
         })
         .collect()
