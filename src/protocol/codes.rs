@@ -120,8 +120,9 @@ impl ErrorCode {
             )
     }
 
-    /// The retry table ([`KNOWN_CODES`]). Codes this build does not know are treated
-    /// like `unknown` (retryable).
+    /// The retry table: can the caller reasonably try the same delegation again
+    /// without local operator action? Codes this build does not know are treated like
+    /// `unknown` (retryable).
     pub fn retryable(&self) -> bool {
         self.known().is_none_or(|(_, _, retryable)| *retryable)
     }

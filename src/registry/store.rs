@@ -196,7 +196,7 @@ pub fn ensure_registered(
         return Ok(false);
     }
     check_entry(port, pid)?;
-    let written = lock::try_with_registry_lock(root, || {
+    let written = lock::within(root, std::time::Duration::ZERO, || {
         if read(root)?.contains_key(name) {
             return Ok(false);
         }
@@ -459,8 +459,22 @@ fn absolute(path: &Path) -> PathBuf {
 }
 
 #[cfg(test)]
+pub(crate) use tests::register;
+
+#[cfg(test)]
 mod tests {
     use super::*;
+
+    /// [`register_at`] on the default host, for tests here and in `probe`.
+    pub(crate) fn register(
+        root: &Path,
+        name: &InstanceName,
+        port: u16,
+        pid: u32,
+        secret: &Secret,
+    ) -> io::Result<()> {
+        register_at(root, name, DEFAULT_HOST, port, pid, secret)
+    }
 
     /// The lock directory is named after the registry file, as the original names it.
     #[test]
@@ -797,16 +811,4 @@ mod tests {
         assert!(!shown.contains("top-secret-value"), "{shown}");
         assert!(shown.contains("[redacted]"), "{shown}");
     }
-}
-
-/// [`register_at`] on the default host, for tests here and in `probe`.
-#[cfg(test)]
-pub fn register(
-    root: &Path,
-    name: &InstanceName,
-    port: u16,
-    pid: u32,
-    secret: &Secret,
-) -> io::Result<()> {
-    register_at(root, name, DEFAULT_HOST, port, pid, secret)
 }
