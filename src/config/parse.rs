@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 use serde_json::{Map, Value};
 
 use super::error::{ConfigError, Problem};
-use super::keys::{self, Object};
+use super::keys::{self, Object, BUS, ENGINE, TOP};
 use super::{
     BusConfig, Config, EngineConfig, OutputMode, Peers, PromptMode,
     DEFAULT_ENGINE_MAX_OUTPUT_BYTES, DEFAULT_ENGINE_TIMEOUT_SECS, MAX_CONCURRENT_TURNS_LIMIT,
@@ -33,7 +33,7 @@ pub fn parse(bytes: &[u8]) -> Result<Config, ConfigError> {
     let Value::Object(top) = value else {
         return Err(ConfigError::new(Problem::NotAnObject));
     };
-    keys::check(&top, Object::Top)?;
+    keys::check(&top, &TOP)?;
 
     let bus = match top.get("bus") {
         Some(Value::Bool(true)) => BusConfig::open(),
@@ -62,15 +62,25 @@ pub fn parse(bytes: &[u8]) -> Result<Config, ConfigError> {
     })
 }
 
-/// One object of the config, with the path that names its fields in errors.
+/// One object of the config, its keys checked, with the path that names its fields in
+/// errors.
 struct Section<'a> {
     fields: &'a Map<String, Value>,
-    path: &'static str,
+    object: &'static Object,
 }
 
 impl Section<'_> {
+    /// `fields` as `object`, once its keys are all known ([`keys::check`]).
+    fn new<'a>(
+        fields: &'a Map<String, Value>,
+        object: &'static Object,
+    ) -> Result<Section<'a>, ConfigError> {
+        keys::check(fields, object)?;
+        Ok(Section { fields, object })
+    }
+
     fn path_of(&self, key: &str) -> String {
-        format!("{}.{key}", self.path)
+        self.object.path_of(key)
     }
 
     /// Field `key` as `convert` reads it, or `default` when it is missing. When `convert`
@@ -126,11 +136,7 @@ impl Section<'_> {
 }
 
 fn parse_bus(fields: &Map<String, Value>) -> Result<BusConfig, ConfigError> {
-    keys::check(fields, Object::Bus)?;
-    let bus = Section {
-        fields,
-        path: "bus",
-    };
+    let bus = Section::new(fields, &BUS)?;
     let defaults = BusConfig::default();
     let (enabled, peers) = parse_peers(fields.get("peers"))?;
     // Fields are checked in this order; the first bad one is reported.
@@ -205,11 +211,7 @@ fn parse_peers(value: Option<&Value>) -> Result<(bool, Peers), ConfigError> {
 }
 
 fn parse_engine(fields: &Map<String, Value>) -> Result<EngineConfig, ConfigError> {
-    keys::check(fields, Object::Engine)?;
-    let engine = Section {
-        fields,
-        path: "engine",
-    };
+    let engine = Section::new(fields, &ENGINE)?;
     Ok(EngineConfig {
         command: parse_command(fields.get("command"))?,
         prompt: engine.get(
