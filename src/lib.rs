@@ -85,7 +85,7 @@ pub mod __internals {
     pub use crate::http::{parse_request_head, MAX_HEADERS, MAX_HEAD_BYTES};
     pub use crate::protocol::parse_health;
     pub use crate::registry::store::{
-        parse as parse_registry, Entry as RegistryEntry, Parsed as ParsedRegistry,
+        parse as parse_registry, Parsed as ParsedRegistry, RegistryEntry,
     };
     pub use crate::time::now_iso8601;
 }

@@ -3,7 +3,7 @@
 use super::{output, terminal};
 use crate::cli::{local, usage, Args, CommandError, UsageError, EXIT_OK, EXIT_RETRYABLE};
 use crate::protocol::InstanceName;
-use crate::registry::{self, Probed};
+use crate::registry::{self, Probed, Target};
 use serde_json::Value;
 use std::io::IsTerminal;
 use std::path::PathBuf;
@@ -119,7 +119,7 @@ pub fn run(args: &[String]) -> Result<i32, CommandError> {
 /// The registry can't be read.
 fn ask(asked: &Asked<'_>, kinds: &[String]) -> Result<Result<Value, String>, CommandError> {
     let probed = match asked {
-        Asked::Port(port, target) => registry::probe_port(*port, *target, Some(kinds))
+        Asked::Port(port, target) => registry::probe(Target::Port(*port, *target), Some(kinds))
             .map_err(|e| (format!("port {port}"), e)),
         Asked::Registered(name, root) => {
             let path = registry::registry_path(root);
@@ -132,7 +132,7 @@ fn ask(asked: &Asked<'_>, kinds: &[String]) -> Result<Result<Value, String>, Com
                 )));
             };
             // A registered instance is probed at its own address, proof included.
-            registry::probe_entry(name, &entry, Some(kinds))
+            registry::probe(Target::Entry(name, &entry), Some(kinds))
                 .map_err(|e| (format!("{name} (port {})", entry.port), e))
         }
     };

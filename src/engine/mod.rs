@@ -14,7 +14,6 @@ mod cancel;
 mod outcome;
 mod preflight;
 mod process;
-mod procfs;
 mod reaper;
 mod running;
 

@@ -84,17 +84,11 @@ pub fn spawn_failure(engine: &EngineConfig, error: &io::Error) -> Failure {
 /// the log.
 pub fn warnings(engine: &EngineConfig) -> Vec<String> {
     let findings = findings(engine);
-    let mut found = Vec::new();
-    if let Some(problem) = findings.cwd {
-        found.push(format!("{problem}; every engine turn will fail"));
-    }
-    if let Err(problem) = findings.program {
-        found.push(format!("{problem}; every engine turn will fail"));
-    }
-    if let Err(problem) = findings.delegation {
-        found.push(problem);
-    }
-    found
+    let fatal = findings.cwd.into_iter().chain(findings.program.err());
+    fatal
+        .map(|problem| format!("{problem}; every engine turn will fail"))
+        .chain(findings.delegation.err())
+        .collect()
 }
 
 /// The start-up checks of one engine, each on its own (`loopbus doctor` shows them

@@ -37,7 +37,7 @@ pub mod replay;
 mod service;
 
 pub use event_loop::EventLoop;
-pub use headers::{LengthError, HEALTH_PATH, MAX_HEADERS, MAX_HEAD_BYTES, TALK_PATH};
+pub use headers::{LengthError, HEALTH_PATH, MAX_HEADERS, MAX_HEAD_BYTES, NONCE_HEADER, TALK_PATH};
 pub use listener::{bind_loopback, connection_cap, max_authorized, HEALTH_RESERVE};
 pub use message::{parse_request_head, Head, HttpError, Response};
 pub use service::{ConnId, Control, HeadAction, Service};

@@ -3,7 +3,7 @@
 //!
 //! An entry says where an instance *was* listening; only a probe says whether it still
 //! is. A caller sends an entry's secret only on the connection whose probe matched
-//! ([`probe_port`] hands that connection back).
+//! ([`probe`] hands that connection back).
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
-use super::store::{self, Entry};
+use super::store::{self, RegistryEntry};
 use crate::files;
 use crate::http::client::{ClientError, Connection, ReceivedResponse};
 use crate::protocol::{self, proof, Health, InstanceName, ResponseError};
@@ -74,28 +74,24 @@ fn quoted(s: &str) -> String {
 impl fmt::Display for ProbeError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            ProbeError::Http(e) => write!(f, "health check failed: {e}"),
-            ProbeError::Status(status) => write!(f, "health check answered HTTP {status}"),
-            ProbeError::NotHealth(e) => write!(f, "health check answer is not valid: {e}"),
-            ProbeError::OtherInstance(h) => write!(
+            Self::Http(e) => write!(f, "health check failed: {e}"),
+            Self::Status(status) => write!(f, "health check answered HTTP {status}"),
+            Self::NotHealth(e) => write!(f, "health check answer is not valid: {e}"),
+            Self::OtherInstance(h) => write!(
                 f,
                 "the port is held by another instance ({})",
                 quoted(&h.instance)
             ),
-            ProbeError::NotReady(h) => {
-                write!(
+            Self::NotReady(h) => write!(
                     f,
                     "the instance is not serving (status {})",
                     quoted(&h.status)
-                )
-            }
-            ProbeError::KindNotAccepted(h) => {
-                write!(f, "the instance's kind {} is not accepted", quoted(&h.kind))
-            }
-            ProbeError::NoProof => f.write_str(
+                ),
+            Self::KindNotAccepted(h) => write!(f, "the instance's kind {} is not accepted", quoted(&h.kind)),
+            Self::NoProof => f.write_str(
                 "whatever holds the port gave no proof of the instance's secret; not sending it",
             ),
-            ProbeError::WrongProof => f.write_str(
+            Self::WrongProof => f.write_str(
                 "whatever holds the port gave a wrong proof of the instance's secret; not sending it",
             ),
         }
@@ -109,7 +105,7 @@ impl ProbeError {
     /// it holds the entry's secret: a squatter, refused without retrying (contract
     /// 6.1).
     pub fn is_failed_proof(&self) -> bool {
-        matches!(self, ProbeError::NoProof | ProbeError::WrongProof)
+        matches!(self, Self::NoProof | Self::WrongProof)
     }
 
     /// Whether the entry is certainly stale, so that `prune` may remove it: nothing
@@ -119,21 +115,21 @@ impl ProbeError {
     /// itself but is stopping or of another kind is still there.
     pub fn is_stale(&self) -> bool {
         match self {
-            ProbeError::Http(ClientError::Connect(_) | ClientError::Malformed(_))
-            | ProbeError::Http(ClientError::Closed)
-            | ProbeError::Status(_)
-            | ProbeError::NotHealth(_)
-            | ProbeError::OtherInstance(_)
-            | ProbeError::NoProof
-            | ProbeError::WrongProof => true,
-            ProbeError::Http(
+            Self::Http(ClientError::Connect(_) | ClientError::Malformed(_))
+            | Self::Http(ClientError::Closed)
+            | Self::Status(_)
+            | Self::NotHealth(_)
+            | Self::OtherInstance(_)
+            | Self::NoProof
+            | Self::WrongProof => true,
+            Self::Http(
                 ClientError::NotLoopback(_)
                 | ClientError::Timeout
                 | ClientError::Io(_)
                 | ClientError::UnsendableSecret,
             )
-            | ProbeError::NotReady(_)
-            | ProbeError::KindNotAccepted(_) => false,
+            | Self::NotReady(_)
+            | Self::KindNotAccepted(_) => false,
         }
     }
 }
@@ -180,78 +176,68 @@ pub struct Probed {
     pub answer: HealthAnswer,
 }
 
-/// The health probe of a bare port (`loopbus health --port N`): connects to
-/// `127.0.0.1:port`, asks `GET /api/health`, and checks the answer as [`check_health`]
-/// does, all within [`PROBE_TIMEOUT`]. No proof is asked for: there is no entry, so no
-/// secret to check one with, and none to send.
-///
-/// # Errors
-///
-/// A failure to connect or to get an answer in time, or the first condition of
-/// [`check_health`] that does not hold.
-pub fn probe_port(
-    port: u16,
-    name: Option<&InstanceName>,
-    accept_kinds: Option<&[String]>,
-) -> Result<Probed, ProbeError> {
-    let deadline = Instant::now() + PROBE_TIMEOUT;
-    let mut connection =
-        Connection::open_at(store::DEFAULT_HOST, port, deadline).map_err(ProbeError::Http)?;
-    let response = connection
-        .get_health(None, deadline)
-        .map_err(ProbeError::Http)?;
-    let answer = check_health(&response, name.map(InstanceName::as_str), accept_kinds)?;
-    Ok(Probed { connection, answer })
+/// What a health probe is pointed at.
+#[derive(Clone, Copy, Debug)]
+#[non_exhaustive]
+pub enum Target<'a> {
+    /// A bare port on 127.0.0.1 (`loopbus health --port N`), answering as the given
+    /// instance if one is given. No nonce goes out and no proof is asked for: there is
+    /// no entry, so no secret to check one with, and none to send.
+    Port(u16, Option<&'a InstanceName>),
+    /// A registry entry, the probe a caller must pass before it sends the entry's
+    /// secret: exactly the entry's `host` and `port`, a fresh nonce, and, for an entry
+    /// with `proof: true`, an answer whose `proof` is the HMAC of the proof message
+    /// under the entry's secret (constant-time compare; contract 6.1).
+    Entry(&'a InstanceName, &'a RegistryEntry),
 }
 
-/// The health probe of a registry entry, the one a caller must pass before it sends
-/// the entry's secret: connects to exactly the entry's `host` and `port`, sends a
-/// fresh nonce with `GET /api/health`, checks the answer as [`check_health`] does,
-/// and, for an entry with `proof: true`, requires the answer's `proof` to be the HMAC
-/// of the proof message under the entry's secret (constant-time compare; contract
-/// 6.1). All within [`PROBE_TIMEOUT`]. The connection handed back is the one the
-/// proof came on.
+/// The health probe: connects to `target`, asks `GET /api/health`, and checks the
+/// answer as [`check_health`] does (and the proof, for a [`Target::Entry`] that
+/// claims one), all within [`PROBE_TIMEOUT`]. The connection handed back is the one
+/// the answer came on.
 ///
 /// # Errors
 ///
-/// As [`probe_port`], and [`ProbeError::NoProof`] or [`ProbeError::WrongProof`].
-pub fn probe_entry(
-    name: &InstanceName,
-    entry: &Entry,
-    accept_kinds: Option<&[String]>,
-) -> Result<Probed, ProbeError> {
+/// A failure to connect or to get an answer in time, the first condition of
+/// [`check_health`] that does not hold, [`ProbeError::NoProof`] or
+/// [`ProbeError::WrongProof`].
+pub fn probe(target: Target<'_>, accept_kinds: Option<&[String]>) -> Result<Probed, ProbeError> {
     let deadline = Instant::now() + PROBE_TIMEOUT;
-    let nonce = secret::nonce().map_err(|e| ProbeError::Http(ClientError::Io(e)))?;
-    let mut connection =
-        Connection::open_at(entry.host, entry.port, deadline).map_err(ProbeError::Http)?;
+    let (host, port, name, entry) = match target {
+        Target::Port(port, name) => (store::DEFAULT_HOST, port, name, None),
+        Target::Entry(name, entry) => (entry.host, entry.port, Some(name), Some(entry)),
+    };
+    let nonce = match entry {
+        Some(_) => Some(secret::nonce().map_err(|e| ProbeError::Http(ClientError::Io(e)))?),
+        None => None,
+    };
+    let mut connection = Connection::open_at(host, port, deadline).map_err(ProbeError::Http)?;
     let response = connection
-        .get_health(Some(&nonce), deadline)
+        .get_health(nonce.as_deref(), deadline)
         .map_err(ProbeError::Http)?;
-    let answer = check_health(&response, Some(name.as_str()), accept_kinds)?;
-    if entry.proof {
-        let message = proof::proof_message(name.as_str(), entry.host, entry.port, &nonce);
-        match &answer.health.proof {
-            None => return Err(ProbeError::NoProof),
-            Some(given) if !entry.secret.verify_proof(&message, given) => {
-                return Err(ProbeError::WrongProof)
+    let answer = check_health(&response, name.map(InstanceName::as_str), accept_kinds)?;
+    if let (Some(entry), Some(name), Some(nonce)) = (entry, name, &nonce) {
+        if entry.proof {
+            let message = proof::proof_message(name.as_str(), host, port, nonce);
+            match &answer.health.proof {
+                None => return Err(ProbeError::NoProof),
+                Some(given) if !entry.secret.verify_proof(&message, given) => {
+                    return Err(ProbeError::WrongProof)
+                }
+                Some(_) => {}
             }
-            Some(_) => {}
         }
     }
     Ok(Probed { connection, answer })
 }
 
-/// Probes whether the instance `name` answers as its entry says; see [`probe_entry`].
-///
-/// # Errors
-///
-/// As [`probe_entry`].
-pub fn probe(
+/// The health answer of `name`'s entry, as [`probe`] of a [`Target::Entry`] checks it.
+fn probe_answer(
     name: &InstanceName,
-    entry: &Entry,
+    entry: &RegistryEntry,
     accept_kinds: Option<&[String]>,
 ) -> Result<HealthAnswer, ProbeError> {
-    probe_entry(name, entry, accept_kinds).map(|probed| probed.answer)
+    probe(Target::Entry(name, entry), accept_kinds).map(|probed| probed.answer)
 }
 
 /// One registry entry with the outcome of its liveness probe.
@@ -260,7 +246,7 @@ pub struct Listed {
     /// The instance's name.
     pub name: InstanceName,
     /// Its registry entry.
-    pub entry: Entry,
+    pub entry: RegistryEntry,
     /// Its health answer if it is alive, else why not.
     pub liveness: Result<HealthAnswer, ProbeError>,
 }
@@ -268,10 +254,10 @@ pub struct Listed {
 /// Probes every entry, [`MAX_PARALLEL_PROBES`] at a time, so that a registry full of
 /// unresponsive ports costs about one [`PROBE_TIMEOUT`], not one per entry.
 fn probe_all(
-    entries: BTreeMap<InstanceName, Entry>,
+    entries: BTreeMap<InstanceName, RegistryEntry>,
     accept_kinds: Option<&[String]>,
 ) -> Vec<Listed> {
-    let entries: Vec<(InstanceName, Entry)> = entries.into_iter().collect();
+    let entries: Vec<(InstanceName, RegistryEntry)> = entries.into_iter().collect();
     let mut listed = Vec::with_capacity(entries.len());
     for batch in entries.chunks(MAX_PARALLEL_PROBES) {
         std::thread::scope(|scope| {
@@ -280,7 +266,7 @@ fn probe_all(
                 .map(|(name, entry)| {
                     let spawned = std::thread::Builder::new()
                         .name(format!("probe-{name}"))
-                        .spawn_scoped(scope, move || probe(name, entry, accept_kinds));
+                        .spawn_scoped(scope, move || probe_answer(name, entry, accept_kinds));
                     (name, entry, spawned)
                 })
                 .collect();
@@ -294,7 +280,7 @@ fn probe_all(
                             "the probe failed unexpectedly",
                         ))))),
                     // No thread to spare: probe here instead.
-                    Err(_) => probe(name, entry, accept_kinds),
+                    Err(_) => probe_answer(name, entry, accept_kinds),
                 };
                 listed.push(Listed {
                     name: name.clone(),
@@ -329,7 +315,7 @@ pub fn list(root: &Path, accept_kinds: Option<&[String]>) -> io::Result<Vec<List
 ///
 /// Any I/O error reading, locking or writing the registry.
 pub fn prune(root: &Path) -> io::Result<Vec<InstanceName>> {
-    let stale: Vec<(InstanceName, Entry)> = store::read(root)?
+    let stale: Vec<(InstanceName, RegistryEntry)> = store::read(root)?
         .into_iter()
         .filter(|(_, entry)| files::pid_is_gone(entry.pid))
         .collect();
@@ -345,11 +331,11 @@ pub fn prune(root: &Path) -> io::Result<Vec<InstanceName>> {
 /// # Errors
 ///
 /// The registry file exists but can't be read.
-pub fn running(root: &Path, name: &InstanceName) -> io::Result<Option<Entry>> {
+pub fn running(root: &Path, name: &InstanceName) -> io::Result<Option<RegistryEntry>> {
     let Some(entry) = store::lookup(root, name)? else {
         return Ok(None);
     };
-    match probe(name, &entry, None) {
+    match probe_answer(name, &entry, None) {
         Ok(_) => Ok(Some(entry)),
         Err(e) if e.is_failed_proof() => {
             // Who holds it, as far as the socket tables tell (Linux).
