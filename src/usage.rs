@@ -33,8 +33,8 @@ pub const MAX_TOTAL_COST_USD: f64 = 1e12;
 /// cost; an exact power of ten, so the rounding itself adds no noise.
 pub const COST_STEPS_PER_USD: f64 = 1e9;
 
-/// `cost` rounded to a whole number of [`COST_STEPS_PER_USD`] steps: the double
-/// nearest to that short decimal, which serializes as it.
+/// `cost` rounded to a whole number of billionths of a dollar (`COST_STEPS_PER_USD`):
+/// the double nearest to that short decimal, which serializes as it.
 pub fn round_cost(cost: f64) -> f64 {
     // Both operations are correctly rounded and 1e9 is exact, so a total of up to
     // 2^53 steps (about $9 million) comes out as the nearest double to its decimal.
@@ -48,6 +48,7 @@ pub fn round_cost(cost: f64) -> f64 {
 /// non-negative number) makes the whole file invalid.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
+#[non_exhaustive]
 pub struct Usage {
     /// When the file was last updated (ISO-8601), if ever.
     #[serde(default)]
@@ -133,13 +134,14 @@ impl Usage {
 
 /// Why usage could not be read or recorded.
 #[derive(Debug)]
+#[non_exhaustive]
 pub enum UsageFileError {
     /// `usage.json` is corrupt and no good copy exists; it was left in place.
     Corrupt(PathBuf),
     /// Reading or writing failed.
     Io(io::Error),
-    /// Adding this turn's cost would take the total past [`MAX_TOTAL_COST_USD`] (or
-    /// the cost is not a finite, non-negative number); nothing was written.
+    /// Adding this turn's cost would take the total past $10^12 (`MAX_TOTAL_COST_USD`)
+    /// (or the cost is not a finite, non-negative number); nothing was written.
     Overflow {
         /// The total before this turn, in US dollars.
         total: f64,

@@ -89,7 +89,7 @@ fn standin_lock(root: &Path) -> PathBuf {
             Ok(()) => {
                 let owner = json!({
                     "pid": std::process::id(),
-                    "acquiredAt": loopbus::__internals::now_iso8601(),
+                    "acquiredAt": loopbus::now_iso8601(),
                 });
                 fs::write(lock.join("owner.json"), owner.to_string()).unwrap();
                 return lock;
@@ -157,7 +157,7 @@ fn standin_entry(port: u16, chat: u64) -> Value {
         "port": port,
         "pid": std::process::id(),
         "secret": format!("standin-secret-{port}"),
-        "updatedAt": loopbus::__internals::now_iso8601(),
+        "updatedAt": loopbus::now_iso8601(),
         "telegramChat": chat,
     })
 }

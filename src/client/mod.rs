@@ -178,6 +178,7 @@ impl fmt::Debug for DelegateOptions {
 
 /// A successful delegation.
 #[derive(Debug, Clone, PartialEq)]
+#[non_exhaustive]
 pub struct Reply {
     /// The reply text.
     pub text: String,
@@ -194,6 +195,7 @@ pub struct Reply {
 /// What a peer's envelope said of its protocol, kept so that `loopbus talk --json`
 /// prints the peer's own answer, not ours.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct PeerProtocol {
     /// The peer's `protocolVersion` (`None`: a legacy peer left it out).
     pub protocol_version: Option<u64>,

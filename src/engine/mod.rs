@@ -19,7 +19,7 @@ mod running;
 
 pub use cancel::CancelToken;
 pub use outcome::TurnResult;
-pub use preflight::{engine_path, find_delegation, findings, warnings};
+pub use preflight::{findings, warnings, Findings};
 pub use reaper::contain_leftovers;
 pub use running::RunningEngines;
 

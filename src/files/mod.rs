@@ -22,7 +22,7 @@ mod pid;
 mod trust;
 pub use pid::{children_of, group_has_live_member, parent_of, pid_is_gone};
 
-pub use trust::{check_trusted, check_trusted_metadata, untrusted, TrustKind};
+pub use trust::{check_trusted, check_trusted_metadata, untrusted, TrustKind, Untrusted};
 
 /// Mode of private state files: the registry, config.json, usage.json, the audit log and
 /// lock files.
@@ -260,9 +260,9 @@ pub fn read_regular_file(path: &Path, max: u64) -> io::Result<Vec<u8>> {
     read_checked(path, max, false)
 }
 
-/// Opens the regular file `path` for reading, as [`read_regular_file`] does (without
-/// blocking, without following a symlink, checked on the handle), for a caller that
-/// reads it as a stream (`loopbus audit`).
+/// Opens the regular file `path` for reading without blocking (a FIFO put in its place
+/// cannot stall the reader) and without following a symlink, checked on the open
+/// handle, for a caller that reads it as a stream (`loopbus audit`).
 ///
 /// # Errors
 ///

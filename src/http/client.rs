@@ -42,6 +42,7 @@ const RESPONSE_READ_CHUNK: usize = 16 * 1024;
 /// Why an HTTP exchange did not produce a response. Messages never contain anything
 /// the caller sent (so never a secret).
 #[derive(Debug)]
+#[non_exhaustive]
 pub enum ClientError {
     /// The address is not a loopback address; nothing was sent.
     NotLoopback(IpAddr),

@@ -11,6 +11,7 @@ use super::{
 
 /// The failure part of an envelope.
 #[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct Failure {
     /// Human-readable message (surfaced directly by CLI paths).
     pub error: String,
@@ -35,8 +36,9 @@ impl Failure {
 
 /// What one turn cost, as an envelope reports it (`usage-report`, contract 8.3), in
 /// the wire's field order.
-#[derive(Clone, Copy, Debug, PartialEq, serde::Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Default, serde::Serialize)]
 #[serde(rename_all = "camelCase")]
+#[non_exhaustive]
 pub struct UsageReport {
     /// Cost in US dollars, `None` when the engine reported tokens but no cost.
     pub cost_usd: Option<f64>,
@@ -69,6 +71,7 @@ impl UsageReport {
 
 /// A `/api/talk` response envelope, v1 or legacy.
 #[derive(Clone, Debug, PartialEq)]
+#[non_exhaustive]
 pub struct Envelope {
     /// The reply text (`""` on failure).
     pub text: String,

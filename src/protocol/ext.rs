@@ -63,6 +63,7 @@ impl fmt::Display for RequestId {
 
 /// The `ext` fields of a request that this build reads.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct RequestExt {
     /// `ext.requestId`: the delegation's id, the same across its retries.
     pub request_id: Option<RequestId>,
@@ -72,6 +73,7 @@ pub struct RequestExt {
 
 /// Why `ext` was refused (contract 3, check 7).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum ExtError {
     /// `ext` is not an object.
     NotObject,

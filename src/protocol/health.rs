@@ -40,6 +40,7 @@ pub struct Health {
 
 /// The `turns` object of a health answer.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default, serde::Serialize)]
+#[non_exhaustive]
 pub struct TurnLoad {
     /// Turns being run now.
     pub running: usize,

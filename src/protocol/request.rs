@@ -14,6 +14,7 @@ pub const MAX_FROM_INSTANCE_BYTES: usize = 1024;
 
 /// A validated `/api/talk` request.
 #[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct TalkRequest {
     /// The calling instance's name: non-empty, at most 1,024 bytes
     /// (`MAX_FROM_INSTANCE_BYTES`), without control characters.

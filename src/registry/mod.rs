@@ -25,8 +25,11 @@ pub mod store;
 mod warnings;
 
 pub use owner::{check_connection_owner, OwnerMismatch};
-pub use probe::{list, probe, prune, running, Listed, ProbeError, Probed, Target};
+pub use probe::{
+    list, probe, probe_instance, probe_port, prune, running, HealthAnswer, Listed, ProbeError,
+    Target, PROBE_TIMEOUT,
+};
 pub use store::{
-    channel_root, default_name, deregister, ensure_registered, lookup, register_at, registry_path,
-    RegistryEntry,
+    channel_root, default_name, deregister, ensure_registered, lookup, read, register_at,
+    registry_path, RegistryEntry,
 };

@@ -61,6 +61,7 @@ pub struct Socket {
 
 /// A listener of another user holds the target address and port.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct OwnerMismatch {
     /// The target port.
     pub port: u16,

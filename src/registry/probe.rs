@@ -30,6 +30,7 @@ const MAX_QUOTED_CHARS: usize = 80;
 
 /// A health answer that matched what the probe asked for.
 #[derive(Debug, Clone, PartialEq)]
+#[non_exhaustive]
 pub struct HealthAnswer {
     /// The fields every health answer has.
     pub health: Health,
@@ -231,8 +232,16 @@ pub fn probe(target: Target<'_>, accept_kinds: Option<&[String]>) -> Result<Prob
     Ok(Probed { connection, answer })
 }
 
-/// The health answer of `name`'s entry, as [`probe`] of a [`Target::Entry`] checks it.
-fn probe_answer(
+/// Probes whether the instance `name` answers as its registry entry says, the probe a
+/// caller must pass before it sends the entry's secret: `GET /api/health` at exactly
+/// the entry's `host` and `port` with a fresh nonce; 200, `status: "ok"`, `instance`
+/// equal to `name`, a `kind` in `accept_kinds` (unless `None`), and for an entry with
+/// `proof: true` a valid proof (contract 6.1); all within [`PROBE_TIMEOUT`].
+///
+/// # Errors
+///
+/// No answer in time, an answer that does not match, or a missing or wrong proof.
+pub fn probe_instance(
     name: &InstanceName,
     entry: &RegistryEntry,
     accept_kinds: Option<&[String]>,
@@ -240,8 +249,24 @@ fn probe_answer(
     probe(Target::Entry(name, entry), accept_kinds).map(|probed| probed.answer)
 }
 
+/// The health probe of a bare port on 127.0.0.1 (`loopbus health --port N`): the
+/// checks of [`probe_instance`] with `instance` equal to `name` if given, and no nonce
+/// or proof (there is no entry, so no secret to check one with).
+///
+/// # Errors
+///
+/// No answer in time, or an answer that does not match.
+pub fn probe_port(
+    port: u16,
+    name: Option<&InstanceName>,
+    accept_kinds: Option<&[String]>,
+) -> Result<HealthAnswer, ProbeError> {
+    probe(Target::Port(port, name), accept_kinds).map(|probed| probed.answer)
+}
+
 /// One registry entry with the outcome of its liveness probe.
 #[derive(Debug)]
+#[non_exhaustive]
 pub struct Listed {
     /// The instance's name.
     pub name: InstanceName,
@@ -249,6 +274,20 @@ pub struct Listed {
     pub entry: RegistryEntry,
     /// Its health answer if it is alive, else why not.
     pub liveness: Result<HealthAnswer, ProbeError>,
+}
+
+impl Listed {
+    /// Whether the entry's process certainly no longer exists (the rule start-up
+    /// pruning removes an entry by).
+    pub fn process_is_gone(&self) -> bool {
+        files::pid_is_gone(self.entry.pid)
+    }
+
+    /// Whether the entry is certainly stale: its process is gone, or whatever holds
+    /// its port is not that instance ([`ProbeError::is_stale`]).
+    pub fn is_stale(&self) -> bool {
+        self.process_is_gone() || self.liveness.as_ref().is_err_and(ProbeError::is_stale)
+    }
 }
 
 /// Probes every entry, [`MAX_PARALLEL_PROBES`] at a time, so that a registry full of
@@ -266,7 +305,7 @@ fn probe_all(
                 .map(|(name, entry)| {
                     let spawned = std::thread::Builder::new()
                         .name(format!("probe-{name}"))
-                        .spawn_scoped(scope, move || probe_answer(name, entry, accept_kinds));
+                        .spawn_scoped(scope, move || probe_instance(name, entry, accept_kinds));
                     (name, entry, spawned)
                 })
                 .collect();
@@ -280,7 +319,7 @@ fn probe_all(
                             "the probe failed unexpectedly",
                         ))))),
                     // No thread to spare: probe here instead.
-                    Err(_) => probe_answer(name, entry, accept_kinds),
+                    Err(_) => probe_instance(name, entry, accept_kinds),
                 };
                 listed.push(Listed {
                     name: name.clone(),
@@ -335,7 +374,7 @@ pub fn running(root: &Path, name: &InstanceName) -> io::Result<Option<RegistryEn
     let Some(entry) = store::lookup(root, name)? else {
         return Ok(None);
     };
-    match probe_answer(name, &entry, None) {
+    match probe_instance(name, &entry, None) {
         Ok(_) => Ok(Some(entry)),
         Err(e) if e.is_failed_proof() => {
             // Who holds it, as far as the socket tables tell (Linux).

@@ -32,6 +32,7 @@ const CORRUPT_SUFFIX: &str = "corrupt";
 
 /// One registered instance. `Debug` prints the secret as `[redacted]`.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct RegistryEntry {
     /// The loopback port it listens on (1-65535).
     pub port: u16,
@@ -380,7 +381,7 @@ pub struct Parsed {
 }
 
 /// Parses a registry file, or says why the whole file is unusable. Pure; public for
-/// the fuzz target only (through `loopbus::__internals`).
+/// the fuzz target only (through `loopbus::fuzzing`).
 pub fn parse(bytes: &[u8]) -> Result<Parsed, &'static str> {
     let document: Value = serde_json::from_slice(bytes).map_err(|_| "not valid JSON")?;
     let Some(Value::Object(instances)) = document.get("instances") else {
