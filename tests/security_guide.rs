@@ -81,11 +81,13 @@ fn guide() -> Vec<Part> {
         let heading = chunk.lines().next().unwrap().to_owned();
         // The opening's "**N lines**", before the table.
         let opening = chunk.split("\n|").next().unwrap();
-        let stated_total = opening
-            .split("**")
-            .skip(1)
-            .step_by(2)
-            .find_map(|bold| number(bold.strip_suffix(" lines")?));
+        let stated_total = opening.split("**").skip(1).step_by(2).find_map(|bold| {
+            let words: Vec<&str> = bold.split_whitespace().collect();
+            match words[..] {
+                [figure, "lines"] => number(figure),
+                _ => None,
+            }
+        });
         let rows = chunk
             .lines()
             .filter(|line| line.starts_with("| `src/"))
