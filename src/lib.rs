@@ -62,8 +62,9 @@ pub use protocol::{
     MAX_FROM_INSTANCE_BYTES, MAX_INSTANCE_NAME_LEN, MAX_REQUEST_ID_LEN, MIN_REQUEST_ID_LEN,
     PROTOCOL_VERSION,
 };
+pub use registry::owner::{OwnerMismatch, OwnerRefusal};
 pub use registry::ProbeError;
-pub use secret::{Secret, SECRET_BYTES};
+pub use secret::{Secret, Weakness, MIN_SECRET_CHARS, SAMPLE_SECRETS, SECRET_BYTES};
 pub use server::{EngineOverride, Instance, InstanceOptions, ServeError, ShutdownHandle};
 
 /// The `loopbus` binary's entry; not part of the API.

@@ -180,7 +180,7 @@ fn doctor_warns_of_stale_entries_and_fails_on_a_shared_port() {
     // A second entry on the same port, of a process that is gone.
     let mut registry = root.registry();
     registry["instances"]["ghost"] = json!({
-        "port": instance.port, "pid": 999_999_999u32, "secret": "x",
+        "port": instance.port, "pid": 999_999_999u32, "secret": "x-0123456789abcdef",
         "updatedAt": "2026-01-01T00:00:00.000Z"
     });
     common::write_file_atomic(

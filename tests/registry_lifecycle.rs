@@ -78,13 +78,13 @@ fn now_secs() -> i64 {
 #[test]
 fn registry_entry_after_startup() {
     let root = TestRoot::new("reg-entry");
-    let w = root.start("worker", &open_config("entry-secret"));
+    let w = root.start("worker", &open_config("entry-secret-0123456789abcdef"));
     let registry = root.registry();
     let entry = &registry["instances"]["worker"];
     assert_eq!(entry["port"], u64::from(w.port), "{registry}");
     assert!(w.port > 0);
     assert_eq!(entry["pid"], u64::from(w.pid()), "{registry}");
-    assert_eq!(entry["secret"], "entry-secret", "{registry}");
+    assert_eq!(entry["secret"], "entry-secret-0123456789abcdef", "{registry}");
     let updated = entry["updatedAt"].as_str().expect("updatedAt is a string");
     let at = parse_iso8601_utc(updated).unwrap_or_else(|| panic!("not ISO-8601: {updated}"));
     assert!(
@@ -125,8 +125,8 @@ fn generated_secret_is_published_only_in_the_registry() {
 
 fn stops_on_signal(signal_name: &str) {
     let root = TestRoot::new(&format!("reg-{signal_name}"));
-    let mut a = root.start("alpha", &open_config("a"));
-    let b = root.start("beta", &open_config("b"));
+    let mut a = root.start("alpha", &open_config("a-0123456789abcdef"));
+    let b = root.start("beta", &open_config("b-0123456789abcdef"));
     signal(a.pid(), signal_name);
     let status = a.wait(Duration::from_secs(10));
     assert_eq!(
@@ -157,9 +157,24 @@ fn sigint_deregisters_and_exits_0() {
 }
 
 #[test]
+fn bug_sigusr1_killed_serve_and_left_its_registry_entry() {
+    stops_on_signal("USR1");
+}
+
+#[test]
+fn bug_sigusr2_killed_serve_and_left_its_registry_entry() {
+    stops_on_signal("USR2");
+}
+
+#[test]
+fn bug_sigalrm_killed_serve_and_left_its_registry_entry() {
+    stops_on_signal("ALRM");
+}
+
+#[test]
 fn deregistration_leaves_an_entry_of_another_pid() {
     let root = TestRoot::new("reg-other-pid");
-    let mut a = root.start("alpha", &open_config("a"));
+    let mut a = root.start("alpha", &open_config("a-0123456789abcdef"));
     // A successor with the same name registered meanwhile (here: faked in the file).
     let path = root.path.join(".bus-registry.json");
     let mut registry = root.registry();
@@ -178,20 +193,20 @@ fn invalid_entries_are_kept_on_the_next_write() {
     let root = TestRoot::new("reg-invalid");
     let path = root.path.join(".bus-registry.json");
     // A valid entry must also be alive to survive: serve prunes dead entries at startup.
-    let _other = root.start("other", &open_config("x"));
+    let _other = root.start("other", &open_config("x-0123456789abcdef"));
     let valid = root.registry()["instances"]["other"].clone();
     let registry = json!({"instances": {
         "other": valid,
-        "port-zero": {"port": 0, "pid": 5, "secret": "x", "updatedAt": "2026-01-01T00:00:00.000Z"},
-        "port-big": {"port": 70000, "pid": 5, "secret": "x", "updatedAt": "2026-01-01T00:00:00.000Z"},
-        "pid-negative": {"port": 5, "pid": -3, "secret": "x", "updatedAt": "2026-01-01T00:00:00.000Z"},
+        "port-zero": {"port": 0, "pid": 5, "secret": "x-0123456789abcdef", "updatedAt": "2026-01-01T00:00:00.000Z"},
+        "port-big": {"port": 70000, "pid": 5, "secret": "x-0123456789abcdef", "updatedAt": "2026-01-01T00:00:00.000Z"},
+        "pid-negative": {"port": 5, "pid": -3, "secret": "x-0123456789abcdef", "updatedAt": "2026-01-01T00:00:00.000Z"},
         "secret-number": {"port": 5, "pid": 5, "secret": 7, "updatedAt": "2026-01-01T00:00:00.000Z"},
-        "bad-time": {"port": 5, "pid": 5, "secret": "x", "updatedAt": "yesterday"},
+        "bad-time": {"port": 5, "pid": 5, "secret": "x-0123456789abcdef", "updatedAt": "yesterday"},
         "-bad name": valid,
         "not-an-object": 12,
     }});
     write_file_atomic(&path, registry.to_string().as_bytes());
-    let w = root.start("worker", &open_config("s"));
+    let w = root.start("worker", &open_config("s-0123456789abcdef"));
     let after = root.registry();
     // Ignored on read, kept as they are on write (contract 6).
     let mut want = registry.clone();
@@ -206,7 +221,7 @@ fn a_corrupt_registry_does_not_stop_serve() {
     let path = root.path.join(".bus-registry.json");
     for junk in [&b"{not json"[..], b"[]", b"{\"instances\": 5}", b""] {
         write_file_atomic(&path, junk);
-        let mut w = root.start("worker", &open_config("s"));
+        let mut w = root.start("worker", &open_config("s-0123456789abcdef"));
         assert_eq!(
             root.registry()["instances"]["worker"]["pid"],
             u64::from(w.pid())
@@ -314,7 +329,7 @@ fn logs_never_contain_secrets_or_prompts() {
     let root = TestRoot::new("logs");
     let mut w = root.start(
         "worker",
-        &json!({"bus": {"peers": ["alice"], "secret": "LOG-SECRET-1f2e"}}),
+        &json!({"bus": {"peers": ["alice"], "secret": "LOG-SECRET-1f2e-0123456789abcdef"}}),
     );
     let prompt = "PROMPT-TEXT-MARKER-9a8b";
     let talk = |from: &str, depth: u64| {
@@ -359,11 +374,40 @@ fn bug_init_created_a_missing_channel_root_with_the_umask_mode() {
     assert_eq!(file_mode(&existing), before);
 }
 
+/// Regression: under umask 000, `init` created the missing ancestors of the channel
+/// root with mode 0777 (another user could swap the root out from under them).
+#[test]
+fn bug_init_under_umask_000_created_missing_ancestors_0777() {
+    let root = TestRoot::new("init-umask-000");
+    let created = [
+        root.path.join("a"),
+        root.path.join("a/b"),
+        root.path.join("a/b/channel"),
+        root.path.join("a/b/channel/inst"),
+    ];
+    let dir = created[3].to_str().unwrap();
+    let output = std::process::Command::new("/bin/sh")
+        .args(["-c", "umask 000; exec \"$0\" init \"$1\"", bin(), dir])
+        .env_remove("LOOPBUS_STATE_DIR")
+        .env_remove("LOOPBUS_ROOT")
+        .output()
+        .unwrap();
+    assert!(
+        output.status.success(),
+        "{}",
+        describe(&["init", dir], &output)
+    );
+    for path in &created {
+        assert_eq!(file_mode(path), 0o700, "{}", path.display());
+    }
+    assert_eq!(file_mode(&created[3].join("config.json")), 0o600);
+}
+
 #[test]
 fn sigterm_with_many_open_connections_exits_0_promptly() {
     use std::io::Write;
     let root = TestRoot::new("term-busy");
-    let mut w = root.start("worker", &open_config("s"));
+    let mut w = root.start("worker", &open_config("s-0123456789abcdef"));
     let mut conns = Vec::new();
     // Idle, mid-head, mid-body and keep-alive connections.
     for _ in 0..connections_to_open(300) {
@@ -399,7 +443,7 @@ fn sigterm_with_many_open_connections_exits_0_promptly() {
 fn a_config_readable_by_others_is_warned_about() {
     use std::os::unix::fs::PermissionsExt;
     let root = TestRoot::new("wide-config");
-    let path = root.write_config("worker", &open_config("s"));
+    let path = root.write_config("worker", &open_config("s-0123456789abcdef"));
     std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o644)).unwrap();
     let w = Instance::spawn(&root, "worker", &[]);
     let stderr = w.stderr();
@@ -414,7 +458,7 @@ fn a_config_readable_by_others_is_warned_about() {
 #[test]
 fn a_second_serve_for_the_same_state_dir_is_refused() {
     let root = TestRoot::new("reg-twice");
-    let _first = root.start("alpha", &open_config("s"));
+    let _first = root.start("alpha", &open_config("s-0123456789abcdef"));
     let dir = root.state_dir("alpha");
     let args = [
         "serve",
@@ -440,7 +484,7 @@ fn a_second_serve_for_the_same_state_dir_is_refused() {
 #[test]
 fn health_answers_while_another_process_holds_the_registry_lock() {
     let root = TestRoot::new("reg-locked");
-    let mut a = root.start("alpha", &open_config("s"));
+    let mut a = root.start("alpha", &open_config("s-0123456789abcdef"));
     let path = root.path.join(".bus-registry.json");
     let lock = std::fs::OpenOptions::new()
         .create(true)
@@ -453,7 +497,7 @@ fn health_answers_while_another_process_holds_the_registry_lock() {
     // warns about it: the sign that the periodic check read the registry, found alpha
     // missing, and went on to the lock.
     let before = a.stderr().len();
-    let invalid = json!({"instances": {"port-zero": {"port": 0, "pid": 5, "secret": "x",
+    let invalid = json!({"instances": {"port-zero": {"port": 0, "pid": 5, "secret": "x-0123456789abcdef",
         "updatedAt": "2026-01-01T00:00:00.000Z"}}});
     write_file_atomic(&path, invalid.to_string().as_bytes());
     let checked = eventually(Duration::from_secs(10), || {
@@ -480,7 +524,7 @@ fn health_answers_while_another_process_holds_the_registry_lock() {
 #[test]
 fn a_fifo_in_place_of_the_registry_does_not_stall_the_server() {
     let root = TestRoot::new("reg-fifo");
-    let mut a = root.start("alpha", &open_config("s"));
+    let mut a = root.start("alpha", &open_config("s-0123456789abcdef"));
     let path = root.path.join(".bus-registry.json");
     std::fs::remove_file(&path).unwrap();
     rustix::fs::mkfifoat(
@@ -515,18 +559,18 @@ fn invalid_entries_and_a_torn_registry_do_not_break_lookup() {
     let root = TestRoot::new("disc-torn");
     root.write_config("me", &json!({"bus": {"peers": "*"}}));
     let me = root.state_dir("me");
-    let beta = root.start("beta", &open_config("sb"));
+    let beta = root.start("beta", &open_config("sb-0123456789abcdef"));
 
     // Invalid entries beside the valid one are skipped.
     let mut registry = root.registry();
     let t = "2026-01-01T00:00:00.000Z";
     registry["instances"]["port-zero"] =
-        json!({"port": 0, "pid": 1, "secret": "s", "updatedAt": t});
+        json!({"port": 0, "pid": 1, "secret": "s-0123456789abcdef", "updatedAt": t});
     registry["instances"]["no-secret"] = json!({"port": beta.port, "pid": 1, "updatedAt": t});
     registry["instances"]["bad-time"] =
-        json!({"port": beta.port, "pid": 1, "secret": "s", "updatedAt": "yesterday"});
+        json!({"port": beta.port, "pid": 1, "secret": "s-0123456789abcdef", "updatedAt": "yesterday"});
     registry["instances"]["-bad name"] =
-        json!({"port": beta.port, "pid": 1, "secret": "s", "updatedAt": t});
+        json!({"port": beta.port, "pid": 1, "secret": "s-0123456789abcdef", "updatedAt": t});
     registry["instances"]["not-an-object"] = json!(42);
     registry["unexpected"] = json!([1, 2, 3]);
     std::fs::write(root.path.join(".bus-registry.json"), registry.to_string()).unwrap();
@@ -555,7 +599,7 @@ fn invalid_entries_and_a_torn_registry_do_not_break_lookup() {
 
     // The next registration sets the torn file aside and rewrites a valid one, and
     // lookups work again.
-    let _gamma = root.start("gamma", &open_config("sc"));
+    let _gamma = root.start("gamma", &open_config("sc-0123456789abcdef"));
     let t3 = talk(&me, &["gamma", "recovered"], &[], None);
     assert_eq!(t3.code(), Some(0), "{}", t3.describe());
     assert_eq!(t3.stdout(), "recovered\n");

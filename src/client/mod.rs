@@ -464,7 +464,7 @@ mod tests {
             (
                 DelegateError::OwnerUnknown {
                     target: t(),
-                    port: 7701,
+                    refusal: OwnerRefusal::TablesUnreadable { port: 7701 },
                 },
                 "instance_unavailable",
                 false,
@@ -799,7 +799,7 @@ mod tests {
     fn owner_unknown_says_who_holds_the_port_cannot_be_told() {
         let e = DelegateError::OwnerUnknown {
             target: "b".into(),
-            port: 7701,
+            refusal: OwnerRefusal::Unknown { port: 7701 },
         };
         assert_eq!(
             e.to_string(),

@@ -25,7 +25,9 @@ mod warnings;
 
 pub use cache::lookup;
 pub use owner::{check_connection_owner, OwnerMismatch};
-pub use probe::{list, probe_entry, probe_port, prune, running, Listed, ProbeError, Probed};
+pub use probe::{
+    holds_name, list, probe_entry, probe_port, prune, running, Listed, ProbeError, Probed,
+};
 pub use store::{
     channel_root, default_name, deregister, ensure_registered, register_at, registry_path, Entry,
 };

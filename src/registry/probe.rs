@@ -13,6 +13,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
+use super::owner::{check_connection_owner, OwnerRefusal};
 use super::store::{self, Entry};
 use crate::files;
 use crate::http::client::{ClientError, Connection, ReceivedResponse};
@@ -61,6 +62,10 @@ pub enum ProbeError {
     NoProof,
     /// The answer's proof is not the HMAC of the probe's nonce under the entry's secret.
     WrongProof,
+    /// The entry cannot prove itself (no `proof: true`), and the same-user check of the
+    /// probe's connection refused it (contract 6.1): another user's process holds the
+    /// port, or who holds it cannot be told.
+    NotSameUser(OwnerRefusal),
 }
 
 /// A peer-supplied string, quoted and cut to [`MAX_QUOTED_CHARS`].
@@ -98,6 +103,7 @@ impl fmt::Display for ProbeError {
             ProbeError::WrongProof => f.write_str(
                 "whatever holds the port gave a wrong proof of the instance's secret; not sending it",
             ),
+            ProbeError::NotSameUser(refusal) => refusal.fmt(f),
         }
     }
 }
@@ -109,7 +115,12 @@ impl ProbeError {
     /// it holds the entry's secret: a squatter, refused without retrying (contract
     /// 6.1).
     pub fn is_failed_proof(&self) -> bool {
-        matches!(self, ProbeError::NoProof | ProbeError::WrongProof)
+        matches!(
+            self,
+            ProbeError::NoProof
+                | ProbeError::WrongProof
+                | ProbeError::NotSameUser(OwnerRefusal::Foreign(_))
+        )
     }
 
     /// Whether the entry is certainly stale, so that `prune` may remove it: nothing
@@ -125,7 +136,8 @@ impl ProbeError {
             | ProbeError::NotHealth(_)
             | ProbeError::OtherInstance(_)
             | ProbeError::NoProof
-            | ProbeError::WrongProof => true,
+            | ProbeError::WrongProof
+            | ProbeError::NotSameUser(OwnerRefusal::Foreign(_)) => true,
             ProbeError::Http(
                 ClientError::NotLoopback(_)
                 | ClientError::Timeout
@@ -133,7 +145,8 @@ impl ProbeError {
                 | ClientError::UnsendableSecret,
             )
             | ProbeError::NotReady(_)
-            | ProbeError::KindNotAccepted(_) => false,
+            | ProbeError::KindNotAccepted(_)
+            | ProbeError::NotSameUser(_) => false,
         }
     }
 }
@@ -209,12 +222,15 @@ pub fn probe_port(
 /// fresh nonce with `GET /api/health`, checks the answer as [`check_health`] does,
 /// and, for an entry with `proof: true`, requires the answer's `proof` to be the HMAC
 /// of the proof message under the entry's secret (constant-time compare; contract
-/// 6.1). All within [`PROBE_TIMEOUT`]. The connection handed back is the one the
-/// proof came on.
+/// 6.1), and for an entry without, that the other end of the connection is of our own
+/// user ([`check_connection_owner`]): an answer of another user's squatter is no sign
+/// of life. All within [`PROBE_TIMEOUT`] (the same-user check has its own bound). The
+/// connection handed back is the one the proof or the check was made on.
 ///
 /// # Errors
 ///
-/// As [`probe_port`], and [`ProbeError::NoProof`] or [`ProbeError::WrongProof`].
+/// As [`probe_port`], and [`ProbeError::NoProof`], [`ProbeError::WrongProof`] or
+/// [`ProbeError::NotSameUser`].
 pub fn probe_entry(
     name: &InstanceName,
     entry: &Entry,
@@ -237,6 +253,12 @@ pub fn probe_entry(
             }
             Some(_) => {}
         }
+    } else {
+        let unknown = OwnerRefusal::Unknown { port: entry.port };
+        let (peer, local) = connection
+            .addresses()
+            .map_err(|_| ProbeError::NotSameUser(unknown))?;
+        check_connection_owner(peer, local).map_err(ProbeError::NotSameUser)?;
     }
     Ok(Probed { connection, answer })
 }
@@ -336,25 +358,32 @@ pub fn prune(root: &Path) -> io::Result<Vec<InstanceName>> {
     store::remove_unchanged(root, stale)
 }
 
-/// The entry of `name` if a process answers on its address as that instance with
-/// `status: "ok"`, of any kind, and (for an entry with `proof: true`) proves it holds
-/// the entry's secret: an instance of that name is running. A holder of the port that
-/// fails the proof is logged (the port and why) and is not running: the caller may
-/// take the entry over.
+/// The entry of `name` if it is of a running instance ([`holds_name`]).
 ///
 /// # Errors
 ///
 /// The registry file exists but can't be read.
 pub fn running(root: &Path, name: &InstanceName) -> io::Result<Option<Entry>> {
-    let Some(entry) = store::lookup(root, name)? else {
-        return Ok(None);
-    };
-    match probe(name, &entry, None) {
-        Ok(_) => Ok(Some(entry)),
+    Ok(store::lookup(root, name)?.filter(|entry| holds_name(name, entry)))
+}
+
+/// Whether `entry` is of a running instance `name`, so that a start of that name must
+/// not take it over: its pid lives, and a process answers on its address as that
+/// instance with `status: "ok"`, of any kind, proving (for an entry with `proof:
+/// true`) it holds the entry's secret, or does not answer in time (a busy instance is
+/// still there). A holder of the port that fails the proof or is of another user is
+/// logged (the port and why) and does not hold the name, nor does an instance that is
+/// stopping or a port nothing listens on.
+pub fn holds_name(name: &InstanceName, entry: &Entry) -> bool {
+    if files::pid_is_gone(entry.pid) {
+        return false;
+    }
+    match probe(name, entry, None) {
+        Ok(_) => true,
         Err(e) if e.is_failed_proof() => {
             // Who holds it, as far as the socket tables tell (Linux).
             let holder = match super::owner::check_listener_owner(entry.host, entry.port) {
-                Err(super::owner::OwnerRefusal::Foreign(m)) => {
+                Err(OwnerRefusal::Foreign(m)) => {
                     format!(" (another user's, uid {})", m.uid)
                 }
                 _ => String::new(),
@@ -364,9 +393,10 @@ pub fn running(root: &Path, name: &InstanceName) -> io::Result<Option<Entry>> {
                 entry.port,
                 entry.host
             );
-            Ok(None)
+            false
         }
-        Err(_) => Ok(None),
+        Err(ProbeError::NotReady(_)) => false,
+        Err(e) => !e.is_stale(),
     }
 }
 
