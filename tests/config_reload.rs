@@ -387,3 +387,33 @@ fn port_already_in_use_is_a_clear_error() {
     // The first instance is untouched.
     assert_eq!(first.health()["instance"], "first");
 }
+
+/// A reload that changed `bus.maxConcurrentTurns` or `bus.maxQueuedTurns` logged
+/// "changed" and changed nothing (the pool is sized at start): it says they take effect
+/// at the next start, as port and secret do, and the "reloaded" line does not claim them.
+#[test]
+fn bug_a_reload_said_the_pool_sizes_changed_and_changed_nothing() {
+    let root = TestRoot::new("reload-pool");
+    let w = root.start("worker", &bus(json!({})));
+    let max_before = w.health()["turns"]["max"].clone();
+    w.write_config(&bus(
+        json!({"maxConcurrentTurns": 2, "maxQueuedTurns": 3, "maxDepth": 2}),
+    ));
+    assert!(
+        w.wait_for_log("reloaded: ", RELOAD_BOUND),
+        "{}",
+        w.describe()
+    );
+    let log = w.stderr();
+    assert!(
+        log.contains(
+            "bus.maxConcurrentTurns and bus.maxQueuedTurns edited; that takes effect at the \
+             next start"
+        ),
+        "{log}"
+    );
+    let reloaded = log.lines().find(|l| l.contains("reloaded: ")).unwrap();
+    assert!(reloaded.contains("changed bus.maxDepth"), "{reloaded}");
+    assert!(!reloaded.contains("Turns"), "{reloaded}");
+    assert_eq!(w.health()["turns"]["max"], max_before, "the pool is unchanged");
+}

@@ -84,29 +84,17 @@ impl Drop for Reaped {
     }
 }
 
-#[test]
-fn bug_a_squatter_of_another_uid_on_a_legacy_peers_port_got_the_secret() {
-    squatter_of_another_uid_gets_nothing(false);
-}
-
-#[test]
-fn bug_a_squatter_that_closed_its_listener_after_the_probe_got_the_secret() {
-    squatter_of_another_uid_gets_nothing(true);
-}
-
-/// A squatter running as `nobody` on a legacy entry's port: `talk` refuses with the uid
-/// message, and the squatter sees the health probe only.
-fn squatter_of_another_uid_gets_nothing(close_listener: bool) {
-    if let Some(why) = second_uid_unavailable() {
-        eprintln!("skipped: the uid check needs a second uid ({why})");
-        return;
-    }
-    let root = TestRoot::new("uid-squatter");
+/// Starts the [`SQUATTER`] as `nobody` and registers a legacy entry `worker` (no proof,
+/// the squatter's live pid) on its port: the squatter, its port, and what it prints
+/// (the port line, then the requests it got once it is killed).
+fn squat_legacy_entry(
+    root: &TestRoot,
+    close_listener: bool,
+) -> (Reaped, u16, std::sync::mpsc::Receiver<String>) {
     let script = format!(
         "CLOSE_LISTENER = {}\n{SQUATTER}",
         if close_listener { "True" } else { "False" }
     );
-    root.write_config("me", &open_config("caller-secret-1a2b"));
     let mut squatter = Reaped(
         Command::new("/usr/bin/setpriv")
             .args([
@@ -153,6 +141,65 @@ fn squatter_of_another_uid_gets_nothing(close_listener: bool) {
         &root.path.join(".bus-registry.json"),
         &serde_json::to_vec(&registry).unwrap(),
     );
+    (squatter, port, receiver)
+}
+
+#[test]
+fn bug_a_squatter_of_another_uid_on_a_legacy_peers_port_got_the_secret() {
+    squatter_of_another_uid_gets_nothing(false);
+}
+
+#[test]
+fn bug_a_squatter_that_closed_its_listener_after_the_probe_got_the_secret() {
+    squatter_of_another_uid_gets_nothing(true);
+}
+
+/// Regression: `health` and `list` called another user's squatter on a legacy entry's
+/// port (no `proof: true`) alive, since it answered health with the entry's name. A
+/// legacy entry is alive only when the same-user check passes.
+#[test]
+fn bug_health_and_list_called_another_users_squatter_alive() {
+    if let Some(why) = second_uid_unavailable() {
+        eprintln!("skipped: the uid check needs a second uid ({why})");
+        return;
+    }
+    let root = TestRoot::new("uid-squatter-alive");
+    let (_squatter, port, _requests) = squat_legacy_entry(&root, false);
+    let root_arg = root.path.display().to_string();
+    let held = format!("port {port} is held by another user's process, uid 65534");
+
+    let args = ["health", "worker", "--root", root_arg.as_str()];
+    let output = run(&args, &[], None);
+    let shown = describe(&args, &output);
+    assert_ne!(output.status.code(), Some(0), "{shown}");
+    assert!(output.stdout.is_empty(), "{shown}");
+    assert!(String::from_utf8_lossy(&output.stderr).contains(&held), "{shown}");
+
+    let args = ["list", "--root", root_arg.as_str(), "--json"];
+    let output = run(&args, &[], None);
+    let shown = describe(&args, &output);
+    let listed: Value = serde_json::from_slice(&output.stdout).expect(&shown);
+    let worker = listed["instances"]
+        .as_array()
+        .and_then(|all| all.iter().find(|e| e["name"] == "worker"))
+        .expect(&shown);
+    assert_eq!(worker["alive"], false, "{shown}");
+    assert!(
+        worker["problem"].as_str().is_some_and(|p| p.contains(&held)),
+        "{shown}"
+    );
+}
+
+/// A squatter running as `nobody` on a legacy entry's port: `talk` refuses with the uid
+/// message, and the squatter sees the health probe only.
+fn squatter_of_another_uid_gets_nothing(close_listener: bool) {
+    if let Some(why) = second_uid_unavailable() {
+        eprintln!("skipped: the uid check needs a second uid ({why})");
+        return;
+    }
+    let root = TestRoot::new("uid-squatter");
+    root.write_config("me", &open_config("caller-secret-1a2b"));
+    let (squatter, port, receiver) = squat_legacy_entry(&root, close_listener);
 
     let state_dir = root.state_dir("me");
     let args = [

@@ -239,7 +239,7 @@ fn concurrent_startups_all_register() {
             .iter()
             .map(|name| {
                 let root = &root;
-                s.spawn(move || root.start(name, &open_config(name)))
+                s.spawn(move || root.start(name, &open_config(&format!("{name}-0123456789abcdef"))))
             })
             .collect();
         handles.into_iter().map(|h| h.join().unwrap()).collect()
@@ -249,7 +249,11 @@ fn concurrent_startups_all_register() {
         let entry = &registry["instances"][w.name.as_str()];
         assert_eq!(entry["pid"], u64::from(w.pid()), "{registry}");
         assert_eq!(entry["port"], u64::from(w.port), "{registry}");
-        assert_eq!(entry["secret"], w.name.as_str(), "{registry}");
+        assert_eq!(
+            entry["secret"],
+            format!("{}-0123456789abcdef", w.name),
+            "{registry}"
+        );
     }
 }
 
@@ -623,4 +627,80 @@ fn invalid_entries_and_a_torn_registry_do_not_break_lookup() {
         "beta did not re-register after its entry was lost"
     );
     drop(beta);
+}
+
+/// Regression: two `serve` of one name (from two state directories) started at the same
+/// moment both ran and both said `ready:`, while only one was registered; the other
+/// stayed up, unreachable. Now exactly one runs and is registered, and the other exits 2
+/// naming the holder. Several rounds, since it is a race.
+#[test]
+fn bug_two_serves_of_one_name_started_at_once_both_ran() {
+    use std::process::{Command, Stdio};
+    const ROUNDS: usize = 5;
+    let root = TestRoot::new("reg-same-name");
+    for dir in ["a", "b"] {
+        root.write_config(dir, &open_config("same-name-0123456789abcdef"));
+    }
+    for round in 0..ROUNDS {
+        let spawn = |dir: &str| {
+            let stderr = root.path.join(format!("{dir}-{round}.stderr"));
+            let child = Command::new(bin())
+                .args(["serve", "--port", "0", "--name", "w", "--state-dir"])
+                .arg(root.state_dir(dir))
+                .env("RUST_LOG", "info")
+                .stdin(Stdio::null())
+                .stdout(Stdio::null())
+                .stderr(std::fs::File::create(&stderr).unwrap())
+                .spawn()
+                .unwrap();
+            (child, stderr)
+        };
+        let mut both = [spawn("a"), spawn("b")];
+        let read = |path: &Path| std::fs::read_to_string(path).unwrap_or_default();
+        let mut exited = [None, None];
+        let settled = eventually(Duration::from_secs(30), || {
+            for (i, (child, _)) in both.iter_mut().enumerate() {
+                if exited[i].is_none() {
+                    exited[i] = child.try_wait().unwrap().map(|s| s.code());
+                }
+            }
+            let registered = root.registry()["instances"]["w"]["pid"].as_u64();
+            exited.iter().filter(|e| e.is_some()).count() == 1
+                && both.iter().enumerate().any(|(i, (child, _))| {
+                    exited[i].is_none() && registered == Some(u64::from(child.id()))
+                })
+        });
+        let shown = format!(
+            "round {round}: exits {exited:?}\na:\n{}\nb:\n{}\nregistry: {}",
+            read(&both[0].1),
+            read(&both[1].1),
+            root.registry()
+        );
+        assert!(settled, "{shown}");
+        let loser = exited.iter().position(Option::is_some).unwrap();
+        let winner = 1 - loser;
+        assert_eq!(exited[loser], Some(Some(2)), "{shown}");
+        let pid = both[winner].0.id();
+        let lost = read(&both[loser].1);
+        assert!(
+            lost.contains("already running") && lost.contains(&format!("pid {pid}")),
+            "the holder is named: {shown}"
+        );
+        assert!(!lost.contains("ready:"), "{shown}");
+        assert!(
+            eventually(Duration::from_secs(10), || read(&both[winner].1)
+                .contains("ready:")),
+            "{shown}"
+        );
+        signal(pid, "TERM");
+        let (child, _) = &mut both[winner];
+        assert!(
+            eventually(Duration::from_secs(20), || child
+                .try_wait()
+                .unwrap()
+                .is_some()),
+            "{shown}"
+        );
+        assert!(root.registry()["instances"].get("w").is_none(), "{shown}");
+    }
 }
