@@ -91,20 +91,25 @@ fn squat_legacy_entry(
     root: &TestRoot,
     close_listener: bool,
 ) -> (Reaped, u16, std::sync::mpsc::Receiver<String>) {
+    let mut as_nobody = Command::new("/usr/bin/setpriv");
+    as_nobody.args(["--reuid=65534", "--regid=65534", "--clear-groups", "/usr/bin/python3"]);
+    squat_legacy_entry_with(root, close_listener, as_nobody)
+}
+
+/// [`squat_legacy_entry`] with the squatter run by `python` (a command running
+/// python3, to which the script's arguments are added).
+fn squat_legacy_entry_with(
+    root: &TestRoot,
+    close_listener: bool,
+    mut python: Command,
+) -> (Reaped, u16, std::sync::mpsc::Receiver<String>) {
     let script = format!(
         "CLOSE_LISTENER = {}\n{SQUATTER}",
         if close_listener { "True" } else { "False" }
     );
     let mut squatter = Reaped(
-        Command::new("/usr/bin/setpriv")
-            .args([
-                "--reuid=65534",
-                "--regid=65534",
-                "--clear-groups",
-                "/usr/bin/python3",
-                "-c",
-                &script,
-            ])
+        python
+            .args(["-c", &script])
             .current_dir("/")
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
@@ -187,6 +192,54 @@ fn bug_health_and_list_called_another_users_squatter_alive() {
     assert!(
         worker["problem"].as_str().is_some_and(|p| p.contains(&held)),
         "{shown}"
+    );
+}
+
+/// Regression: where `/proc/net/tcp*` could not be read (a sandbox without /proc), the
+/// same-user check let the talk go on, and a legacy peer's port got the secret whoever
+/// held it. Now `talk` refuses locally, not retryable, and says what would fix it.
+/// Runs `talk` in a private mount namespace with an empty /proc (`unshare`, root).
+#[test]
+fn bug_a_sandbox_without_proc_sent_the_secret_to_an_unchecked_peer() {
+    let hidden = Command::new("unshare")
+        .args(["--mount", "--propagation", "private", "sh", "-c"])
+        .arg("mount -t tmpfs none /proc && ! test -e /proc/net/tcp")
+        .output();
+    if !hidden.is_ok_and(|o| o.status.success()) || !Path::new("/usr/bin/python3").exists() {
+        eprintln!("skipped: hiding /proc needs `unshare --mount` (root) and python3");
+        return;
+    }
+    let root = TestRoot::new("no-proc");
+    root.write_config("me", &open_config("caller-secret-9e8d"));
+    // Our own uid this time: only the unreadable tables refuse it.
+    let (squatter, port, receiver) =
+        squat_legacy_entry_with(&root, false, Command::new("/usr/bin/python3"));
+    let state_dir = root.state_dir("me");
+    let output = Command::new("unshare")
+        .args(["--mount", "--propagation", "private", "sh", "-c"])
+        .arg("mount -t tmpfs none /proc && exec \"$0\" \"$@\"")
+        .arg(common::bin())
+        .args(["talk", "--state-dir"])
+        .arg(&state_dir)
+        .args(["worker", "the private prompt"])
+        .env_remove("LOOPBUS_STATE_DIR")
+        .output()
+        .unwrap();
+    let shown = describe(&["unshare ... talk worker"], &output);
+    assert_eq!(output.status.code(), Some(1), "{shown}");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        stderr.contains(&format!("cannot tell who holds port {port}"))
+            && stderr.contains("mount /proc")
+            && stderr.contains("[instance_unavailable, not retryable]"),
+        "{shown}"
+    );
+    drop(squatter);
+    let requests = receiver.recv_timeout(START_LIMIT).unwrap_or_default();
+    assert!(
+        !requests.to_ascii_lowercase().contains("authorization")
+            && !requests.contains("/api/talk"),
+        "the peer got the secret or the prompt: {requests}"
     );
 }
 
