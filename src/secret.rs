@@ -102,7 +102,10 @@ impl Secret {
     /// from the documentation, or under [`MIN_SECRET_CHARS`] characters.
     pub fn weakness(&self) -> Option<Weakness> {
         let chars = self.0.chars().count();
-        if SAMPLE_SECRETS.iter().any(|s| s.eq_ignore_ascii_case(&self.0)) {
+        if SAMPLE_SECRETS
+            .iter()
+            .any(|s| s.eq_ignore_ascii_case(&self.0))
+        {
             Some(Weakness::Sample)
         } else if chars < MIN_SECRET_CHARS {
             Some(Weakness::Short { chars })
@@ -291,7 +294,10 @@ mod tests {
             ("OPTIONAL", Some(Weakness::Sample)),
             ("hunter2", Some(Weakness::Sample)),
             ("Your-Secret-Here", Some(Weakness::Sample)),
-            (SAMPLE_SECRETS[SAMPLE_SECRETS.len() - 1], Some(Weakness::Sample)),
+            (
+                SAMPLE_SECRETS[SAMPLE_SECRETS.len() - 1],
+                Some(Weakness::Sample),
+            ),
             ("a", Some(Weakness::Short { chars: 1 })),
             ("short-but-mixed", Some(Weakness::Short { chars: 15 })),
             ("ééééééééééééééé", Some(Weakness::Short { chars: 15 })),

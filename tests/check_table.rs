@@ -176,7 +176,10 @@ fn check_5_bus_disabled() {
     let root = TestRoot::new("check5");
     let cases = [
         ("off", json!({"bus": false})),
-        ("nopeers", json!({"bus": {"peers": [], "secret": "s5-0123456789abcdef"}})),
+        (
+            "nopeers",
+            json!({"bus": {"peers": [], "secret": "s5-0123456789abcdef"}}),
+        ),
         (
             "peersfalse",
             json!({"bus": {"peers": false, "secret": "s5-0123456789abcdef"}}),

@@ -415,5 +415,9 @@ fn bug_a_reload_said_the_pool_sizes_changed_and_changed_nothing() {
     let reloaded = log.lines().find(|l| l.contains("reloaded: ")).unwrap();
     assert!(reloaded.contains("changed bus.maxDepth"), "{reloaded}");
     assert!(!reloaded.contains("Turns"), "{reloaded}");
-    assert_eq!(w.health()["turns"]["max"], max_before, "the pool is unchanged");
+    assert_eq!(
+        w.health()["turns"]["max"],
+        max_before,
+        "the pool is unchanged"
+    );
 }

@@ -240,7 +240,10 @@ fn bug_a_disabled_bus_looked_healthy() {
     let configs = [
         ("empty", json!({})),
         ("notobject", json!({"bus": "yes"})),
-        ("nopeers", json!({"bus": {"peers": [], "secret": "s-0123456789abcdef"}})),
+        (
+            "nopeers",
+            json!({"bus": {"peers": [], "secret": "s-0123456789abcdef"}}),
+        ),
     ];
     for (name, config) in configs {
         let w = root.start(name, &config);

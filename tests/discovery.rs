@@ -63,7 +63,10 @@ fn twenty_concurrent_serve_processes_lose_no_registration() {
     let root = TestRoot::new("disc-twenty");
     let names: Vec<String> = (0..N).map(|i| format!("inst-{i:02}")).collect();
     for name in &names {
-        root.write_config(name, &open_config(&format!("secret-{name}-0123456789abcdef")));
+        root.write_config(
+            name,
+            &open_config(&format!("secret-{name}-0123456789abcdef")),
+        );
     }
     // Start all of them at once; each registers (and prunes) while the others do.
     let mut children = Children(Vec::new());

@@ -295,7 +295,11 @@ fn reload_refuses(slip: Slip) {
     common::assert_success(&r, "w", "still echo", &context);
     assert!(!marker.exists(), "{context}: the planted engine ran");
     let log = w.stderr();
-    assert_eq!(log.matches(KEPT).count(), 1, "{context}: warned once\n{log}");
+    assert_eq!(
+        log.matches(KEPT).count(),
+        1,
+        "{context}: warned once\n{log}"
+    );
     let why = match slip {
         Slip::ConfigMode => "mode 666",
         Slip::StateDirMode => "mode 770",

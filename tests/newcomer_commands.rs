@@ -170,9 +170,15 @@ fn bug_serve_accepted_the_readmes_sample_secret_and_a_one_character_one() {
         let shown = describe(&args, &output);
         assert_eq!(output.status.code(), Some(2), "{shown}");
         let stderr = String::from_utf8_lossy(&output.stderr);
-        assert!(stderr.contains("bus.secret") && stderr.contains(rule), "{shown}");
+        assert!(
+            stderr.contains("bus.secret") && stderr.contains(rule),
+            "{shown}"
+        );
         assert!(!stderr.contains(&format!("\"{secret}\"")), "{shown}");
-        assert!(root.registry()["instances"].get("worker").is_none(), "{shown}");
+        assert!(
+            root.registry()["instances"].get("worker").is_none(),
+            "{shown}"
+        );
         let (output, lines) = doctor(&root.state_dir("worker"));
         let shown = describe(&["doctor"], &output);
         assert_eq!(output.status.code(), Some(1), "{shown}");

@@ -92,7 +92,12 @@ fn squat_legacy_entry(
     close_listener: bool,
 ) -> (Reaped, u16, std::sync::mpsc::Receiver<String>) {
     let mut as_nobody = Command::new("/usr/bin/setpriv");
-    as_nobody.args(["--reuid=65534", "--regid=65534", "--clear-groups", "/usr/bin/python3"]);
+    as_nobody.args([
+        "--reuid=65534",
+        "--regid=65534",
+        "--clear-groups",
+        "/usr/bin/python3",
+    ]);
     squat_legacy_entry_with(root, close_listener, as_nobody)
 }
 
@@ -178,7 +183,10 @@ fn bug_health_and_list_called_another_users_squatter_alive() {
     let shown = describe(&args, &output);
     assert_ne!(output.status.code(), Some(0), "{shown}");
     assert!(output.stdout.is_empty(), "{shown}");
-    assert!(String::from_utf8_lossy(&output.stderr).contains(&held), "{shown}");
+    assert!(
+        String::from_utf8_lossy(&output.stderr).contains(&held),
+        "{shown}"
+    );
 
     let args = ["list", "--root", root_arg.as_str(), "--json"];
     let output = run(&args, &[], None);
@@ -190,7 +198,9 @@ fn bug_health_and_list_called_another_users_squatter_alive() {
         .expect(&shown);
     assert_eq!(worker["alive"], false, "{shown}");
     assert!(
-        worker["problem"].as_str().is_some_and(|p| p.contains(&held)),
+        worker["problem"]
+            .as_str()
+            .is_some_and(|p| p.contains(&held)),
         "{shown}"
     );
 }
@@ -237,8 +247,7 @@ fn bug_a_sandbox_without_proc_sent_the_secret_to_an_unchecked_peer() {
     drop(squatter);
     let requests = receiver.recv_timeout(START_LIMIT).unwrap_or_default();
     assert!(
-        !requests.to_ascii_lowercase().contains("authorization")
-            && !requests.contains("/api/talk"),
+        !requests.to_ascii_lowercase().contains("authorization") && !requests.contains("/api/talk"),
         "the peer got the secret or the prompt: {requests}"
     );
 }

@@ -84,7 +84,10 @@ fn registry_entry_after_startup() {
     assert_eq!(entry["port"], u64::from(w.port), "{registry}");
     assert!(w.port > 0);
     assert_eq!(entry["pid"], u64::from(w.pid()), "{registry}");
-    assert_eq!(entry["secret"], "entry-secret-0123456789abcdef", "{registry}");
+    assert_eq!(
+        entry["secret"], "entry-secret-0123456789abcdef",
+        "{registry}"
+    );
     let updated = entry["updatedAt"].as_str().expect("updatedAt is a string");
     let at = parse_iso8601_utc(updated).unwrap_or_else(|| panic!("not ISO-8601: {updated}"));
     assert!(
@@ -571,8 +574,7 @@ fn invalid_entries_and_a_torn_registry_do_not_break_lookup() {
     registry["instances"]["port-zero"] =
         json!({"port": 0, "pid": 1, "secret": "s-0123456789abcdef", "updatedAt": t});
     registry["instances"]["no-secret"] = json!({"port": beta.port, "pid": 1, "updatedAt": t});
-    registry["instances"]["bad-time"] =
-        json!({"port": beta.port, "pid": 1, "secret": "s-0123456789abcdef", "updatedAt": "yesterday"});
+    registry["instances"]["bad-time"] = json!({"port": beta.port, "pid": 1, "secret": "s-0123456789abcdef", "updatedAt": "yesterday"});
     registry["instances"]["-bad name"] =
         json!({"port": beta.port, "pid": 1, "secret": "s-0123456789abcdef", "updatedAt": t});
     registry["instances"]["not-an-object"] = json!(42);

@@ -198,7 +198,10 @@ fn loopbus_and_the_original_share_one_registry_concurrently() {
         }
     });
     for i in 0..EACH {
-        root.write_config(&format!("lb-{i}"), &open_config(&format!("s{i}-0123456789abcdef")));
+        root.write_config(
+            &format!("lb-{i}"),
+            &open_config(&format!("s{i}-0123456789abcdef")),
+        );
     }
 
     let standins = std::thread::scope(|scope| {

@@ -333,6 +333,7 @@ mod tests {
     use super::*;
     use crate::http::client::{ClientError, ReceivedResponse};
     use crate::protocol::{ErrorCode, Failure, MAX_BODY_BYTES};
+    use crate::registry::owner::OwnerRefusal;
     use crate::registry::{OwnerMismatch, ProbeError};
 
     fn io(kind: std::io::ErrorKind) -> std::io::Error {

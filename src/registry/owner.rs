@@ -88,7 +88,7 @@ pub enum OwnerRefusal {
     /// A socket of another user would receive, or holds, the connection.
     Foreign(OwnerMismatch),
     /// The tables could be read but do not list the connection's other end (or did not
-    /// within [`OWNER_CHECK_TIME_LIMIT`]): who holds the port cannot be told.
+    /// within the check's time limit, 5 s): who holds the port cannot be told.
     Unknown {
         /// The target port.
         port: u16,

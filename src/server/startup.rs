@@ -80,11 +80,7 @@ pub(super) fn check_turns_fit(config: &Config, config_path: &Path) -> Result<(),
 /// may write to (contract 1): its config would run that user's engine as us, its
 /// registry would send our prompts and secrets where that user likes. Missing paths
 /// are left to the steps that need them.
-fn check_ownership(
-    root: &Path,
-    state_dir: &Path,
-    config_path: &Path,
-) -> Result<(), ServeError> {
+fn check_ownership(root: &Path, state_dir: &Path, config_path: &Path) -> Result<(), ServeError> {
     use files::TrustKind::{Dir, File};
     for (path, kind) in [(root, Dir), (state_dir, Dir), (config_path, File)] {
         match files::check_trusted(path, kind) {
