@@ -345,15 +345,16 @@ pub fn list(root: &Path, accept_kinds: Option<&[String]>) -> io::Result<Vec<List
 /// does not accept, or one that does not answer loopbus's probe as expected) stays
 /// while its process lives. The removal happens under the lock, and only for entries
 /// that did not change meanwhile ([`store::remove_unchanged`]), so an instance that
-/// re-registered in between is kept; invalid entries are never removed.
+/// re-registered in between is kept; invalid entries are never removed. The entry of
+/// `keep`, if given, is left to its own start (which looks at it before replacing it).
 ///
 /// # Errors
 ///
 /// Any I/O error reading, locking or writing the registry.
-pub fn prune(root: &Path) -> io::Result<Vec<InstanceName>> {
+pub fn prune(root: &Path, keep: Option<&InstanceName>) -> io::Result<Vec<InstanceName>> {
     let stale: Vec<(InstanceName, Entry)> = store::read(root)?
         .into_iter()
-        .filter(|(_, entry)| files::pid_is_gone(entry.pid))
+        .filter(|(name, entry)| Some(name) != keep && files::pid_is_gone(entry.pid))
         .collect();
     store::remove_unchanged(root, stale)
 }
@@ -368,16 +369,13 @@ pub fn running(root: &Path, name: &InstanceName) -> io::Result<Option<Entry>> {
 }
 
 /// Whether `entry` is of a running instance `name`, so that a start of that name must
-/// not take it over: its pid lives, and a process answers on its address as that
-/// instance with `status: "ok"`, of any kind, proving (for an entry with `proof:
-/// true`) it holds the entry's secret, or does not answer in time (a busy instance is
-/// still there). A holder of the port that fails the proof or is of another user is
-/// logged (the port and why) and does not hold the name, nor does an instance that is
-/// stopping or a port nothing listens on.
+/// not take it over: a process answers on its address as that instance with `status:
+/// "ok"`, of any kind, proving (for an entry with `proof: true`) it holds the entry's
+/// secret, or the entry's pid lives and the probe was not certain it is gone (a busy
+/// instance that does not answer in time is still there). A holder of the port that
+/// fails the proof or is of another user is logged (the port and why) and does not
+/// hold the name, nor does an instance that is stopping or a port nothing listens on.
 pub fn holds_name(name: &InstanceName, entry: &Entry) -> bool {
-    if files::pid_is_gone(entry.pid) {
-        return false;
-    }
     match probe(name, entry, None) {
         Ok(_) => true,
         Err(e) if e.is_failed_proof() => {
@@ -396,7 +394,7 @@ pub fn holds_name(name: &InstanceName, entry: &Entry) -> bool {
             false
         }
         Err(ProbeError::NotReady(_)) => false,
-        Err(e) => !e.is_stale(),
+        Err(e) => !e.is_stale() && !files::pid_is_gone(entry.pid),
     }
 }
 
@@ -526,7 +524,7 @@ mod tests {
     fn lookup_probe_and_list_of_dead_entries() {
         let dir = TestDir::new("registry-prune");
         let root = dir.path();
-        assert!(prune(&root.join("absent")).unwrap().is_empty());
+        assert!(prune(&root.join("absent"), None).unwrap().is_empty());
         assert!(lookup(root, &name("a")).unwrap().is_none());
 
         register(root, &name("a"), closed_port(), 10, &secret("sa")).unwrap();
@@ -562,9 +560,9 @@ mod tests {
         register(root, &name("gone"), closed_port(), dead_pid(), &secret("g")).unwrap();
         register(root, &name("alive"), closed_port(), live, &secret("a")).unwrap();
         register(root, &name("root-owned"), closed_port(), 1, &secret("r")).unwrap();
-        assert_eq!(prune(root).unwrap(), ["gone"]);
+        assert_eq!(prune(root, None).unwrap(), ["gone"]);
         let left: Vec<_> = read(root).unwrap().into_keys().collect();
         assert_eq!(left, ["alive", "root-owned"]);
-        assert!(prune(root).unwrap().is_empty());
+        assert!(prune(root, None).unwrap().is_empty());
     }
 }

@@ -221,7 +221,7 @@ impl Instance {
                 source,
             })?
             .ok_or_else(|| ServeError::AlreadyServing(state_dir.clone()))?;
-        prune_registry(&root);
+        prune_registry(&root, &name);
 
         let requested = SocketAddr::new(options.ip, options.port.unwrap_or(config.bus.port));
         let listener = http::bind_loopback(requested).map_err(|source| ServeError::Bind {

@@ -108,10 +108,12 @@ pub(super) fn warn_about_modes(config_path: &Path) {
     }
 }
 
-/// Prunes stale registry entries (contract section 6). A registry that can't be read or
-/// written here is only a warning; registering ([`claim_name`]) reports real trouble.
-pub(super) fn prune_registry(root: &Path) {
-    match registry::prune(root) {
+/// Prunes stale registry entries (contract section 6) but `name`'s, which
+/// [`claim_name`] looks at (and warns about a squatter on its port) before replacing
+/// it. A registry that can't be read or written here is only a warning; registering
+/// reports real trouble.
+pub(super) fn prune_registry(root: &Path, name: &InstanceName) {
+    match registry::prune(root, Some(name)) {
         Ok(pruned) => {
             for stale in pruned {
                 log::info!(
