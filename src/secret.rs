@@ -23,10 +23,12 @@ pub const SECRET_BYTES: usize = 32;
 pub const MIN_SECRET_CHARS: usize = 16;
 
 /// Secrets and placeholders that appear as examples in documentation (the README's
-/// `"optional"` first, PROTOCOL.md's worked example last), compared without case: a
-/// config that copied one is open to anyone who read the same page.
-pub const SAMPLE_SECRETS: [&str; 14] = [
+/// `"optional"` of earlier releases and its placeholder first, PROTOCOL.md's worked
+/// example last), compared without case: a config that copied one is open to anyone
+/// who read the same page.
+pub const SAMPLE_SECRETS: [&str; 15] = [
     "optional",
+    "<64 random hex digits, or leave it out>",
     "secret",
     "changeme",
     "change-me",
@@ -294,6 +296,10 @@ mod tests {
             ("OPTIONAL", Some(Weakness::Sample)),
             ("hunter2", Some(Weakness::Sample)),
             ("Your-Secret-Here", Some(Weakness::Sample)),
+            (
+                "<64 random hex digits, or leave it out>",
+                Some(Weakness::Sample),
+            ),
             (
                 SAMPLE_SECRETS[SAMPLE_SECRETS.len() - 1],
                 Some(Weakness::Sample),

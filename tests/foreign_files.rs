@@ -307,4 +307,25 @@ fn reload_refuses(slip: Slip) {
         Slip::OtherOwner => "uid 65534",
     };
     assert!(log.contains(why), "{context}: the reason is named\n{log}");
+    if let Slip::ConfigMode = slip {
+        // Fixed (the good config back, then the mode), it reloads; broken again, it
+        // warns again.
+        fs::write(
+            &config,
+            serde_json::to_vec(&open_config("s3cret-s3cret-s3cret")).unwrap(),
+        )
+        .unwrap();
+        set_mode(&config, 0o600);
+        assert!(
+            w.wait_for_log("reloaded: ", EXIT_BOUND),
+            "{context}: no reload once fixed\n{}",
+            w.describe()
+        );
+        set_mode(&config, 0o666);
+        assert!(
+            common::eventually(EXIT_BOUND, || w.stderr().matches(KEPT).count() == 2),
+            "{context}: broken again, warned again\n{}",
+            w.describe()
+        );
+    }
 }
