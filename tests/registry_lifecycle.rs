@@ -493,11 +493,14 @@ fn health_answers_while_another_process_holds_the_registry_lock() {
     let root = TestRoot::new("reg-locked");
     let mut a = root.start("alpha", &open_config("s-0123456789abcdef"));
     let path = root.path.join(".bus-registry.json");
+    let lock_path = root.path.join(".bus-registry.json.lock");
+    // The entry shows before the start has released its lock directory.
+    assert!(eventually(Duration::from_secs(10), || !lock_path.is_dir()));
     let lock = std::fs::OpenOptions::new()
         .create(true)
         .truncate(false)
         .write(true)
-        .open(root.path.join(".bus-registry.json.lock"))
+        .open(&lock_path)
         .unwrap();
     lock.lock().unwrap();
     // alpha's entry is lost. The one entry left is invalid, and every read of the file
