@@ -21,6 +21,7 @@ test:
 	$(CARGO) clippy --locked --all-targets -- -D warnings
 	RUSTDOCFLAGS="-D warnings" $(CARGO) doc --locked --no-deps
 	$(CARGO) test --locked
+	$(CARGO) test --locked --features fuzzing --lib
 
 fmt:
 	$(CARGO) fmt --all

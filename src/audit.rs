@@ -52,8 +52,10 @@ pub const AUDIT_FLUSH_TIMEOUT: Duration = Duration::from_secs(5);
 /// second however busy the instance is; a line reaches the file this much later.
 pub const AUDIT_BATCH_PAUSE: Duration = Duration::from_millis(5);
 
-/// One `/api/talk` outcome.
-#[derive(Debug, Clone, Default)]
+/// One `/api/talk` outcome; its fields from `from_instance` on are the line's
+/// `metadata`.
+#[derive(Debug, Clone, Default, serde::Serialize)]
+#[serde(rename_all = "camelCase")]
 pub struct Record<'a> {
     /// `"success"`, `"failure"` (a turn failed), `"refused"` (a check refused it),
     /// `"cancelled"` (the caller hung up or sent a cancel request, contract 8.1),
@@ -61,9 +63,11 @@ pub struct Record<'a> {
     /// `"attached"` (a retry joined its request id's running turn), `"duplicate"` (a
     /// retry got its request id's stored envelope, no engine ran) or `"cancel"` (a
     /// cancel request for a running turn).
+    #[serde(skip)]
     pub outcome: &'a str,
     /// Human-readable detail (the error message, or `"ok"`); cut to
     /// [`MAX_DETAIL_CHARS`].
+    #[serde(skip)]
     pub detail: &'a str,
     /// The caller's `fromInstance`, when the body got that far.
     pub from_instance: Option<&'a str>,
@@ -78,6 +82,7 @@ pub struct Record<'a> {
     /// The HTTP status answered; `None` when no answer went out (the caller left).
     pub status: Option<u16>,
     /// The request's `ext.requestId`, when it carried one.
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub request_id: Option<&'a str>,
 }
 
@@ -140,29 +145,12 @@ impl AuditLog {
         }
     }
 
-    fn line(&self, r: &Record<'_>) -> Vec<u8> {
-        let detail = match r.detail.char_indices().nth(MAX_DETAIL_CHARS) {
-            Some((cut, _)) => &r.detail[..cut],
-            None => r.detail,
+    fn line(&self, record: &Record<'_>) -> Vec<u8> {
+        let detail = match record.detail.char_indices().nth(MAX_DETAIL_CHARS) {
+            Some((cut, _)) => &record.detail[..cut],
+            None => record.detail,
         };
-        let timestamp = time::now_iso8601();
-        let line = Line {
-            timestamp: &timestamp,
-            kind: "talk",
-            instance_name: &self.instance,
-            outcome: r.outcome,
-            detail,
-            metadata: Metadata {
-                from_instance: r.from_instance,
-                depth: r.depth,
-                duration_ms: r.duration_ms,
-                error_code: r.error_code,
-                prompt_chars: r.prompt_chars,
-                status: r.status,
-                request_id: r.request_id,
-            },
-        };
-        to_line(&line)
+        to_line("talk", &self.instance, record.outcome, detail, record)
     }
 }
 
@@ -258,18 +246,16 @@ impl Writer {
             self.file.path.display()
         );
         let detail = format!("{dropped} lines dropped");
-        let timestamp = time::now_iso8601();
-        let notice = Notice {
-            timestamp: &timestamp,
-            kind: "audit",
-            instance_name: &self.instance,
-            outcome: "dropped",
-            detail: &detail,
-            metadata: NoticeMetadata {
-                dropped_lines: dropped,
-            },
+        #[derive(serde::Serialize)]
+        #[serde(rename_all = "camelCase")]
+        struct Dropped {
+            dropped_lines: u64,
+        }
+        let metadata = Dropped {
+            dropped_lines: dropped,
         };
-        self.file.append(&to_line(&notice), 1);
+        let notice = to_line("audit", &self.instance, "dropped", &detail, &metadata);
+        self.file.append(&notice, 1);
     }
 }
 
@@ -302,9 +288,9 @@ impl AuditFile {
         }
     }
 
-    /// Appends one line; a failure is counted and warned about once, and the file is
-    /// reopened at the next line.
-    /// Appends `lines` (`count` whole lines), counting them lost if they can't be.
+    /// Appends `lines` (`count` whole lines). A failure counts them lost, is warned
+    /// about once until a write succeeds again, and the file is reopened at the next
+    /// write.
     fn append(&mut self, lines: &[u8], count: u64) {
         match self.try_append(lines) {
             Ok(()) => {
@@ -387,60 +373,39 @@ impl AuditFile {
     }
 }
 
-/// `value` as one line of JSON.
-fn to_line(value: &impl serde::Serialize) -> Vec<u8> {
+/// One line of the log, in this field order, and a newline.
+fn to_line(
+    kind: &str,
+    instance_name: &str,
+    outcome: &str,
+    detail: &str,
+    metadata: &impl serde::Serialize,
+) -> Vec<u8> {
+    #[derive(serde::Serialize)]
+    #[serde(rename_all = "camelCase")]
+    struct Line<'a, M> {
+        timestamp: String,
+        #[serde(rename = "type")]
+        kind: &'a str,
+        instance_name: &'a str,
+        outcome: &'a str,
+        detail: &'a str,
+        metadata: M,
+    }
+    let line = Line {
+        timestamp: time::now_iso8601(),
+        kind,
+        instance_name,
+        outcome,
+        detail,
+        metadata,
+    };
     // Serializing strings and integers into a Vec cannot fail.
-    let mut bytes = serde_json::to_vec(value).unwrap_or_default();
+    let mut bytes = serde_json::to_vec(&line).unwrap_or_default();
     bytes.push(b'\n');
     bytes
 }
 
-/// One line of the log, in the contract's field order.
-#[derive(serde::Serialize)]
-#[serde(rename_all = "camelCase")]
-struct Line<'a> {
-    timestamp: &'a str,
-    #[serde(rename = "type")]
-    kind: &'a str,
-    instance_name: &'a str,
-    outcome: &'a str,
-    detail: &'a str,
-    metadata: Metadata<'a>,
-}
-
-#[derive(serde::Serialize)]
-#[serde(rename_all = "camelCase")]
-struct Metadata<'a> {
-    from_instance: Option<&'a str>,
-    depth: Option<u64>,
-    duration_ms: u64,
-    error_code: Option<&'a str>,
-    prompt_chars: Option<usize>,
-    status: Option<u16>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    request_id: Option<&'a str>,
-}
-
-/// The writer's own line: lines it had to drop.
-#[derive(serde::Serialize)]
-#[serde(rename_all = "camelCase")]
-struct Notice<'a> {
-    timestamp: &'a str,
-    #[serde(rename = "type")]
-    kind: &'a str,
-    instance_name: &'a str,
-    outcome: &'a str,
-    detail: &'a str,
-    metadata: NoticeMetadata,
-}
-
-#[derive(serde::Serialize)]
-#[serde(rename_all = "camelCase")]
-struct NoticeMetadata {
-    dropped_lines: u64,
-}
-
-/// Parses one audit line (for tests).
 #[cfg(test)]
 pub fn parse_line(line: &str) -> Option<serde_json::Value> {
     serde_json::from_str(line).ok()

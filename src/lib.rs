@@ -4,7 +4,7 @@
 //! to each other over loopback HTTP: `POST /api/talk` with a v1 envelope, and
 //! `GET /api/health`. See the README for the protocol, limits and security model.
 //!
-//! This crate root is the whole public API:
+//! This crate root is the whole public API; the `loopbus` binary uses nothing else:
 //! - start an instance in-process: [`Instance`], [`InstanceOptions`], [`ServeError`],
 //!   [`ShutdownHandle`], [`EngineOverride`];
 //! - delegate one prompt to a registered instance: [`delegate`], [`DelegateOptions`],
@@ -12,8 +12,21 @@
 //!   [`CancelOutcome`];
 //! - the configuration an instance and a caller read: [`Config`], [`BusConfig`],
 //!   [`Peers`], [`EngineConfig`], [`load_config`], [`parse_config`], [`ConfigError`];
+//!   the checks `serve` makes of an engine before its first turn: [`engine_findings`];
+//! - a channel root's registry: where it is ([`channel_root`], [`registry_path`]), its
+//!   entries ([`read_registry`], [`RegistryEntry`]), and whether they answer
+//!   ([`list_instances`], [`probe_instance`], [`probe_port`], [`running_instance`],
+//!   [`Listed`], [`HealthAnswer`], [`ProbeError`], [`OwnerMismatch`], [`OwnerRefusal`]);
+//! - an instance's records: its usage ([`read_usage`], [`Usage`], [`UsageFileError`]) and
+//!   its audit log ([`AUDIT_FILE`], one JSON object a line);
+//! - the file rules every state file follows: [`check_trusted`] (and [`Untrusted`]),
+//!   [`write_atomic`], [`create_dir_private`], [`open_regular_file`];
 //! - the wire protocol's types: [`TalkRequest`], [`Envelope`], [`Failure`],
-//!   [`ErrorCode`], [`InstanceName`], their parsers and errors.
+//!   [`ErrorCode`], [`InstanceName`], [`Health`], their parsers and errors; and the
+//!   timestamps the state files carry ([`now_iso8601`], [`parse_iso8601`]).
+//!
+//! With the `fuzzing` feature (off by default), `loopbus::fuzzing` exposes the parsers
+//! the fuzz targets drive; it is not part of the API.
 //!
 //! ```
 //! use loopbus::{parse_talk_request, Envelope, ErrorCode, Failure};
@@ -31,9 +44,7 @@
 #![deny(missing_docs)]
 
 mod audit;
-mod cli;
 mod client;
-mod commands;
 mod config;
 mod engine;
 mod files;
@@ -46,39 +57,55 @@ mod time;
 mod turns;
 mod usage;
 
+// Running an instance.
+pub use server::{EngineOverride, Instance, InstanceOptions, ServeError, ShutdownHandle};
+
+// Delegating to one.
 pub use client::{
     cancel, delegate, new_request_id, CancelOutcome, DelegateError, DelegateOptions, PeerProtocol,
     Reply, CANCEL_TIMEOUT, DEFAULT_BACKOFF_BASE, DEFAULT_BACKOFF_CAP, DEFAULT_TIMEOUT,
 };
-pub use config::{
-    load as load_config, parse as parse_config, BusConfig, Config, ConfigError, EngineConfig,
-    OutputMode, Peers, PromptMode,
-};
 pub use http::client::ClientError;
+
+// Configuration.
+pub use config::{
+    load as load_config, parse as parse_config, parse_file as parse_config_file,
+    read_file as read_config_file, BusConfig, Config, ConfigError, EngineConfig, OutputMode, Peers,
+    PromptMode, CONFIG_FILE, DEFAULT_ACCEPT_KINDS, DEFAULT_MAX_DEPTH,
+};
+pub use engine::{findings as engine_findings, Findings as EngineFindings};
+pub use secret::{Secret, Weakness, MIN_SECRET_CHARS, SAMPLE_SECRETS, SECRET_BYTES};
+
+// The registry of a channel root.
+pub use registry::{
+    channel_root, default_name, list as list_instances, probe_instance, probe_port,
+    read as read_registry, registry_path, running as running_instance, HealthAnswer, Listed,
+    OwnerMismatch, OwnerRefusal, ProbeError, RegistryEntry, PROBE_TIMEOUT,
+};
+
+// An instance's records, and the file rules of every state file.
+pub use audit::AUDIT_FILE;
+pub use files::{
+    check_trusted, create_dir_private, mode_is_wider, open_regular as open_regular_file, untrusted,
+    write_atomic, TrustKind, Untrusted, PRIVATE_FILE_MODE,
+};
+pub use time::{now_iso8601, parse_iso8601};
+pub use usage::{peek as read_usage, round_cost, Usage, UsageFileError};
+
+// The wire protocol.
 pub use protocol::{
     encode_talk_request, parse_response, parse_talk_request, Envelope, ErrorCode, ExtError,
-    Failure, InstanceName, InvalidInstanceName, InvalidRequestId, RequestError, RequestExt,
-    RequestId, ResponseError, TalkRequest, UsageReport, CAPABILITIES, MAX_BODY_BYTES,
+    Failure, Health, InstanceName, InvalidInstanceName, InvalidRequestId, RequestError, RequestExt,
+    RequestId, ResponseError, TalkRequest, TurnLoad, UsageReport, CAPABILITIES, MAX_BODY_BYTES,
     MAX_FROM_INSTANCE_BYTES, MAX_INSTANCE_NAME_LEN, MAX_REQUEST_ID_LEN, MIN_REQUEST_ID_LEN,
     PROTOCOL_VERSION,
 };
-pub use registry::owner::{OwnerMismatch, OwnerRefusal};
-pub use registry::ProbeError;
-pub use secret::{Secret, Weakness, MIN_SECRET_CHARS, SAMPLE_SECRETS, SECRET_BYTES};
-pub use server::{EngineOverride, Instance, InstanceOptions, ServeError, ShutdownHandle};
 
-/// The `loopbus` binary's entry; not part of the API.
-#[doc(hidden)]
-pub mod __cli {
-    pub use crate::cli::{CommandError, EXIT_FAILURE, EXIT_USAGE};
-    pub use crate::commands::entry::{report, run};
-}
-
-/// The parsers the fuzz targets and the benchmark drive, and the replay of a byte
-/// stream through one server connection that the differential fuzz target compares
-/// whole and split (`http::replay`); not part of the API.
-#[doc(hidden)]
-pub mod __internals {
+/// The parsers the fuzz targets drive, and the replay of a byte stream through one
+/// server connection that the differential fuzz target compares whole and split. Only
+/// with the `fuzzing` feature; not part of the API.
+#[cfg(feature = "fuzzing")]
+pub mod fuzzing {
     pub use crate::http::client::parse_response_head;
     pub use crate::http::replay::{
         replay, Answers, Pending, Replayed, MAX_EXPIRIES, MAX_REPLAY_BODY,
@@ -86,9 +113,8 @@ pub mod __internals {
     pub use crate::http::{parse_request_head, MAX_HEADERS, MAX_HEAD_BYTES};
     pub use crate::protocol::parse_health;
     pub use crate::registry::store::{
-        parse as parse_registry, Entry as RegistryEntry, Parsed as ParsedRegistry,
+        parse as parse_registry, Parsed as ParsedRegistry, RegistryEntry,
     };
-    pub use crate::time::now_iso8601;
 }
 
 /// The README's Rust examples, compiled as doctests so that they stay true.

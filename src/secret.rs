@@ -178,30 +178,18 @@ impl Secret {
 
 /// `bytes` as lowercase hex.
 fn hex(bytes: &[u8]) -> String {
-    const DIGITS: &[u8; 16] = b"0123456789abcdef";
-    let mut hex = String::with_capacity(bytes.len() * 2);
-    for byte in bytes {
-        hex.push(char::from(DIGITS[usize::from(byte >> 4)]));
-        hex.push(char::from(DIGITS[usize::from(byte & 0x0f)]));
-    }
-    hex
+    bytes.iter().map(|byte| format!("{byte:02x}")).collect()
 }
 
 /// The bytes of an even-length string of lowercase hex digits, or `None`.
 fn decode_lower_hex(text: &str) -> Option<Vec<u8>> {
-    fn digit(c: u8) -> Option<u8> {
-        match c {
-            b'0'..=b'9' => Some(c - b'0'),
-            b'a'..=b'f' => Some(c - b'a' + 10),
-            _ => None,
-        }
-    }
-    let text = text.as_bytes();
-    if !text.len().is_multiple_of(2) {
+    let lower_hex = text.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'));
+    if !lower_hex || !text.len().is_multiple_of(2) {
         return None;
     }
-    text.chunks(2)
-        .map(|pair| Some(digit(pair[0])? << 4 | digit(pair[1])?))
+    (0..text.len())
+        .step_by(2)
+        .map(|at| u8::from_str_radix(&text[at..at + 2], 16).ok())
         .collect()
 }
 

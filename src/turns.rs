@@ -1,9 +1,9 @@
 //! The turn pool: a fixed set of worker threads and a bounded FIFO queue of keyed jobs.
 //!
-//! The caller submits a job under a key (the server uses its connection id) and moves
-//! on; a worker runs it and sends the [`Done`] back through a channel, then calls the
-//! wake-up callback (the server's callback wakes its event loop), so the caller never blocks on
-//! a job. The pool knows nothing of what a job or a key is.
+//! The caller submits a job under a key (the server uses the turn's id) and moves on; a
+//! worker runs it and sends the [`Done`] back through a channel, then calls the wake-up
+//! callback (the server's wakes its event loop), so the caller never blocks on a job.
+//! The pool knows nothing of what a job or a key is.
 
 use std::collections::VecDeque;
 use std::panic::{self, AssertUnwindSafe};

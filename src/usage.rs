@@ -1,4 +1,5 @@
-//! `usage.json`: accumulated engine usage, and the budget check built on it.
+//! `usage.json`: accumulated engine usage, which the budget check (`engine::budget`)
+//! reads.
 //!
 //! Every read and update runs under the file's advisory lock ([`files::with_lock`]);
 //! an update writes the new totals atomically, then mirrors them to `usage.json.bak`.
@@ -6,11 +7,11 @@
 //! file) is moved aside (renamed with a `.corrupt-<millis>` suffix) and the last good
 //! copy (in memory, else the backup) takes its place; a missing one is restored from
 //! the last good copy too. When no good copy exists, reads and updates fail with
-//! [`UsageError::Corrupt`] and the file is left for an operator to repair or remove; the
+//! [`UsageFileError::Corrupt`] and the file is left for an operator to repair or remove; the
 //! engine then refuses budgeted turns: the budget never resets silently.
 
 use crate::{files, time};
-use serde_json::{json, Value};
+use serde::{Deserialize, Serialize};
 use std::fmt;
 use std::io;
 use std::path::{Path, PathBuf};
@@ -32,29 +33,39 @@ pub const MAX_TOTAL_COST_USD: f64 = 1e12;
 /// cost; an exact power of ten, so the rounding itself adds no noise.
 pub const COST_STEPS_PER_USD: f64 = 1e9;
 
-/// `cost` rounded to a whole number of [`COST_STEPS_PER_USD`] steps: the double
-/// nearest to that short decimal, which serializes as it.
+/// `cost` rounded to a whole number of billionths of a dollar (`COST_STEPS_PER_USD`):
+/// the double nearest to that short decimal, which serializes as it.
 pub fn round_cost(cost: f64) -> f64 {
     // Both operations are correctly rounded and 1e9 is exact, so a total of up to
     // 2^53 steps (about $9 million) comes out as the nearest double to its decimal.
     (cost * COST_STEPS_PER_USD).round() / COST_STEPS_PER_USD
 }
 
-/// Accumulated usage of one instance.
-#[derive(Debug, Clone, Default, PartialEq)]
+/// Accumulated usage of one instance, as `usage.json` holds it (fields in the file's
+/// order). `totalCostUsd` and `requestCount` must be present; other missing counters
+/// count as 0, and a missing or null `lastUpdatedAt` is `None`. A value of the wrong
+/// type (a counter that is not a non-negative integer, a cost that is not a finite
+/// non-negative number) makes the whole file invalid.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+#[non_exhaustive]
 pub struct Usage {
-    /// Sum of input tokens.
-    pub total_input_tokens: u64,
-    /// Sum of output tokens.
-    pub total_output_tokens: u64,
+    /// When the file was last updated (ISO-8601), if ever.
+    #[serde(default)]
+    pub last_updated_at: Option<String>,
+    /// Number of engine turns recorded.
+    pub request_count: u64,
     /// Sum of cache-read input tokens.
+    #[serde(default)]
     pub total_cached_tokens: u64,
     /// Sum of reported cost, in US dollars.
     pub total_cost_usd: f64,
-    /// Number of engine turns recorded.
-    pub request_count: u64,
-    /// When the file was last updated (ISO-8601), if ever.
-    pub last_updated_at: Option<String>,
+    /// Sum of input tokens.
+    #[serde(default)]
+    pub total_input_tokens: u64,
+    /// Sum of output tokens.
+    #[serde(default)]
+    pub total_output_tokens: u64,
 }
 
 /// What one turn used, as the engine reported it.
@@ -84,64 +95,29 @@ impl TurnUsage {
 
 impl Usage {
     fn to_json(&self) -> Vec<u8> {
-        let mut bytes = serde_json::to_vec_pretty(&json!({
-            "totalInputTokens": self.total_input_tokens,
-            "totalOutputTokens": self.total_output_tokens,
-            "totalCachedTokens": self.total_cached_tokens,
-            "totalCostUsd": self.total_cost_usd,
-            "requestCount": self.request_count,
-            "lastUpdatedAt": self.last_updated_at,
-        }))
-        // Serializing a `Value` of numbers, strings and null into a Vec cannot fail.
-        .unwrap_or_default();
+        // Serializing numbers, strings and null into a Vec cannot fail.
+        let mut bytes = serde_json::to_vec_pretty(self).unwrap_or_default();
         bytes.push(b'\n');
         bytes
     }
 
-    /// Parses a usage file. `totalCostUsd` and `requestCount` must be present; other
-    /// missing counters count as 0, and a missing or null `lastUpdatedAt` is `None`.
-    /// A value of the wrong type (a counter that is not a non-negative integer, a cost
-    /// that is not a finite non-negative number) makes the whole file invalid.
+    /// Parses a usage file (see [`Usage`] for what makes one invalid).
     fn from_json(bytes: &[u8]) -> Option<Usage> {
-        let value: Value = serde_json::from_slice(bytes).ok()?;
-        let object = value.as_object()?;
-        let count = |field: &str| -> Option<u64> {
-            match object.get(field) {
-                None => Some(0),
-                Some(v) => v.as_u64(),
-            }
-        };
-        // The two fields the budget rests on must be there: `{}` is not "no usage".
-        let cost = object
-            .get("totalCostUsd")?
-            .as_f64()
-            .filter(|c| c.is_finite() && *c >= 0.0)?;
-        object.get("requestCount")?;
-        let last_updated_at = match object.get("lastUpdatedAt") {
-            None | Some(Value::Null) => None,
-            Some(Value::String(s)) => Some(s.clone()),
-            Some(_) => return None,
-        };
-        Some(Usage {
-            total_input_tokens: count("totalInputTokens")?,
-            total_output_tokens: count("totalOutputTokens")?,
-            total_cached_tokens: count("totalCachedTokens")?,
-            total_cost_usd: cost,
-            request_count: count("requestCount")?,
-            last_updated_at,
-        })
+        serde_json::from_slice::<Usage>(bytes)
+            .ok()
+            .filter(|usage| usage.total_cost_usd.is_finite() && usage.total_cost_usd >= 0.0)
     }
 
     /// Adds `turn`. Token counts saturate; a cost that is not finite and
     /// non-negative, or a total cost that would pass [`MAX_TOTAL_COST_USD`], is refused
     /// (the totals are left as they were), so the file never holds `null` or `inf`.
-    fn add(&mut self, turn: &TurnUsage) -> Result<(), UsageError> {
+    fn add(&mut self, turn: &TurnUsage) -> Result<(), UsageFileError> {
         let total = round_cost(self.total_cost_usd + turn.cost_usd);
         if !turn.cost_usd.is_finite()
             || turn.cost_usd < 0.0
             || !(total.is_finite() && total <= MAX_TOTAL_COST_USD)
         {
-            return Err(UsageError::Overflow {
+            return Err(UsageFileError::Overflow {
                 total: self.total_cost_usd,
                 cost: turn.cost_usd,
             });
@@ -158,13 +134,14 @@ impl Usage {
 
 /// Why usage could not be read or recorded.
 #[derive(Debug)]
-pub enum UsageError {
+#[non_exhaustive]
+pub enum UsageFileError {
     /// `usage.json` is corrupt and no good copy exists; it was left in place.
     Corrupt(PathBuf),
     /// Reading or writing failed.
     Io(io::Error),
-    /// Adding this turn's cost would take the total past [`MAX_TOTAL_COST_USD`] (or
-    /// the cost is not a finite, non-negative number); nothing was written.
+    /// Adding this turn's cost would take the total past $10^12 (`MAX_TOTAL_COST_USD`)
+    /// (or the cost is not a finite, non-negative number); nothing was written.
     Overflow {
         /// The total before this turn, in US dollars.
         total: f64,
@@ -173,16 +150,16 @@ pub enum UsageError {
     },
 }
 
-impl fmt::Display for UsageError {
+impl fmt::Display for UsageFileError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            UsageError::Corrupt(path) => write!(
+            UsageFileError::Corrupt(path) => write!(
                 f,
                 "{} is corrupt and no good copy exists; repair or remove it",
                 path.display()
             ),
-            UsageError::Io(e) => write!(f, "usage file: {e}"),
-            UsageError::Overflow { total, cost } => write!(
+            UsageFileError::Io(e) => write!(f, "usage file: {e}"),
+            UsageFileError::Overflow { total, cost } => write!(
                 f,
                 "a cost of ${cost} on a total of ${total} passes the bound of ${MAX_TOTAL_COST_USD}; not recorded"
             ),
@@ -190,7 +167,7 @@ impl fmt::Display for UsageError {
     }
 }
 
-impl std::error::Error for UsageError {}
+impl std::error::Error for UsageFileError {}
 
 /// The budget refusal text the contract fixes: used to 4 places, budget to 2.
 pub fn budget_message(used: f64, budget: f64) -> String {
@@ -220,15 +197,15 @@ impl UsageStore {
     ///
     /// # Errors
     /// The file is corrupt with no good copy, or can't be read.
-    pub fn current(&self) -> Result<Usage, UsageError> {
-        files::with_lock(&self.path, || Ok(self.load())).map_err(UsageError::Io)?
+    pub fn current(&self) -> Result<Usage, UsageFileError> {
+        files::with_lock(&self.path, || Ok(self.load())).map_err(UsageFileError::Io)?
     }
 
     /// Adds one turn's usage and writes the new totals.
     ///
     /// # Errors
     /// The file is corrupt with no good copy, or can't be read or written.
-    pub fn record(&self, turn: &TurnUsage) -> Result<Usage, UsageError> {
+    pub fn record(&self, turn: &TurnUsage) -> Result<Usage, UsageFileError> {
         files::with_lock(&self.path, || {
             let mut usage = match self.load() {
                 Ok(usage) => usage,
@@ -243,7 +220,7 @@ impl UsageStore {
             *self.cache() = Some(usage.clone());
             Ok(Ok(usage))
         })
-        .map_err(UsageError::Io)?
+        .map_err(UsageFileError::Io)?
     }
 
     fn cache(&self) -> std::sync::MutexGuard<'_, Option<Usage>> {
@@ -255,11 +232,11 @@ impl UsageStore {
 
     /// Reads the file (the caller holds the file lock); a corrupt one is set aside and
     /// replaced by the last good copy, if there is one.
-    fn load(&self) -> Result<Usage, UsageError> {
+    fn load(&self) -> Result<Usage, UsageFileError> {
         let bytes = match read_small(&self.path) {
             Ok(Some(bytes)) => bytes,
             Ok(None) => return self.restore_missing(),
-            Err(e) => return Err(UsageError::Io(e)),
+            Err(e) => return Err(UsageFileError::Io(e)),
         };
         if let Some(usage) = Usage::from_json(&bytes) {
             *self.cache() = Some(usage.clone());
@@ -271,11 +248,11 @@ impl UsageStore {
                 "{} is corrupt and no good copy exists; budgeted turns are refused until it is repaired or removed",
                 self.path.display()
             );
-            return Err(UsageError::Corrupt(self.path.clone()));
+            return Err(UsageFileError::Corrupt(self.path.clone()));
         };
-        let aside = files::set_aside(&self.path, "corrupt").map_err(UsageError::Io)?;
+        let aside = files::set_aside(&self.path, "corrupt").map_err(UsageFileError::Io)?;
         files::write_atomic(&self.path, &good.to_json(), files::PRIVATE_FILE_MODE)
-            .map_err(UsageError::Io)?;
+            .map_err(UsageFileError::Io)?;
         log::error!(
             "{} was corrupt: moved to {} and restored from the last good copy (${:.4} used)",
             self.path.display(),
@@ -298,12 +275,12 @@ impl UsageStore {
     /// `usage.json` is missing. A new instance starts from zero; one that had usage
     /// (a last good copy exists) gets it back, loudly: deleting the file alone does
     /// not reset the budget. Resetting takes removing both files while stopped.
-    fn restore_missing(&self) -> Result<Usage, UsageError> {
+    fn restore_missing(&self) -> Result<Usage, UsageFileError> {
         let Some(good) = self.last_good() else {
             return Ok(Usage::default());
         };
         files::write_atomic(&self.path, &good.to_json(), files::PRIVATE_FILE_MODE)
-            .map_err(UsageError::Io)?;
+            .map_err(UsageFileError::Io)?;
         log::error!(
             "{} was missing: restored from the last good copy (${:.4} used); to reset usage, stop the instance and remove it and {}",
             self.path.display(),
@@ -320,22 +297,22 @@ impl UsageStore {
 /// neither exists.
 ///
 /// # Errors
-/// [`UsageError::Corrupt`] when `usage.json` (or, without it, the backup) exists but is
-/// not valid and no valid copy exists; [`UsageError::Io`] when a file can't be read.
-pub fn peek(state_dir: &Path) -> Result<Usage, UsageError> {
+/// [`UsageFileError::Corrupt`] when `usage.json` (or, without it, the backup) exists but is
+/// not valid and no valid copy exists; [`UsageFileError::Io`] when a file can't be read.
+pub fn peek(state_dir: &Path) -> Result<Usage, UsageFileError> {
     let path = state_dir.join(USAGE_FILE);
-    let main = read_small(&path).map_err(UsageError::Io)?;
+    let main = read_small(&path).map_err(UsageFileError::Io)?;
     if let Some(usage) = main.as_deref().and_then(Usage::from_json) {
         return Ok(usage);
     }
-    let backup = read_small(&state_dir.join(USAGE_BACKUP_FILE)).map_err(UsageError::Io)?;
+    let backup = read_small(&state_dir.join(USAGE_BACKUP_FILE)).map_err(UsageFileError::Io)?;
     if let Some(usage) = backup.as_deref().and_then(Usage::from_json) {
         return Ok(usage);
     }
     match (main, backup) {
         (None, None) => Ok(Usage::default()),
-        (Some(_), _) => Err(UsageError::Corrupt(path)),
-        (None, Some(_)) => Err(UsageError::Corrupt(state_dir.join(USAGE_BACKUP_FILE))),
+        (Some(_), _) => Err(UsageFileError::Corrupt(path)),
+        (None, Some(_)) => Err(UsageFileError::Corrupt(state_dir.join(USAGE_BACKUP_FILE))),
     }
 }
 
@@ -355,6 +332,7 @@ fn read_small(path: &Path) -> io::Result<Option<Vec<u8>>> {
 mod tests {
     use super::*;
     use crate::files::test_support::TestDir;
+    use serde_json::{json, Value};
 
     fn turn(cost: f64) -> TurnUsage {
         TurnUsage {
@@ -441,10 +419,10 @@ mod tests {
         let dir = TestDir::new("usage-nogood");
         std::fs::write(dir.path().join(USAGE_FILE), b"[1,2]").unwrap();
         let store = UsageStore::new(dir.path());
-        assert!(matches!(store.current(), Err(UsageError::Corrupt(_))));
+        assert!(matches!(store.current(), Err(UsageFileError::Corrupt(_))));
         assert!(matches!(
             store.record(&turn(0.1)),
-            Err(UsageError::Corrupt(_))
+            Err(UsageFileError::Corrupt(_))
         ));
         // Left in place for the operator.
         assert_eq!(
@@ -489,7 +467,10 @@ mod tests {
         let store = UsageStore::new(dir.path());
         for cost in [2.0, f64::MAX, f64::INFINITY, f64::NAN, -1.0] {
             assert!(
-                matches!(store.record(&turn(cost)), Err(UsageError::Overflow { .. })),
+                matches!(
+                    store.record(&turn(cost)),
+                    Err(UsageFileError::Overflow { .. })
+                ),
                 "{cost}"
             );
         }
@@ -546,7 +527,7 @@ mod tests {
             b"{torn"
         );
         std::fs::remove_file(dir.path().join(USAGE_BACKUP_FILE)).unwrap();
-        assert!(matches!(peek(dir.path()), Err(UsageError::Corrupt(_))));
+        assert!(matches!(peek(dir.path()), Err(UsageFileError::Corrupt(_))));
     }
 
     #[test]

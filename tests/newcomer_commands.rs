@@ -304,7 +304,7 @@ fn write_log(state_dir: &Path) {
             "depth": 1, "durationMs": 7, "errorCode": code, "promptChars": 3, "status": 200}})
         .to_string()
     };
-    let now = loopbus::__internals::now_iso8601();
+    let now = loopbus::now_iso8601();
     let text = format!(
         "{}\n{{torn\n{}\n",
         line("2020-01-01T00:00:00.000Z", "refused", json!("auth_failed")),

@@ -493,16 +493,14 @@ fn health_answers_while_another_process_holds_the_registry_lock() {
     let root = TestRoot::new("reg-locked");
     let mut a = root.start("alpha", &open_config("s-0123456789abcdef"));
     let path = root.path.join(".bus-registry.json");
-    let lock_path = root.path.join(".bus-registry.json.lock");
-    // The entry shows before the start has released its lock directory.
-    assert!(eventually(Duration::from_secs(10), || !lock_path.is_dir()));
-    let lock = std::fs::OpenOptions::new()
-        .create(true)
-        .truncate(false)
-        .write(true)
-        .open(&lock_path)
-        .unwrap();
-    lock.lock().unwrap();
+    // The registry lock as the original takes it: the directory, with an owner.json
+    // naming a live process (this one) that took it at a time not yet stale.
+    let lock = root.path.join(".bus-registry.json.lock");
+    // The entry shows before the start has released its own lock directory.
+    assert!(eventually(Duration::from_secs(10), || !lock.is_dir()));
+    std::fs::create_dir(&lock).unwrap();
+    let owner = json!({"pid": std::process::id(), "acquiredAt": "2999-01-01T00:00:00.000Z"});
+    std::fs::write(lock.join("owner.json"), owner.to_string()).unwrap();
     // alpha's entry is lost. The one entry left is invalid, and every read of the file
     // warns about it: the sign that the periodic check read the registry, found alpha
     // missing, and went on to the lock.
@@ -521,7 +519,7 @@ fn health_answers_while_another_process_holds_the_registry_lock() {
         root.registry()["instances"].get("alpha").is_none(),
         "written without the lock"
     );
-    drop(lock);
+    std::fs::remove_dir_all(&lock).unwrap();
     assert!(
         eventually(Duration::from_secs(10), || {
             a.assert_alive("after the lock was released");

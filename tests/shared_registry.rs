@@ -89,7 +89,7 @@ fn standin_lock(root: &Path) -> PathBuf {
             Ok(()) => {
                 let owner = json!({
                     "pid": std::process::id(),
-                    "acquiredAt": loopbus::__internals::now_iso8601(),
+                    "acquiredAt": loopbus::now_iso8601(),
                 });
                 fs::write(lock.join("owner.json"), owner.to_string()).unwrap();
                 return lock;
@@ -157,7 +157,7 @@ fn standin_entry(port: u16, chat: u64) -> Value {
         "port": port,
         "pid": std::process::id(),
         "secret": format!("standin-secret-{port}"),
-        "updatedAt": loopbus::__internals::now_iso8601(),
+        "updatedAt": loopbus::now_iso8601(),
         "telegramChat": chat,
     })
 }
@@ -366,12 +366,28 @@ fn bug_a_stale_lock_directory_of_a_killed_writer_made_serve_exit() {
     });
 }
 
+/// No release ever locked the registry with a lock *file*, so one at the lock's name
+/// is not ours to remove: `serve` refuses to register and says what to do.
+#[test]
+fn a_file_at_the_locks_name_is_refused_not_removed() {
+    let root = TestRoot::new("lock-file");
+    fs::write(lock_path(&root.path), b"").unwrap();
+    let dir = root.state_dir("alpha");
+    root.write_config("alpha", &open_config("sa-0123456789abcdef"));
+    let output = run(&["serve", "--state-dir", dir.to_str().unwrap()], &[], None);
+    assert_eq!(output.status.code(), Some(2), "{output:?}");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        stderr.contains("not a lock directory; remove it"),
+        "{stderr}"
+    );
+    assert!(lock_path(&root.path).is_file());
+}
+
 #[test]
 fn bug_the_lock_file_of_todays_loopbus_locked_the_original_out() {
-    serve_recovers("stale-lock-file", |lock| {
-        fs::write(lock, b"").unwrap();
-    });
-    // And the original can lock the root again once loopbus has written there.
+    // The original can lock the root once loopbus has written there: loopbus leaves
+    // no lock file behind.
     let root = TestRoot::new("lock-file-after");
     let _alpha = root.start("alpha", &open_config("sa-0123456789abcdef"));
     standin_register(&root.path, Writer::Locked, "bridge", standin_entry(5200, 1));

@@ -56,7 +56,7 @@ impl Machine {
                 |kib| format!("{:.1} GiB", kib as f64 / (1024.0 * 1024.0)),
             );
         Machine {
-            date: loopbus::__internals::now_iso8601(),
+            date: loopbus::now_iso8601(),
             nproc: std::thread::available_parallelism().map_or(0, |n| n.get()),
             cpu,
             kernel: read_trimmed("/proc/sys/kernel/osrelease"),

@@ -4,7 +4,7 @@
 //! registry, parses again to the same entries with nothing skipped.
 #![no_main]
 use libfuzzer_sys::fuzz_target;
-use loopbus::__internals::parse_registry;
+use loopbus::fuzzing::parse_registry;
 use serde_json::{json, Map, Value};
 
 /// The reasons an entry is skipped for (after `"<name>: "`).

@@ -4,7 +4,7 @@
 //! no `Transfer-Encoding`).
 #![no_main]
 use libfuzzer_sys::fuzz_target;
-use loopbus::__internals::{parse_request_head, MAX_HEADERS, MAX_HEAD_BYTES};
+use loopbus::fuzzing::{parse_request_head, MAX_HEADERS, MAX_HEAD_BYTES};
 
 fuzz_target!(|data: &[u8]| {
     let Ok(Some((head, consumed))) = parse_request_head(data) else {

@@ -7,7 +7,7 @@
 //! per cut, then the stream.
 #![no_main]
 use libfuzzer_sys::fuzz_target;
-use loopbus::__internals::{replay, Pending, MAX_HEAD_BYTES};
+use loopbus::fuzzing::{replay, Pending, MAX_HEAD_BYTES};
 
 /// Streams up to this long are also fed one byte at a time.
 const BYTE_BY_BYTE_MAX: usize = 96;

@@ -2,7 +2,7 @@
 //! health answers. Never panics; an accepted envelope round-trips.
 #![no_main]
 use libfuzzer_sys::fuzz_target;
-use loopbus::__internals::{parse_health, parse_response_head};
+use loopbus::fuzzing::{parse_health, parse_response_head};
 use loopbus::parse_response;
 
 fuzz_target!(|data: &[u8]| {

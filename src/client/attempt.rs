@@ -4,15 +4,13 @@
 //! connection whose probe matched; then the mapping of what came back to a
 //! [`DelegateError`] or a [`Reply`].
 
-use super::pool::{self, Proven};
 use super::{DelegateError, DelegateOptions, PeerProtocol, Reply};
 use crate::http::client::{ClientError, Connection, ReceivedResponse};
 use crate::protocol::{
-    self, encode_talk_request, encode_talk_request_with, InstanceName, RequestExt, TalkRequest,
-    MAX_BODY_BYTES,
+    self, encode_talk_request_with, InstanceName, RequestExt, TalkRequest, MAX_BODY_BYTES,
 };
 use crate::registry::owner::OwnerRefusal;
-use crate::registry::{self, ProbeError};
+use crate::registry::{self, ProbeError, Target};
 use std::time::{Duration, Instant};
 
 /// The caller's own checks, in the table's order: own bus enabled, target among own
@@ -69,27 +67,14 @@ pub(super) enum Sent {
 /// knows whether the peer deduplicates.
 ///
 /// # Errors
-/// A [`DelegateError`] for every row of contract section 5's table from "body too
-/// large" on (the local checks are [`local_checks`]).
+/// A [`DelegateError`] for every row of contract section 5's table from "registry
+/// unreadable" on (the local checks are [`local_checks`], the size [`check_size`]).
 pub(super) fn exchange(
     options: &DelegateOptions,
-    what: Exchange<'_>,
+    what: &Exchange<'_>,
     listed: &mut Option<Vec<String>>,
 ) -> Result<Sent, DelegateError> {
     let target = &options.target;
-    // `depth < max_depth <= u64::MAX` (local checks), so this cannot overflow.
-    let request = TalkRequest {
-        ext: what.ext,
-        ..TalkRequest::new(
-            options.caller.to_string(),
-            what.prompt,
-            options.depth.saturating_add(1),
-        )
-    };
-    let body = encode_talk_request(&request);
-    if body.len() as u64 > MAX_BODY_BYTES {
-        return Err(DelegateError::TooLarge { bytes: body.len() });
-    }
     let entry = registry::lookup(&options.root, target)
         .map_err(|error| DelegateError::Registry {
             path: registry::registry_path(&options.root),
@@ -98,104 +83,97 @@ pub(super) fn exchange(
         .ok_or_else(|| DelegateError::NotRegistered {
             target: target.to_string(),
         })?;
-    // A kept connection proven earlier for exactly this entry goes first; a fresh
-    // probe otherwise, and also when the kept one turns out closed (see `pool`).
-    let mut kept = pool::take(&options.root, target, &entry)
-        .filter(|proven| proven.kind_accepted(&options.bus.accept_kinds));
-    loop {
-        let reused = kept.is_some();
-        let proven = match kept.take() {
-            Some(proven) => proven,
-            None => prove(options, &entry)?,
-        };
-        *listed = Some(proven.capabilities.clone());
-        if let Some(required) = what.required {
-            if !proven.capabilities.iter().any(|c| c == required) {
-                pool::put_back(&options.root, target, &entry, proven);
-                return Ok(Sent::NotListed);
-            }
+    let (mut connection, capabilities) = prove(options, &entry)?;
+    *listed = Some(capabilities.clone());
+    if what
+        .required
+        .is_some_and(|required| !capabilities.iter().any(|c| c == required))
+    {
+        return Ok(Sent::NotListed);
+    }
+    let request = request(options, what);
+    // The request lists the base two plus the extensions the target's health listed
+    // that this build implements (contract 4.1): the original accepts no other string.
+    let body = encode_talk_request_with(&request, &protocol::negotiate(&capabilities));
+    check_size(&body)?;
+    log::debug!(
+        "sending to {target} on port {} ({} prompt chars, depth {})",
+        entry.port,
+        what.prompt.chars().count(),
+        request.depth,
+    );
+    // A timeout too large for the clock means "no deadline worth the name": a year.
+    let deadline = Instant::now()
+        .checked_add(what.timeout)
+        .unwrap_or_else(|| Instant::now() + Duration::from_secs(365 * 24 * 3600));
+    match connection.post_talk(&entry.secret, &body, deadline) {
+        Ok(response) => Ok(Sent::Answer(response)),
+        Err(e @ (ClientError::Io(_) | ClientError::Closed)) if connection.request_sent() => {
+            Err(DelegateError::Broken {
+                target: target.to_string(),
+                reason: e,
+            })
         }
-        // The request lists the base two plus the extensions the target's health
-        // listed that this build implements (contract 4.1): the original accepts no
-        // other string.
-        let body = encode_talk_request_with(&request, &protocol::negotiate(&proven.capabilities));
-        if body.len() as u64 > MAX_BODY_BYTES {
-            return Err(DelegateError::TooLarge { bytes: body.len() });
-        }
-        log::debug!(
-            "sending to {target} on port {} ({} prompt chars, depth {}{})",
-            entry.port,
-            what.prompt.chars().count(),
-            request.depth,
-            if reused { ", on a kept connection" } else { "" }
-        );
-        // A timeout too large for the clock means "no deadline worth the name": a year.
-        let deadline = Instant::now()
-            .checked_add(what.timeout)
-            .unwrap_or_else(|| Instant::now() + Duration::from_secs(365 * 24 * 3600));
-        let keep_alive = proven.dedupes();
-        let Proven {
-            mut connection,
-            capabilities,
-            kind,
-        } = proven;
-        match connection.post_talk(&entry.secret, &body, keep_alive, deadline) {
-            Ok(response) => {
-                let proven = Proven {
-                    connection,
-                    capabilities,
-                    kind,
-                };
-                pool::put_back(&options.root, target, &entry, proven);
-                return Ok(Sent::Answer(response));
-            }
-            // The peer closed a kept connection as the request went out: it
-            // deduplicates (only such connections are kept), so the same request with
-            // the same id goes again on a freshly proven connection.
-            Err(ClientError::Closed | ClientError::Io(_)) if reused => {
-                log::debug!("the kept connection to {target} was closed; proving a new one");
-            }
-            Err(e)
-                if connection.request_sent()
-                    && matches!(e, ClientError::Io(_) | ClientError::Closed) =>
-            {
-                return Err(DelegateError::Broken {
-                    target: target.to_string(),
-                    reason: e,
-                })
-            }
-            Err(e) => return Err(transport_error(target, what.timeout, e)),
-        }
+        Err(e) => Err(transport_error(target, what.timeout, e)),
     }
 }
 
-/// A connection the secret may go out on, proven now: the one whose health probe of
-/// exactly the entry's address matched (name, kind, and for an entry with `proof:
-/// true` a valid proof of the entry's secret, contract 6.1), and, for an entry
-/// without, whose other end belongs to our own uid. Nothing of the secret or the
-/// prompt has been sent when this fails.
+/// The request one exchange sends (`depth + 1`: `depth < max_depth <= u64::MAX` by
+/// the local checks, so it cannot overflow).
+pub(super) fn request(options: &DelegateOptions, what: &Exchange<'_>) -> TalkRequest {
+    TalkRequest {
+        ext: what.ext.clone(),
+        ..TalkRequest::new(
+            options.caller.to_string(),
+            what.prompt,
+            options.depth.saturating_add(1),
+        )
+    }
+}
+
+/// The "body too large" row of contract section 5's table.
+///
+/// # Errors
+/// [`DelegateError::TooLarge`] for a body over [`MAX_BODY_BYTES`].
+pub(super) fn check_size(body: &[u8]) -> Result<(), DelegateError> {
+    if body.len() as u64 > MAX_BODY_BYTES {
+        return Err(DelegateError::TooLarge { bytes: body.len() });
+    }
+    Ok(())
+}
+
+/// A connection the secret may go out on, proven now, with the capabilities its
+/// health listed: the one whose health probe of exactly the entry's address matched
+/// (name, kind, and for an entry with `proof: true` a valid proof of the entry's
+/// secret, contract 6.1), and, for an entry without, whose other end belongs to our
+/// own uid. Nothing of the secret or the prompt has been sent when this fails.
 ///
 /// # Errors
 ///
 /// [`DelegateError::Unproven`] (not retryable) when the port's holder fails the proof;
 /// [`DelegateError::ProbeFailed`] for any other probe failure; the same-user check's
 /// refusals; a connection that could not be made.
-fn prove(options: &DelegateOptions, entry: &registry::Entry) -> Result<Proven, DelegateError> {
+fn prove(
+    options: &DelegateOptions,
+    entry: &registry::RegistryEntry,
+) -> Result<(Connection, Vec<String>), DelegateError> {
     let target = &options.target;
-    let probed = registry::probe_entry(target, entry, Some(&options.bus.accept_kinds)).map_err(
-        |reason| match reason {
-            ProbeError::NotSameUser(refusal) => owner_refused(target, refusal),
-            reason if reason.is_failed_proof() => DelegateError::Unproven {
-                target: target.to_string(),
-                port: entry.port,
-                reason,
-            },
-            reason => DelegateError::ProbeFailed {
-                target: target.to_string(),
-                reason,
-            },
+    let probed = registry::probe(
+        Target::Entry(target, entry),
+        Some(&options.bus.accept_kinds),
+    )
+    .map_err(|reason| match reason {
+        ProbeError::NotSameUser(refusal) => owner_refused(target, refusal),
+        reason if reason.is_failed_proof() => DelegateError::Unproven {
+            target: target.to_string(),
+            port: entry.port,
+            reason,
         },
-    )?;
+        reason => DelegateError::ProbeFailed {
+            target: target.to_string(),
+            reason,
+        },
+    })?;
     let mut connection = probed.connection;
     if !connection.is_reusable() {
         if entry.proof {
@@ -210,11 +188,7 @@ fn prove(options: &DelegateOptions, entry: &registry::Entry) -> Result<Proven, D
         // The probe checked its own connection's other end; this one is checked anew.
         same_user(target, entry, &connection)?;
     }
-    Ok(Proven {
-        connection,
-        capabilities: probed.answer.health.capabilities,
-        kind: probed.answer.health.kind,
-    })
+    Ok((connection, probed.answer.health.capabilities))
 }
 
 /// Longest wait for the second connection to a peer that closed the probe's (one
@@ -227,7 +201,7 @@ const PROVE_CONNECT: Duration = crate::http::client::CONNECT_TIMEOUT;
 /// readable but do not list that end, it gets nothing either.
 fn same_user(
     target: &InstanceName,
-    entry: &registry::Entry,
+    entry: &registry::RegistryEntry,
     connection: &Connection,
 ) -> Result<(), DelegateError> {
     let (peer, local) = connection.addresses().map_err(|e| {

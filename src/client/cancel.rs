@@ -86,7 +86,7 @@ pub fn cancel(options: &DelegateOptions) -> Result<CancelOutcome, DelegateError>
         required: Some(CANCEL_ON_HANGUP),
     };
     let target = options.target.as_str();
-    match attempt::exchange(options, what, &mut None)? {
+    match attempt::exchange(options, &what, &mut None)? {
         Sent::NotListed => Ok(CancelOutcome::NotSupported),
         Sent::Answer(response) => protocol::parse_answer(response.status, &response.body)
             .map(CancelOutcome::Answered)

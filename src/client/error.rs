@@ -152,23 +152,23 @@ impl DelegateError {
     /// section 5).
     pub fn code(&self) -> ErrorCode {
         match self {
-            DelegateError::BusDisabled { .. } => ErrorCode::BusDisabled,
-            DelegateError::PeerNotAllowed { .. } => ErrorCode::PeerNotAllowed,
-            DelegateError::MaxDepth { .. } => ErrorCode::MaxDepthExceeded,
-            DelegateError::TooLarge { .. } => ErrorCode::RequestTooLarge,
-            DelegateError::Registry { .. }
-            | DelegateError::NotRegistered { .. }
-            | DelegateError::ProbeFailed { .. }
-            | DelegateError::ForeignListener { .. }
-            | DelegateError::OwnerUnknown { .. }
-            | DelegateError::Unproven { .. }
-            | DelegateError::Connection { .. }
-            | DelegateError::Broken { .. } => ErrorCode::InstanceUnavailable,
-            DelegateError::Timeout { .. } => ErrorCode::Timeout,
-            DelegateError::InvalidResponse { .. } => ErrorCode::InvalidResponse,
-            DelegateError::NoRandomness { .. } => ErrorCode::InternalError,
-            DelegateError::NotRetried { error, .. } => error.code(),
-            DelegateError::Remote { failure, .. } => failure.code.clone(),
+            Self::BusDisabled { .. } => ErrorCode::BusDisabled,
+            Self::PeerNotAllowed { .. } => ErrorCode::PeerNotAllowed,
+            Self::MaxDepth { .. } => ErrorCode::MaxDepthExceeded,
+            Self::TooLarge { .. } => ErrorCode::RequestTooLarge,
+            Self::Registry { .. }
+            | Self::NotRegistered { .. }
+            | Self::ProbeFailed { .. }
+            | Self::ForeignListener { .. }
+            | Self::OwnerUnknown { .. }
+            | Self::Unproven { .. }
+            | Self::Connection { .. }
+            | Self::Broken { .. } => ErrorCode::InstanceUnavailable,
+            Self::Timeout { .. } => ErrorCode::Timeout,
+            Self::InvalidResponse { .. } => ErrorCode::InvalidResponse,
+            Self::NoRandomness { .. } => ErrorCode::InternalError,
+            Self::NotRetried { error, .. } => error.code(),
+            Self::Remote { failure, .. } => failure.code.clone(),
         }
     }
 
@@ -178,19 +178,17 @@ impl DelegateError {
     /// against a peer that deduplicates requests (contract 8.2).
     pub fn may_have_run(&self) -> bool {
         match self {
-            DelegateError::Timeout { .. }
-            | DelegateError::Broken { .. }
-            | DelegateError::InvalidResponse { .. } => true,
-            DelegateError::Remote { failure, .. } => failure.code == ErrorCode::Unknown,
-            DelegateError::NotRetried { error, .. } => error.may_have_run(),
+            Self::Timeout { .. } | Self::Broken { .. } | Self::InvalidResponse { .. } => true,
+            Self::Remote { failure, .. } => failure.code == ErrorCode::Unknown,
+            Self::NotRetried { error, .. } => error.may_have_run(),
             _ => false,
         }
     }
 
-    /// The failure behind a [`DelegateError::NotRetried`], or this one.
+    /// The failure behind a [`Self::NotRetried`], or this one.
     pub fn cause(&self) -> &DelegateError {
         match self {
-            DelegateError::NotRetried { error, .. } => error.cause(),
+            Self::NotRetried { error, .. } => error.cause(),
             other => other,
         }
     }
@@ -199,14 +197,14 @@ impl DelegateError {
     /// peer's own flag for a remote failure, the retry table otherwise.
     pub fn retryable(&self) -> bool {
         match self {
-            DelegateError::Remote { failure, .. } => failure.retryable,
-            DelegateError::NotRetried { error, .. } => error.retryable(),
-            DelegateError::ForeignListener { .. } | DelegateError::OwnerUnknown { .. } => false,
+            Self::Remote { failure, .. } => failure.retryable,
+            Self::NotRetried { error, .. } => error.retryable(),
+            Self::ForeignListener { .. } | Self::OwnerUnknown { .. } => false,
             // Trying again reaches the same squatter: an operator must look.
-            DelegateError::Unproven { .. } => false,
+            Self::Unproven { .. } => false,
             // A registry we may not read, or may not trust (another user's, or
             // writable by others: contract 1), stays so until someone fixes it.
-            DelegateError::Registry { error, .. }
+            Self::Registry { error, .. }
                 if error.kind() == std::io::ErrorKind::PermissionDenied =>
             {
                 false
@@ -221,10 +219,10 @@ impl DelegateError {
     /// names `caller` (the instance that produced it) and took `duration_ms`.
     pub fn to_envelope(&self, caller: &str, duration_ms: u64) -> Envelope {
         match self {
-            DelegateError::NotRetried { error, .. } if error.is_remote() => {
+            Self::NotRetried { error, .. } if error.is_remote() => {
                 error.to_envelope(caller, duration_ms)
             }
-            DelegateError::Remote {
+            Self::Remote {
                 from_instance,
                 failure,
                 duration_ms,
@@ -250,82 +248,74 @@ impl DelegateError {
 impl DelegateError {
     /// Whether the peer itself answered with this failure.
     fn is_remote(&self) -> bool {
-        matches!(self, DelegateError::Remote { .. })
+        matches!(self, Self::Remote { .. })
     }
 }
 
 impl fmt::Display for DelegateError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            DelegateError::BusDisabled { caller } => {
+            Self::BusDisabled { caller } => {
                 write!(f, "the bus is disabled in {caller}'s own config")
             }
-            DelegateError::PeerNotAllowed { caller, target } => {
+            Self::PeerNotAllowed { caller, target } => {
                 write!(f, "{target} is not among {caller}'s own peers")
             }
-            DelegateError::MaxDepth { caller, depth, max } => {
+            Self::MaxDepth { caller, depth, max } => {
                 write!(f, "depth {depth} reaches {caller}'s own maxDepth of {max}")
             }
-            DelegateError::TooLarge { bytes } => write!(
+            Self::TooLarge { bytes } => write!(
                 f,
                 "request body is {bytes} bytes, more than the limit of {MAX_BODY_BYTES}"
             ),
-            DelegateError::Registry { path, error } => {
+            Self::Registry { path, error } => {
                 write!(f, "cannot read the registry {}: {error}", path.display())
             }
-            DelegateError::NotRegistered { target } => {
+            Self::NotRegistered { target } => {
                 write!(f, "instance {target} is not registered (is it running?)")
             }
-            DelegateError::ProbeFailed { target, reason } => {
+            Self::ProbeFailed { target, reason } => {
                 write!(f, "instance {target} is not available: {reason}")
             }
-            DelegateError::ForeignListener { target, mismatch } => {
+            Self::ForeignListener { target, mismatch } => {
                 write!(f, "instance {target} is not available: {mismatch}")
             }
-            DelegateError::OwnerUnknown { target, refusal } => {
+            Self::OwnerUnknown { target, refusal } => {
                 write!(f, "instance {target} is not available: {refusal}")
             }
-            DelegateError::Unproven {
+            Self::Unproven {
                 target,
                 port,
                 reason,
-            } => {
-                write!(
-                    f,
-                    "instance {target} is not available on port {port}: {reason}"
-                )
-            }
-            DelegateError::Connection { target, reason } => {
+            } => write!(
+                f,
+                "instance {target} is not available on port {port}: {reason}"
+            ),
+            Self::Connection { target, reason } => {
                 write!(f, "instance {target} is not available: {reason}")
             }
-            DelegateError::Broken { target, reason } => {
-                write!(
-                    f,
-                    "instance {target} is not available: {reason} after the request was sent"
-                )
-            }
-            DelegateError::NoRandomness { error } => {
-                write!(
-                    f,
-                    "cannot make a request id from the OS's randomness: {error}"
-                )
-            }
-            DelegateError::NotRetried { target, error } => write!(
+            Self::Broken { target, reason } => write!(
+                f,
+                "instance {target} is not available: {reason} after the request was sent"
+            ),
+            Self::NoRandomness { error } => write!(
+                f,
+                "cannot make a request id from the OS's randomness: {error}"
+            ),
+            Self::NotRetried { target, error } => write!(
                 f,
                 "{error}; not retried: the turn may have run, and {target} does not \
                  advertise idempotent-requests, so a retry could run it twice"
             ),
-            DelegateError::Timeout { target, after } => {
-                write!(
-                    f,
-                    "instance {target} did not answer within {} s",
-                    after.as_secs_f64()
-                )
-            }
-            DelegateError::InvalidResponse { target, reason } => {
+            Self::Timeout { target, after } => write!(
+                f,
+                "instance {target} did not answer within {} s",
+                after.as_secs_f64()
+            ),
+            Self::InvalidResponse { target, reason } => {
                 write!(f, "instance {target} gave an invalid answer: {reason}")
             }
-            DelegateError::Remote {
+            Self::Remote {
                 from_instance,
                 failure,
                 ..

@@ -11,9 +11,7 @@
 //!
 //! Every delegation carries `ext.requestId` (128 random bits, contract 8.2), the same
 //! across its retries ([`DelegateOptions::with_retries`]); [`cancel`] cancels it by
-//! that id. A connection whose probe matched is kept for the next delegation to the
-//! same instance (`pool`), so that a library that delegates often skips the probe's
-//! round trip without the secret ever going out on an unproven connection.
+//! that id. Each attempt reads the registry, probes and talks on a fresh connection.
 //!
 //! ```no_run
 //! use loopbus::{delegate, BusConfig, DelegateOptions, InstanceName};
@@ -40,7 +38,8 @@
 
 use crate::config::BusConfig;
 use crate::protocol::{
-    Envelope, InstanceName, RequestExt, RequestId, UsageReport, IDEMPOTENT_REQUESTS,
+    encode_talk_request, Envelope, InstanceName, RequestExt, RequestId, UsageReport,
+    IDEMPOTENT_REQUESTS,
 };
 use crate::secret;
 use std::fmt;
@@ -50,7 +49,6 @@ use std::time::Duration;
 mod attempt;
 mod cancel;
 mod error;
-mod pool;
 mod retry;
 
 pub use cancel::{cancel, CancelOutcome, CANCEL_TIMEOUT};
@@ -180,6 +178,7 @@ impl fmt::Debug for DelegateOptions {
 
 /// A successful delegation.
 #[derive(Debug, Clone, PartialEq)]
+#[non_exhaustive]
 pub struct Reply {
     /// The reply text.
     pub text: String,
@@ -196,6 +195,7 @@ pub struct Reply {
 /// What a peer's envelope said of its protocol, kept so that `loopbus talk --json`
 /// prints the peer's own answer, not ours.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct PeerProtocol {
     /// The peer's `protocolVersion` (`None`: a legacy peer left it out).
     pub protocol_version: Option<u64>,
@@ -224,8 +224,12 @@ impl Reply {
 ///
 /// The OS's randomness could not be read.
 pub fn new_request_id() -> std::io::Result<RequestId> {
-    secret::random_bytes().map(RequestId::from_random)
+    // 32 hex digits are always a request id.
+    RequestId::new(secret::random_hex(REQUEST_ID_BYTES)?).map_err(std::io::Error::other)
 }
+
+/// Random bytes in a request id made by [`new_request_id`]: 128 bits (contract 8.2).
+const REQUEST_ID_BYTES: usize = 16;
 
 /// Delegates `options.prompt` to `options.target` and waits for the answer, retrying
 /// as [`DelegateOptions::with_retries`] says, with one request id for every attempt
@@ -251,21 +255,24 @@ pub fn delegate(options: &DelegateOptions) -> Result<Reply, DelegateError> {
         base: options.backoff_base,
         cap: options.backoff_cap,
     };
+    let what = attempt::Exchange {
+        prompt: &options.prompt,
+        ext: RequestExt {
+            request_id: Some(request_id),
+            cancel: false,
+        },
+        timeout: options.timeout,
+        required: None,
+    };
+    // Before the registry is read (the table's order), with the base capabilities;
+    // each attempt checks again what it sends to the peer it found.
+    attempt::check_size(&encode_talk_request(&attempt::request(options, &what)))?;
     let mut jitter = None;
     let mut retries_done = 0;
     let mut dedupes = false;
     loop {
         let mut listed = None;
-        let what = attempt::Exchange {
-            prompt: &options.prompt,
-            ext: RequestExt {
-                request_id: Some(request_id.clone()),
-                cancel: false,
-            },
-            timeout: options.timeout,
-            required: None,
-        };
-        let outcome = attempt::exchange(options, what, &mut listed).and_then(|sent| match sent {
+        let outcome = attempt::exchange(options, &what, &mut listed).and_then(|sent| match sent {
             attempt::Sent::Answer(response) => attempt::interpret(&options.target, response),
             // Nothing is required of a delegation's peer.
             attempt::Sent::NotListed => Err(DelegateError::NotRegistered {

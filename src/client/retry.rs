@@ -47,15 +47,6 @@ pub struct Backoff {
     pub cap: Duration,
 }
 
-impl Default for Backoff {
-    fn default() -> Backoff {
-        Backoff {
-            base: DEFAULT_BACKOFF_BASE,
-            cap: DEFAULT_BACKOFF_CAP,
-        }
-    }
-}
-
 impl Backoff {
     /// The ceiling of retry `retry` (from 0): `min(cap, base * 2^retry)`, without
     /// overflow.
@@ -129,11 +120,17 @@ impl Jitter {
 mod tests {
     use super::*;
 
+    /// The default backoff.
+    const DEFAULT: Backoff = Backoff {
+        base: DEFAULT_BACKOFF_BASE,
+        cap: DEFAULT_BACKOFF_CAP,
+    };
+
     const MS: fn(u64) -> Duration = Duration::from_millis;
 
     #[test]
     fn ceilings_double_up_to_the_cap() {
-        let backoff = Backoff::default();
+        let backoff = DEFAULT;
         let cases = [
             (0, MS(250)),
             (1, MS(500)),
@@ -156,7 +153,7 @@ mod tests {
 
     #[test]
     fn delays_are_full_jitter_within_the_ceiling() {
-        let backoff = Backoff::default();
+        let backoff = DEFAULT;
         let mut jitter = Jitter::seeded(7);
         for retry in 0..10 {
             let mut lowest = Duration::MAX;
@@ -180,7 +177,7 @@ mod tests {
 
     #[test]
     fn the_same_seed_gives_the_same_delays() {
-        let backoff = Backoff::default();
+        let backoff = DEFAULT;
         let run = |seed| {
             let mut jitter = Jitter::seeded(seed);
             (0..5)
@@ -193,7 +190,7 @@ mod tests {
 
     #[test]
     fn decision_table() {
-        let backoff = Backoff::default();
+        let backoff = DEFAULT;
         let failed = |retryable, may_have_run| Failed {
             retryable,
             may_have_run,

@@ -23,7 +23,7 @@ pub(super) enum Problem {
     /// The JSON is not an object.
     NotAnObject,
     /// A field has a value it may not have.
-    Field { path: String, message: &'static str },
+    Field { path: String, message: String },
     /// A key the config may not hold, with the path of the key probably meant.
     UnknownKey {
         path: String,
@@ -75,12 +75,12 @@ impl ConfigError {
         }
     }
 
-    pub(super) fn field_error(path: impl Into<String>, message: &'static str) -> ConfigError {
+    pub(super) fn field_error(path: impl Into<String>, message: impl Into<String>) -> ConfigError {
         ConfigError {
             file: CONFIG_FILE.to_owned(),
             problem: Problem::Field {
                 path: path.into(),
-                message,
+                message: message.into(),
             },
         }
     }

@@ -15,9 +15,6 @@ use std::collections::BTreeMap;
 use std::fmt;
 use std::path::PathBuf;
 
-#[cfg(test)]
-use serde_json::Value;
-
 use crate::secret::Secret;
 
 mod duplicates;
@@ -258,106 +255,103 @@ impl Config {
     /// bus turned on or off is `bus` (its `enabled` is no key of the file).
     pub fn changed_keys(&self, other: &Config) -> Vec<&'static str> {
         let (a, b) = (&self.bus, &other.bus);
-        let mut changed = Vec::new();
-        let mut check = |key, differs: bool| {
-            if differs {
-                changed.push(key);
-            }
-        };
-        check("bus", a.enabled != b.enabled);
-        check("bus.peers", a.peers != b.peers);
-        check("bus.maxDepth", a.max_depth != b.max_depth);
-        check("bus.port", a.port != b.port);
-        check("bus.secret", a.secret != b.secret);
-        check("bus.kind", a.kind != b.kind);
-        check("bus.acceptKinds", a.accept_kinds != b.accept_kinds);
-        check(
-            "bus.maxConcurrentTurns",
-            a.max_concurrent_turns != b.max_concurrent_turns,
-        );
-        check(
-            "bus.maxQueuedTurns",
-            a.max_queued_turns != b.max_queued_turns,
-        );
-        check(
-            "bus.cancelOnHangup",
-            a.cancel_on_hangup != b.cancel_on_hangup,
-        );
-        check("bus.reattachSecs", a.reattach_secs != b.reattach_secs);
-        check("bus.parallel", a.parallel != b.parallel);
-        check("bus.chain", a.chain != b.chain);
-        check("bus.verifier", a.verifier != b.verifier);
-        check("budgetUsd", self.budget_usd != other.budget_usd);
+        let mut changed = [
+            ("bus", a.enabled != b.enabled),
+            ("bus.peers", a.peers != b.peers),
+            ("bus.maxDepth", a.max_depth != b.max_depth),
+            ("bus.port", a.port != b.port),
+            ("bus.secret", a.secret != b.secret),
+            ("bus.kind", a.kind != b.kind),
+            ("bus.acceptKinds", a.accept_kinds != b.accept_kinds),
+            (
+                "bus.maxConcurrentTurns",
+                a.max_concurrent_turns != b.max_concurrent_turns,
+            ),
+            (
+                "bus.maxQueuedTurns",
+                a.max_queued_turns != b.max_queued_turns,
+            ),
+            (
+                "bus.cancelOnHangup",
+                a.cancel_on_hangup != b.cancel_on_hangup,
+            ),
+            ("bus.reattachSecs", a.reattach_secs != b.reattach_secs),
+            ("bus.parallel", a.parallel != b.parallel),
+            ("bus.chain", a.chain != b.chain),
+            ("bus.verifier", a.verifier != b.verifier),
+            ("budgetUsd", self.budget_usd != other.budget_usd),
+        ]
+        .to_vec();
         match (&self.engine, &other.engine) {
-            (Some(a), Some(b)) => {
-                check("engine.command", a.command != b.command);
-                check("engine.prompt", a.prompt != b.prompt);
-                check("engine.output", a.output != b.output);
-                check("engine.timeoutSecs", a.timeout_secs != b.timeout_secs);
-                check(
+            (Some(a), Some(b)) => changed.extend([
+                ("engine.command", a.command != b.command),
+                ("engine.prompt", a.prompt != b.prompt),
+                ("engine.output", a.output != b.output),
+                ("engine.timeoutSecs", a.timeout_secs != b.timeout_secs),
+                (
                     "engine.maxOutputBytes",
                     a.max_output_bytes != b.max_output_bytes,
-                );
-                check(
+                ),
+                (
                     "engine.maxTurnCostUsd",
                     a.max_turn_cost_usd != b.max_turn_cost_usd,
-                );
-                check("engine.cwd", a.cwd != b.cwd);
-                check("engine.env", a.env != b.env);
-            }
-            (a, b) => check("engine", a.is_some() != b.is_some()),
+                ),
+                ("engine.cwd", a.cwd != b.cwd),
+                ("engine.env", a.env != b.env),
+            ]),
+            (a, b) => changed.push(("engine", a.is_some() != b.is_some())),
         }
-        changed
+        changed.retain(|(_, differs)| *differs);
+        changed.into_iter().map(|(key, _)| key).collect()
     }
-}
-
-/// The `config.json` that `loopbus init` writes: the bus on, every peer allowed,
-/// default depth, an OS-chosen port, and `secret` only when one is given (`init
-/// --fixed-secret`): without it each start makes a fresh secret. (`init` itself calls
-/// [`default_config_json_with`].)
-#[cfg(test)]
-pub fn default_config_json(secret: Option<&Secret>) -> String {
-    default_config_json_with(secret, None)
-}
-
-/// [`default_config_json`], and with a `kind` (`init --kind NAME`) also `bus.kind`
-/// NAME and an explicit `bus.acceptKinds` that keeps both default kinds
-/// ([`DEFAULT_ACCEPT_KINDS`]) and adds NAME when it is neither: an instance of kind
-/// `cc-telegram-bridge` is found by the original's client and still finds loopbus
-/// peers. (`init` now builds its file in `commands::settings`; this is the tests'
-/// minimal config.)
-#[cfg(test)]
-pub fn default_config_json_with(secret: Option<&Secret>, kind: Option<&str>) -> String {
-    // `Value`'s Display writes a properly escaped JSON string.
-    let secret_line = secret
-        .map(|secret| {
-            let secret = Value::String(secret.expose().to_owned());
-            format!(",\n    \"secret\": {secret}")
-        })
-        .unwrap_or_default();
-    let kind_lines = kind
-        .map(|kind| {
-            let mut accept: Vec<Value> = DEFAULT_ACCEPT_KINDS
-                .iter()
-                .map(|k| Value::String((*k).to_owned()))
-                .collect();
-            if !DEFAULT_ACCEPT_KINDS.contains(&kind) {
-                accept.push(Value::String(kind.to_owned()));
-            }
-            let kind = Value::String(kind.to_owned());
-            let accept = Value::Array(accept);
-            format!(",\n    \"kind\": {kind},\n    \"acceptKinds\": {accept}")
-        })
-        .unwrap_or_default();
-    format!(
-        "{{\n  \"bus\": {{\n    \"peers\": \"*\",\n    \"maxDepth\": {DEFAULT_MAX_DEPTH},\n    \
-         \"port\": 0{kind_lines}{secret_line}\n  }}\n}}\n"
-    )
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use serde_json::Value;
+
+    /// The `config.json` that `loopbus init` writes: the bus on, every peer allowed,
+    /// default depth, an OS-chosen port, and `secret` only when one is given (`init
+    /// --fixed-secret`): without it each start makes a fresh secret. (`init` itself calls
+    /// [`default_config_json_with`].)
+    pub(super) fn default_config_json(secret: Option<&Secret>) -> String {
+        default_config_json_with(secret, None)
+    }
+
+    /// [`default_config_json`], and with a `kind` (`init --kind NAME`) also `bus.kind`
+    /// NAME and an explicit `bus.acceptKinds` that keeps both default kinds
+    /// ([`DEFAULT_ACCEPT_KINDS`]) and adds NAME when it is neither: an instance of kind
+    /// `cc-telegram-bridge` is found by the original's client and still finds loopbus
+    /// peers. (`init` now builds its file in `commands::settings`; this is the tests'
+    /// minimal config.)
+    pub(super) fn default_config_json_with(secret: Option<&Secret>, kind: Option<&str>) -> String {
+        // `Value`'s Display writes a properly escaped JSON string.
+        let secret_line = secret
+            .map(|secret| {
+                let secret = Value::String(secret.expose().to_owned());
+                format!(",\n    \"secret\": {secret}")
+            })
+            .unwrap_or_default();
+        let kind_lines = kind
+            .map(|kind| {
+                let mut accept: Vec<Value> = DEFAULT_ACCEPT_KINDS
+                    .iter()
+                    .map(|k| Value::String((*k).to_owned()))
+                    .collect();
+                if !DEFAULT_ACCEPT_KINDS.contains(&kind) {
+                    accept.push(Value::String(kind.to_owned()));
+                }
+                let kind = Value::String(kind.to_owned());
+                let accept = Value::Array(accept);
+                format!(",\n    \"kind\": {kind},\n    \"acceptKinds\": {accept}")
+            })
+            .unwrap_or_default();
+        format!(
+            "{{\n  \"bus\": {{\n    \"peers\": \"*\",\n    \"maxDepth\": {DEFAULT_MAX_DEPTH},\n    \
+             \"port\": 0{kind_lines}{secret_line}\n  }}\n}}\n"
+        )
+    }
 
     #[test]
     fn peers_allows() {

@@ -95,6 +95,27 @@ impl Section<'_> {
     }
 
     /// Field `key` as a list of strings (non-empty ones if `non_empty`), or `default`.
+    /// The integer `key` in `min..=max` (converted to `T`), or `default` when absent.
+    fn int<T: TryFrom<u64>>(
+        &self,
+        key: &str,
+        default: T,
+        min: u64,
+        max: u64,
+    ) -> Result<T, ConfigError> {
+        let message = if max == u64::MAX {
+            "must be a positive integer".to_owned()
+        } else {
+            format!("must be an integer from {min} to {max}")
+        };
+        match self.fields.get(key) {
+            None => Ok(default),
+            Some(value) => integer_in(value, min, max)
+                .and_then(|n| T::try_from(n).ok())
+                .ok_or_else(|| ConfigError::field_error(self.path_of(key), message)),
+        }
+    }
+
     fn strings(
         &self,
         key: &str,
@@ -120,18 +141,8 @@ fn parse_bus(fields: &Map<String, Value>) -> Result<BusConfig, ConfigError> {
     Ok(BusConfig {
         enabled,
         peers,
-        max_depth: bus.get(
-            "maxDepth",
-            defaults.max_depth,
-            positive,
-            "must be a positive integer",
-        )?,
-        port: bus.get(
-            "port",
-            defaults.port,
-            |v| integer_in(v, 0, u64::from(u16::MAX)).and_then(|n| u16::try_from(n).ok()),
-            "must be an integer from 0 to 65535",
-        )?,
+        max_depth: bus.int("maxDepth", defaults.max_depth, 1, u64::MAX)?,
+        port: bus.int("port", defaults.port, 0, u64::from(u16::MAX))?,
         // An empty string is no secret (`Secret::new` refuses it): one is generated.
         secret: bus.get(
             "secret",
@@ -146,17 +157,17 @@ fn parse_bus(fields: &Map<String, Value>) -> Result<BusConfig, ConfigError> {
             "must be a non-empty string",
         )?,
         accept_kinds: bus.strings("acceptKinds", defaults.accept_kinds, true)?,
-        max_concurrent_turns: bus.get(
+        max_concurrent_turns: bus.int(
             "maxConcurrentTurns",
             defaults.max_concurrent_turns,
-            |v| integer_usize_in(v, 1, MAX_CONCURRENT_TURNS_LIMIT),
-            "must be an integer from 1 to 64",
+            1,
+            MAX_CONCURRENT_TURNS_LIMIT as u64,
         )?,
-        max_queued_turns: bus.get(
+        max_queued_turns: bus.int(
             "maxQueuedTurns",
             defaults.max_queued_turns,
-            |v| integer_usize_in(v, 0, MAX_QUEUED_TURNS_LIMIT),
-            "must be an integer from 0 to 1024",
+            0,
+            MAX_QUEUED_TURNS_LIMIT as u64,
         )?,
         cancel_on_hangup: bus.get(
             "cancelOnHangup",
@@ -164,12 +175,7 @@ fn parse_bus(fields: &Map<String, Value>) -> Result<BusConfig, ConfigError> {
             Value::as_bool,
             "must be true or false",
         )?,
-        reattach_secs: bus.get(
-            "reattachSecs",
-            defaults.reattach_secs,
-            |v| integer_in(v, 0, MAX_REATTACH_SECS),
-            "must be an integer from 0 to 600",
-        )?,
+        reattach_secs: bus.int("reattachSecs", defaults.reattach_secs, 0, MAX_REATTACH_SECS)?,
         parallel: bus.strings("parallel", Vec::new(), false)?,
         chain: bus.strings("chain", Vec::new(), false)?,
         verifier: bus.get(
@@ -230,17 +236,12 @@ fn parse_engine(fields: &Map<String, Value>) -> Result<EngineConfig, ConfigError
             },
             "must be \"text\" or \"json\"",
         )?,
-        timeout_secs: engine.get(
-            "timeoutSecs",
-            DEFAULT_ENGINE_TIMEOUT_SECS,
-            positive,
-            "must be a positive integer",
-        )?,
-        max_output_bytes: engine.get(
+        timeout_secs: engine.int("timeoutSecs", DEFAULT_ENGINE_TIMEOUT_SECS, 1, u64::MAX)?,
+        max_output_bytes: engine.int(
             "maxOutputBytes",
             DEFAULT_ENGINE_MAX_OUTPUT_BYTES,
-            positive,
-            "must be a positive integer",
+            1,
+            u64::MAX,
         )?,
         max_turn_cost_usd: optional_usd(fields.get("maxTurnCostUsd"), "engine.maxTurnCostUsd")?,
         cwd: engine.get(
@@ -340,10 +341,6 @@ fn non_empty_string(value: &Value) -> Option<String> {
     value.as_str().filter(|s| !s.is_empty()).map(str::to_owned)
 }
 
-fn positive(value: &Value) -> Option<u64> {
-    integer_in(value, 1, u64::MAX)
-}
-
 /// `value` as a list of strings (non-empty ones if `non_empty`).
 fn string_list(value: &Value, path: &str, non_empty: bool) -> Result<Vec<String>, ConfigError> {
     match value {
@@ -390,15 +387,11 @@ fn integer_in(value: &Value, min: u64, max: u64) -> Option<u64> {
     non_negative_integer(value).filter(|n| (min..=max).contains(n))
 }
 
-fn integer_usize_in(value: &Value, min: usize, max: usize) -> Option<usize> {
-    let n = integer_in(value, u64::try_from(min).ok()?, u64::try_from(max).ok()?)?;
-    usize::try_from(n).ok()
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::config::{default_config_json, DEFAULT_REATTACH_SECS};
+    use crate::config::tests::default_config_json;
+    use crate::config::DEFAULT_REATTACH_SECS;
     use std::path::PathBuf;
 
     fn bus_defaults_enabled() -> BusConfig {

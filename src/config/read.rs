@@ -11,8 +11,8 @@ use crate::files;
 /// A config.json larger than this is refused rather than read.
 pub const MAX_CONFIG_BYTES: u64 = 1 << 20;
 
-/// The bytes of the config file at `path`: a regular file of at most
-/// [`MAX_CONFIG_BYTES`], read without ever blocking on a FIFO or device put in its
+/// The bytes of the config file at `path`: a regular file of at most 1 MiB
+/// (`MAX_CONFIG_BYTES`), read without ever blocking on a FIFO or device put in its
 /// place (the event loop calls this to notice edits).
 ///
 /// # Errors

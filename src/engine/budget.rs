@@ -10,7 +10,7 @@
 //! and an instance with no recorded cost yet estimates 0.
 
 use crate::protocol::{ErrorCode, Failure};
-use crate::usage::{self, UsageError, UsageStore};
+use crate::usage::{self, UsageFileError, UsageStore};
 use std::collections::VecDeque;
 use std::sync::{Mutex, MutexGuard, PoisonError};
 
@@ -88,7 +88,7 @@ impl Reservations {
         let mut state = self.lock();
         let spent = match usage.current() {
             Ok(spent) => spent,
-            Err(e @ UsageError::Corrupt(_)) => {
+            Err(e @ UsageFileError::Corrupt(_)) => {
                 return Err(Failure::new(
                     ErrorCode::BudgetExhausted,
                     format!("Budget unknown: {e}."),

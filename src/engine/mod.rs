@@ -14,13 +14,12 @@ mod cancel;
 mod outcome;
 mod preflight;
 mod process;
-mod procfs;
 mod reaper;
 mod running;
 
 pub use cancel::CancelToken;
 pub use outcome::TurnResult;
-pub use preflight::{engine_path, find_delegation, findings, warnings};
+pub use preflight::{findings, warnings, Findings};
 pub use reaper::contain_leftovers;
 pub use running::RunningEngines;
 

@@ -91,10 +91,7 @@ pub fn interpret(output: OutputMode, exit: Exit, stdout: &[u8], stderr: &[u8]) -
         Err(bad) => {
             // Bad usage is bad output, whatever else the engine said. The turn still
             // counts, at no cost: nothing it reported can be trusted.
-            return Interpreted {
-                result: TurnResult::Failed(Failure::new(ErrorCode::EngineCli, bounded(&bad))),
-                usage: Some(TurnUsage::default()),
-            };
+            return bad_output(bounded(&bad), Some(TurnUsage::default()));
         }
     };
     if exit != Exit::Code(0) {
@@ -139,43 +136,30 @@ pub fn interpret(output: OutputMode, exit: Exit, stdout: &[u8], stderr: &[u8]) -
     }
     match output {
         OutputMode::Text => {
-            let result = match std::str::from_utf8(stdout) {
-                Ok(text) => {
-                    let text = text
-                        .strip_suffix('\n')
-                        .map(|t| t.strip_suffix('\r').unwrap_or(t))
-                        .unwrap_or(text);
-                    TurnResult::Reply(text.to_owned())
-                }
-                Err(_) => TurnResult::Failed(Failure::new(
-                    ErrorCode::EngineCli,
-                    "engine output is not UTF-8 (engine.output is \"text\")",
-                )),
-            };
             // A text engine reports no usage; the turn still counts.
+            let usage = Some(TurnUsage::default());
+            let Ok(text) = std::str::from_utf8(stdout) else {
+                return bad_output(
+                    "engine output is not UTF-8 (engine.output is \"text\")",
+                    usage,
+                );
+            };
+            let text = text
+                .strip_suffix('\n')
+                .map(|t| t.strip_suffix('\r').unwrap_or(t))
+                .unwrap_or(text);
             Interpreted {
-                result,
-                usage: Some(TurnUsage::default()),
+                result: TurnResult::Reply(text.to_owned()),
+                usage,
             }
         }
         OutputMode::Json => {
             let Some(value) = json else {
-                return Interpreted {
-                    result: TurnResult::Failed(Failure::new(
-                        ErrorCode::EngineCli,
-                        "engine output is not a JSON object (engine.output is \"json\")",
-                    )),
-                    usage: Some(TurnUsage::default()),
-                };
+                let why = "engine output is not a JSON object (engine.output is \"json\")";
+                return bad_output(why, Some(TurnUsage::default()));
             };
             let Some(result) = value.get("result").and_then(Value::as_str) else {
-                return Interpreted {
-                    result: TurnResult::Failed(Failure::new(
-                        ErrorCode::EngineCli,
-                        "engine JSON output has no string `result`",
-                    )),
-                    usage,
-                };
+                return bad_output("engine JSON output has no string `result`", usage);
             };
             let result = if value.get("is_error").and_then(Value::as_bool) == Some(true) {
                 let code = classify(result).unwrap_or(ErrorCode::Unknown);
@@ -185,6 +169,14 @@ pub fn interpret(output: OutputMode, exit: Exit, stdout: &[u8], stderr: &[u8]) -
             };
             Interpreted { result, usage }
         }
+    }
+}
+
+/// An `engine_cli` failure: output the engine's `engine.output` mode can't read.
+fn bad_output(message: impl Into<String>, usage: Option<TurnUsage>) -> Interpreted {
+    Interpreted {
+        result: TurnResult::Failed(Failure::new(ErrorCode::EngineCli, message)),
+        usage,
     }
 }
 

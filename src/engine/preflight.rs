@@ -83,36 +83,32 @@ pub fn spawn_failure(engine: &EngineConfig, error: &io::Error) -> Failure {
 /// executable, [`DELEGATION_PROGRAM`] not on the engine's `PATH`. One line each, for
 /// the log.
 pub fn warnings(engine: &EngineConfig) -> Vec<String> {
-    let findings = findings(engine);
-    let mut found = Vec::new();
-    if let Some(problem) = findings.cwd {
-        found.push(format!("{problem}; every engine turn will fail"));
-    }
-    if let Err(problem) = findings.program {
-        found.push(format!("{problem}; every engine turn will fail"));
-    }
-    if let Err(problem) = findings.delegation {
-        found.push(problem);
-    }
-    found
+    let findings = findings(Some(engine));
+    let fatal = findings.cwd.into_iter().chain(findings.program.err());
+    fatal
+        .map(|problem| format!("{problem}; every engine turn will fail"))
+        .chain(findings.delegation.err())
+        .collect()
 }
 
 /// The start-up checks of one engine, each on its own (`loopbus doctor` shows them
-/// one a line; [`warnings`] logs the problems).
+/// one a line; `serve` logs the problems).
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct Findings {
     /// Why `engine.cwd` cannot be entered, if it is set and cannot.
     pub cwd: Option<String>,
     /// Where the program is, or why it is not an executable file. `Ok(None)` when it
     /// is relative to a broken `engine.cwd` (unknowable; [`Findings::cwd`] says why).
     pub program: Result<Option<PathBuf>, String>,
-    /// Where [`DELEGATION_PROGRAM`] is on the engine's `PATH`, or that it is not.
+    /// Where `loopbus` (for nested delegation) is on the engine's `PATH`, or that it
+    /// is not.
     pub delegation: Result<PathBuf, String>,
 }
 
 /// The engine's `PATH`: `engine.env.PATH` when it sets one, else ours (`None`: no
 /// engine, ours).
-pub fn engine_path(engine: Option<&EngineConfig>) -> OsString {
+fn engine_path(engine: Option<&EngineConfig>) -> OsString {
     engine
         .and_then(|engine| engine.env.get("PATH"))
         .map(OsString::from)
@@ -121,7 +117,7 @@ pub fn engine_path(engine: Option<&EngineConfig>) -> OsString {
 }
 
 /// Where [`DELEGATION_PROGRAM`] is on `path_var`, or the problem's line.
-pub fn find_delegation(path_var: &OsString) -> Result<PathBuf, String> {
+fn find_delegation(path_var: &OsString) -> Result<PathBuf, String> {
     find_program(DELEGATION_PROGRAM, path_var, None).ok_or_else(|| {
         format!(
             "`{DELEGATION_PROGRAM}` is not on the engine's PATH; an engine that delegates \
@@ -130,10 +126,19 @@ pub fn find_delegation(path_var: &OsString) -> Result<PathBuf, String> {
     })
 }
 
-/// Runs the checks of [`Findings`] on `engine`.
-pub fn findings(engine: &EngineConfig) -> Findings {
+/// Runs the checks of [`Findings`] on `engine` (`None`: the built-in echo engine, which
+/// has no command and no cwd; only [`Findings::delegation`] is checked, on our `PATH`).
+/// Reads the file system only; starts nothing.
+pub fn findings(engine: Option<&EngineConfig>) -> Findings {
+    let path_var = engine_path(engine);
+    let Some(engine) = engine else {
+        return Findings {
+            cwd: None,
+            program: Ok(None),
+            delegation: find_delegation(&path_var),
+        };
+    };
     let cwd = engine.cwd.as_deref().and_then(cwd_problem);
-    let path_var = engine_path(Some(engine));
     let program = match engine.command.first() {
         // A relative program with a slash is found from `engine.cwd`: unknowable while
         // that is broken (reported as `cwd`).

@@ -11,8 +11,8 @@
 //! reaped by its turn ([`RunningEngines::reap`]), and spawning, reaping and looking
 //! for leftovers all hold the same lock, so an engine is never taken for a leftover.
 
-use super::procfs::{children_of, parent_of};
 use super::running::{kill_tree, RunningEngines};
+use crate::files::{children_of, parent_of};
 use rustix::process::{Pid, Signal, WaitOptions};
 use std::collections::HashMap;
 use std::io;

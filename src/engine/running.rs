@@ -171,7 +171,7 @@ impl RunningEngines {
             .ok()
             .and_then(Pid::from_raw)
             .is_none_or(|pid| rustix::process::test_kill_process_group(pid).is_err());
-        !gone && super::procfs::group_has_live_member(spawned.pid, spawned.pid)
+        !gone && crate::files::group_has_live_member(spawned.pid, spawned.pid)
     }
 
     /// Waits until an engine exited ([`RunningEngines::nudge`]) or `timeout` passed.

@@ -16,11 +16,13 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
+use rustix::fs::{Mode, OFlags};
+
 mod pid;
 mod trust;
-pub use pid::pid_is_gone;
+pub use pid::{children_of, group_has_live_member, parent_of, pid_is_gone};
 
-pub use trust::{check_trusted, check_trusted_metadata, untrusted, TrustKind};
+pub use trust::{check_trusted, check_trusted_metadata, untrusted, TrustKind, Untrusted};
 
 /// Mode of private state files: the registry, config.json, usage.json, the audit log and
 /// lock files.
@@ -238,19 +240,8 @@ pub fn hold_lock(path: &Path) -> io::Result<Option<File>> {
 /// without following a symlink, and only if it is a regular file, so that a FIFO or a
 /// link planted in its place can neither stall nor redirect the locker.
 fn open_lock_file(path: &Path) -> io::Result<File> {
-    use rustix::fs::{Mode, OFlags};
-    let file = open_no_follow(
-        path,
-        OFlags::RDWR | OFlags::CREATE,
-        Mode::from_raw_mode(PRIVATE_FILE_MODE),
-    )?;
-    if !file.metadata()?.is_file() {
-        return Err(io::Error::new(
-            io::ErrorKind::InvalidData,
-            format!("{}: not a regular file", path.display()),
-        ));
-    }
-    Ok(file)
+    let flags = OFlags::RDWR | OFlags::CREATE;
+    open_no_follow(path, flags, Mode::from_raw_mode(PRIVATE_FILE_MODE)).map(|(file, _)| file)
 }
 
 // ---------------------------------------------------------------------------------------
@@ -269,24 +260,16 @@ pub fn read_regular_file(path: &Path, max: u64) -> io::Result<Vec<u8>> {
     read_checked(path, max, false)
 }
 
-/// Opens the regular file `path` for reading, as [`read_regular_file`] does (without
-/// blocking, without following a symlink, checked on the handle), for a caller that
-/// reads it as a stream (`loopbus audit`).
+/// Opens the regular file `path` for reading without blocking (a FIFO put in its place
+/// cannot stall the reader) and without following a symlink, checked on the open
+/// handle, for a caller that reads it as a stream (`loopbus audit`).
 ///
 /// # Errors
 ///
 /// `NotFound` and other open errors as they are; `InvalidData` when it is a symlink or
 /// not a regular file.
 pub fn open_regular(path: &Path) -> io::Result<File> {
-    use rustix::fs::{Mode, OFlags};
-    let file = open_no_follow(path, OFlags::RDONLY, Mode::empty())?;
-    if !file.metadata()?.is_file() {
-        return Err(io::Error::new(
-            io::ErrorKind::InvalidData,
-            "not a regular file",
-        ));
-    }
-    Ok(file)
+    open_no_follow(path, OFlags::RDONLY, Mode::empty()).map(|(file, _)| file)
 }
 
 /// [`read_regular_file`] for a file whose contents decide where secrets and prompts
@@ -302,31 +285,23 @@ pub fn read_trusted_file(path: &Path, max: u64) -> io::Result<Vec<u8>> {
 
 /// Reads a regular file no-follow, checking the handle's owner and mode if `trusted`.
 fn read_checked(path: &Path, max: u64, trusted: bool) -> io::Result<Vec<u8>> {
-    use rustix::fs::{Mode, OFlags};
-    let file = open_no_follow(path, OFlags::RDONLY, Mode::empty())?;
-    let metadata = file.metadata()?;
-    if !metadata.is_file() {
-        return Err(io::Error::new(
-            io::ErrorKind::InvalidData,
-            "not a regular file",
-        ));
-    }
+    let (file, metadata) = open_no_follow(path, OFlags::RDONLY, Mode::empty())?;
     if trusted {
         check_trusted_metadata(path, &metadata, TrustKind::File)?;
     }
-    if metadata.len() > max {
-        return Err(io::Error::new(
+    let too_large = || {
+        io::Error::new(
             io::ErrorKind::InvalidData,
             format!("larger than {max} bytes"),
-        ));
+        )
+    };
+    if metadata.len() > max {
+        return Err(too_large());
     }
     let mut bytes = Vec::new();
     file.take(max + 1).read_to_end(&mut bytes)?;
     if bytes.len() as u64 > max {
-        return Err(io::Error::new(
-            io::ErrorKind::InvalidData,
-            format!("larger than {max} bytes"),
-        ));
+        return Err(too_large());
     }
     Ok(bytes)
 }
@@ -343,19 +318,8 @@ fn read_checked(path: &Path, max: u64, trusted: bool) -> io::Result<Vec<u8>> {
 /// Open errors as they are (a FIFO without a reader is `ENXIO`); `InvalidData` when it
 /// is a symlink or not a regular file; any error setting the mode.
 pub fn open_append_regular(path: &Path, mode: u32) -> io::Result<(File, u64)> {
-    use rustix::fs::{Mode, OFlags};
-    let file = open_no_follow(
-        path,
-        OFlags::WRONLY | OFlags::APPEND | OFlags::CREATE,
-        Mode::from_raw_mode(mode),
-    )?;
-    let metadata = file.metadata()?;
-    if !metadata.is_file() {
-        return Err(io::Error::new(
-            io::ErrorKind::InvalidData,
-            "not a regular file",
-        ));
-    }
+    let flags = OFlags::WRONLY | OFlags::APPEND | OFlags::CREATE;
+    let (file, metadata) = open_no_follow(path, flags, Mode::from_raw_mode(mode))?;
     if metadata.permissions().mode() & 0o7777 != mode {
         // The umask may have narrowed a new file; an old one may be wider.
         file.set_permissions(Permissions::from_mode(mode))?;
@@ -364,22 +328,23 @@ pub fn open_append_regular(path: &Path, mode: u32) -> io::Result<(File, u64)> {
 }
 
 /// Opens `path` with `flags`, never blocking and never following a symlink in its
-/// last component (which is then `InvalidData`).
-fn open_no_follow(
-    path: &Path,
-    flags: rustix::fs::OFlags,
-    mode: rustix::fs::Mode,
-) -> io::Result<File> {
-    use rustix::fs::OFlags;
+/// last component, and only if it is a regular file (else `InvalidData`), with its
+/// metadata.
+fn open_no_follow(path: &Path, flags: OFlags, mode: Mode) -> io::Result<(File, fs::Metadata)> {
+    let invalid = |what: &str| io::Error::new(io::ErrorKind::InvalidData, what);
     let flags = flags | OFlags::NONBLOCK | OFlags::NOFOLLOW | OFlags::CLOEXEC;
-    match rustix::fs::open(path, flags, mode) {
-        Ok(fd) => Ok(File::from(fd)),
-        Err(rustix::io::Errno::LOOP) => Err(io::Error::new(
-            io::ErrorKind::InvalidData,
-            "a symbolic link, which is not followed",
-        )),
-        Err(e) => Err(e.into()),
+    let file = match rustix::fs::open(path, flags, mode) {
+        Ok(fd) => File::from(fd),
+        Err(rustix::io::Errno::LOOP) => {
+            return Err(invalid("a symbolic link, which is not followed"))
+        }
+        Err(e) => return Err(e.into()),
+    };
+    let metadata = file.metadata()?;
+    if !metadata.is_file() {
+        return Err(invalid("not a regular file"));
     }
+    Ok((file, metadata))
 }
 
 /// Sets a corrupt file aside: renames `path` to `<path>.<suffix>-<millis since the

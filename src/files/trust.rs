@@ -23,6 +23,7 @@ pub enum TrustKind {
 /// trusted: it is owned by another uid than ours (and not by root), or it is writable
 /// by its group or by others. The message names the path, owner, mode and the fix.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct Untrusted {
     /// The path checked.
     pub path: PathBuf,
@@ -115,8 +116,11 @@ pub fn check_trusted_metadata(
     ))
 }
 
-/// [`check_trusted_metadata`] for the file or directory at `path`. A symlink is
-/// trusted only if it is owned by us or root, and then its target is checked.
+/// Checks that the file or directory at `path` is one no other user may have written:
+/// owned by us or by root, and not writable by group or others (a directory writable
+/// by others is refused even with the sticky bit). A symlink is trusted only if it is
+/// owned by us or root, and then its target is checked. The rule `serve` applies to
+/// the channel root, the state directory, config.json and the registry.
 ///
 /// # Errors
 ///
@@ -144,7 +148,7 @@ pub fn check_trusted(path: &Path, kind: TrustKind) -> io::Result<()> {
     check_trusted_metadata(path, &fs::metadata(path)?, kind)
 }
 
-/// The [`Untrusted`] inside an error of [`check_trusted`] or [`read_trusted_file`], if
+/// The [`Untrusted`] inside an error of [`check_trusted`] (or of a trusted read), if
 /// that is what it is.
 pub fn untrusted(err: &io::Error) -> Option<&Untrusted> {
     err.get_ref()?.downcast_ref()

@@ -12,7 +12,9 @@
 //! Only loopback addresses are ever connected to: [`Connection::open`] refuses any
 //! other address before a socket is created.
 
-use super::headers::{self, LengthError, HEALTH_PATH, MAX_HEADERS, MAX_HEAD_BYTES, TALK_PATH};
+use super::headers::{
+    self, LengthError, HEALTH_PATH, MAX_HEADERS, MAX_HEAD_BYTES, NONCE_HEADER, TALK_PATH,
+};
 use crate::secret::Secret;
 use std::fmt;
 use std::io::{self, ErrorKind, Read, Write};
@@ -23,7 +25,7 @@ use std::time::{Duration, Instant};
 /// kernel completes the handshake); waiting longer only means its backlog is full.
 pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
 /// Longest wait for one request to be written. The server allows 10 s for a body.
-pub const WRITE_TIMEOUT: Duration = Duration::from_secs(10);
+pub const REQUEST_WRITE_TIMEOUT: Duration = Duration::from_secs(10);
 /// Largest response status line plus headers accepted: the head limit of both
 /// directions, [`MAX_HEAD_BYTES`].
 pub const MAX_RESPONSE_HEAD_BYTES: usize = MAX_HEAD_BYTES;
@@ -35,11 +37,12 @@ pub const MAX_RESPONSE_HEADERS: usize = MAX_HEADERS;
 /// it six (`\u0001`), so this leaves room for a default engine's worst case.
 pub const MAX_RESPONSE_BODY_BYTES: u64 = 8 << 20;
 /// Size of each read from the socket.
-const READ_CHUNK: usize = 16 * 1024;
+const RESPONSE_READ_CHUNK: usize = 16 * 1024;
 
 /// Why an HTTP exchange did not produce a response. Messages never contain anything
 /// the caller sent (so never a secret).
 #[derive(Debug)]
+#[non_exhaustive]
 pub enum ClientError {
     /// The address is not a loopback address; nothing was sent.
     NotLoopback(IpAddr),
@@ -178,10 +181,6 @@ pub fn parse_response_head(bytes: &[u8]) -> Result<Option<(ResponseHead, usize)>
     )))
 }
 
-/// The request header that carries a health probe's proof nonce (contract 6.1; the
-/// same name as `protocol::proof::NONCE_HEADER`, which this layer may not import).
-pub const NONCE_HEADER: &str = "X-Loopbus-Nonce";
-
 /// One connection to a loopback HTTP/1.1 server.
 #[derive(Debug)]
 pub struct Connection {
@@ -229,13 +228,9 @@ impl Connection {
         })?;
         // Small requests: send them at once rather than waiting for more to coalesce.
         stream.set_nodelay(true).map_err(ClientError::Io)?;
-        let host = match addr {
-            SocketAddr::V4(v4) => format!("{}:{}", v4.ip(), v4.port()),
-            SocketAddr::V6(v6) => format!("[{}]:{}", v6.ip(), v6.port()),
-        };
         Ok(Connection {
             stream,
-            host,
+            host: addr.to_string(),
             buffer: Vec::new(),
             reusable: true,
             sent: false,
@@ -297,21 +292,8 @@ impl Connection {
         self.exchange(head.as_bytes(), &[], deadline)
     }
 
-    /// Whether the connection is still open with nothing unread: the peer has neither
-    /// closed it nor sent anything unasked since the last response. A check before a
-    /// kept connection is used again.
-    pub fn is_open_and_idle(&self) -> bool {
-        if !self.reusable || !self.buffer.is_empty() || self.stream.set_nonblocking(true).is_err() {
-            return false;
-        }
-        let mut probe = [0u8; 1];
-        let idle =
-            matches!(self.stream.peek(&mut probe), Err(e) if e.kind() == ErrorKind::WouldBlock);
-        self.stream.set_nonblocking(false).is_ok() && idle
-    }
-
     /// `POST /api/talk` with a JSON `body` and `Authorization: Bearer <secret>`, asking
-    /// the server to close the connection afterwards unless `keep_alive`.
+    /// the server to close the connection afterwards.
     ///
     /// # Errors
     /// See [`ClientError`]; also [`ClientError::Closed`] if the connection is not reusable.
@@ -319,19 +301,13 @@ impl Connection {
         &mut self,
         secret: &Secret,
         body: &[u8],
-        keep_alive: bool,
         deadline: Instant,
     ) -> Result<ReceivedResponse, ClientError> {
         if !is_header_value(secret.expose()) {
             return Err(ClientError::UnsendableSecret);
         }
-        let close = if keep_alive {
-            ""
-        } else {
-            "Connection: close\r\n"
-        };
         let head = format!(
-            "POST {TALK_PATH} HTTP/1.1\r\nHost: {}\r\nAuthorization: {}\r\nContent-Type: application/json\r\nAccept: application/json\r\nUser-Agent: loopbus/{}\r\nContent-Length: {}\r\n{close}\r\n",
+            "POST {TALK_PATH} HTTP/1.1\r\nHost: {}\r\nAuthorization: {}\r\nContent-Type: application/json\r\nAccept: application/json\r\nUser-Agent: loopbus/{}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
             self.host,
             secret.bearer_header(),
             env!("CARGO_PKG_VERSION"),
@@ -352,16 +328,13 @@ impl Connection {
         }
         self.reusable = false;
         self.sent = false;
-        let wait = remaining(deadline)?.min(WRITE_TIMEOUT);
+        let wait = remaining(deadline)?.min(REQUEST_WRITE_TIMEOUT);
         self.stream
             .set_write_timeout(Some(wait))
             .map_err(ClientError::Io)?;
         // One write for head and body: written apart, the server's loop wakes for the
         // head, runs its checks and sleeps again before the body comes.
-        let mut request = Vec::with_capacity(head.len() + body.len());
-        request.extend_from_slice(head);
-        request.extend_from_slice(body);
-        let written = self.stream.write_all(&request);
+        let written = self.stream.write_all(&[head, body].concat());
         if let Err(e) = written {
             if is_timeout(&e) {
                 return Err(ClientError::Timeout);
@@ -380,7 +353,7 @@ impl Connection {
         self.stream
             .set_read_timeout(Some(wait))
             .map_err(ClientError::Io)?;
-        let mut chunk = [0u8; READ_CHUNK];
+        let mut chunk = [0u8; RESPONSE_READ_CHUNK];
         loop {
             match self.stream.read(&mut chunk) {
                 Ok(0) => return Ok(false),
@@ -577,9 +550,7 @@ mod tests {
             let mut connection =
                 Connection::open_at(Ipv4Addr::LOCALHOST.into(), port, soon).unwrap();
             let secret = Secret::new(bad).unwrap();
-            let error = connection
-                .post_talk(&secret, b"{}", false, soon)
-                .unwrap_err();
+            let error = connection.post_talk(&secret, b"{}", soon).unwrap_err();
             assert!(matches!(error, ClientError::UnsendableSecret), "{error}");
             assert!(!error.to_string().contains(bad));
         }

@@ -68,7 +68,7 @@ impl InFlight {
     }
 
     /// Brings `entry`'s share up to date with what its connection holds now.
-    fn account(&mut self, entry: &mut Entry) {
+    fn account(&mut self, entry: &mut OpenConn) {
         let now = Share::of(&entry.conn);
         self.replace(entry.counted, now);
         entry.counted = now;
@@ -90,7 +90,7 @@ impl InFlight {
     }
 
     /// Gives back `entry`'s share: its connection is closing.
-    pub(super) fn release(&mut self, entry: &Entry) {
+    pub(super) fn release(&mut self, entry: &OpenConn) {
         self.replace(entry.counted, Share::default());
     }
 
@@ -109,7 +109,7 @@ impl InFlight {
 }
 
 /// One open connection: its socket, what the poll said of it, and its HTTP state.
-pub(super) struct Entry {
+pub(super) struct OpenConn {
     pub(super) stream: TcpStream,
     pub(super) generation: u64,
     /// Whether the connection is on the run queue.
@@ -143,10 +143,10 @@ pub(super) fn finalize(mut response: Response, stopping: bool) -> Response {
     response
 }
 
-impl Entry {
+impl OpenConn {
     /// A connection accepted at `now` on `stream`.
-    pub(super) fn new(stream: TcpStream, generation: u64, now: Instant) -> Entry {
-        Entry {
+    pub(super) fn new(stream: TcpStream, generation: u64, now: Instant) -> OpenConn {
+        OpenConn {
             stream,
             generation,
             queued: false,
@@ -241,7 +241,7 @@ impl Entry {
     }
 }
 
-impl Entry {
+impl OpenConn {
     /// Starts writing `response`, the answer to this connection's authorized request
     /// (now or deferred), if it fits the response budget; otherwise a small 503 from
     /// the service, after which the connection closes.

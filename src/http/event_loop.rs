@@ -4,7 +4,7 @@
 //! `Conn`.
 
 use super::conn::{Class, STEP_MAX_READ};
-use super::drive::{Entry, InFlight, Step};
+use super::drive::{InFlight, OpenConn, Step};
 use super::listener::{connection_cap, max_authorized, warn_if_reduced};
 use super::service::{Control, Service};
 use mio::net::{TcpListener, TcpStream, UnixStream};
@@ -63,7 +63,7 @@ pub struct EventLoop {
     local_addr: SocketAddr,
     interrupt: Option<UnixStream>,
     waker: Arc<Waker>,
-    conns: Vec<Option<Entry>>,
+    conns: Vec<Option<OpenConn>>,
     free: Vec<usize>,
     open: usize,
     /// [`super::MAX_CONNECTIONS`], or fewer if the open-files limit is lower.
@@ -376,7 +376,7 @@ impl EventLoop {
             return;
         }
         self.next_generation += 1;
-        let entry = Entry::new(stream, self.next_generation, Instant::now());
+        let entry = OpenConn::new(stream, self.next_generation, Instant::now());
         if let Some(place) = self.conns.get_mut(slot) {
             *place = Some(entry);
         }

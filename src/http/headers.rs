@@ -12,6 +12,8 @@ pub const MAX_HEADERS: usize = 64;
 pub const TALK_PATH: &str = "/api/talk";
 /// The bus's health endpoint.
 pub const HEALTH_PATH: &str = "/api/health";
+/// The request header that carries a health probe's proof nonce (contract 6.1).
+pub const NONCE_HEADER: &str = "X-Loopbus-Nonce";
 
 /// Why a head has no usable `Content-Length`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -173,11 +173,12 @@ impl std::fmt::Display for HttpError {
 
 /// Parses a request head from the start of `buf` with the server's limits: `Ok(None)`
 /// while incomplete, else the head (received now) and how many bytes it took. For
-/// fuzzing and tools; the connection parses incrementally.
+/// fuzzing and tests; the connection parses incrementally.
 ///
 /// # Errors
 /// The head is malformed, longer than [`MAX_HEAD_BYTES`] or has more than
 /// [`MAX_HEADERS`] headers.
+#[cfg(any(test, feature = "fuzzing"))]
 pub fn parse_request_head(buf: &[u8]) -> Result<Option<(Head, usize)>, HttpError> {
     match parse_head(buf, &mut 0, Instant::now()) {
         ParseOutcome::Complete(head, consumed) => Ok(Some((head, consumed))),

@@ -23,8 +23,8 @@
 //! - `service`: the callbacks between the loop and the service;
 //! - `listener`: loopback-only binding and the connection cap;
 //! - [`client`]: the client direction, a blocking loopback client;
-//! - [`replay`]: bytes fed to one `conn` in chosen pieces with a stub service, for the
-//!   differential fuzz target and tests only.
+//! - `replay` (only with the `fuzzing` feature): bytes fed to one `conn` in chosen
+//!   pieces with a stub service, for the differential fuzz target and tests only.
 
 pub mod client;
 mod conn;
@@ -33,11 +33,16 @@ mod event_loop;
 mod headers;
 mod listener;
 mod message;
+#[cfg(feature = "fuzzing")]
 pub mod replay;
 mod service;
 
 pub use event_loop::EventLoop;
-pub use headers::{LengthError, HEALTH_PATH, MAX_HEADERS, MAX_HEAD_BYTES, TALK_PATH};
+pub use headers::{LengthError, HEALTH_PATH, NONCE_HEADER, TALK_PATH};
+#[cfg(feature = "fuzzing")]
+pub use headers::{MAX_HEADERS, MAX_HEAD_BYTES};
 pub use listener::{bind_loopback, connection_cap, max_authorized, HEALTH_RESERVE};
-pub use message::{parse_request_head, Head, HttpError, Response};
+#[cfg(feature = "fuzzing")]
+pub use message::parse_request_head;
+pub use message::{Head, HttpError, Response};
 pub use service::{ConnId, Control, HeadAction, Service};

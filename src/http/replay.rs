@@ -2,7 +2,8 @@
 //! fake clock, to check that how TCP splits a stream never changes the answers.
 //!
 //! Only the differential fuzz target (`fuzz/fuzz_targets/request_split.rs`, through
-//! `loopbus::__internals`) and the tests at the bottom use it; the server never does.
+//! `loopbus::fuzzing`) and the tests at the bottom use it; the server never does. It is
+//! compiled only with the `fuzzing` feature (`make test` runs its tests that way).
 //!
 //! The stub service answers every head with `200` and a body that describes the head
 //! (method, target, version, headers), so that two parses that differ give different

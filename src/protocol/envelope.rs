@@ -11,6 +11,7 @@ use super::{
 
 /// The failure part of an envelope.
 #[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct Failure {
     /// Human-readable message (surfaced directly by CLI paths).
     pub error: String,
@@ -32,8 +33,12 @@ impl Failure {
         }
     }
 }
-/// What one turn cost, as an envelope reports it (`usage-report`, contract 8.3).
-#[derive(Clone, Copy, Debug, PartialEq)]
+
+/// What one turn cost, as an envelope reports it (`usage-report`, contract 8.3), in
+/// the wire's field order.
+#[derive(Clone, Copy, Debug, PartialEq, Default, serde::Serialize)]
+#[serde(rename_all = "camelCase")]
+#[non_exhaustive]
 pub struct UsageReport {
     /// Cost in US dollars, `None` when the engine reported tokens but no cost.
     pub cost_usd: Option<f64>,
@@ -43,16 +48,6 @@ pub struct UsageReport {
     pub output_tokens: u64,
     /// Cache-read input tokens.
     pub cached_tokens: u64,
-}
-
-/// The wire form of a [`UsageReport`].
-#[derive(serde::Serialize)]
-#[serde(rename_all = "camelCase")]
-struct WireUsage {
-    cost_usd: Option<f64>,
-    input_tokens: u64,
-    output_tokens: u64,
-    cached_tokens: u64,
 }
 
 impl UsageReport {
@@ -76,6 +71,7 @@ impl UsageReport {
 
 /// A `/api/talk` response envelope, v1 or legacy.
 #[derive(Clone, Debug, PartialEq)]
+#[non_exhaustive]
 pub struct Envelope {
     /// The reply text (`""` on failure).
     pub text: String,
@@ -149,12 +145,7 @@ impl Envelope {
             duration_ms: self.duration_ms,
             protocol_version: self.protocol_version,
             capabilities: self.capabilities.as_deref(),
-            usage: self.usage.map(|u| WireUsage {
-                cost_usd: u.cost_usd,
-                input_tokens: u.input_tokens,
-                output_tokens: u.output_tokens,
-                cached_tokens: u.cached_tokens,
-            }),
+            usage: self.usage,
         };
         // Serializing strings, numbers and booleans into a Vec cannot fail.
         serde_json::to_vec(&wire).unwrap_or_default()
@@ -180,7 +171,7 @@ struct WireEnvelope<'a> {
     #[serde(skip_serializing_if = "Option::is_none")]
     capabilities: Option<&'a [String]>,
     #[serde(skip_serializing_if = "Option::is_none")]
-    usage: Option<WireUsage>,
+    usage: Option<UsageReport>,
 }
 
 /// Why a peer's answer is not an envelope.
@@ -223,6 +214,19 @@ fn optional_string(
     }
 }
 
+/// `field` as a non-negative integer; absent or null is `None`.
+fn optional_integer(
+    object: &Map<String, Value>,
+    field: &'static str,
+) -> Result<Option<u64>, ResponseError> {
+    match object.get(field) {
+        None | Some(Value::Null) => Ok(None),
+        Some(v) => non_negative_integer(v)
+            .map(Some)
+            .ok_or(ResponseError::FieldType(field)),
+    }
+}
+
 /// Parses a peer's `/api/talk` answer that came with HTTP 200; see `parse_answer`.
 ///
 /// # Errors
@@ -254,16 +258,8 @@ pub fn parse_answer(status: u16, body: &[u8]) -> Result<Envelope, ResponseError>
         .ok_or(ResponseError::Success)?;
     let text = optional_string(&object, "text")?.unwrap_or_default();
     let from_instance = optional_string(&object, "fromInstance")?.unwrap_or_default();
-    let duration_ms = match object.get("durationMs") {
-        None | Some(Value::Null) => 0,
-        Some(v) => non_negative_integer(v).ok_or(ResponseError::FieldType("durationMs"))?,
-    };
-    let protocol_version = match object.get("protocolVersion") {
-        None | Some(Value::Null) => None,
-        Some(v) => {
-            Some(non_negative_integer(v).ok_or(ResponseError::FieldType("protocolVersion"))?)
-        }
-    };
+    let duration_ms = optional_integer(&object, "durationMs")?.unwrap_or(0);
+    let protocol_version = optional_integer(&object, "protocolVersion")?;
     let capabilities = match object.get("capabilities") {
         None | Some(Value::Null) => None,
         Some(Value::Array(items)) => Some(

@@ -49,11 +49,6 @@ impl RequestId {
         }
     }
 
-    /// The id formed from 16 random bytes: 32 lowercase hex digits.
-    pub fn from_random(bytes: [u8; 16]) -> RequestId {
-        RequestId(bytes.iter().map(|b| format!("{b:02x}")).collect())
-    }
-
     /// The id as sent.
     pub fn as_str(&self) -> &str {
         &self.0
@@ -68,6 +63,7 @@ impl fmt::Display for RequestId {
 
 /// The `ext` fields of a request that this build reads.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct RequestExt {
     /// `ext.requestId`: the delegation's id, the same across its retries.
     pub request_id: Option<RequestId>,
@@ -77,6 +73,7 @@ pub struct RequestExt {
 
 /// Why `ext` was refused (contract 3, check 7).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum ExtError {
     /// `ext` is not an object.
     NotObject,
@@ -164,7 +161,7 @@ mod tests {
         ] {
             assert_eq!(RequestId::new(bad.clone()), Err(InvalidRequestId), "{bad}");
         }
-        let id = RequestId::from_random([0xab; 16]);
+        let id = RequestId::new("ab".repeat(16)).unwrap();
         assert_eq!(id.as_str(), "ab".repeat(16));
         assert!(RequestId::new(id.as_str()).is_ok());
     }
@@ -217,7 +214,7 @@ mod tests {
     fn encoded_ext_reads_back() {
         assert_eq!(encode_ext(&RequestExt::default()), None);
         let ext = RequestExt {
-            request_id: Some(RequestId::from_random([7; 16])),
+            request_id: Some(RequestId::new("07".repeat(16)).unwrap()),
             cancel: true,
         };
         let value = encode_ext(&ext).unwrap();

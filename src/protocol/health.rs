@@ -7,7 +7,8 @@ use super::{non_negative_integer, CAPABILITIES, PROTOCOL_VERSION};
 
 /// What `GET /api/health` answers (contract section 4). More fields may be added, so
 /// a parser keeps the ones it knows and ignores the rest.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "camelCase")]
 #[non_exhaustive]
 pub struct Health {
     /// The instance's fingerprint (`bus.kind`).
@@ -20,21 +21,26 @@ pub struct Health {
     /// The serving process's id (0 when a peer left it out).
     pub pid: u32,
     /// `protocolVersion`, when present.
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub protocol_version: Option<u64>,
     /// The advertised capabilities (empty when absent).
     pub capabilities: Vec<String>,
     /// The turn counters, when present.
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub turns: Option<TurnLoad>,
     /// `busEnabled`: whether the instance's bus takes talks (a disabled bus still
     /// answers health, with 200); `None` when a peer left it out.
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub bus_enabled: Option<bool>,
     /// `proof`: the answer to the probe's nonce (contract section 6.1), when the server
     /// gave one.
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub proof: Option<String>,
 }
 
 /// The `turns` object of a health answer.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default, serde::Serialize)]
+#[non_exhaustive]
 pub struct TurnLoad {
     /// Turns being run now.
     pub running: usize,
@@ -100,52 +106,9 @@ impl Health {
     /// (when set), `capabilities`, `turns` (when set), `busEnabled` (when set), `proof`
     /// (when set), in that order.
     pub fn to_json(&self) -> Vec<u8> {
-        let wire = WireHealth {
-            kind: &self.kind,
-            instance: &self.instance,
-            status: &self.status,
-            pid: self.pid,
-            protocol_version: self.protocol_version,
-            capabilities: &self.capabilities,
-            turns: self.turns.map(|t| WireTurns {
-                running: t.running,
-                queued: t.queued,
-                max: t.max,
-            }),
-            bus_enabled: self.bus_enabled,
-            proof: self.proof.as_deref(),
-        };
         // Serializing strings and integers into a Vec cannot fail.
-        serde_json::to_vec(&wire).unwrap_or_default()
+        serde_json::to_vec(self).unwrap_or_default()
     }
-}
-
-/// The wire form of a [`Health`]: borrowed fields, in the order the server has always
-/// sent them.
-#[derive(serde::Serialize)]
-#[serde(rename_all = "camelCase")]
-struct WireHealth<'a> {
-    kind: &'a str,
-    instance: &'a str,
-    status: &'a str,
-    pid: u32,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    protocol_version: Option<u64>,
-    capabilities: &'a [String],
-    #[serde(skip_serializing_if = "Option::is_none")]
-    turns: Option<WireTurns>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    bus_enabled: Option<bool>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    proof: Option<&'a str>,
-}
-
-/// The wire form of a [`TurnLoad`].
-#[derive(serde::Serialize)]
-struct WireTurns {
-    running: usize,
-    queued: usize,
-    max: usize,
 }
 
 /// Parses a health answer, ignoring fields this build does not know. Only `kind`,

@@ -12,7 +12,6 @@ mod envelope;
 mod ext;
 mod health;
 mod name;
-mod number;
 pub mod proof;
 mod request;
 

@@ -1,11 +1,8 @@
-//! The health proof's pure parts (contract section 6.1): the `X-Loopbus-Nonce` header,
-//! the nonce's format, and the exact bytes the HMAC is taken over. The HMAC itself is
+//! The health proof's pure parts (contract section 6.1): the nonce's format (its
+//! header is `http`'s `NONCE_HEADER`), and the exact bytes the HMAC is taken over. The HMAC itself is
 //! [`crate::secret`]'s; nothing here touches a key.
 
 use std::net::{IpAddr, SocketAddr};
-
-/// The request header that carries the client's nonce with a health probe.
-pub const NONCE_HEADER: &str = "X-Loopbus-Nonce";
 
 /// Hex digits in a nonce: 128 random bits.
 pub const NONCE_HEX_DIGITS: usize = 32;

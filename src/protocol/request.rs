@@ -1,11 +1,12 @@
 //! `/api/talk` requests: the typed [`TalkRequest`], its validation (contract section 3,
 //! check 7) and the client's encoding.
 
+use serde_json::value::RawValue;
 use serde_json::{Map, Value};
+use std::collections::BTreeMap;
 use std::fmt;
 
 use super::ext::{encode_ext, parse_ext, ExtError, RequestExt};
-use super::number::{is_integer_text, top_level_value};
 use super::{non_negative_integer, BASE_CAPABILITIES, PROTOCOL_VERSION};
 
 /// Longest `fromInstance` accepted, in bytes (contract section 3, check 7).
@@ -13,6 +14,7 @@ pub const MAX_FROM_INSTANCE_BYTES: usize = 1024;
 
 /// A validated `/api/talk` request.
 #[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct TalkRequest {
     /// The calling instance's name: non-empty, at most 1,024 bytes
     /// (`MAX_FROM_INSTANCE_BYTES`), without control characters.
@@ -143,7 +145,7 @@ pub fn parse_talk_request(body: &[u8]) -> Result<TalkRequest, RequestError> {
     // A whole `f64` may be a rounded fraction (`1e-400` reads as 0): then the text
     // decides. Plain integers are exact and need no second look.
     if depth_value.is_some_and(|v| !v.is_u64())
-        && !top_level_value(text, "depth").is_some_and(is_integer_text)
+        && !top_level_text(text, "depth").is_some_and(|t| is_integer_text(&t))
     {
         return Err(RequestError::Depth);
     }
@@ -169,6 +171,45 @@ pub fn parse_talk_request(body: &[u8]) -> Result<TalkRequest, RequestError> {
         capabilities,
         ext,
     })
+}
+
+/// The raw text of the top-level field `key` of `text`, a JSON object serde_json
+/// has already accepted (the last one when the key repeats, as `Value` keeps it).
+fn top_level_text(text: &str, key: &str) -> Option<String> {
+    let fields: BTreeMap<String, &RawValue> = serde_json::from_str(text).ok()?;
+    fields.get(key).map(|raw| raw.get().to_owned())
+}
+
+/// Whether `text`, a JSON number, denotes an integer exactly: `1.0`, `1e3`, `10e-1`,
+/// `-0.0` and `0e-999` do; `1.5`, `1e-400` and `1.0000000000000000001` do not (an
+/// `f64` rounds them to whole numbers). Its digits, trailing zeros dropped, times ten
+/// to the power `exponent - fraction digits + zeros dropped`: an integer when that
+/// power is not negative, or when every digit is zero.
+fn is_integer_text(text: &str) -> bool {
+    let (mantissa, exponent) = text.split_once(['e', 'E']).unwrap_or((text, "0"));
+    let valid = |s: &str| !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit());
+    let unsigned = mantissa.strip_prefix('-').unwrap_or(mantissa);
+    let (whole, fraction) = unsigned.split_once('.').unwrap_or((unsigned, "0"));
+    let digits_of_exponent = exponent.strip_prefix(['-', '+']).unwrap_or(exponent);
+    if !valid(whole) || !valid(fraction) || !valid(digits_of_exponent) {
+        return false;
+    }
+    // An exponent past i64 saturates: far beyond any digit count a body can hold.
+    let exponent = exponent
+        .parse::<i64>()
+        .unwrap_or(if exponent.starts_with('-') {
+            i64::MIN
+        } else {
+            i64::MAX
+        });
+    let digits = format!("{whole}{fraction}");
+    let significant = digits.trim_end_matches('0');
+    let count = |n: usize| i64::try_from(n).unwrap_or(i64::MAX);
+    significant.trim_start_matches('0').is_empty()
+        || exponent
+            .saturating_sub(count(fraction.len()))
+            .saturating_add(count(digits.len() - significant.len()))
+            >= 0
 }
 
 /// Serializes a v1 request listing the base capabilities; see
@@ -215,7 +256,7 @@ mod tests {
         let mut request = TalkRequest::new("a", "p", 1);
         // The original's health lists the base two; it may still get a request id,
         // which lives inside `ext`, an object of anything.
-        request.ext.request_id = Some(super::super::RequestId::from_random([1; 16]));
+        request.ext.request_id = Some(super::super::RequestId::new("01".repeat(16)).unwrap());
         let original: Vec<String> = BASE_CAPABILITIES.iter().map(|c| (*c).to_owned()).collect();
         for body in [
             encode_talk_request(&request),
@@ -354,11 +395,79 @@ mod tests {
     #[test]
     fn encoded_request_is_valid_v1() {
         let mut req = TalkRequest::new("a", "p", 2);
-        req.ext.request_id = Some(super::super::RequestId::from_random([9; 16]));
+        req.ext.request_id = Some(super::super::RequestId::new("09".repeat(16)).unwrap());
         let body = encode_talk_request(&req);
         req.capabilities = BASE_CAPABILITIES.iter().map(|c| (*c).to_owned()).collect();
         assert_eq!(parse_talk_request(&body).unwrap(), req);
         let v: Value = serde_json::from_slice(&body).unwrap();
         assert_eq!(v["protocolVersion"], 1);
+    }
+
+    #[test]
+    fn integer_text_table() {
+        let cases = [
+            ("0", true),
+            ("1", true),
+            ("-0", true),
+            ("-0.0", true),
+            ("1.0", true),
+            ("1.000", true),
+            ("1e3", true),
+            ("1E+3", true),
+            ("10e-1", true),
+            ("0.1e1", true),
+            ("1.5e1", true),
+            ("0e-400", true),
+            ("0.000e-99999999999999999999999", true),
+            ("1e300", true),
+            ("1e99999999999999999999999", true),
+            ("18446744073709551616", true),
+            ("-5", true),
+            ("1.5", false),
+            ("1e-1", false),
+            ("1e-19", false),
+            ("1e-400", false),
+            ("-1e-400", false),
+            ("1.0000000000000000001", false),
+            ("123456789012345678901e-1", false),
+            ("1e-99999999999999999999999", false),
+            ("", false),
+            ("-", false),
+            ("1.", false),
+            (".5", false),
+            ("1e", false),
+            ("1e+", false),
+            ("\"1\"", false),
+            ("true", false),
+        ];
+        for (text, want) in cases {
+            assert_eq!(is_integer_text(text), want, "{text}");
+        }
+    }
+
+    #[test]
+    fn top_level_text_table() {
+        let cases = [
+            (r#"{"depth":1}"#, Some("1")),
+            (r#" { "depth" : 1e-400 , "x": 2 } "#, Some("1e-400")),
+            (r#"{"a":{"depth":9},"depth":2}"#, Some("2")),
+            (
+                r#"{"a":[{"depth":9}, "]}", "\"depth\""],"depth":3}"#,
+                Some("3"),
+            ),
+            (r#"{"depth":1,"depth":1.5}"#, Some("1.5")),
+            (r#"{"dep\u0074h":4}"#, Some("4")),
+            (r#"{"de\"pth":4}"#, None),
+            (r#"{"x\\":5,"depth":"s,}"}"#, Some(r#""s,}""#)),
+            (r#"{"depth":[1,2]}"#, Some("[1,2]")),
+            (r#"{"depth":null}"#, Some("null")),
+            (r#"{}"#, None),
+            (r#"{"x":1}"#, None),
+            (r#"[{"depth":1}]"#, None),
+            ("1", None),
+        ];
+        for (text, want) in cases {
+            assert_eq!(top_level_text(text, "depth").as_deref(), want, "{text}");
+        }
     }
 }

@@ -13,10 +13,10 @@
 //! A stale lock is first renamed to a name of its own and checked to be the very
 //! directory that was judged stale (same [`Fingerprint`]) before it is removed, so a waiter that
 //! judged an old lock stale can never remove the fresh lock another waiter took
-//! meanwhile. A leftover lock *file* of that name (earlier loopbus releases locked the
-//! registry with `flock` on it) is removed when no process holds its `flock`.
+//! meanwhile. Anything else at the lock's name (a file, a symlink) is refused, never
+//! removed.
 
-use std::fs::{self, DirBuilder, File, OpenOptions};
+use std::fs::{self, DirBuilder, OpenOptions};
 use std::io::{self, Write};
 use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
@@ -61,7 +61,7 @@ pub fn with_registry_lock<T>(root: &Path, f: impl FnOnce() -> io::Result<T>) -> 
 }
 
 /// Like [`with_registry_lock`], but gives up at once (`Ok(None)`) if a live holder has
-/// the lock: for the event loop, which must not wait.
+/// the lock: for the registry self-check, which tries again at its next round.
 ///
 /// # Errors
 ///
@@ -190,7 +190,7 @@ fn remove_own(path: &Path, inode: (u64, u64), owner: &[u8]) -> io::Result<()> {
 }
 
 /// Takes the lock of `root` within `patience` (`Ok(None)` if a live holder kept it),
-/// recovering stale locks and migrating a leftover lock file on the way.
+/// recovering stale locks on the way.
 ///
 /// # Errors
 ///
@@ -316,8 +316,8 @@ fn staleness(print: &Fingerprint, now: SystemTime) -> Option<String> {
 /// Distinguishes the names stale locks are moved to by this process.
 static MOVED: AtomicU64 = AtomicU64::new(0);
 
-/// Clears what holds the lock's name if it is stale (a stale lock directory, or a
-/// leftover lock file no process holds), and returns whether it did. `false` when it
+/// Removes the lock directory at the lock's name if it is stale, and returns whether
+/// it did. `false` when it
 /// is live, or when it vanished meanwhile (the caller tries again either way).
 fn clear_if_stale(path: &Path) -> io::Result<bool> {
     let (print, meta) = match fingerprint(path) {
@@ -325,16 +325,10 @@ fn clear_if_stale(path: &Path) -> io::Result<bool> {
         Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(true),
         Err(e) => return Err(e),
     };
-    if meta.file_type().is_file() {
-        return migrate_lock_file(path);
-    }
     if !meta.is_dir() {
         return Err(io::Error::new(
             io::ErrorKind::InvalidData,
-            format!(
-                "{}: neither a lock directory nor a lock file; remove it",
-                path.display()
-            ),
+            format!("{}: not a lock directory; remove it", path.display()),
         ));
     }
     let Some(why) = staleness(&print, SystemTime::now()) else {
@@ -380,39 +374,6 @@ fn clear_if_stale(path: &Path) -> io::Result<bool> {
     Ok(true)
 }
 
-/// Removes a leftover lock *file* at `path` (earlier loopbus releases) if no process
-/// holds its `flock`, and returns whether it did.
-fn migrate_lock_file(path: &Path) -> io::Result<bool> {
-    use rustix::fs::OFlags;
-    let flags = OFlags::NOFOLLOW | OFlags::NONBLOCK | OFlags::CLOEXEC;
-    let file: File = match OpenOptions::new()
-        .read(true)
-        // Lossless: open(2) flags are a C int.
-        .custom_flags(flags.bits() as i32)
-        .open(path)
-    {
-        Ok(file) => file,
-        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(true),
-        Err(e) => return Err(e),
-    };
-    match file.try_lock() {
-        Ok(()) => {}
-        Err(fs::TryLockError::WouldBlock) => return Ok(false),
-        Err(fs::TryLockError::Error(e)) => return Err(e),
-    }
-    match fs::remove_file(path) {
-        Ok(()) => {
-            log::info!(
-                "{}: removed the lock file of an earlier loopbus release",
-                path.display()
-            );
-            Ok(true)
-        }
-        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(true),
-        Err(e) => Err(e),
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -442,7 +403,7 @@ mod tests {
     }
 
     fn set_mtime_ago(path: &Path, secs: u64) {
-        let dir = File::open(path).unwrap();
+        let dir = fs::File::open(path).unwrap();
         dir.set_modified(SystemTime::now() - Duration::from_secs(secs))
             .unwrap();
     }
@@ -540,17 +501,18 @@ mod tests {
     }
 
     #[test]
-    fn a_leftover_lock_file_is_migrated_unless_held() {
+    fn a_file_at_the_locks_name_is_refused_not_removed() {
         let dir = TestDir::new("rlock-file");
         let path = lock_path(dir.path());
         fs::write(&path, b"").unwrap();
-        let holder = File::open(&path).unwrap();
-        holder.lock().unwrap();
-        assert!(acquire(dir.path(), Duration::from_millis(30))
-            .unwrap()
-            .is_none());
-        assert!(path.is_file(), "a held lock file is left alone");
-        drop(holder);
+        let refused = acquire(dir.path(), Duration::ZERO).unwrap_err();
+        assert_eq!(refused.kind(), io::ErrorKind::InvalidData);
+        assert!(
+            refused.to_string().contains("not a lock directory"),
+            "{refused}"
+        );
+        assert!(path.is_file(), "left alone");
+        fs::remove_file(&path).unwrap();
         let held = acquire(dir.path(), Duration::ZERO).unwrap().unwrap();
         assert!(path.is_dir());
         held.release().unwrap();

@@ -62,6 +62,7 @@ pub struct Socket {
 
 /// A listener of another user holds the target address and port.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct OwnerMismatch {
     /// The target port.
     pub port: u16,
@@ -135,19 +136,13 @@ pub enum Verdict {
     ConnectionUnlisted,
 }
 
-/// The sockets of one socket table's text (`/proc/net/tcp` or `/proc/net/tcp6`; the
-/// address width tells which). The header line and lines that do not parse are skipped.
+/// One line of a socket table (`/proc/net/tcp` or `/proc/net/tcp6`; the address width
+/// tells which); `None` for the header line and lines that do not parse.
 ///
 /// Each line is `sl local_address rem_address st tx:rx tr:when retrnsmt uid ...`, where
 /// an address is `HEX:PORT`: the IP as 8 (IPv4) or 32 (IPv6) hex digits, each 32-bit
 /// word printed as the kernel holds it in memory (little-endian on x86 and arm:
-/// 127.0.0.1 is `0100007F`), and the port as 4 hex digits in plain order. (Tests only:
-/// the check itself reads a line at a time, [`read_verdict`].)
-#[cfg(test)]
-pub fn parse_sockets(text: &str) -> Vec<Socket> {
-    text.lines().filter_map(parse_line).collect()
-}
-
+/// 127.0.0.1 is `0100007F`), and the port as 4 hex digits in plain order.
 fn parse_line(line: &str) -> Option<Socket> {
     let fields: Vec<&str> = line.split_whitespace().take(8).collect();
     let [_sl, local, remote, state, _queues, _timer, _retransmits, uid] = fields[..] else {
@@ -215,26 +210,6 @@ fn receives(listener: IpAddr, target: IpAddr) -> bool {
 /// `addr` with an IPv4-mapped IPv6 address written as IPv4, as the other end sees it.
 fn canonical(addr: SocketAddr) -> SocketAddr {
     SocketAddr::new(addr.ip().to_canonical(), addr.port())
-}
-
-/// The verdict on a connection to `target` from `sockets`: foreign if any socket that
-/// would receive it belongs to a uid other than `own_uid`. Those are the listeners on
-/// `target`'s port whose address would receive it, and, when the connection is made
-/// (`ours` is its local end), the accepted socket at its other end, which must then be
-/// among `sockets` for the verdict to be [`Verdict::Own`]. (Tests only: the check
-/// itself folds the sockets as it reads them, [`read_verdict`].)
-#[cfg(test)]
-pub fn verdict(
-    sockets: &[Socket],
-    target: SocketAddr,
-    ours: Option<SocketAddr>,
-    own_uid: u32,
-) -> Verdict {
-    let mut tally = Tally::default();
-    for socket in sockets {
-        tally.add(socket, target, ours, own_uid);
-    }
-    tally.verdict(ours.is_some())
 }
 
 /// What the sockets seen so far say of a connection to a target.
@@ -447,6 +422,35 @@ fn open_tables() -> Vec<std::io::BufReader<std::fs::File>> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The sockets of one socket table's text (`/proc/net/tcp` or `/proc/net/tcp6`; the
+    /// address width tells which). The header line and lines that do not parse are skipped.
+    ///
+    /// Each line is `sl local_address rem_address st tx:rx tr:when retrnsmt uid ...`, where
+    /// an address is `HEX:PORT`: the IP as 8 (IPv4) or 32 (IPv6) hex digits, each 32-bit
+    /// word printed as the kernel holds it in memory (little-endian on x86 and arm:
+    /// 127.0.0.1 is `0100007F`), and the port as 4 hex digits in plain order.
+    fn parse_sockets(text: &str) -> Vec<Socket> {
+        text.lines().filter_map(parse_line).collect()
+    }
+
+    /// The verdict on a connection to `target` from `sockets`: foreign if any socket that
+    /// would receive it belongs to a uid other than `own_uid`. Those are the listeners on
+    /// `target`'s port whose address would receive it, and, when the connection is made
+    /// (`ours` is its local end), the accepted socket at its other end, which must then be
+    /// among `sockets` for the verdict to be [`Verdict::Own`].
+    fn verdict(
+        sockets: &[Socket],
+        target: SocketAddr,
+        ours: Option<SocketAddr>,
+        own_uid: u32,
+    ) -> Verdict {
+        let mut tally = Tally::default();
+        for socket in sockets {
+            tally.add(socket, target, ours, own_uid);
+        }
+        tally.verdict(ours.is_some())
+    }
 
     const HEADER: &str = "  sl  local_address rem_address   st tx_queue rx_queue tr tm->when retrnsmt   uid  timeout inode";
     const HEADER6: &str = "  sl  local_address                         remote_address                        st tx_queue rx_queue tr tm->when retrnsmt   uid  timeout inode";

@@ -3,7 +3,7 @@
 //!
 //! An entry says where an instance *was* listening; only a probe says whether it still
 //! is. A caller sends an entry's secret only on the connection whose probe matched
-//! ([`probe_port`] hands that connection back).
+//! ([`probe`] hands that connection back).
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 use serde_json::Value;
 
 use super::owner::{check_connection_owner, OwnerRefusal};
-use super::store::{self, Entry};
+use super::store::{self, RegistryEntry};
 use crate::files;
 use crate::http::client::{ClientError, Connection, ReceivedResponse};
 use crate::protocol::{self, proof, Health, InstanceName, ResponseError};
@@ -31,6 +31,7 @@ const MAX_QUOTED_CHARS: usize = 80;
 
 /// A health answer that matched what the probe asked for.
 #[derive(Debug, Clone, PartialEq)]
+#[non_exhaustive]
 pub struct HealthAnswer {
     /// The fields every health answer has.
     pub health: Health,
@@ -79,31 +80,27 @@ fn quoted(s: &str) -> String {
 impl fmt::Display for ProbeError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            ProbeError::Http(e) => write!(f, "health check failed: {e}"),
-            ProbeError::Status(status) => write!(f, "health check answered HTTP {status}"),
-            ProbeError::NotHealth(e) => write!(f, "health check answer is not valid: {e}"),
-            ProbeError::OtherInstance(h) => write!(
+            Self::Http(e) => write!(f, "health check failed: {e}"),
+            Self::Status(status) => write!(f, "health check answered HTTP {status}"),
+            Self::NotHealth(e) => write!(f, "health check answer is not valid: {e}"),
+            Self::OtherInstance(h) => write!(
                 f,
                 "the port is held by another instance ({})",
                 quoted(&h.instance)
             ),
-            ProbeError::NotReady(h) => {
-                write!(
+            Self::NotReady(h) => write!(
                     f,
                     "the instance is not serving (status {})",
                     quoted(&h.status)
-                )
-            }
-            ProbeError::KindNotAccepted(h) => {
-                write!(f, "the instance's kind {} is not accepted", quoted(&h.kind))
-            }
-            ProbeError::NoProof => f.write_str(
+                ),
+            Self::KindNotAccepted(h) => write!(f, "the instance's kind {} is not accepted", quoted(&h.kind)),
+            Self::NoProof => f.write_str(
                 "whatever holds the port gave no proof of the instance's secret; not sending it",
             ),
-            ProbeError::WrongProof => f.write_str(
+            Self::WrongProof => f.write_str(
                 "whatever holds the port gave a wrong proof of the instance's secret; not sending it",
             ),
-            ProbeError::NotSameUser(refusal) => refusal.fmt(f),
+            Self::NotSameUser(refusal) => refusal.fmt(f),
         }
     }
 }
@@ -117,9 +114,7 @@ impl ProbeError {
     pub fn is_failed_proof(&self) -> bool {
         matches!(
             self,
-            ProbeError::NoProof
-                | ProbeError::WrongProof
-                | ProbeError::NotSameUser(OwnerRefusal::Foreign(_))
+            Self::NoProof | Self::WrongProof | Self::NotSameUser(OwnerRefusal::Foreign(_))
         )
     }
 
@@ -130,23 +125,23 @@ impl ProbeError {
     /// itself but is stopping or of another kind is still there.
     pub fn is_stale(&self) -> bool {
         match self {
-            ProbeError::Http(ClientError::Connect(_) | ClientError::Malformed(_))
-            | ProbeError::Http(ClientError::Closed)
-            | ProbeError::Status(_)
-            | ProbeError::NotHealth(_)
-            | ProbeError::OtherInstance(_)
-            | ProbeError::NoProof
-            | ProbeError::WrongProof
-            | ProbeError::NotSameUser(OwnerRefusal::Foreign(_)) => true,
-            ProbeError::Http(
+            Self::Http(ClientError::Connect(_) | ClientError::Malformed(_))
+            | Self::Http(ClientError::Closed)
+            | Self::Status(_)
+            | Self::NotHealth(_)
+            | Self::OtherInstance(_)
+            | Self::NoProof
+            | Self::WrongProof
+            | Self::NotSameUser(OwnerRefusal::Foreign(_)) => true,
+            Self::Http(
                 ClientError::NotLoopback(_)
                 | ClientError::Timeout
                 | ClientError::Io(_)
                 | ClientError::UnsendableSecret,
             )
-            | ProbeError::NotReady(_)
-            | ProbeError::KindNotAccepted(_)
-            | ProbeError::NotSameUser(_) => false,
+            | Self::NotReady(_)
+            | Self::KindNotAccepted(_)
+            | Self::NotSameUser(_) => false,
         }
     }
 }
@@ -193,107 +188,134 @@ pub struct Probed {
     pub answer: HealthAnswer,
 }
 
-/// The health probe of a bare port (`loopbus health --port N`): connects to
-/// `127.0.0.1:port`, asks `GET /api/health`, and checks the answer as [`check_health`]
-/// does, all within [`PROBE_TIMEOUT`]. No proof is asked for: there is no entry, so no
-/// secret to check one with, and none to send.
-///
-/// # Errors
-///
-/// A failure to connect or to get an answer in time, or the first condition of
-/// [`check_health`] that does not hold.
-pub fn probe_port(
-    port: u16,
-    name: Option<&InstanceName>,
-    accept_kinds: Option<&[String]>,
-) -> Result<Probed, ProbeError> {
-    let deadline = Instant::now() + PROBE_TIMEOUT;
-    let mut connection =
-        Connection::open_at(store::DEFAULT_HOST, port, deadline).map_err(ProbeError::Http)?;
-    let response = connection
-        .get_health(None, deadline)
-        .map_err(ProbeError::Http)?;
-    let answer = check_health(&response, name.map(InstanceName::as_str), accept_kinds)?;
-    Ok(Probed { connection, answer })
+/// What a health probe is pointed at.
+#[derive(Clone, Copy, Debug)]
+#[non_exhaustive]
+pub enum Target<'a> {
+    /// A bare port on 127.0.0.1 (`loopbus health --port N`), answering as the given
+    /// instance if one is given. No nonce goes out and no proof is asked for: there is
+    /// no entry, so no secret to check one with, and none to send.
+    Port(u16, Option<&'a InstanceName>),
+    /// A registry entry, the probe a caller must pass before it sends the entry's
+    /// secret: exactly the entry's `host` and `port`, a fresh nonce, and, for an entry
+    /// with `proof: true`, an answer whose `proof` is the HMAC of the proof message
+    /// under the entry's secret (constant-time compare; contract 6.1).
+    Entry(&'a InstanceName, &'a RegistryEntry),
 }
 
-/// The health probe of a registry entry, the one a caller must pass before it sends
-/// the entry's secret: connects to exactly the entry's `host` and `port`, sends a
-/// fresh nonce with `GET /api/health`, checks the answer as [`check_health`] does,
-/// and, for an entry with `proof: true`, requires the answer's `proof` to be the HMAC
-/// of the proof message under the entry's secret (constant-time compare; contract
-/// 6.1), and for an entry without, that the other end of the connection is of our own
-/// user ([`check_connection_owner`]): an answer of another user's squatter is no sign
-/// of life. All within [`PROBE_TIMEOUT`] (the same-user check has its own bound). The
-/// connection handed back is the one the proof or the check was made on.
+/// The health probe: connects to `target`, asks `GET /api/health`, and checks the
+/// answer as [`check_health`] does, and for a [`Target::Entry`] the proof of one that
+/// claims it, or else that the other end of the connection is of our own user
+/// ([`check_connection_owner`]: an answer of another user's squatter is no sign of
+/// life). All within [`PROBE_TIMEOUT`] (the same-user check has its own bound). The
+/// connection handed back is the one the answer came on.
 ///
 /// # Errors
 ///
-/// As [`probe_port`], and [`ProbeError::NoProof`], [`ProbeError::WrongProof`] or
-/// [`ProbeError::NotSameUser`].
-pub fn probe_entry(
-    name: &InstanceName,
-    entry: &Entry,
-    accept_kinds: Option<&[String]>,
-) -> Result<Probed, ProbeError> {
+/// A failure to connect or to get an answer in time, the first condition of
+/// [`check_health`] that does not hold, [`ProbeError::NoProof`],
+/// [`ProbeError::WrongProof`] or [`ProbeError::NotSameUser`].
+pub fn probe(target: Target<'_>, accept_kinds: Option<&[String]>) -> Result<Probed, ProbeError> {
     let deadline = Instant::now() + PROBE_TIMEOUT;
-    let nonce = secret::nonce().map_err(|e| ProbeError::Http(ClientError::Io(e)))?;
-    let mut connection =
-        Connection::open_at(entry.host, entry.port, deadline).map_err(ProbeError::Http)?;
+    let (host, port, name, entry) = match target {
+        Target::Port(port, name) => (store::DEFAULT_HOST, port, name, None),
+        Target::Entry(name, entry) => (entry.host, entry.port, Some(name), Some(entry)),
+    };
+    let nonce = match entry {
+        Some(_) => Some(secret::nonce().map_err(|e| ProbeError::Http(ClientError::Io(e)))?),
+        None => None,
+    };
+    let mut connection = Connection::open_at(host, port, deadline).map_err(ProbeError::Http)?;
     let response = connection
-        .get_health(Some(&nonce), deadline)
+        .get_health(nonce.as_deref(), deadline)
         .map_err(ProbeError::Http)?;
-    let answer = check_health(&response, Some(name.as_str()), accept_kinds)?;
-    if entry.proof {
-        let message = proof::proof_message(name.as_str(), entry.host, entry.port, &nonce);
-        match &answer.health.proof {
-            None => return Err(ProbeError::NoProof),
-            Some(given) if !entry.secret.verify_proof(&message, given) => {
-                return Err(ProbeError::WrongProof)
+    let answer = check_health(&response, name.map(InstanceName::as_str), accept_kinds)?;
+    if let (Some(entry), Some(name), Some(nonce)) = (entry, name, &nonce) {
+        if entry.proof {
+            let message = proof::proof_message(name.as_str(), host, port, nonce);
+            match &answer.health.proof {
+                None => return Err(ProbeError::NoProof),
+                Some(given) if !entry.secret.verify_proof(&message, given) => {
+                    return Err(ProbeError::WrongProof)
+                }
+                Some(_) => {}
             }
-            Some(_) => {}
+        } else {
+            let unknown = OwnerRefusal::Unknown { port };
+            let (peer, local) = connection
+                .addresses()
+                .map_err(|_| ProbeError::NotSameUser(unknown))?;
+            check_connection_owner(peer, local).map_err(ProbeError::NotSameUser)?;
         }
-    } else {
-        let unknown = OwnerRefusal::Unknown { port: entry.port };
-        let (peer, local) = connection
-            .addresses()
-            .map_err(|_| ProbeError::NotSameUser(unknown))?;
-        check_connection_owner(peer, local).map_err(ProbeError::NotSameUser)?;
     }
     Ok(Probed { connection, answer })
 }
 
-/// Probes whether the instance `name` answers as its entry says; see [`probe_entry`].
+/// Probes whether the instance `name` answers as its registry entry says, the probe a
+/// caller must pass before it sends the entry's secret: `GET /api/health` at exactly
+/// the entry's `host` and `port` with a fresh nonce; 200, `status: "ok"`, `instance`
+/// equal to `name`, a `kind` in `accept_kinds` (unless `None`), and for an entry with
+/// `proof: true` a valid proof (contract 6.1); all within [`PROBE_TIMEOUT`].
 ///
 /// # Errors
 ///
-/// As [`probe_entry`].
-pub fn probe(
+/// No answer in time, an answer that does not match, or a missing or wrong proof.
+pub fn probe_instance(
     name: &InstanceName,
-    entry: &Entry,
+    entry: &RegistryEntry,
     accept_kinds: Option<&[String]>,
 ) -> Result<HealthAnswer, ProbeError> {
-    probe_entry(name, entry, accept_kinds).map(|probed| probed.answer)
+    probe(Target::Entry(name, entry), accept_kinds).map(|probed| probed.answer)
+}
+
+/// The health probe of a bare port on 127.0.0.1 (`loopbus health --port N`): the
+/// checks of [`probe_instance`] with `instance` equal to `name` if given, and no nonce
+/// or proof (there is no entry, so no secret to check one with).
+///
+/// # Errors
+///
+/// No answer in time, or an answer that does not match.
+pub fn probe_port(
+    port: u16,
+    name: Option<&InstanceName>,
+    accept_kinds: Option<&[String]>,
+) -> Result<HealthAnswer, ProbeError> {
+    probe(Target::Port(port, name), accept_kinds).map(|probed| probed.answer)
 }
 
 /// One registry entry with the outcome of its liveness probe.
 #[derive(Debug)]
+#[non_exhaustive]
 pub struct Listed {
     /// The instance's name.
     pub name: InstanceName,
     /// Its registry entry.
-    pub entry: Entry,
+    pub entry: RegistryEntry,
     /// Its health answer if it is alive, else why not.
     pub liveness: Result<HealthAnswer, ProbeError>,
+}
+
+impl Listed {
+    /// Whether the entry's process certainly no longer exists (the rule start-up
+    /// pruning removes an entry by).
+    pub fn process_is_gone(&self) -> bool {
+        files::pid_is_gone(self.entry.pid)
+    }
+
+    /// Whether the entry is certainly stale: its process is gone, or whatever holds
+    /// its port is not that instance ([`ProbeError::is_stale`]).
+    pub fn is_stale(&self) -> bool {
+        self.process_is_gone() || self.liveness.as_ref().is_err_and(ProbeError::is_stale)
+    }
 }
 
 /// Probes every entry, [`MAX_PARALLEL_PROBES`] at a time, so that a registry full of
 /// unresponsive ports costs about one [`PROBE_TIMEOUT`], not one per entry.
 fn probe_all(
-    entries: BTreeMap<InstanceName, Entry>,
+    entries: BTreeMap<InstanceName, RegistryEntry>,
     accept_kinds: Option<&[String]>,
 ) -> Vec<Listed> {
-    let entries: Vec<(InstanceName, Entry)> = entries.into_iter().collect();
+    let entries: Vec<(InstanceName, RegistryEntry)> = entries.into_iter().collect();
     let mut listed = Vec::with_capacity(entries.len());
     for batch in entries.chunks(MAX_PARALLEL_PROBES) {
         std::thread::scope(|scope| {
@@ -302,7 +324,7 @@ fn probe_all(
                 .map(|(name, entry)| {
                     let spawned = std::thread::Builder::new()
                         .name(format!("probe-{name}"))
-                        .spawn_scoped(scope, move || probe(name, entry, accept_kinds));
+                        .spawn_scoped(scope, move || probe_instance(name, entry, accept_kinds));
                     (name, entry, spawned)
                 })
                 .collect();
@@ -316,7 +338,7 @@ fn probe_all(
                             "the probe failed unexpectedly",
                         ))))),
                     // No thread to spare: probe here instead.
-                    Err(_) => probe(name, entry, accept_kinds),
+                    Err(_) => probe_instance(name, entry, accept_kinds),
                 };
                 listed.push(Listed {
                     name: name.clone(),
@@ -352,7 +374,7 @@ pub fn list(root: &Path, accept_kinds: Option<&[String]>) -> io::Result<Vec<List
 ///
 /// Any I/O error reading, locking or writing the registry.
 pub fn prune(root: &Path, keep: Option<&InstanceName>) -> io::Result<Vec<InstanceName>> {
-    let stale: Vec<(InstanceName, Entry)> = store::read(root)?
+    let stale: Vec<(InstanceName, RegistryEntry)> = store::read(root)?
         .into_iter()
         .filter(|(name, entry)| Some(name) != keep && files::pid_is_gone(entry.pid))
         .collect();
@@ -364,7 +386,7 @@ pub fn prune(root: &Path, keep: Option<&InstanceName>) -> io::Result<Vec<Instanc
 /// # Errors
 ///
 /// The registry file exists but can't be read.
-pub fn running(root: &Path, name: &InstanceName) -> io::Result<Option<Entry>> {
+pub fn running(root: &Path, name: &InstanceName) -> io::Result<Option<RegistryEntry>> {
     Ok(store::lookup(root, name)?.filter(|entry| holds_name(name, entry)))
 }
 
@@ -375,15 +397,13 @@ pub fn running(root: &Path, name: &InstanceName) -> io::Result<Option<Entry>> {
 /// instance that does not answer in time is still there). A holder of the port that
 /// fails the proof or is of another user is logged (the port and why) and does not
 /// hold the name, nor does an instance that is stopping or a port nothing listens on.
-pub fn holds_name(name: &InstanceName, entry: &Entry) -> bool {
-    match probe(name, entry, None) {
+pub fn holds_name(name: &InstanceName, entry: &RegistryEntry) -> bool {
+    match probe_instance(name, entry, None) {
         Ok(_) => true,
         Err(e) if e.is_failed_proof() => {
             // Who holds it, as far as the socket tables tell (Linux).
             let holder = match super::owner::check_listener_owner(entry.host, entry.port) {
-                Err(OwnerRefusal::Foreign(m)) => {
-                    format!(" (another user's, uid {})", m.uid)
-                }
+                Err(OwnerRefusal::Foreign(m)) => format!(" (another user's, uid {})", m.uid),
                 _ => String::new(),
             };
             log::warn!(

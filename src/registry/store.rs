@@ -32,7 +32,8 @@ const CORRUPT_SUFFIX: &str = "corrupt";
 
 /// One registered instance. `Debug` prints the secret as `[redacted]`.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Entry {
+#[non_exhaustive]
+pub struct RegistryEntry {
     /// The loopback port it listens on (1-65535).
     pub port: u16,
     /// The process id of its `serve` process.
@@ -65,7 +66,7 @@ pub fn registry_path(root: &Path) -> PathBuf {
 /// # Errors
 ///
 /// The file exists but can't be read.
-pub fn read(root: &Path) -> io::Result<BTreeMap<InstanceName, Entry>> {
+pub fn read(root: &Path) -> io::Result<BTreeMap<InstanceName, RegistryEntry>> {
     let path = registry_path(root);
     check_root(root)?;
     let bytes = match files::read_trusted_file(&path, MAX_REGISTRY_BYTES) {
@@ -156,8 +157,8 @@ pub fn register_at(
     port: u16,
     pid: u32,
     secret: &Secret,
-    taken: impl FnOnce(&Entry) -> bool,
-) -> io::Result<Option<Entry>> {
+    taken: impl FnOnce(&RegistryEntry) -> bool,
+) -> io::Result<Option<RegistryEntry>> {
     check_entry(port, pid)?;
     files::create_dir_private(root)?;
     lock::with_registry_lock(root, || {
@@ -203,8 +204,8 @@ fn insert_locked(
 /// rewritten without it). Returns whether it wrote. An entry of another process under
 /// the same name is left alone (and reported as `Ok(false)`): two live instances must
 /// not take turns overwriting each other. Never waits for the lock: if another process
-/// holds it, nothing is written this time (`Ok(false)`), so the event loop can call
-/// this.
+/// holds it, nothing is written this time (`Ok(false)`) and the instance's registry
+/// self-check tries again at its next round.
 ///
 /// # Errors
 ///
@@ -272,21 +273,8 @@ pub fn deregister(root: &Path, name: &InstanceName, pid: u32) -> io::Result<bool
     if !root.is_dir() {
         return Ok(false);
     }
-    let path = registry_path(root);
-    lock::with_registry_lock(root, || {
-        let mut document = load(&path)?;
-        let instances = instances_mut(&mut document);
-        let ours = instances
-            .get(name.as_str())
-            .and_then(|value| parse_entry(value).ok())
-            .is_some_and(|entry| entry.pid == pid);
-        if !ours {
-            return Ok(false);
-        }
-        instances.remove(name.as_str());
-        save(&path, document)?;
-        Ok(true)
-    })
+    let removed = remove_if(root, |n, entry| n == name.as_str() && entry.pid == pid)?;
+    Ok(!removed.is_empty())
 }
 
 /// The entry registered as `name` under `root`, if there is a valid one.
@@ -294,7 +282,7 @@ pub fn deregister(root: &Path, name: &InstanceName, pid: u32) -> io::Result<bool
 /// # Errors
 ///
 /// The registry file exists but can't be read.
-pub fn lookup(root: &Path, name: &InstanceName) -> io::Result<Option<Entry>> {
+pub fn lookup(root: &Path, name: &InstanceName) -> io::Result<Option<RegistryEntry>> {
     Ok(read(root)?.remove(name))
 }
 
@@ -307,25 +295,33 @@ pub fn lookup(root: &Path, name: &InstanceName) -> io::Result<Option<Entry>> {
 /// Any I/O error locking, reading or writing the registry.
 pub fn remove_unchanged(
     root: &Path,
-    stale: Vec<(InstanceName, Entry)>,
+    stale: Vec<(InstanceName, RegistryEntry)>,
 ) -> io::Result<Vec<InstanceName>> {
     if stale.is_empty() {
         return Ok(Vec::new());
     }
+    remove_if(root, |name, entry| {
+        stale.iter().any(|(n, e)| n.as_str() == name && e == entry)
+    })
+}
+
+/// Removes, under the lock, every valid entry for which `matches` holds, and returns
+/// their names; writes only when it removed one.
+fn remove_if(
+    root: &Path,
+    matches: impl Fn(&str, &RegistryEntry) -> bool,
+) -> io::Result<Vec<InstanceName>> {
     let path = registry_path(root);
     lock::with_registry_lock(root, || {
         let mut document = load(&path)?;
         let instances = instances_mut(&mut document);
-        let mut removed = Vec::new();
-        for (name, entry) in stale {
-            let unchanged = instances
-                .get(name.as_str())
-                .and_then(|value| parse_entry(value).ok())
-                .is_some_and(|current| current == entry);
-            if unchanged {
-                instances.remove(name.as_str());
-                removed.push(name);
-            }
+        let removed: Vec<InstanceName> = instances
+            .iter()
+            .filter(|(name, value)| parse_entry(value).is_ok_and(|entry| matches(name, &entry)))
+            .filter_map(|(name, _)| InstanceName::new(name.as_str()).ok())
+            .collect();
+        for name in &removed {
+            instances.remove(name.as_str());
         }
         if !removed.is_empty() {
             save(&path, document)?;
@@ -390,13 +386,13 @@ fn save(path: &Path, document: Map<String, Value>) -> io::Result<()> {
 #[derive(Debug)]
 pub struct Parsed {
     /// The valid entries.
-    pub entries: BTreeMap<InstanceName, Entry>,
+    pub entries: BTreeMap<InstanceName, RegistryEntry>,
     /// Why each invalid entry was skipped. Never contains a secret.
     pub skipped: Vec<String>,
 }
 
 /// Parses a registry file, or says why the whole file is unusable. Pure; public for
-/// the fuzz target only (through `loopbus::__internals`).
+/// the fuzz target only (through `loopbus::fuzzing`).
 pub fn parse(bytes: &[u8]) -> Result<Parsed, &'static str> {
     let document: Value = serde_json::from_slice(bytes).map_err(|_| "not valid JSON")?;
     let Some(Value::Object(instances)) = document.get("instances") else {
@@ -419,7 +415,7 @@ pub fn parse(bytes: &[u8]) -> Result<Parsed, &'static str> {
     Ok(Parsed { entries, skipped })
 }
 
-fn parse_entry(value: &Value) -> Result<Entry, &'static str> {
+fn parse_entry(value: &Value) -> Result<RegistryEntry, &'static str> {
     let port = value
         .get("port")
         .and_then(non_negative_integer)
@@ -455,7 +451,7 @@ fn parse_entry(value: &Value) -> Result<Entry, &'static str> {
     // `proof` other than `true` (absent, false, or of another shape) is an entry that
     // does not claim to prove itself.
     let proof = value.get("proof").and_then(Value::as_bool).unwrap_or(false);
-    Ok(Entry {
+    Ok(RegistryEntry {
         port,
         pid,
         secret,
@@ -815,7 +811,7 @@ mod tests {
 
     #[test]
     fn entry_debug_redacts_the_secret() {
-        let entry = Entry {
+        let entry = RegistryEntry {
             port: 1,
             pid: 2,
             secret: secret("top-secret-value"),

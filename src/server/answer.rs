@@ -38,6 +38,28 @@ impl TalkMeta {
         }
         parts.join(", ")
     }
+
+    /// The audit line of this request: the one way a [`audit::Record`] is made.
+    pub(super) fn audit_record<'a>(
+        &'a self,
+        outcome: &'a str,
+        detail: &'a str,
+        duration_ms: u64,
+        error_code: Option<&'a str>,
+        status: Option<u16>,
+    ) -> audit::Record<'a> {
+        audit::Record {
+            outcome,
+            detail,
+            from_instance: self.from_instance.as_deref(),
+            depth: self.depth,
+            duration_ms,
+            error_code,
+            prompt_chars: self.prompt_chars,
+            status,
+            request_id: self.request_id.as_deref(),
+        }
+    }
 }
 
 /// A connection waiting for a turn's envelope, and what its own request negotiated:
@@ -136,17 +158,13 @@ impl Bus {
         log::debug!("talk refused: {status} {code} ({})", meta.describe());
         let message = refusal.message(self.name.as_str());
         let duration_ms = elapsed_ms(received_at);
-        self.audit.record(&audit::Record {
-            outcome: "refused",
-            detail: &message,
-            from_instance: meta.from_instance.as_deref(),
-            depth: meta.depth,
+        self.audit.record(&meta.audit_record(
+            "refused",
+            &message,
             duration_ms,
-            error_code: Some(code.as_str()),
-            prompt_chars: meta.prompt_chars,
-            status: Some(status),
-            request_id: meta.request_id.as_deref(),
-        });
+            Some(code.as_str()),
+            Some(status),
+        ));
         self.refusal_response(refusal, received_at)
     }
 
@@ -170,17 +188,8 @@ impl Bus {
             meta.describe(),
             envelope.duration_ms
         );
-        self.audit.record(&audit::Record {
-            outcome,
-            detail,
-            from_instance: meta.from_instance.as_deref(),
-            depth: meta.depth,
-            duration_ms: envelope.duration_ms,
-            error_code: code,
-            prompt_chars: meta.prompt_chars,
-            status,
-            request_id: meta.request_id.as_deref(),
-        });
+        self.audit
+            .record(&meta.audit_record(outcome, detail, envelope.duration_ms, code, status));
     }
 
     /// The health answer, with a `proof` of the request's `X-Loopbus-Nonce` when it
@@ -201,7 +210,7 @@ impl Bus {
             .with_turns(turns)
             .with_bus_enabled(self.config.bus.enabled);
         // One nonce header exactly: two would leave open which one was answered.
-        let mut nonces = head.header_values(proof::NONCE_HEADER);
+        let mut nonces = head.header_values(crate::http::NONCE_HEADER);
         if let (Some(nonce), None) = (nonces.next(), nonces.next()) {
             if proof::is_valid_nonce(nonce) {
                 // A valid nonce is ASCII hex, so this conversion is lossless.

@@ -10,7 +10,6 @@
 use super::answer::{elapsed_ms, TalkMeta, Waiter};
 use super::requests::{self, RequestKey, Seen};
 use super::{Bus, Refusal};
-use crate::audit;
 use crate::engine::{self, CancelToken, Engine, Turn, TurnOutput, TurnResult};
 use crate::http::{ConnId, Response};
 use crate::protocol::{ErrorCode, TalkRequest, UsageReport};
@@ -454,16 +453,8 @@ impl Bus {
         received_at: Instant,
         status: Option<u16>,
     ) {
-        self.audit.record(&audit::Record {
-            outcome,
-            detail,
-            from_instance: meta.from_instance.as_deref(),
-            depth: meta.depth,
-            duration_ms: elapsed_ms(received_at),
-            error_code: None,
-            prompt_chars: meta.prompt_chars,
-            status,
-            request_id: meta.request_id.as_deref(),
-        });
+        let duration_ms = elapsed_ms(received_at);
+        self.audit
+            .record(&meta.audit_record(outcome, detail, duration_ms, None, status));
     }
 }

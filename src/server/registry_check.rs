@@ -23,7 +23,7 @@ pub const REGISTRY_CHECK_INTERVAL: Duration = Duration::from_secs(1);
 const STOP_PATIENCE: Duration = Duration::from_secs(5);
 
 /// What the check needs to write the entry again.
-struct Entry {
+struct Registration {
     root: PathBuf,
     name: InstanceName,
     addr: SocketAddr,
@@ -53,7 +53,7 @@ impl RegistryCheck {
         pid: u32,
         secret: Secret,
     ) -> io::Result<RegistryCheck> {
-        let entry = Entry {
+        let entry = Registration {
             root,
             name,
             addr,
@@ -84,7 +84,7 @@ impl RegistryCheck {
     }
 }
 
-fn run(entry: &Entry, stop_asked: &Receiver<()>, stopped: &SyncSender<()>) {
+fn run(entry: &Registration, stop_asked: &Receiver<()>, stopped: &SyncSender<()>) {
     let mut last_error = None;
     // Nothing is ever sent: the channel disconnects when a stop is asked for.
     while let Err(RecvTimeoutError::Timeout) = stop_asked.recv_timeout(REGISTRY_CHECK_INTERVAL) {
@@ -95,8 +95,8 @@ fn run(entry: &Entry, stop_asked: &Receiver<()>, stopped: &SyncSender<()>) {
 
 /// Writes the entry again if it went missing. An error is warned about when it differs
 /// from the last one, so a lasting problem is not repeated every interval.
-fn check(entry: &Entry, last_error: &mut Option<String>) {
-    let Entry {
+fn check(entry: &Registration, last_error: &mut Option<String>) {
+    let Registration {
         root,
         name,
         addr,

@@ -75,8 +75,9 @@ enum State<T, A> {
     },
 }
 
+/// What the store holds for one request id.
 #[derive(Debug)]
-struct Entry<T, A> {
+struct Stored<T, A> {
     digest: RequestDigest,
     state: State<T, A>,
 }
@@ -84,7 +85,7 @@ struct Entry<T, A> {
 /// The store; `T` names a running turn, `A` is what a finished one answered.
 #[derive(Debug)]
 pub struct RequestStore<T, A> {
-    entries: HashMap<RequestKey, Entry<T, A>>,
+    entries: HashMap<RequestKey, Stored<T, A>>,
     /// Stored answers, oldest first (an entry's `at` tells a stale element apart).
     answered: VecDeque<(RequestKey, Instant)>,
     answers: usize,
@@ -130,7 +131,7 @@ impl<T: Copy, A> RequestStore<T, A> {
         self.remove(&key);
         self.entries.insert(
             key,
-            Entry {
+            Stored {
                 digest,
                 state: State::Running(turn),
             },
@@ -159,7 +160,7 @@ impl<T: Copy, A> RequestStore<T, A> {
         self.answered.push_back((key.clone(), now));
         self.entries.insert(
             key.clone(),
-            Entry {
+            Stored {
                 digest,
                 state: State::Answered {
                     answer,
@@ -202,7 +203,7 @@ impl<T: Copy, A> RequestStore<T, A> {
         while let Some((key, at)) = self.answered.pop_front() {
             let current = matches!(
                 self.entries.get(&key),
-                Some(Entry {
+                Some(Stored {
                     state: State::Answered { at: a, .. },
                     ..
                 }) if *a == at
@@ -238,7 +239,7 @@ mod tests {
     fn key(from: &str, n: u128) -> RequestKey {
         RequestKey {
             from_instance: from.to_owned(),
-            id: RequestId::from_random(n.to_be_bytes()),
+            id: RequestId::new(format!("{n:032x}")).unwrap(),
         }
     }
 

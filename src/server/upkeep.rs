@@ -32,7 +32,7 @@ pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(30);
 const SHUTDOWN_POLL: Duration = Duration::from_millis(50);
 /// After killing the engines that outlived [`SHUTDOWN_GRACE`], how long their turns
 /// get to report (and their callers to be answered) before the process exits.
-const KILL_GRACE: Duration = Duration::from_secs(3);
+const SHUTDOWN_KILL_GRACE: Duration = Duration::from_secs(3);
 
 /// The warning of a disabled bus, at startup and at a reload that disables it: the
 /// instance answers health but refuses every talk, which would otherwise look healthy.
@@ -177,7 +177,7 @@ impl Bus {
                 if self.pool.is_idle() && self.turns.is_empty() {
                     control.exit();
                 } else if let Some(killed_at) = self.engines_killed_at {
-                    if now.duration_since(killed_at) >= KILL_GRACE {
+                    if now.duration_since(killed_at) >= SHUTDOWN_KILL_GRACE {
                         log::warn!("turns still running after their engines were killed; exiting");
                         control.exit();
                     }

@@ -3,9 +3,7 @@
 
 use super::{output, terminal};
 use crate::cli::{local, usage, Args, CommandError, UsageError, EXIT_OK};
-use crate::registry;
-use crate::secret::Secret;
-use crate::server::{Instance, InstanceOptions, ServeError};
+use loopbus::{Instance, InstanceOptions, Secret, ServeError};
 use std::io;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::path::Path;
@@ -30,7 +28,7 @@ Example:
 /// Runs `serve`.
 ///
 /// # Errors
-/// Bad arguments, or any [`crate::server::ServeError`]: a missing or invalid config, a
+/// Bad arguments, or any [`ServeError`]: a missing or invalid config, a
 /// port in use, a non-loopback address, a failure to register, a loop failure.
 pub fn run(args: &[String]) -> Result<i32, CommandError> {
     let args = Args::parse(
@@ -40,8 +38,7 @@ pub fn run(args: &[String]) -> Result<i32, CommandError> {
     )?;
     args.at_most(0)?;
     let state_dir = super::state_dir_from(args.value("state-dir"))?;
-    let root =
-        registry::channel_root(&std::path::absolute(&state_dir).unwrap_or(state_dir.clone()));
+    let root = loopbus::channel_root(&std::path::absolute(&state_dir).unwrap_or(state_dir.clone()));
     let mut options = InstanceOptions::new(state_dir).handle_signals(true);
     if let Some(name) = args.value("name") {
         options = options.name(name);
@@ -89,7 +86,7 @@ fn name_the_holder(error: ServeError, root: &Path) -> CommandError {
     if source.kind() != io::ErrorKind::AddrInUse {
         return error.into();
     }
-    let holder = registry::store::read(root).ok().and_then(|entries| {
+    let holder = loopbus::read_registry(root).ok().and_then(|entries| {
         entries
             .into_iter()
             .find(|(_, entry)| entry.port == addr.port())
@@ -99,12 +96,12 @@ fn name_the_holder(error: ServeError, root: &Path) -> CommandError {
             "cannot listen on {addr}: the port is in use, registered to instance {name} (pid \
              {}) in {}; stop it, or pick another port (--port, or bus.port; 0 lets the OS pick)",
             entry.pid,
-            registry::registry_path(root).display()
+            loopbus::registry_path(root).display()
         )),
         None => local(format!(
             "cannot listen on {addr}: the port is in use by a process not registered in {}; \
              pick another port (--port, or bus.port; 0 lets the OS pick)",
-            registry::registry_path(root).display()
+            loopbus::registry_path(root).display()
         )),
     }
 }

@@ -2,8 +2,7 @@
 
 use super::{output, terminal};
 use crate::cli::{local, usage, Args, CommandError, UsageError, EXIT_OK, EXIT_RETRYABLE};
-use crate::protocol::InstanceName;
-use crate::registry::{self, Probed};
+use loopbus::InstanceName;
 use serde_json::Value;
 use std::io::IsTerminal;
 use std::path::PathBuf;
@@ -119,12 +118,13 @@ pub fn run(args: &[String]) -> Result<i32, CommandError> {
 /// The registry can't be read.
 fn ask(asked: &Asked<'_>, kinds: &[String]) -> Result<Result<Value, String>, CommandError> {
     let probed = match asked {
-        Asked::Port(port, target) => registry::probe_port(*port, *target, Some(kinds))
+        Asked::Port(port, target) => loopbus::probe_port(*port, *target, Some(kinds))
             .map_err(|e| (format!("port {port}"), e)),
         Asked::Registered(name, root) => {
-            let path = registry::registry_path(root);
-            let entry = registry::lookup(root, name)
-                .map_err(|e| local(format!("cannot read {}: {e}", path.display())))?;
+            let path = loopbus::registry_path(root);
+            let entry = loopbus::read_registry(root)
+                .map_err(|e| local(format!("cannot read {}: {e}", path.display())))?
+                .remove(*name);
             let Some(entry) = entry else {
                 return Ok(Err(format!(
                     "{name} is not registered in {}",
@@ -132,12 +132,12 @@ fn ask(asked: &Asked<'_>, kinds: &[String]) -> Result<Result<Value, String>, Com
                 )));
             };
             // A registered instance is probed at its own address, proof included.
-            registry::probe_entry(name, &entry, Some(kinds))
+            loopbus::probe_instance(name, &entry, Some(kinds))
                 .map_err(|e| (format!("{name} (port {})", entry.port), e))
         }
     };
     Ok(match probed {
-        Ok(Probed { answer, .. }) => Ok(answer.body),
+        Ok(answer) => Ok(answer.body),
         Err((shown, reason)) => Err(format!("{shown} is not alive: {reason}")),
     })
 }

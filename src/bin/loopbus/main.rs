@@ -1,8 +1,13 @@
 //! The `loopbus` command: runs one command and maps its outcome to the documented exit
-//! status, in one `match`.
+//! status, in one `match`. The binary uses the library's public API only
+//! (`loopbus::...`), like any embedder.
 #![forbid(unsafe_code)]
 
-use loopbus::__cli::{report, run, CommandError, EXIT_FAILURE, EXIT_USAGE};
+mod cli;
+mod commands;
+
+use cli::{CommandError, EXIT_FAILURE, EXIT_USAGE};
+use commands::entry::{report, run};
 
 fn main() {
     let code = match run(std::env::args_os().skip(1)) {

@@ -4,10 +4,8 @@
 //! shown as such; nothing is written.
 
 use super::{output, terminal};
-use crate::audit::AUDIT_FILE;
 use crate::cli::{local, usage, Args, CommandError, UsageError, EXIT_OK};
-use crate::files;
-use crate::time;
+use loopbus::AUDIT_FILE;
 use serde_json::Value;
 use std::collections::VecDeque;
 use std::fs::File;
@@ -141,7 +139,7 @@ impl From<CommandError> for Stop {
 
 /// Opens a log file; `None` when it does not exist.
 fn open(path: &Path) -> Result<Option<File>, Stop> {
-    match files::open_regular(path) {
+    match loopbus::open_regular_file(path) {
         Ok(file) => Ok(Some(file)),
         Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
         Err(e) => Err(Stop::Io(path.to_path_buf(), e)),
@@ -396,7 +394,7 @@ impl Printer {
         let Some(value) = parsed else {
             return self.corrupt(line, file);
         };
-        let at = value["timestamp"].as_str().and_then(time::parse_iso8601);
+        let at = value["timestamp"].as_str().and_then(loopbus::parse_iso8601);
         if let (Some(cutoff), Some(at)) = (self.cutoff, at) {
             if at < cutoff {
                 return Ok(());
@@ -470,6 +468,31 @@ fn row(cells: &[String]) -> String {
 mod tests {
     use super::*;
 
+    /// A fresh directory under the system temp dir, removed on drop.
+    struct TestDir(PathBuf);
+
+    impl TestDir {
+        fn new(label: &str) -> TestDir {
+            static COUNTER: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+            let n = COUNTER.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            let path = std::env::temp_dir()
+                .join(format!("loopbus-bin-{label}-{}-{n}", std::process::id()));
+            let _ = std::fs::remove_dir_all(&path);
+            std::fs::create_dir_all(&path).unwrap();
+            TestDir(path)
+        }
+
+        fn path(&self) -> &Path {
+            &self.0
+        }
+    }
+
+    impl Drop for TestDir {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_dir_all(&self.0);
+        }
+    }
+
     #[test]
     fn since_table() {
         let ok = [
@@ -504,7 +527,7 @@ mod tests {
     #[test]
     fn follow_reads_across_a_rotation_and_a_truncation() {
         use std::io::Write;
-        let dir = crate::files::test_support::TestDir::new("audit-follow");
+        let dir = TestDir::new("audit-follow");
         let path = dir.path().join(AUDIT_FILE);
         let mut follower = Follower {
             path: &path,
@@ -546,7 +569,7 @@ mod tests {
 
     #[test]
     fn a_long_line_is_cut_and_the_next_still_read() {
-        let dir = crate::files::test_support::TestDir::new("audit-lines");
+        let dir = TestDir::new("audit-lines");
         let path = dir.path().join("log");
         let mut bytes = vec![b'x'; MAX_LINE_BYTES * 2];
         bytes.extend_from_slice(b"\n{\"a\":1}\npartial");

@@ -3,8 +3,7 @@
 
 use super::{output, terminal};
 use crate::cli::{local, usage, Args, CommandError, EXIT_OK};
-use crate::config::{self, CONFIG_FILE};
-use crate::usage::{self as usage_file, Usage};
+use loopbus::{Usage, CONFIG_FILE};
 use serde_json::{json, Value};
 use std::path::{Path, PathBuf};
 
@@ -120,11 +119,11 @@ fn instance_dirs(root: &Path) -> Result<Vec<PathBuf>, CommandError> {
 
 fn row(state_dir: &Path) -> Row {
     let mut problems = Vec::new();
-    let usage = usage_file::peek(state_dir).unwrap_or_else(|e| {
+    let usage = loopbus::read_usage(state_dir).unwrap_or_else(|e| {
         problems.push(e.to_string());
         Usage::default()
     });
-    let budget = match config::load(&state_dir.join(CONFIG_FILE)) {
+    let budget = match loopbus::load_config(&state_dir.join(CONFIG_FILE)) {
         Ok(config) => config.budget_usd,
         Err(e) => {
             problems.push(e.to_string());
@@ -146,7 +145,7 @@ fn row(state_dir: &Path) -> Row {
 /// What is left of the budget, never below zero (running turns may pass it).
 fn left(row: &Row) -> Option<f64> {
     row.budget
-        .map(|budget| usage_file::round_cost((budget - row.usage.total_cost_usd).max(0.0)))
+        .map(|budget| loopbus::round_cost((budget - row.usage.total_cost_usd).max(0.0)))
 }
 
 fn as_json(row: &Row) -> Value {
@@ -158,7 +157,7 @@ fn as_json(row: &Row) -> Value {
         "inputTokens": u.total_input_tokens,
         "outputTokens": u.total_output_tokens,
         "cachedTokens": u.total_cached_tokens,
-        "costUsd": usage_file::round_cost(u.total_cost_usd),
+        "costUsd": loopbus::round_cost(u.total_cost_usd),
         "budgetUsd": row.budget,
         "leftUsd": left(row),
         "lastUpdatedAt": u.last_updated_at,
@@ -226,14 +225,13 @@ mod tests {
 
     #[test]
     fn costs_are_shown_to_four_places_never_with_float_noise() {
+        let mut usage = Usage::default();
+        usage.total_cost_usd = 0.1 + 0.2 + 0.9000000000000002;
+        usage.request_count = 3;
         let row = Row {
             name: "w".to_owned(),
             state_dir: PathBuf::from("/x/w"),
-            usage: Usage {
-                total_cost_usd: 0.1 + 0.2 + 0.9000000000000002,
-                request_count: 3,
-                ..Usage::default()
-            },
+            usage,
             budget: Some(5.0),
             problems: Vec::new(),
         };

@@ -4,9 +4,7 @@
 use super::output;
 use super::settings::{self, EngineChoice, PeersChoice, Settings};
 use crate::cli::{local, usage, Args, CommandError, UsageError, EXIT_OK};
-use crate::config::{self, CONFIG_FILE};
-use crate::secret::Secret;
-use crate::{files, registry, time};
+use loopbus::{Secret, TrustKind, CONFIG_FILE, PRIVATE_FILE_MODE};
 use serde_json::Value;
 use std::path::{Path, PathBuf};
 
@@ -86,20 +84,20 @@ pub fn run(args: &[String]) -> Result<i32, CommandError> {
         )));
     }
     // The channel root holds the registry (secrets): create it private too, if missing.
-    let root = registry::channel_root(&dir);
+    let root = loopbus::channel_root(&dir);
     for path in [&root, &dir] {
         // An existing directory another user owns or may write to is refused
         // (contract 1): that user could plant our registry or our config.
-        match files::check_trusted(path, files::TrustKind::Dir) {
+        match loopbus::check_trusted(path, TrustKind::Dir) {
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
             Err(e) => return Err(local(untrusted_message(path, &e))),
             Ok(()) => {}
         }
-        files::create_dir_private(path)
+        loopbus::create_dir_private(path)
             .map_err(|e| local(format!("{}: cannot create: {e}", path.display())))?;
     }
     let old = if path.exists() {
-        let bytes = config::read_file(&path).map_err(|e| local(e.to_string()))?;
+        let bytes = loopbus::read_config_file(&path).map_err(|e| local(e.to_string()))?;
         Some(bytes)
     } else {
         None
@@ -135,7 +133,7 @@ pub fn run(args: &[String]) -> Result<i32, CommandError> {
         .map_err(|e| local(format!("cannot write {}: {e}", path.display())))?;
     text.push('\n');
     // What init writes must be what serve accepts.
-    config::parse_file(&path, text.as_bytes()).map_err(|e| {
+    loopbus::parse_config_file(&path, text.as_bytes()).map_err(|e| {
         local(format!(
             "{e} (after applying the options; the file was not changed: fix it, or move it \
              away and run init again)"
@@ -145,7 +143,7 @@ pub fn run(args: &[String]) -> Result<i32, CommandError> {
         Some(bytes) => Some(back_up(&path, bytes)?),
         None => None,
     };
-    files::write_atomic(&path, text.as_bytes(), files::PRIVATE_FILE_MODE)
+    loopbus::write_atomic(&path, text.as_bytes(), PRIVATE_FILE_MODE)
         .map_err(|e| local(format!("{}: cannot write: {e}", path.display())))?;
     let mut said = format!("wrote {} for instance {name}", path.display());
     if let Some(backup) = &backup {
@@ -156,7 +154,7 @@ pub fn run(args: &[String]) -> Result<i32, CommandError> {
         };
         said.push_str(&format!("\n{how}the old one is {}", backup.display()));
     }
-    match registry::running(&root, &name) {
+    match loopbus::running_instance(&root, &name) {
         Ok(Some(entry)) => said.push_str(&format!(
             "\n{name} is running (pid {}, port {}): it reloads config.json within a second; \
              port and secret changes take effect when it restarts",
@@ -196,21 +194,21 @@ fn settings_from(args: &Args) -> Result<Settings, UsageError> {
 /// `config.json.bak-TIMESTAMP` (mode 0600: it may hold the secret), and returns its
 /// path.
 fn back_up(path: &Path, bytes: &[u8]) -> Result<PathBuf, CommandError> {
-    let stamp: String = time::now_iso8601()
+    let stamp: String = loopbus::now_iso8601()
         .chars()
         .filter(|c| *c != '-' && *c != ':')
         .collect();
     let mut backup = path.as_os_str().to_owned();
     backup.push(format!(".bak-{stamp}"));
     let backup = PathBuf::from(backup);
-    files::write_atomic(&backup, bytes, files::PRIVATE_FILE_MODE)
+    loopbus::write_atomic(&backup, bytes, PRIVATE_FILE_MODE)
         .map_err(|e| local(format!("{}: cannot write: {e}", backup.display())))?;
     Ok(backup)
 }
 
 /// Why `init` refuses `path`: the owner, mode and fix when it is untrusted.
 fn untrusted_message(path: &std::path::Path, e: &std::io::Error) -> String {
-    match files::untrusted(e) {
+    match loopbus::untrusted(e) {
         Some(untrusted) => format!("{untrusted}; loopbus serve would refuse it too"),
         None => format!("{}: cannot check its owner: {e}", path.display()),
     }

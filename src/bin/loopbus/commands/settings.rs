@@ -4,9 +4,7 @@
 //! budget and peers it was not told to change).
 
 use crate::cli::{usage, UsageError};
-use crate::config::{DEFAULT_ACCEPT_KINDS, DEFAULT_MAX_DEPTH};
-use crate::protocol::InstanceName;
-use crate::secret::Secret;
+use loopbus::{InstanceName, Secret, DEFAULT_ACCEPT_KINDS, DEFAULT_MAX_DEPTH};
 use serde_json::{json, Map, Value};
 
 /// The engines `--engine` knows by name: the preset, its argv, and its

@@ -7,14 +7,9 @@ mod registry_checks;
 
 use super::{output, terminal};
 use crate::cli::{Args, CommandError, EXIT_FAILURE, EXIT_OK};
-use crate::config::{self, Config, Peers, CONFIG_FILE};
-use crate::engine;
-use crate::files::{self, TrustKind};
-use crate::protocol::InstanceName;
-use crate::registry;
-use crate::secret::Secret;
+use loopbus::{Config, InstanceName, Peers, Secret, TrustKind, CONFIG_FILE};
 use std::io;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 /// Help text.
 pub const HELP: &str = "\
@@ -89,14 +84,14 @@ pub(super) struct Target<'a> {
 pub fn run(args: &[String]) -> Result<i32, CommandError> {
     let args = Args::parse(args, &["state-dir", "root", "name"], &[])?;
     if args.help {
-        crate::commands::output::print(HELP)?;
+        output::print(HELP)?;
         return Ok(EXIT_OK);
     }
     args.at_most(0)?;
     let state_dir = super::state_dir_from(args.value("state-dir"))?;
     let root = match args.value("root") {
         Some(root) if !root.is_empty() => root.into(),
-        _ => registry::channel_root(&state_dir),
+        _ => loopbus::channel_root(&state_dir),
     };
     let name = super::instance_name(&state_dir, args.value("name"))?;
     let name_flag = match args.value("name") {
@@ -120,7 +115,7 @@ pub fn run(args: &[String]) -> Result<i32, CommandError> {
             check_bus(&mut report, config);
             check_engine(&mut report, config);
         }
-        None => check_delegation(&mut report, None),
+        None => check_delegation(&mut report, loopbus::engine_findings(None).delegation),
     }
     registry_checks::check(&mut report, &target, config.as_ref());
     for (level, text) in &report.checks {
@@ -168,11 +163,11 @@ fn check_files(report: &mut Report, t: &Target<'_>) -> Option<Config> {
     if trusted(report, &path, TrustKind::File, "file") {
         private(report, &path, "it may hold the bus secret");
     }
-    let registry = registry::registry_path(t.root);
+    let registry = loopbus::registry_path(t.root);
     if registry.exists() && trusted(report, &registry, TrustKind::File, "registry file") {
         private(report, &registry, "it holds every instance's secret");
     }
-    let config = match config::load(&path) {
+    let config = match loopbus::load_config(&path) {
         Ok(config) => {
             report.ok(format!("{} is valid", path.display()));
             config
@@ -195,10 +190,10 @@ fn check_files(report: &mut Report, t: &Target<'_>) -> Option<Config> {
     Some(config)
 }
 
-/// A trust check ([`files::check_trusted`], as `serve` makes it) as a line; whether
+/// A trust check ([`loopbus::check_trusted`], as `serve` makes it) as a line; whether
 /// it passed. A missing path is left to the checks that need it.
 fn trusted(report: &mut Report, path: &Path, kind: TrustKind, what: &str) -> bool {
-    match files::check_trusted(path, kind) {
+    match loopbus::check_trusted(path, kind) {
         Ok(()) => {
             report.ok(format!(
                 "{what} {} is ours and not writable by others",
@@ -208,7 +203,7 @@ fn trusted(report: &mut Report, path: &Path, kind: TrustKind, what: &str) -> boo
         }
         Err(e) if e.kind() == io::ErrorKind::NotFound => false,
         Err(e) => {
-            match files::untrusted(&e) {
+            match loopbus::untrusted(&e) {
                 Some(untrusted) => report.fail(format!("{untrusted}; `loopbus serve` refuses it")),
                 None => report.fail(format!("cannot check {what} {}: {e}", path.display())),
             }
@@ -219,7 +214,7 @@ fn trusted(report: &mut Report, path: &Path, kind: TrustKind, what: &str) -> boo
 
 /// Warns about a file others may read (`serve` warns the same at start-up).
 fn private(report: &mut Report, path: &Path, why: &str) {
-    if let Ok(Some(mode)) = files::mode_is_wider(path, files::PRIVATE_FILE_MODE) {
+    if let Ok(Some(mode)) = loopbus::mode_is_wider(path, loopbus::PRIVATE_FILE_MODE) {
         report.warn(format!(
             "{} has mode {mode:o} and {why}: run `chmod 600 {}`",
             path.display(),
@@ -293,7 +288,7 @@ fn check_engine(report: &mut Report, config: &Config) {
         report.ok("engine: the built-in echo engine (config.json has no engine section)");
         return;
     };
-    let found = engine::findings(engine);
+    let found = loopbus::engine_findings(Some(engine));
     if let Some(cwd) = &engine.cwd {
         match &found.cwd {
             None => report.ok(format!(
@@ -313,13 +308,13 @@ fn check_engine(report: &mut Report, config: &Config) {
              engine.env.PATH)"
         )),
     }
-    check_delegation(report, Some(engine));
+    check_delegation(report, found.delegation);
 }
 
 /// `loopbus` on the engine's PATH (`engine.env.PATH`, else ours): a warning, since only
 /// an engine that delegates needs it.
-fn check_delegation(report: &mut Report, engine: Option<&config::EngineConfig>) {
-    match engine::find_delegation(&engine::engine_path(engine)) {
+fn check_delegation(report: &mut Report, delegation: Result<PathBuf, String>) {
+    match delegation {
         Ok(path) => report.ok(format!(
             "`loopbus` is on the engine's PATH ({}): nested delegation can work",
             path.display()

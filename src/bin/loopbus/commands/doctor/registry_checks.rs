@@ -2,16 +2,14 @@
 //! secret's proof), stale entries, and port conflicts with other registered instances.
 
 use super::{Report, Target};
-use crate::config::Config;
-use crate::files;
-use crate::registry::{self, Listed};
+use loopbus::{Config, Listed};
 use std::collections::BTreeMap;
 
 /// This instance's entry answering as itself, stale entries, and port conflicts.
 pub(super) fn check(report: &mut Report, t: &Target<'_>, config: Option<&Config>) {
-    let path = registry::registry_path(t.root);
+    let path = loopbus::registry_path(t.root);
     // No kind check: any instance that answers as its entry's name is there.
-    let listed = match registry::list(t.root, None) {
+    let listed = match loopbus::list_instances(t.root, None) {
         Ok(listed) => listed,
         Err(e) => {
             report.fail(format!("cannot read {}: {e}", path.display()));
@@ -29,7 +27,7 @@ pub(super) fn check(report: &mut Report, t: &Target<'_>, config: Option<&Config>
     }
     let stale: Vec<&Listed> = listed
         .iter()
-        .filter(|l| &l.name != t.name && is_stale(l))
+        .filter(|l| &l.name != t.name && l.is_stale())
         .collect();
     for l in &stale {
         report.warn(format!(
@@ -43,7 +41,7 @@ pub(super) fn check(report: &mut Report, t: &Target<'_>, config: Option<&Config>
         ));
     }
     // This instance's own entry, when stale, was reported above.
-    let own_stale = listed.iter().any(|l| &l.name == t.name && is_stale(l));
+    let own_stale = listed.iter().any(|l| &l.name == t.name && l.is_stale());
     if stale.is_empty() && !own_stale {
         report.ok(format!(
             "no stale registry entries ({} registered)",
@@ -69,7 +67,7 @@ fn check_own(report: &mut Report, t: &Target<'_>, own: &Listed) {
             },
         )),
         // Its process is gone: the port refuses, or answers as someone else.
-        Err(e) if files::pid_is_gone(own.entry.pid) => report.fail(format!(
+        Err(e) if own.process_is_gone() => report.fail(format!(
             "registered port {port} does not answer as {}: the process {} that registered \
              it is gone ({e}); start it with `{}`",
             t.name, own.entry.pid, t.serve
@@ -93,14 +91,8 @@ fn check_own(report: &mut Report, t: &Target<'_>, own: &Listed) {
     }
 }
 
-/// Whether an entry is certainly stale: its process is gone, or whatever holds its
-/// port is not that instance ([`registry::ProbeError::is_stale`]).
-fn is_stale(listed: &Listed) -> bool {
-    files::pid_is_gone(listed.entry.pid) || listed.liveness.as_ref().is_err_and(|e| e.is_stale())
-}
-
 fn why_stale(listed: &Listed) -> String {
-    if files::pid_is_gone(listed.entry.pid) {
+    if listed.process_is_gone() {
         return "its process is gone".to_owned();
     }
     match &listed.liveness {

@@ -212,7 +212,7 @@ fn format_log_line(
     message: &std::fmt::Arguments<'_>,
 ) -> String {
     match style {
-        LogStyle::Server => format!("{} {level:5} {message}", crate::time::now_iso8601()),
+        LogStyle::Server => format!("{} {level:5} {message}", loopbus::now_iso8601()),
         LogStyle::Client => {
             let label = match level {
                 log::Level::Error => "error: ",
@@ -378,7 +378,7 @@ fn drain(lines: &Receiver<Vec<u8>>, shared: &Shared, out: &mut impl Write) {
             let _ = writeln!(
                 out,
                 "{} WARN  {dropped} log line(s) dropped: stderr was not keeping up",
-                crate::time::now_iso8601()
+                loopbus::now_iso8601()
             );
         }
         let _ = out.flush();

@@ -6,9 +6,9 @@ use super::terminal;
 use crate::cli::{
     local, usage, Args, CommandError, UsageError, EXIT_FAILURE, EXIT_OK, EXIT_RETRYABLE,
 };
-use crate::client::{self, DelegateError, DelegateOptions, Reply, DEFAULT_TIMEOUT};
-use crate::protocol::{UsageReport, MAX_BODY_BYTES};
-use crate::registry;
+use loopbus::{
+    DelegateError, DelegateOptions, Reply, UsageReport, DEFAULT_TIMEOUT, MAX_BODY_BYTES,
+};
 use std::io::{IsTerminal, Read, Write};
 use std::time::{Duration, Instant};
 
@@ -123,11 +123,11 @@ pub fn run(args: &[String]) -> Result<i32, CommandError> {
         Some(prompt) => prompt.to_owned(),
     };
     let request_id =
-        client::new_request_id().map_err(|e| local(format!("cannot make a request id: {e}")))?;
+        loopbus::new_request_id().map_err(|e| local(format!("cannot make a request id: {e}")))?;
 
     let root = match args.value("root") {
         Some(root) => std::path::PathBuf::from(root),
-        None => registry::channel_root(&state_dir),
+        None => loopbus::channel_root(&state_dir),
     };
     let options = DelegateOptions::new(root, caller.clone(), config.bus, target.clone(), prompt)
         .with_depth(depth)
@@ -136,7 +136,7 @@ pub fn run(args: &[String]) -> Result<i32, CommandError> {
         .with_request_id(request_id);
     let started = Instant::now();
     let watch = watch::watch(&options, args.switch("json"))?;
-    let outcome = client::delegate(&options);
+    let outcome = loopbus::delegate(&options);
     watch.finish();
     // Given up for good on a turn that may still run there: cancel it (contract 8.1).
     if let Err(error) = &outcome {
@@ -330,11 +330,12 @@ mod tests {
 
     #[test]
     fn the_cost_summary_reads_like_a_sentence() {
-        let usage = |cost_usd| UsageReport {
-            cost_usd,
-            input_tokens: 1_200,
-            output_tokens: 340,
-            cached_tokens: 0,
+        let usage = |cost_usd| {
+            let mut usage = UsageReport::default();
+            usage.cost_usd = cost_usd;
+            usage.input_tokens = 1_200;
+            usage.output_tokens = 340;
+            usage
         };
         assert_eq!(
             cost_line("worker", &usage(Some(0.0123)), 3_210),

@@ -14,9 +14,7 @@ pub mod terminal;
 pub mod usage_report;
 
 use crate::cli::{local, usage, CommandError, UsageError};
-use crate::config::{self, Config, ConfigError, CONFIG_FILE};
-use crate::protocol::InstanceName;
-use crate::registry;
+use loopbus::{Config, ConfigError, InstanceName, CONFIG_FILE, DEFAULT_ACCEPT_KINDS};
 use std::path::{Path, PathBuf};
 
 /// The state directory from `--state-dir`, else `$LOOPBUS_STATE_DIR`.
@@ -43,7 +41,7 @@ pub fn state_dir_from(flag: Option<&str>) -> Result<PathBuf, UsageError> {
 pub fn instance_name(state_dir: &Path, flag: Option<&str>) -> Result<InstanceName, UsageError> {
     let name = match flag {
         Some(name) => name.to_owned(),
-        None => registry::default_name(state_dir).ok_or_else(|| {
+        None => loopbus::default_name(state_dir).ok_or_else(|| {
             usage(format!(
                 "{}: cannot take an instance name from this path; pass --name",
                 state_dir.display()
@@ -62,13 +60,14 @@ pub fn parse_name(text: impl Into<String>) -> Result<InstanceName, UsageError> {
 }
 
 /// The config of the instance whose state directory is `state_dir`, read the way
-/// `serve` reads it ([`config::load`]: bounded, regular files only).
+/// `serve` reads it ([`loopbus::load_config`]: bounded, regular files only).
 ///
 /// # Errors
 /// config.json is missing, unreadable or invalid; the message names the file and the
 /// field, never a value.
 pub fn own_config(state_dir: &Path) -> Result<Config, CommandError> {
-    config::load(&state_dir.join(CONFIG_FILE)).map_err(|e| config_usage_error(state_dir, &e))
+    loopbus::load_config(&state_dir.join(CONFIG_FILE))
+        .map_err(|e| config_usage_error(state_dir, &e))
 }
 
 /// A config error as a local configuration error, with a hint to run `loopbus init`
@@ -97,7 +96,7 @@ pub fn registry_root(
     let state_dir = state_dir_from(state_dir_flag).ok();
     match (root_flag, state_dir) {
         (Some(root), state_dir) if !root.is_empty() => Ok((PathBuf::from(root), state_dir)),
-        (_, Some(state_dir)) => Ok((registry::channel_root(&state_dir), Some(state_dir))),
+        (_, Some(state_dir)) => Ok((loopbus::channel_root(&state_dir), Some(state_dir))),
         _ => Err(usage(
             "no registry: pass --root DIR, or --state-dir DIR (or set LOOPBUS_STATE_DIR)",
         )),
@@ -112,6 +111,6 @@ pub fn registry_root(
 pub fn accept_kinds(state_dir: Option<&Path>) -> Result<Vec<String>, CommandError> {
     match state_dir {
         Some(dir) if dir.join(CONFIG_FILE).exists() => Ok(own_config(dir)?.bus.accept_kinds),
-        _ => Ok(config::DEFAULT_ACCEPT_KINDS.map(str::to_owned).to_vec()),
+        _ => Ok(DEFAULT_ACCEPT_KINDS.map(str::to_owned).to_vec()),
     }
 }

@@ -4,8 +4,7 @@
 
 use super::super::terminal;
 use crate::cli::{local, CommandError, EXIT_SIGINT, EXIT_SIGTERM};
-use crate::client::{self, CancelOutcome, DelegateError, DelegateOptions};
-use crate::protocol::{Envelope, ErrorCode, Failure};
+use loopbus::{CancelOutcome, DelegateError, DelegateOptions, Envelope, ErrorCode, Failure};
 use signal_hook::consts::{SIGINT, SIGTERM};
 use std::io::{IsTerminal, Read, Write};
 use std::os::unix::net::UnixStream;
@@ -158,11 +157,11 @@ fn progress_line(target: &str, waited: Duration) -> String {
     )
 }
 
-/// Sends the cancel request for the delegation (bounded by `client::CANCEL_TIMEOUT`)
+/// Sends the cancel request for the delegation (bounded by [`loopbus::CANCEL_TIMEOUT`])
 /// and says on stderr what became of it when it did not go as planned.
 pub(super) fn send_cancel(options: &DelegateOptions) -> Option<CancelOutcome> {
     let target = &options.target;
-    match client::cancel(options) {
+    match loopbus::cancel(options) {
         Ok(outcome) => {
             let answer = match &outcome {
                 CancelOutcome::Answered(e) => {

@@ -46,7 +46,7 @@ pub enum CommandError {
     /// a file that can't be written (exit 2).
     Local(String),
     /// An instance could not start, or failed while serving.
-    Serve(crate::server::ServeError),
+    Serve(loopbus::ServeError),
     /// stdout was closed by its reader (`loopbus list | head -1`): the command stops
     /// writing and the process exits quietly, with status 0.
     StdoutClosed,
@@ -71,8 +71,8 @@ impl From<UsageError> for CommandError {
     }
 }
 
-impl From<crate::server::ServeError> for CommandError {
-    fn from(e: crate::server::ServeError) -> CommandError {
+impl From<loopbus::ServeError> for CommandError {
+    fn from(e: loopbus::ServeError) -> CommandError {
         CommandError::Serve(e)
     }
 }

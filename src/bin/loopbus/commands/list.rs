@@ -2,8 +2,7 @@
 
 use super::{output, terminal};
 use crate::cli::{local, Args, CommandError, EXIT_OK};
-use crate::registry::{self, Listed};
-use crate::time;
+use loopbus::Listed;
 use serde_json::{json, Value};
 use std::io::IsTerminal;
 use std::time::{Duration, SystemTime};
@@ -39,8 +38,8 @@ pub fn run(args: &[String]) -> Result<i32, CommandError> {
     args.at_most(0)?;
     let (root, state_dir) = super::registry_root(args.value("root"), args.value("state-dir"))?;
     let kinds = super::accept_kinds(state_dir.as_deref())?;
-    let path = registry::registry_path(&root);
-    let listed = registry::list(&root, Some(&kinds))
+    let path = loopbus::registry_path(&root);
+    let listed = loopbus::list_instances(&root, Some(&kinds))
         .map_err(|e| local(format!("cannot read {}: {e}", path.display())))?;
     let now = SystemTime::now();
     // Names come from the registry, problems quote what a peer's health said.
@@ -63,7 +62,7 @@ pub fn run(args: &[String]) -> Result<i32, CommandError> {
 
 /// How long ago the entry registered, if its timestamp is in the past.
 fn age(listed: &Listed, now: SystemTime) -> Option<Duration> {
-    let since = time::parse_iso8601(&listed.entry.updated_at)?;
+    let since = loopbus::parse_iso8601(&listed.entry.updated_at)?;
     Some(now.duration_since(since).unwrap_or(Duration::ZERO))
 }
 
