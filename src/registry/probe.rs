@@ -381,7 +381,14 @@ pub fn prune(root: &Path, keep: Option<&InstanceName>) -> io::Result<Vec<Instanc
     store::remove_unchanged(root, stale)
 }
 
-/// The entry of `name` if it is of a running instance ([`holds_name`]).
+/// The entry of `name` under `root` if it is of a running instance, so that a start of
+/// that name must not take it over: a process answers on its address as that instance
+/// with `status: "ok"`, of any kind, proving (for an entry with `proof: true`) it holds
+/// the entry's secret, or passing the same-user check (for one without), or the
+/// entry's pid lives and the probe was not certain it is gone (a busy instance that
+/// does not answer in time is still there). A holder of the port that fails the proof
+/// or is of another user is logged (the port and why) and does not hold the name, nor
+/// does an instance that is stopping or a port nothing listens on.
 ///
 /// # Errors
 ///
@@ -390,13 +397,8 @@ pub fn running(root: &Path, name: &InstanceName) -> io::Result<Option<RegistryEn
     Ok(store::lookup(root, name)?.filter(|entry| holds_name(name, entry)))
 }
 
-/// Whether `entry` is of a running instance `name`, so that a start of that name must
-/// not take it over: a process answers on its address as that instance with `status:
-/// "ok"`, of any kind, proving (for an entry with `proof: true`) it holds the entry's
-/// secret, or the entry's pid lives and the probe was not certain it is gone (a busy
-/// instance that does not answer in time is still there). A holder of the port that
-/// fails the proof or is of another user is logged (the port and why) and does not
-/// hold the name, nor does an instance that is stopping or a port nothing listens on.
+/// Whether `entry` is of a running instance `name`: the decision of [`running`], for a
+/// start that holds the registry lock.
 pub fn holds_name(name: &InstanceName, entry: &RegistryEntry) -> bool {
     match probe_instance(name, entry, None) {
         Ok(_) => true,
