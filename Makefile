@@ -3,7 +3,7 @@ CARGO ?= cargo
 DEMO_DIR := .loopbus/demo
 BIN := target/debug/loopbus
 
-.PHONY: all build run test fmt lint bench fuzz clean install
+.PHONY: all build run test fmt lint bench fuzz clean install dist repro-check dist-check build-offline
 
 all: build
 
@@ -47,6 +47,31 @@ fuzz:
 		(cd fuzz && $(CARGO) +nightly fuzz run $$target target/corpus/$$target corpus/$$target \
 			-- -max_total_time=$(FUZZ_SECS) $(FUZZ_ARGS)) || exit 1; \
 	done
+
+# Source bundle, SBOM, a binary built from the bundle and SHA256SUMS, under dist/
+# (README: "Building without a network"). The logic is in scripts/dist.
+dist:
+	scripts/dist dist
+
+# make dist, then a second build from the bundle elsewhere, compared byte for byte.
+repro-check:
+	scripts/dist repro-check
+
+# Both, plus the SBOM against `cargo tree`, the built binary's /api/health, no build
+# paths in it, and the bundle made twice (.ci/run runs it; it is not part of make test).
+dist-check:
+	scripts/dist check
+
+# Inside a bundle from `make dist`: builds target/release/loopbus from vendor/ with no
+# network. RUSTFLAGS (it replaces RUSTFLAGS of the environment and of cargo configs)
+# maps this directory and cargo's home out of the paths kept in the binary, so the
+# binary is the same wherever it is built (README: "Verifying a binary").
+CARGO_HOME_DIR = $(or $(CARGO_HOME),$(HOME)/.cargo)
+build-offline:
+	@test -d vendor || { echo "make build-offline runs in a bundle made by make dist (it has vendor/)" >&2; exit 2; }
+	env -u CARGO_ENCODED_RUSTFLAGS \
+		RUSTFLAGS="--remap-path-prefix=$(CURDIR)=. --remap-path-prefix=$(CARGO_HOME_DIR)=/cargo-home" \
+		$(CARGO) build --release --offline --locked
 
 bench:
 	$(CARGO) build --locked --release
