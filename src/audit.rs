@@ -115,12 +115,6 @@ impl AuditLog {
         Ok(log)
     }
 
-    /// The log file's path.
-    #[cfg(test)]
-    pub fn path(&self) -> &Path {
-        &self.path
-    }
-
     /// Queues one line for the writer; never waits. If the queue is full, the line is
     /// dropped and counted, for the writer to report.
     pub fn record(&mut self, record: &Record<'_>) {
@@ -407,11 +401,6 @@ fn to_line(
 }
 
 #[cfg(test)]
-pub fn parse_line(line: &str) -> Option<serde_json::Value> {
-    serde_json::from_str(line).ok()
-}
-
-#[cfg(test)]
 mod tests {
     use super::*;
     use crate::files::test_support::TestDir;
@@ -420,7 +409,7 @@ mod tests {
         std::fs::read_to_string(path)
             .unwrap()
             .lines()
-            .map(|l| parse_line(l).unwrap())
+            .map(|l| serde_json::from_str(l).unwrap())
             .collect()
     }
 
@@ -435,7 +424,7 @@ mod tests {
     fn lines_have_the_contract_fields_and_no_prompt() {
         let dir = TestDir::new("audit-fields");
         let mut log = AuditLog::start(dir.path(), "worker").unwrap();
-        let path = log.path().to_path_buf();
+        let path = log.path.clone();
         log.record(&Record {
             outcome: "refused",
             detail: "missing or wrong bearer secret",
@@ -487,7 +476,7 @@ mod tests {
     fn detail_is_cut_to_its_cap() {
         let dir = TestDir::new("audit-detail");
         let mut log = AuditLog::start(dir.path(), "w").unwrap();
-        let path = log.path().to_path_buf();
+        let path = log.path.clone();
         let long = "\u{e9}".repeat(MAX_DETAIL_CHARS + 10);
         log.record(&Record {
             outcome: "failure",
@@ -552,7 +541,7 @@ mod tests {
         const RECORDED: usize = 8;
         // The writer is not running yet: the queue fills and stays full.
         let (mut log, writer) = queue(dir.path(), "w", CAPACITY);
-        let path = log.path().to_path_buf();
+        let path = log.path.clone();
         for _ in 0..RECORDED {
             log.record(&outcome("refused"));
         }
@@ -577,7 +566,7 @@ mod tests {
     fn lines_recorded_after_a_catch_up_are_written_and_counted_once() {
         let dir = TestDir::new("audit-catch-up");
         let (mut log, writer) = queue(dir.path(), "w", 1);
-        let path = log.path().to_path_buf();
+        let path = log.path.clone();
         log.record(&outcome("success"));
         log.record(&outcome("refused")); // dropped: the queue holds one
         writer.spawn().unwrap();

@@ -23,7 +23,9 @@
 //!   [`write_atomic`], [`create_dir_private`], [`open_regular_file`];
 //! - the wire protocol's types: [`TalkRequest`], [`Envelope`], [`Failure`],
 //!   [`ErrorCode`], [`InstanceName`], [`Health`], their parsers and errors; and the
-//!   timestamps the state files carry ([`now_iso8601`], [`parse_iso8601`]).
+//!   timestamps the state files carry ([`now_iso8601`], [`parse_iso8601`]);
+//! - the one escaping rule for outside text shown on a terminal or in a log:
+//!   [`escape_for_terminal`].
 //!
 //! With the `fuzzing` feature (off by default), `loopbus::fuzzing` exposes the parsers
 //! the fuzz targets drive; it is not part of the API.
@@ -53,6 +55,7 @@ mod protocol;
 mod registry;
 mod secret;
 mod server;
+mod text;
 mod time;
 mod turns;
 mod usage;
@@ -100,6 +103,9 @@ pub use protocol::{
     MAX_FROM_INSTANCE_BYTES, MAX_INSTANCE_NAME_LEN, MAX_REQUEST_ID_LEN, MIN_REQUEST_ID_LEN,
     PROTOCOL_VERSION,
 };
+
+// Outside text on a terminal or in a log.
+pub use text::escape_for_terminal;
 
 /// The parsers the fuzz targets drive, and the replay of a byte stream through one
 /// server connection that the differential fuzz target compares whole and split. Only

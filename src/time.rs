@@ -40,19 +40,6 @@ fn civil_from_days(days: i64) -> (i64, u32, u32) {
     (year, month as u32, day as u32)
 }
 
-fn is_leap_year(year: i64) -> bool {
-    year % 4 == 0 && (year % 100 != 0 || year % 400 == 0)
-}
-
-fn days_in_month(year: i64, month: u32) -> u32 {
-    match month {
-        2 if is_leap_year(year) => 29,
-        2 => 28,
-        4 | 6 | 9 | 11 => 30,
-        _ => 31,
-    }
-}
-
 /// `t` as `YYYY-MM-DDTHH:MM:SS.mmmZ` in UTC, milliseconds truncated (so a timestamp never
 /// reads later than the moment it records).
 pub fn iso8601(t: SystemTime) -> String {
@@ -97,7 +84,9 @@ pub fn parse_iso8601(s: &str) -> Option<SystemTime> {
     let hour = digits(&b[11..13])?;
     let minute = digits(&b[14..16])?;
     let second = digits(&b[17..19])?;
-    if !(1..=12).contains(&month) || day == 0 || day > days_in_month(year, month) {
+    // A day past its month's end (February 30) comes back as another date.
+    let days = days_from_civil(year, month, day);
+    if !(1..=12).contains(&month) || civil_from_days(days) != (year, month, day) {
         return None;
     }
     if hour > 23 || minute > 59 || second > 59 {
@@ -118,10 +107,7 @@ pub fn parse_iso8601(s: &str) -> Option<SystemTime> {
         return None;
     }
 
-    let secs = days_from_civil(year, month, day) * 86_400
-        + i64::from(hour) * 3600
-        + i64::from(minute) * 60
-        + i64::from(second);
+    let secs = days * 86_400 + i64::from(hour) * 3600 + i64::from(minute) * 60 + i64::from(second);
     let whole = Duration::from_secs(secs.unsigned_abs());
     let base = if secs >= 0 {
         UNIX_EPOCH.checked_add(whole)?
@@ -242,7 +228,7 @@ mod tests {
     fn civil_day_conversions_agree_over_centuries() {
         for days in (-800_000..800_000).step_by(97) {
             let (y, m, d) = civil_from_days(days);
-            assert!((1..=12).contains(&m) && d >= 1 && d <= days_in_month(y, m));
+            assert!((1..=12).contains(&m) && (1..=31).contains(&d));
             assert_eq!(days_from_civil(y, m, d), days, "{y}-{m}-{d}");
         }
     }

@@ -279,6 +279,11 @@ fn check_7_body_validation() {
         ("fromInstance number", t(json!({"fromInstance": 7, "prompt": "x", "depth": 0})), bad),
         ("fromInstance null", t(json!({"fromInstance": null, "prompt": "x", "depth": 0})), bad),
         ("fromInstance array", t(json!({"fromInstance": ["alice"], "prompt": "x", "depth": 0})), bad),
+        ("fromInstance C0 control", t(json!({"fromInstance": "al\u{1b}ice", "prompt": "x", "depth": 0})), bad),
+        ("fromInstance DEL", t(json!({"fromInstance": "alice\u{7f}", "prompt": "x", "depth": 0})), bad),
+        // Regression: C1 controls (U+0080-U+009F; U+009B is a one-byte CSI) were accepted.
+        ("bug: fromInstance C1 control accepted", t(json!({"fromInstance": "\u{9b}2Jalice", "prompt": "x", "depth": 0})), bad),
+        ("bug: fromInstance U+0080 accepted", t(json!({"fromInstance": "alice\u{80}", "prompt": "x", "depth": 0})), bad),
         ("prompt missing", t(json!({"fromInstance": "alice", "depth": 0})), bad),
         ("prompt number", t(json!({"fromInstance": "alice", "prompt": 5, "depth": 0})), bad),
         ("prompt null", t(json!({"fromInstance": "alice", "prompt": null, "depth": 0})), bad),

@@ -199,6 +199,37 @@ fn retries_2_against_a_peer_failing_once_retryable_succeed_with_one_request_id()
     );
 }
 
+/// Regression: `talk --retries` logged each retry with the peer's `error`,
+/// `fromInstance` and `errorCode` raw, so a peer's escape sequences reached the
+/// caller's terminal through stderr.
+#[test]
+fn bug_the_retry_line_showed_the_peers_text_raw() {
+    let s = setup("life-retry-raw", &[BASE[0], BASE[1], IDEMPOTENT], |_, n| {
+        if n == 0 {
+            Answer::json(
+                503,
+                &json!({"success": false, "text": "", "error": "busy\u{1b}]52;c;aGk=\u{7}",
+                        "errorCode": "server_busy\u{9b}2J", "retryable": true,
+                        "fromInstance": "w\u{9b}orker\u{1b}[2J", "durationMs": 1,
+                        "protocolVersion": 1, "capabilities": BASE}),
+            )
+        } else {
+            success("done")
+        }
+    });
+    let (code, stdout, stderr) = finish(s.spawn_talk("hi", &["--retries", "1"]));
+    assert_eq!((code, stdout.as_str()), (Some(0), "done\n"), "{stderr}");
+    assert!(stderr.contains("retry 1 of 1"), "{stderr}");
+    assert!(
+        stderr.contains(r"busy\u001b]52;c;aGk=\u0007") && stderr.contains(r"server_busy\u009b2J"),
+        "{stderr}"
+    );
+    assert!(
+        !stderr.contains(['\u{1b}', '\u{7}', '\u{9b}']),
+        "{stderr:?}"
+    );
+}
+
 #[test]
 fn without_retries_a_retryable_failure_is_tried_once() {
     let s = setup("life-noretry", &[BASE[0], BASE[1], IDEMPOTENT], |_, _| {

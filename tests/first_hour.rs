@@ -643,3 +643,103 @@ fn a_stderr_that_cannot_be_written_changes_no_exit_status() {
     };
     assert_eq!(status.code(), Some(130));
 }
+
+/// The first `curl` on `PATH`, if any.
+fn find_curl() -> Option<std::path::PathBuf> {
+    let path = std::env::var_os("PATH")?;
+    std::env::split_paths(&path)
+        .map(|dir| dir.join("curl"))
+        .find(|candidate| candidate.is_file())
+}
+
+/// Regression: `serve --print-curl` (what `make run` prints) put
+/// `Authorization: Bearer <secret>` among curl's arguments, where every local user can
+/// read it (/proc/PID/cmdline). The printed line is run as pasted into a shell (on sh's
+/// stdin), with every program it starts recording its arguments: it must work, and no
+/// argument list may hold the secret.
+#[test]
+fn bug_print_curl_put_the_secret_on_curls_command_line() {
+    use std::os::unix::fs::PermissionsExt;
+    let root = TestRoot::new("print-curl");
+    let secret = "print-curl-secret-4d5e6f7a8b";
+    root.write_config("demo", &open_config(secret));
+    let demo = Instance::spawn(&root, "demo", &["--print-curl"]);
+    let stdout_path = demo.stdout_path.clone().unwrap();
+    let printed = || std::fs::read_to_string(&stdout_path).unwrap_or_default();
+    assert!(
+        eventually(WAIT, || printed().contains("Check its health")),
+        "{}",
+        demo.describe()
+    );
+    let text = printed();
+    let command = text
+        .lines()
+        .skip_while(|line| !line.starts_with("Talk to it"))
+        .skip(1)
+        .take_while(|line| !line.starts_with("Check its health"))
+        .collect::<Vec<_>>()
+        .join("\n");
+    assert!(command.contains(secret), "{text}");
+    let Some(curl) = find_curl() else {
+        eprintln!("skipped running the printed line: no curl on PATH");
+        return;
+    };
+    // Wrappers first on PATH: curl records its arguments and runs the real one; a
+    // `printf` program would record that it ran (the line must use the shell builtin).
+    let wrappers = root.path.join("wrappers");
+    std::fs::create_dir(&wrappers).unwrap();
+    let argv_log = root.path.join("argv.log");
+    for (name, script) in [
+        (
+            "curl",
+            format!(
+                "#!/bin/sh\nprintf 'curl %s\\n' \"$*\" >> \"$ARGV_LOG\"\nexec '{}' \"$@\"\n",
+                curl.display()
+            ),
+        ),
+        (
+            "printf",
+            "#!/bin/sh\necho \"printf program $*\" >> \"$ARGV_LOG\"\nexit 1\n".to_owned(),
+        ),
+    ] {
+        let path = wrappers.join(name);
+        std::fs::write(&path, script).unwrap();
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).unwrap();
+    }
+    let path = format!(
+        "{}:{}",
+        wrappers.display(),
+        std::env::var("PATH").unwrap_or_default()
+    );
+    let mut shell = Command::new("sh")
+        .arg("-s")
+        .env("PATH", path)
+        .env("ARGV_LOG", &argv_log)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    shell
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(command.as_bytes())
+        .unwrap();
+    let out = shell.wait_with_output().unwrap();
+    let shown = format!(
+        "{command}\nstdout: {}\nstderr: {}",
+        stdout(&out),
+        stderr(&out)
+    );
+    let envelope: Value = serde_json::from_str(&stdout(&out)).expect(&shown);
+    assert_eq!(
+        (envelope["success"].as_bool(), envelope["text"].as_str()),
+        (Some(true), Some("hello")),
+        "{shown}"
+    );
+    let argv = std::fs::read_to_string(&argv_log).unwrap();
+    assert!(argv.starts_with("curl "), "{argv}");
+    assert!(!argv.contains("printf program"), "{argv}");
+    assert!(!argv.contains(secret), "{argv}");
+}

@@ -329,3 +329,51 @@ fn reload_refuses(slip: Slip) {
         );
     }
 }
+
+/// Regression: `talk` read its caller's own config.json without the trust check that
+/// `serve` makes, so another user who could write it (or the state directory, to swap
+/// it) decided the caller's `peers`, `maxDepth` and whether its bus is enabled.
+#[test]
+fn bug_talk_trusted_a_caller_config_others_could_write() {
+    let root = TestRoot::new("foreign-caller");
+    root.write_config("caller", &json!({"bus": {"peers": "*"}}));
+    set_mode(&root.path, 0o700);
+    let caller = root.state_dir("caller");
+    let config = caller.join("config.json");
+    let args = [
+        "talk",
+        "--state-dir",
+        caller.to_str().unwrap(),
+        "target",
+        "hello",
+    ];
+    // (path, its mode, why)
+    let cases = [
+        (&config, 0o620, "a group-writable config.json"),
+        (&config, 0o602, "an other-writable config.json"),
+        (&caller, 0o770, "a group-writable state directory"),
+        (&caller, 0o707, "an other-writable state directory"),
+    ];
+    for (path, mode, why) in cases {
+        let old = fs::metadata(path).unwrap().permissions().mode() & 0o7777;
+        set_mode(path, mode);
+        let out = run(&args, &[], None);
+        set_mode(path, old);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(
+            out.status.code(),
+            Some(2),
+            "{why}: {}",
+            describe(&args, &out)
+        );
+        assert!(
+            stderr.contains(&format!("refusing {}", path.display()))
+                && stderr.contains("chmod go-w"),
+            "{why}: {}",
+            describe(&args, &out)
+        );
+    }
+    // Tightened again: the talk goes as far as the registry (nothing is registered).
+    let out = run(&args, &[], None);
+    assert_eq!(out.status.code(), Some(75), "{}", describe(&args, &out));
+}

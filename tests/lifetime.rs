@@ -492,3 +492,46 @@ fn talk_retries_an_engine_that_fails_once_and_succeeds_with_two_runs() {
     assert_eq!(std::fs::read_to_string(&calls).unwrap().lines().count(), 2);
     assert!(stderr.contains("retry 1"), "the retry is logged: {stderr}");
 }
+
+/// Regression: a cancel that worked was reported as unconfirmed. The server answers a
+/// cancel once the engine is gone, and an engine that ignores SIGTERM goes only at
+/// SIGKILL, the kill grace (3 s) later; `talk` stopped waiting for that answer after
+/// 1.5 s and said "had not confirmed it".
+#[test]
+fn bug_a_cancel_of_an_engine_ignoring_sigterm_was_reported_unconfirmed() {
+    use std::process::{Command, Stdio};
+    let root = TestRoot::new("cancel-stubborn");
+    let ready = root.path.join("ready");
+    let config = json!({
+        "bus": {"peers": "*", "secret": "s-stubborn-0123456789abcdef"},
+        "engine": {
+            "command": ["sh", "-c", "trap '' TERM; cat > /dev/null; : > \"$READY\"; sleep 60"],
+            "env": {"READY": ready.to_str().unwrap()},
+        },
+    });
+    let _worker = root.start("worker", &config);
+    let me = root.write_config("me", &json!({"bus": {"peers": "*"}}));
+    let talk = Command::new(bin())
+        .args(["talk", "--state-dir"])
+        .arg(me.parent().unwrap())
+        .args(["worker", "a turn to cancel"])
+        .env_remove("LOOPBUS_STATE_DIR")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    assert!(
+        eventually(BOUND, || ready.exists()),
+        "the engine never started"
+    );
+    send_signal(talk.id(), rustix::process::Signal::INT);
+    let out = talk.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(130), "{stderr}");
+    assert!(
+        stderr.contains("interrupted by SIGINT; the turn was cancelled"),
+        "{stderr}"
+    );
+    assert!(!stderr.contains("had not confirmed"), "{stderr}");
+}

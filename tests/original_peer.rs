@@ -384,6 +384,41 @@ fn bug_legacy_failures_lost_their_meaning() {
     );
 }
 
+/// Regression: `talk --retries` retried the peer's own `timeout` envelope against the
+/// original (no `idempotent-requests`): its engine had run until stopped, and each
+/// retry ran the turn again.
+#[test]
+fn bug_talk_retries_reran_a_turn_the_peer_answered_timeout() {
+    let root = TestRoot::new("original-timeout");
+    root.write_config("caller", &json!({"bus": {"peers": "*"}}));
+    let peer = StandIn::start("orig", "the-secret");
+    peer.register_by_hand(&root, &peer.secret);
+    peer.answer_with(Answer::V1(200, "timeout", true));
+    let state_dir = root.state_dir("caller");
+    let args = [
+        "talk",
+        "--state-dir",
+        state_dir.to_str().unwrap(),
+        "orig",
+        "a turn with side effects",
+        "--retries",
+        "3",
+        "--json",
+    ];
+    let output = run(&args, &[], None);
+    let shown = describe(&args, &output);
+    assert_eq!(output.status.code(), Some(75), "{shown}");
+    let envelope: Value = serde_json::from_slice(&output.stdout).unwrap();
+    assert_eq!(envelope["errorCode"], "timeout", "{shown}");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        stderr.contains("not retried") && stderr.contains("idempotent-requests"),
+        "{shown}"
+    );
+    assert_eq!(peer.received.lock().unwrap().len(), 1, "{shown}");
+    assert!(peer.rejected.lock().unwrap().is_empty());
+}
+
 /// The stand-in itself: its strict schema rejects what the original rejects, with a
 /// legacy 400, and it answers unknown paths with the original's 404.
 #[test]

@@ -21,7 +21,7 @@ const SQUATTED_SECRET: &str = "squatted-secret-7f3e9a";
 /// The OSC 52 clipboard write an engine puts on its stderr.
 const OSC52: &str = "\x1b]52;c;aGk=\x07";
 /// The same, as the escaping rule shows it.
-const OSC52_ESCAPED: &str = "\\x1b]52;c;aGk=\\x07";
+const OSC52_ESCAPED: &str = "\\u001b]52;c;aGk=\\u0007";
 
 /// A tiny HTTP server that answers every request as the legacy instance `worker`
 /// (kind cc-telegram-bridge, no proof), prints its port first and then every request
@@ -382,4 +382,81 @@ fn bug_talk_raw_did_not_give_the_replys_exact_bytes() {
     // --json and --raw together is a usage error.
     let (shown, output) = talk(&root, &["--json", "--raw"]);
     assert_eq!(output.status.code(), Some(2), "{shown}");
+}
+
+/// Regression: serve's own log lines carried outside text raw (a caller's name in the
+/// hang-up line, an engine's or a peer's error text, a command or a path from
+/// config). Every log line now goes through the one escaping rule: here the `ready:`
+/// line names an engine command holding an OSC title write.
+#[test]
+fn bug_serve_log_lines_carried_outside_text_raw() {
+    let root = TestRoot::new("log-escape");
+    let mut config = open_config("log-secret-7a8b9c");
+    config["engine"] = json!({"command": ["sh", "-c", "cat", "x\u{1b}]0;pwned\u{7}\u{9b}2J"]});
+    let worker = root.start("worker", &config);
+    assert!(
+        worker.wait_for_log("ready:", START_LIMIT),
+        "{}",
+        worker.describe()
+    );
+    let log = worker.stderr();
+    assert!(
+        log.contains(r"x\u001b]0;pwned\u0007\u009b2J"),
+        "{}",
+        worker.describe()
+    );
+    assert!(
+        !log.contains('\x1b') && !log.contains('\x07') && !log.contains('\u{9b}'),
+        "{}",
+        worker.describe()
+    );
+}
+
+/// Regression: `audit --json` printed the log's lines raw on a terminal, and JSON
+/// leaves C1 controls and DEL unescaped (a caller's name, an engine's error text).
+/// On a terminal (run under `script`, which gives it one) they are escaped into the
+/// same JSON values; piped, the lines are the log's own bytes.
+#[test]
+fn bug_audit_json_showed_outside_text_raw_on_a_terminal() {
+    let root = TestRoot::new("audit-tty");
+    root.write_config("worker", &open_config("audit-secret-1a2b3c"));
+    let state_dir = root.state_dir("worker");
+    let line = "{\"timestamp\":\"2026-12-01T09:00:00.000Z\",\"outcome\":\"error\",\
+                \"metadata\":{\"fromInstance\":\"m\u{9b}2Jallory\"},\"detail\":\"boom\u{7f}\u{85}\"}\n";
+    std::fs::write(state_dir.join("audit.log.jsonl"), line).unwrap();
+    let state = state_dir.to_str().unwrap();
+
+    let args = ["audit", "--state-dir", state, "--json"];
+    let piped = run(&args, &[], None);
+    assert_eq!(piped.status.code(), Some(0), "{}", describe(&args, &piped));
+    assert_eq!(piped.stdout, line.as_bytes(), "{}", describe(&args, &piped));
+
+    let Some(script) = which_script() else {
+        eprintln!("skipped the terminal half: no `script` (util-linux) on PATH");
+        return;
+    };
+    let command = format!("'{}' audit --state-dir '{state}' --json", common::bin());
+    let out = Command::new(script)
+        .args(["-qec", &command, "/dev/null"])
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    let shown = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert_eq!(out.status.code(), Some(0), "{shown:?}");
+    assert!(
+        shown.contains(r"m\u009b2Jallory") && shown.contains(r"boom\u007f\u0085"),
+        "{shown:?}"
+    );
+    assert!(!shown.contains(['\u{9b}', '\u{7f}', '\u{85}']), "{shown:?}");
+    let value: Value = serde_json::from_str(shown.trim()).unwrap();
+    let want: Value = serde_json::from_str(line).unwrap();
+    assert_eq!(value, want, "the same JSON values");
+}
+
+/// `script` from util-linux, which runs a command on a pseudo-terminal.
+fn which_script() -> Option<std::path::PathBuf> {
+    let path = std::env::var_os("PATH")?;
+    std::env::split_paths(&path)
+        .map(|dir| dir.join("script"))
+        .find(|candidate| candidate.is_file())
 }

@@ -11,14 +11,22 @@
 
 use super::attempt::{self, Exchange, Sent};
 use super::{DelegateError, DelegateOptions};
+use crate::engine::KILL_GRACE;
 use crate::protocol::{self, Envelope, RequestExt, CANCEL_ON_HANGUP};
 use crate::registry::probe::PROBE_TIMEOUT;
 use std::time::Duration;
 
-/// Longest a cancel may take, its health probe included: it runs while a user waits
-/// for Ctrl-C to work, and while a cancelled engine's `talk` passes the cancel on to
-/// the next hop.
-pub const CANCEL_TIMEOUT: Duration = Duration::from_secs(2);
+/// What a cancel waits beyond the engine's kill grace: the health probe (at most
+/// `PROBE_TIMEOUT`, 500 ms), the reaping of the killed engine and the answer's round
+/// trip.
+const CANCEL_MARGIN: Duration = Duration::from_secs(2);
+
+/// Longest a cancel may take, its health probe included: the engine's kill grace
+/// (3 s) plus a margin of 2 s. A server answers a cancel once the turn's engine is
+/// gone, and an engine that ignores SIGTERM goes only at the SIGKILL that follows
+/// SIGTERM after that grace; a shorter wait would report such a cancel as
+/// unconfirmed although it worked.
+pub const CANCEL_TIMEOUT: Duration = KILL_GRACE.saturating_add(CANCEL_MARGIN);
 
 /// How a cancel ended.
 #[derive(Debug, Clone, PartialEq)]
@@ -105,7 +113,11 @@ mod tests {
 
     #[test]
     fn the_whole_cancel_fits_its_bound() {
-        assert!(PROBE_TIMEOUT < CANCEL_TIMEOUT);
+        assert!(PROBE_TIMEOUT < CANCEL_MARGIN);
+        // The answer to a cancel of an engine that ignores SIGTERM comes after the
+        // kill grace; the wait for it, after the probe, outlasts that.
+        assert!(CANCEL_TIMEOUT.saturating_sub(PROBE_TIMEOUT) > KILL_GRACE);
+        assert_eq!(CANCEL_TIMEOUT, Duration::from_secs(5), "as the docs say");
     }
 
     #[test]

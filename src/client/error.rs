@@ -173,13 +173,16 @@ impl DelegateError {
     }
 
     /// Whether the peer may have run the turn although this failure came back: a
-    /// timeout, a connection broken after the request was sent, an answer that is no
-    /// envelope, or the peer's own `unknown` failure. Such a failure is retried only
-    /// against a peer that deduplicates requests (contract 8.2).
+    /// timeout (ours, or one the peer answered: its engine ran until it was stopped),
+    /// a connection broken after the request was sent, an answer that is no envelope,
+    /// or the peer's own `unknown` failure. Such a failure is retried only against a
+    /// peer that deduplicates requests (contract 8.2).
     pub fn may_have_run(&self) -> bool {
         match self {
             Self::Timeout { .. } | Self::Broken { .. } | Self::InvalidResponse { .. } => true,
-            Self::Remote { failure, .. } => failure.code == ErrorCode::Unknown,
+            Self::Remote { failure, .. } => {
+                matches!(failure.code, ErrorCode::Unknown | ErrorCode::Timeout)
+            }
             Self::NotRetried { error, .. } => error.may_have_run(),
             _ => false,
         }

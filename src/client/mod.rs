@@ -557,6 +557,9 @@ mod tests {
                 true,
             ),
             (remote("unknown"), "unknown", true, true),
+            // Regression: the peer's own timeout was retried against a peer without
+            // idempotent-requests, running its engine a second time.
+            (remote("timeout"), "timeout", true, true),
             (remote("server_busy"), "server_busy", true, false),
             (remote("engine_cli"), "engine_cli", true, false),
             (

@@ -3,8 +3,9 @@
 //! that they are tested with a seeded random.
 //!
 //! A failure is retried only when its `retryable` is true and retries are left. A
-//! failure that may have run the turn (a timeout, a connection broken after the
-//! request was sent, an answer that is no envelope, an `unknown` failure) is retried
+//! failure that may have run the turn (a timeout, ours or the peer's own, a connection
+//! broken after the request was sent, an answer that is no envelope, an `unknown`
+//! failure: `DelegateError::may_have_run`) is retried
 //! only against a peer whose health listed `idempotent-requests`: that peer attaches
 //! the retry to the turn (contract 8.2), any other would run it a second time.
 
@@ -223,6 +224,53 @@ mod tests {
                     Decision::Retry(after) => assert!(after <= backoff.ceiling(done)),
                     other => panic!("{failure:?} {done}/{allowed} {dedupes}: {other:?}"),
                 },
+            }
+        }
+    }
+
+    /// The peer's own `timeout` envelope (its engine ran until the peer stopped it) was
+    /// retried against a peer without `idempotent-requests`, which ran it again.
+    #[test]
+    fn bug_a_timeout_the_peer_answered_was_retried_against_a_peer_that_reruns_it() {
+        use crate::client::{DelegateError, PeerProtocol};
+        use crate::protocol::{ErrorCode, Failure};
+        let remote = |code| DelegateError::Remote {
+            from_instance: "worker".into(),
+            failure: Failure::new(code, "e"),
+            duration_ms: 1,
+            peer: Box::new(PeerProtocol::default()),
+        };
+        let ours = DelegateError::Timeout {
+            target: "worker".into(),
+            after: Duration::from_secs(1),
+        };
+        // (failure, peer dedupes, what follows)
+        let cases = [
+            (
+                remote(ErrorCode::Timeout),
+                false,
+                Some(Decision::WouldRunTwice),
+            ),
+            (remote(ErrorCode::Timeout), true, None),
+            (ours, false, Some(Decision::WouldRunTwice)),
+            (
+                remote(ErrorCode::Unknown),
+                false,
+                Some(Decision::WouldRunTwice),
+            ),
+            // Refused before any engine ran: retried against any peer.
+            (remote(ErrorCode::ServerBusy), false, None),
+        ];
+        for (error, dedupes, want) in cases {
+            let failed = Failed {
+                retryable: error.retryable(),
+                may_have_run: error.may_have_run(),
+            };
+            let mut jitter = Jitter::seeded(1);
+            let got = decide(failed, 0, 3, dedupes, &DEFAULT, &mut jitter);
+            match want {
+                Some(want) => assert_eq!(got, want, "{error:?} {dedupes}"),
+                None => assert!(matches!(got, Decision::Retry(_)), "{error:?}: {got:?}"),
             }
         }
     }

@@ -69,24 +69,20 @@ impl<'de> Visitor<'de> for Walk {
     }
 
     fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
-        let mut index = 0usize;
         let mut found = None;
-        loop {
-            if found.is_some() {
-                if seq.next_element::<IgnoredAny>()?.is_none() {
-                    break;
-                }
-                continue;
-            }
+        let mut index = 0usize;
+        while found.is_none() {
             let item = Walk {
                 path: format!("{}[{index}]", self.path),
             };
             match seq.next_element_seed(item)? {
                 Some(inner) => found = inner,
-                None => break,
+                None => return Ok(None),
             }
             index += 1;
         }
+        // Found: the rest of the array is read past.
+        while seq.next_element::<IgnoredAny>()?.is_some() {}
         Ok(found)
     }
 

@@ -61,28 +61,19 @@ impl ConfigError {
         matches!(&self.problem, Problem::Read(err) if err.kind() == io::ErrorKind::NotFound)
     }
 
-    pub(super) fn unknown_key(path: String, suggestion: Option<String>) -> ConfigError {
+    /// `problem` in `config.json`.
+    pub(super) fn new(problem: Problem) -> ConfigError {
         ConfigError {
             file: CONFIG_FILE.to_owned(),
-            problem: Problem::UnknownKey { path, suggestion },
-        }
-    }
-
-    pub(super) fn duplicate_key(path: String) -> ConfigError {
-        ConfigError {
-            file: CONFIG_FILE.to_owned(),
-            problem: Problem::DuplicateKey { path },
+            problem,
         }
     }
 
     pub(super) fn field_error(path: impl Into<String>, message: impl Into<String>) -> ConfigError {
-        ConfigError {
-            file: CONFIG_FILE.to_owned(),
-            problem: Problem::Field {
-                path: path.into(),
-                message: message.into(),
-            },
-        }
+        ConfigError::new(Problem::Field {
+            path: path.into(),
+            message: message.into(),
+        })
     }
 }
 

@@ -6,103 +6,95 @@
 
 use serde_json::{Map, Value};
 
-use super::error::ConfigError;
+use super::error::{ConfigError, Problem};
 
-/// Keys of the top-level object.
-const TOP_KEYS: &[&str] = &["bus", "budgetUsd", "engine"];
+/// One object of the config whose keys are checked: the path that names its keys in
+/// errors, the keys it may hold, and the keys it may hold that are ignored (never
+/// suggested).
+#[derive(Debug, PartialEq, Eq)]
+pub(super) struct Object {
+    path: &'static str,
+    keys: &'static [&'static str],
+    ignored: &'static [&'static str],
+}
 
-/// Keys of the `bus` object.
-const BUS_KEYS: &[&str] = &[
-    "peers",
-    "maxDepth",
-    "port",
-    "secret",
-    "kind",
-    "acceptKinds",
-    "maxConcurrentTurns",
-    "maxQueuedTurns",
-    "cancelOnHangup",
-    "reattachSecs",
-    "parallel",
-    "chain",
-    "verifier",
-];
+/// The top-level object.
+pub(super) const TOP: Object = Object {
+    path: "",
+    keys: &["bus", "budgetUsd", "engine"],
+    ignored: &[],
+};
 
-/// Keys of the `bus` object that are known and ignored: `crew` is written by the
-/// original implementation. They are never suggested.
-const IGNORED_BUS_KEYS: &[&str] = &["crew"];
+/// `bus`. `crew` is written by the original implementation: known and ignored.
+pub(super) const BUS: Object = Object {
+    path: "bus",
+    keys: &[
+        "peers",
+        "maxDepth",
+        "port",
+        "secret",
+        "kind",
+        "acceptKinds",
+        "maxConcurrentTurns",
+        "maxQueuedTurns",
+        "cancelOnHangup",
+        "reattachSecs",
+        "parallel",
+        "chain",
+        "verifier",
+    ],
+    ignored: &["crew"],
+};
 
-/// Keys of the `engine` object. (`preset` is planned with the engine presets; until
-/// then it is unknown. The names under `env` are the operator's, not checked here.)
-const ENGINE_KEYS: &[&str] = &[
-    "command",
-    "prompt",
-    "output",
-    "timeoutSecs",
-    "maxOutputBytes",
-    "maxTurnCostUsd",
-    "cwd",
-    "env",
-];
+/// `engine`. (`preset` is planned with the engine presets; until then it is unknown.
+/// The names under `env` are the operator's, not checked here.)
+pub(super) const ENGINE: Object = Object {
+    path: "engine",
+    keys: &[
+        "command",
+        "prompt",
+        "output",
+        "timeoutSecs",
+        "maxOutputBytes",
+        "maxTurnCostUsd",
+        "cwd",
+        "env",
+    ],
+    ignored: &[],
+};
+
+/// Every object whose keys are checked.
+const ALL: [&Object; 3] = [&TOP, &BUS, &ENGINE];
+
+impl Object {
+    /// `key`'s path in this object, as errors name it.
+    pub(super) fn path_of(&self, key: &str) -> String {
+        if self.path.is_empty() {
+            key.to_owned()
+        } else {
+            format!("{}.{key}", self.path)
+        }
+    }
+}
 
 /// Most edits (insertions, deletions, substitutions, ignoring case) between an unknown
 /// key and the known key it is taken for. A suggestion also needs at most half the
 /// unknown key's characters changed, so that `"x"` suggests nothing.
 pub const MAX_SUGGESTION_EDITS: usize = 2;
 
-/// One object of the config whose keys are checked.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) enum Object {
-    /// The top-level object.
-    Top,
-    /// `bus`.
-    Bus,
-    /// `engine`.
-    Engine,
-}
-
-impl Object {
-    const ALL: [Object; 3] = [Object::Top, Object::Bus, Object::Engine];
-
-    /// The keys that may be suggested.
-    fn keys(self) -> &'static [&'static str] {
-        match self {
-            Object::Top => TOP_KEYS,
-            Object::Bus => BUS_KEYS,
-            Object::Engine => ENGINE_KEYS,
-        }
-    }
-
-    fn ignored(self) -> &'static [&'static str] {
-        match self {
-            Object::Bus => IGNORED_BUS_KEYS,
-            Object::Top | Object::Engine => &[],
-        }
-    }
-
-    /// `key`'s path in this object, as errors name it.
-    fn path_of(self, key: &str) -> String {
-        match self {
-            Object::Top => key.to_owned(),
-            Object::Bus => format!("bus.{key}"),
-            Object::Engine => format!("engine.{key}"),
-        }
-    }
-}
-
 /// Refuses the first key of `fields` (in the map's order) that `object` does not know.
 ///
 /// # Errors
 ///
 /// An unknown key, named by its path, with the path of the key probably meant.
-pub(super) fn check(fields: &Map<String, Value>, object: Object) -> Result<(), ConfigError> {
-    let known = |key: &str| object.keys().contains(&key) || object.ignored().contains(&key);
+pub(super) fn check(fields: &Map<String, Value>, object: &Object) -> Result<(), ConfigError> {
+    let known = |key: &str| object.keys.contains(&key) || object.ignored.contains(&key);
     match fields.keys().find(|key| !known(key)) {
         None => Ok(()),
-        Some(key) => Err(ConfigError::unknown_key(
-            object.path_of(key),
-            suggestion(key, object),
-        )),
+        Some(key) => Err(ConfigError::new(Problem::UnknownKey {
+            path: object.path_of(key),
+            suggestion: suggestion(key, object),
+        })),
     }
 }
 
@@ -110,11 +102,11 @@ pub(super) fn check(fields: &Map<String, Value>, object: Object) -> Result<(), C
 /// differs only in case, else the closest one within [`MAX_SUGGESTION_EDITS`], else a
 /// key of another object spelt the same ignoring case (a key in the wrong place, like
 /// a top-level `maxDepth`).
-fn suggestion(key: &str, object: Object) -> Option<String> {
+fn suggestion(key: &str, object: &Object) -> Option<String> {
     let lower = key.to_lowercase();
     let allowed = MAX_SUGGESTION_EDITS.min(lower.chars().count() / 2);
     let closest = object
-        .keys()
+        .keys
         .iter()
         .filter_map(|known| {
             let edits = edit_distance(&lower, &known.to_lowercase(), allowed)?;
@@ -125,11 +117,10 @@ fn suggestion(key: &str, object: Object) -> Option<String> {
     if let Some((_, known)) = closest {
         return Some(object.path_of(known));
     }
-    Object::ALL
-        .into_iter()
+    ALL.into_iter()
         .filter(|other| *other != object)
         .find_map(|other| {
-            let known = other.keys().iter().find(|k| k.eq_ignore_ascii_case(key))?;
+            let known = other.keys.iter().find(|k| k.eq_ignore_ascii_case(key))?;
             Some(other.path_of(known))
         })
 }
@@ -190,82 +181,74 @@ mod tests {
     #[test]
     fn unknown_keys_name_the_key_meant() {
         // (object, its JSON, the error's text, or None when the keys are all known)
-        let cases: &[(Object, &str, Option<&str>)] = &[
+        let cases: &[(&Object, &str, Option<&str>)] = &[
+            (&TOP, r#"{"bus": 1, "budgetUsd": 1, "engine": 1}"#, None),
+            (&BUS, r#"{"crew": {"anything": [1]}}"#, None),
             (
-                Object::Top,
-                r#"{"bus": 1, "budgetUsd": 1, "engine": 1}"#,
-                None,
-            ),
-            (Object::Bus, r#"{"crew": {"anything": [1]}}"#, None),
-            (
-                Object::Bus,
+                &BUS,
                 r#"{"peer": ["a"]}"#,
                 Some("config.json: unknown key bus.peer; did you mean bus.peers?"),
             ),
             (
-                Object::Top,
+                &TOP,
                 r#"{"budgetUSD": 1}"#,
                 Some("config.json: unknown key budgetUSD; did you mean budgetUsd?"),
             ),
             (
-                Object::Bus,
+                &BUS,
                 r#"{"maxdepth": 1}"#,
                 Some("config.json: unknown key bus.maxdepth; did you mean bus.maxDepth?"),
             ),
             (
-                Object::Bus,
+                &BUS,
                 r#"{"chian": []}"#,
                 Some("config.json: unknown key bus.chian; did you mean bus.chain?"),
             ),
             (
-                Object::Top,
+                &TOP,
                 r#"{"maxDepth": 1}"#,
                 Some("config.json: unknown key maxDepth; did you mean bus.maxDepth?"),
             ),
             (
-                Object::Bus,
+                &BUS,
                 r#"{"budgetusd": 1}"#,
                 Some("config.json: unknown key bus.budgetusd; did you mean budgetUsd?"),
             ),
             (
-                Object::Engine,
+                &ENGINE,
                 r#"{"preset": "claude"}"#,
                 Some("config.json: unknown key engine.preset"),
             ),
             (
-                Object::Engine,
+                &ENGINE,
                 r#"{"timeout": 5}"#,
                 Some("config.json: unknown key engine.timeout"),
             ),
+            (&TOP, r#"{"x": 1}"#, Some("config.json: unknown key x")),
             (
-                Object::Top,
-                r#"{"x": 1}"#,
-                Some("config.json: unknown key x"),
-            ),
-            (
-                Object::Top,
+                &TOP,
                 r#"{"bu": 1}"#,
                 Some("config.json: unknown key bu; did you mean bus?"),
             ),
             // `crew` is never suggested, and only known in `bus`.
             (
-                Object::Top,
+                &TOP,
                 r#"{"crew": 1}"#,
                 Some("config.json: unknown key crew"),
             ),
             // Keys that can't be shown as they are are quoted, and long ones cut.
             (
-                Object::Top,
+                &TOP,
                 r#"{"a\u0000b": 1}"#,
                 Some(r#"config.json: unknown key "a\0b""#),
             ),
         ];
         for (object_kind, json, want) in cases {
-            let got = check(&object(json), *object_kind).map_err(|e| e.to_string());
+            let got = check(&object(json), object_kind).map_err(|e| e.to_string());
             assert_eq!(got.err().as_deref(), *want, "{json}");
         }
         let long = format!(r#"{{"{}": 1}}"#, "k".repeat(10_000));
-        let err = check(&object(&long), Object::Top).unwrap_err();
+        let err = check(&object(&long), &TOP).unwrap_err();
         assert!(err.to_string().len() < 200, "{err}");
         assert_eq!(err.field().map(str::len), Some(10_000));
     }

@@ -5,9 +5,9 @@ use std::collections::BTreeMap;
 use serde_json::{Map, Value};
 
 use super::error::{ConfigError, Problem};
-use super::keys::{self, Object};
+use super::keys::{self, Object, BUS, ENGINE, TOP};
 use super::{
-    BusConfig, Config, EngineConfig, OutputMode, Peers, PromptMode, CONFIG_FILE,
+    BusConfig, Config, EngineConfig, OutputMode, Peers, PromptMode,
     DEFAULT_ENGINE_MAX_OUTPUT_BYTES, DEFAULT_ENGINE_TIMEOUT_SECS, MAX_CONCURRENT_TURNS_LIMIT,
     MAX_QUEUED_TURNS_LIMIT, MAX_REATTACH_SECS,
 };
@@ -22,22 +22,18 @@ use crate::secret::Secret;
 /// have (checked first, object by object), or a field has a value it may not have.
 pub fn parse(bytes: &[u8]) -> Result<Config, ConfigError> {
     if let Some(path) = super::duplicates::first_duplicate(bytes) {
-        return Err(ConfigError::duplicate_key(path));
+        return Err(ConfigError::new(Problem::DuplicateKey { path }));
     }
-    let value: Value = serde_json::from_slice(bytes).map_err(|err| ConfigError {
-        file: CONFIG_FILE.to_owned(),
-        problem: Problem::Syntax {
+    let value: Value = serde_json::from_slice(bytes).map_err(|err| {
+        ConfigError::new(Problem::Syntax {
             line: err.line(),
             column: err.column(),
-        },
+        })
     })?;
     let Value::Object(top) = value else {
-        return Err(ConfigError {
-            file: CONFIG_FILE.to_owned(),
-            problem: Problem::NotAnObject,
-        });
+        return Err(ConfigError::new(Problem::NotAnObject));
     };
-    keys::check(&top, Object::Top)?;
+    keys::check(&top, &TOP)?;
 
     let bus = match top.get("bus") {
         Some(Value::Bool(true)) => BusConfig::open(),
@@ -66,15 +62,25 @@ pub fn parse(bytes: &[u8]) -> Result<Config, ConfigError> {
     })
 }
 
-/// One object of the config, with the path that names its fields in errors.
+/// One object of the config, its keys checked, with the path that names its fields in
+/// errors.
 struct Section<'a> {
     fields: &'a Map<String, Value>,
-    path: &'static str,
+    object: &'static Object,
 }
 
 impl Section<'_> {
+    /// `fields` as `object`, once its keys are all known ([`keys::check`]).
+    fn new<'a>(
+        fields: &'a Map<String, Value>,
+        object: &'static Object,
+    ) -> Result<Section<'a>, ConfigError> {
+        keys::check(fields, object)?;
+        Ok(Section { fields, object })
+    }
+
     fn path_of(&self, key: &str) -> String {
-        format!("{}.{key}", self.path)
+        self.object.path_of(key)
     }
 
     /// Field `key` as `convert` reads it, or `default` when it is missing. When `convert`
@@ -130,11 +136,7 @@ impl Section<'_> {
 }
 
 fn parse_bus(fields: &Map<String, Value>) -> Result<BusConfig, ConfigError> {
-    keys::check(fields, Object::Bus)?;
-    let bus = Section {
-        fields,
-        path: "bus",
-    };
+    let bus = Section::new(fields, &BUS)?;
     let defaults = BusConfig::default();
     let (enabled, peers) = parse_peers(fields.get("peers"))?;
     // Fields are checked in this order; the first bad one is reported.
@@ -209,11 +211,7 @@ fn parse_peers(value: Option<&Value>) -> Result<(bool, Peers), ConfigError> {
 }
 
 fn parse_engine(fields: &Map<String, Value>) -> Result<EngineConfig, ConfigError> {
-    keys::check(fields, Object::Engine)?;
-    let engine = Section {
-        fields,
-        path: "engine",
-    };
+    let engine = Section::new(fields, &ENGINE)?;
     Ok(EngineConfig {
         command: parse_command(fields.get("command"))?,
         prompt: engine.get(
@@ -341,17 +339,22 @@ fn non_empty_string(value: &Value) -> Option<String> {
     value.as_str().filter(|s| !s.is_empty()).map(str::to_owned)
 }
 
+/// What a string item must be: `"non-empty string"` or `"string"`.
+fn string_kind(non_empty: bool) -> &'static str {
+    if non_empty {
+        "non-empty string"
+    } else {
+        "string"
+    }
+}
+
 /// `value` as a list of strings (non-empty ones if `non_empty`).
 fn string_list(value: &Value, path: &str, non_empty: bool) -> Result<Vec<String>, ConfigError> {
     match value {
         Value::Array(items) => string_items(items, path, non_empty),
-        _ if non_empty => Err(ConfigError::field_error(
-            path,
-            "must be an array of non-empty strings",
-        )),
         _ => Err(ConfigError::field_error(
             path,
-            "must be an array of strings",
+            format!("must be an array of {}s", string_kind(non_empty)),
         )),
     }
 }
@@ -363,13 +366,9 @@ fn string_items(items: &[Value], path: &str, non_empty: bool) -> Result<Vec<Stri
         .enumerate()
         .map(|(i, item)| match item {
             Value::String(s) if !(non_empty && s.is_empty()) => Ok(s.clone()),
-            _ if non_empty => Err(ConfigError::field_error(
-                format!("{path}[{i}]"),
-                "must be a non-empty string",
-            )),
             _ => Err(ConfigError::field_error(
                 format!("{path}[{i}]"),
-                "must be a string",
+                format!("must be a {}", string_kind(non_empty)),
             )),
         })
         .collect()

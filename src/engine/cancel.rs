@@ -11,7 +11,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 
 /// Shared by the server (which cancels) and the turn's thread (which stops its engine).
 /// Cloning shares the one flag.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Default)]
 pub struct CancelToken {
     inner: Arc<Inner>,
 }
@@ -26,9 +26,7 @@ struct Inner {
 impl CancelToken {
     /// A token not cancelled yet.
     pub fn new() -> CancelToken {
-        CancelToken {
-            inner: Arc::new(Inner::default()),
-        }
+        CancelToken::default()
     }
 
     /// Cancels: the turn stops its engine (SIGTERM, then SIGKILL after
@@ -72,12 +70,6 @@ impl CancelToken {
             .wake
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
-    }
-}
-
-impl Default for CancelToken {
-    fn default() -> CancelToken {
-        CancelToken::new()
     }
 }
 

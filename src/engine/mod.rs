@@ -18,15 +18,16 @@ mod reaper;
 mod running;
 
 pub use cancel::CancelToken;
-pub use outcome::TurnResult;
+pub use outcome::{TurnOutput, TurnResult};
 pub use preflight::{findings, warnings, Findings};
+pub use process::KILL_GRACE;
 pub use reaper::contain_leftovers;
 pub use running::RunningEngines;
 
 use crate::config::{Config, EngineConfig};
 use crate::protocol::{ErrorCode, Failure, TalkRequest};
-use crate::usage::{TurnUsage, UsageStore};
-use outcome::{Exit, Interpreted};
+use crate::usage::UsageStore;
+use outcome::Exit;
 use process::{Ended, Launch};
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -40,26 +41,6 @@ pub struct Turn {
     pub config: Arc<Config>,
     /// Cancelled when the turn's caller gives up (contract 8.1).
     pub cancel: CancelToken,
-}
-
-/// What one turn produced: its answer, and the usage its engine reported (recorded in
-/// usage.json already; returned for the envelope's `usage`, contract 8.3).
-#[derive(Debug, Clone, PartialEq)]
-pub struct TurnOutput {
-    /// The answer.
-    pub result: TurnResult,
-    /// The usage the engine reported, if it ran and reported any.
-    pub usage: Option<TurnUsage>,
-}
-
-impl TurnOutput {
-    /// An answer without usage.
-    pub fn without_usage(result: TurnResult) -> TurnOutput {
-        TurnOutput {
-            result,
-            usage: None,
-        }
-    }
 }
 
 /// The failure of a cancelled turn (contract 8.1: `cancelled`, not retryable).
@@ -139,14 +120,11 @@ impl Engine {
         if let Some(reservation) = reservation {
             reservation.finish(run.usage.map(|u| u.cost_usd));
         }
-        TurnOutput {
-            result: run.result,
-            usage: run.usage,
-        }
+        run
     }
 
     /// Runs the engine command for `turn` and interprets how it ended.
-    fn run_command(&self, engine: &EngineConfig, turn: &Turn) -> Interpreted {
+    fn run_command(&self, engine: &EngineConfig, turn: &Turn) -> TurnOutput {
         let request = &turn.request;
         let launch = Launch {
             cancel: &turn.cancel,
@@ -160,31 +138,25 @@ impl Engine {
             ],
         };
         if let Some(refusal) = preflight::refusal(engine, &request.prompt) {
-            return Interpreted {
-                result: TurnResult::Failed(refusal),
-                usage: None,
-            };
+            return TurnOutput::without_usage(TurnResult::Failed(refusal));
         }
         match process::run(&launch, &self.running) {
-            Ended::NoCommand => {
-                Interpreted::failed(ErrorCode::EngineCli, "engine.command is empty")
+            Ended::NoCommand => TurnOutput::failed(ErrorCode::EngineCli, "engine.command is empty"),
+            Ended::SpawnFailed(e) => {
+                TurnOutput::without_usage(TurnResult::Failed(preflight::spawn_failure(engine, &e)))
             }
-            Ended::SpawnFailed(e) => Interpreted {
-                result: TurnResult::Failed(preflight::spawn_failure(engine, &e)),
-                usage: None,
-            },
-            Ended::WaitFailed(e) => Interpreted::failed(
+            Ended::WaitFailed(e) => TurnOutput::failed(
                 ErrorCode::EngineCli,
                 format!("cannot wait for the engine: {e}"),
             ),
-            Ended::TimedOut => Interpreted::failed(
+            Ended::TimedOut => TurnOutput::failed(
                 ErrorCode::Timeout,
                 format!(
                     "engine did not finish within {} s (engine.timeoutSecs)",
                     engine.timeout_secs
                 ),
             ),
-            Ended::OutputTooLarge => Interpreted::failed(
+            Ended::OutputTooLarge => TurnOutput::failed(
                 ErrorCode::EngineCli,
                 format!(
                     "engine output exceeded {} bytes (engine.maxOutputBytes); output cut",
@@ -195,7 +167,7 @@ impl Engine {
                 status,
                 stdout,
                 stderr,
-            } => Interpreted {
+            } => TurnOutput {
                 result: TurnResult::Failed(cancelled()),
                 // An engine that ran counts as a turn, with the usage it reported
                 // before it stopped.
@@ -206,7 +178,7 @@ impl Engine {
                 }),
             },
             Ended::Lost => {
-                Interpreted::failed(ErrorCode::EngineCli, "lost track of the engine process")
+                TurnOutput::failed(ErrorCode::EngineCli, "lost track of the engine process")
             }
             Ended::Exited {
                 status,

@@ -54,22 +54,29 @@ impl From<ExitStatus> for Exit {
     }
 }
 
-/// The result of one engine run, and the usage to record (`None`: nothing to record).
+/// What one turn produced: its answer, and the usage its engine reported (`None`:
+/// nothing to record). A turn's runner records the usage in usage.json; it is returned
+/// too, for the envelope's `usage` (contract 8.3).
 #[derive(Debug, Clone, PartialEq)]
-pub struct Interpreted {
+pub struct TurnOutput {
     /// What the turn answers.
     pub result: TurnResult,
     /// The usage to add to `usage.json`, if the run counts as an engine turn.
     pub usage: Option<TurnUsage>,
 }
 
-impl Interpreted {
-    /// A failure with nothing to record.
-    pub fn failed(code: ErrorCode, message: impl Into<String>) -> Interpreted {
-        Interpreted {
-            result: TurnResult::Failed(Failure::new(code, message)),
+impl TurnOutput {
+    /// An answer without usage.
+    pub fn without_usage(result: TurnResult) -> TurnOutput {
+        TurnOutput {
+            result,
             usage: None,
         }
+    }
+
+    /// A failure with nothing to record.
+    pub fn failed(code: ErrorCode, message: impl Into<String>) -> TurnOutput {
+        TurnOutput::without_usage(TurnResult::Failed(Failure::new(code, message)))
     }
 }
 
@@ -79,7 +86,7 @@ impl Interpreted {
 /// JSON `result`, else the last lines of stderr, else of stdout. A successful exit
 /// replies with stdout (text, one trailing newline dropped) or the JSON `result`,
 /// unless the JSON says `is_error`.
-pub fn interpret(output: OutputMode, exit: Exit, stdout: &[u8], stderr: &[u8]) -> Interpreted {
+pub fn interpret(output: OutputMode, exit: Exit, stdout: &[u8], stderr: &[u8]) -> TurnOutput {
     let stdout_text = String::from_utf8_lossy(stdout);
     let stderr_text = String::from_utf8_lossy(stderr);
     let json = match output {
@@ -129,7 +136,7 @@ pub fn interpret(output: OutputMode, exit: Exit, stdout: &[u8], stderr: &[u8]) -
             }
         }
         failure.error = bounded(&text);
-        return Interpreted {
+        return TurnOutput {
             result: TurnResult::Failed(failure),
             usage,
         };
@@ -148,7 +155,7 @@ pub fn interpret(output: OutputMode, exit: Exit, stdout: &[u8], stderr: &[u8]) -
                 .strip_suffix('\n')
                 .map(|t| t.strip_suffix('\r').unwrap_or(t))
                 .unwrap_or(text);
-            Interpreted {
+            TurnOutput {
                 result: TurnResult::Reply(text.to_owned()),
                 usage,
             }
@@ -167,14 +174,14 @@ pub fn interpret(output: OutputMode, exit: Exit, stdout: &[u8], stderr: &[u8]) -
             } else {
                 TurnResult::Reply(result.to_owned())
             };
-            Interpreted { result, usage }
+            TurnOutput { result, usage }
         }
     }
 }
 
 /// An `engine_cli` failure: output the engine's `engine.output` mode can't read.
-fn bad_output(message: impl Into<String>, usage: Option<TurnUsage>) -> Interpreted {
-    Interpreted {
+fn bad_output(message: impl Into<String>, usage: Option<TurnUsage>) -> TurnOutput {
+    TurnOutput {
         result: TurnResult::Failed(Failure::new(ErrorCode::EngineCli, message)),
         usage,
     }

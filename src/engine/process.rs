@@ -22,7 +22,7 @@ use super::running::{RunningEngines, Spawned};
 use crate::config::{EngineConfig, PromptMode};
 use rustix::event::{PollFd, PollFlags, Timespec};
 use rustix::fd::{AsFd, BorrowedFd, OwnedFd};
-use rustix::process::{Pid, WaitId, WaitIdOptions};
+use rustix::process::{Pid, Signal, WaitId, WaitIdOptions};
 use std::ffi::OsString;
 use std::io;
 use std::os::unix::process::CommandExt;
@@ -198,22 +198,17 @@ pub fn run(launch: &Launch<'_>, running: &RunningEngines) -> Ended {
     let deadline = started.checked_add(Duration::from_secs(launch.engine.timeout_secs));
     let max_output = usize::try_from(launch.engine.max_output_bytes).unwrap_or(usize::MAX);
     let (stop, stdout, stderr) = match pipes(&mut spawned, launch.prompt, max_output) {
-        Ok([stdin, stdout, stderr]) => {
-            let mut io = Io {
-                stdin,
-                stdout,
-                stderr,
-            };
+        Ok(mut io) => {
             let stop = supervise(&spawned, running, &mut io, deadline, launch.cancel);
             if matches!(stop, Err(_) | Ok(Some(Stop::WatchFailed))) {
                 // It may still run: it must exit before it is reaped.
-                running.kill(&spawned);
+                running.signal(&spawned, Signal::KILL);
             }
             let output = |p: Option<Pipe>| p.map(|p| p.bytes).unwrap_or_default();
             (stop, output(io.stdout), output(io.stderr))
         }
         Err(e) => {
-            running.kill(&spawned);
+            running.signal(&spawned, Signal::KILL);
             let _ = exited(&spawned, None, true);
             (Err(e), Vec::new(), Vec::new())
         }
@@ -246,7 +241,7 @@ struct Io {
 
 /// Takes the child's pipes: stdin with the prompt to write (none in `arg` mode),
 /// stdout and stderr with what to keep of them.
-fn pipes(spawned: &mut Spawned, prompt: &str, max_output: usize) -> io::Result<[Option<Pipe>; 3]> {
+fn pipes(spawned: &mut Spawned, prompt: &str, max_output: usize) -> io::Result<Io> {
     let child = &mut spawned.child;
     let stdin = child
         .stdin
@@ -260,7 +255,11 @@ fn pipes(spawned: &mut Spawned, prompt: &str, max_output: usize) -> io::Result<[
         .stderr
         .take()
         .map(|s| Pipe::new(s, Vec::new(), MAX_STDERR_KEPT));
-    Ok([stdin.transpose()?, stdout.transpose()?, stderr.transpose()?])
+    Ok(Io {
+        stdin: stdin.transpose()?,
+        stdout: stdout.transpose()?,
+        stderr: stderr.transpose()?,
+    })
 }
 
 /// Feeds and drains the engine until it has exited and its output is drained (or
@@ -304,7 +303,7 @@ fn watch(
         let now = Instant::now();
         if exited_at.is_none() && stop.is_none() && cancel.is_cancelled() {
             stop = Some(Stop::Cancelled);
-            running.terminate(spawned);
+            running.signal(spawned, Signal::TERM);
             termed_at = Some(now);
         }
         let kill_at = termed_at.map(|at| at + KILL_GRACE);
@@ -316,7 +315,7 @@ fn watch(
                     if !group_waits {
                         // Whatever the engine left running in its group goes with it;
                         // what left the group is the reaper's now.
-                        running.kill(spawned);
+                        running.signal(spawned, Signal::KILL);
                     }
                     running.nudge();
                     io.stdin = None;
@@ -326,7 +325,7 @@ fn watch(
             }
         }
         if group_waits && (kill_at.is_none_or(|k| now >= k) || !running.group_alive(spawned)) {
-            running.kill(spawned);
+            running.signal(spawned, Signal::KILL);
             group_waits = false;
         }
         let drain_until = exited_at.map(|at| at + PIPE_DRAIN_GRACE);
@@ -343,7 +342,7 @@ fn watch(
             }
             let kill_due = kill_at.is_none_or(|k| now >= k);
             if stop.is_some() && kill_due && killed_at.is_none_or(|at| now >= at + KILL_RETRY) {
-                running.kill(spawned);
+                running.signal(spawned, Signal::KILL);
                 killed_at = Some(now);
             }
         }

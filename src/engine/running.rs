@@ -151,17 +151,11 @@ impl RunningEngines {
         self.shared.nudged.notify_all();
     }
 
-    /// Kills the engine `spawned` (its pid and its group), which is not reaped yet.
-    pub(super) fn kill(&self, spawned: &Spawned) {
+    /// Sends `signal` to the engine `spawned` (its pid and its group), which is not
+    /// reaped yet: SIGTERM is the first step of a cancel, SIGKILL every other stop.
+    pub(super) fn signal(&self, spawned: &Spawned, signal: Signal) {
         let _state = self.lock();
-        kill_tree(spawned.pid, Signal::KILL);
-    }
-
-    /// Asks the engine `spawned` (its pid and its group), which is not reaped yet, to
-    /// stop (SIGTERM): the first step of a cancel.
-    pub(super) fn terminate(&self, spawned: &Spawned) {
-        let _state = self.lock();
-        kill_tree(spawned.pid, Signal::TERM);
+        kill_tree(spawned.pid, signal);
     }
 
     /// Whether a process that has not exited is left in the group of `spawned`, which

@@ -405,49 +405,9 @@ pub fn mode_is_wider(path: &Path, allowed: u32) -> io::Result<Option<u32>> {
     Ok((mode & !allowed != 0).then_some(mode))
 }
 
-// ---------------------------------------------------------------------------------------
-// Test support shared with other modules' tests
-
+/// Test support shared with other modules' tests (in the tests module below).
 #[cfg(test)]
-#[allow(
-    clippy::unwrap_used,
-    reason = "test helper: a failure should fail the test"
-)]
-pub(crate) mod test_support {
-    use super::*;
-
-    /// A uniquely named directory under the system temp dir, removed on drop.
-    pub(crate) struct TestDir(PathBuf);
-
-    impl TestDir {
-        /// Creates `<tmp>/loopbus-<label>-<pid>-<n>-<nanos>`.
-        pub(crate) fn new(label: &str) -> TestDir {
-            static COUNTER: AtomicU64 = AtomicU64::new(0);
-            let nanos = std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .map(|d| d.subsec_nanos())
-                .unwrap_or(0);
-            let path = std::env::temp_dir().join(format!(
-                "loopbus-{label}-{}-{}-{nanos}",
-                std::process::id(),
-                COUNTER.fetch_add(1, Ordering::Relaxed)
-            ));
-            fs::create_dir_all(&path).unwrap();
-            TestDir(path)
-        }
-
-        /// The directory's path.
-        pub(crate) fn path(&self) -> &Path {
-            &self.0
-        }
-    }
-
-    impl Drop for TestDir {
-        fn drop(&mut self) {
-            let _ = fs::remove_dir_all(&self.0);
-        }
-    }
-}
+pub(crate) use tests::test_support;
 
 #[cfg(test)]
 mod tests {
@@ -766,5 +726,45 @@ mod tests {
         let err = hold_lock(&fifo).unwrap_err();
         assert_eq!(err.kind(), io::ErrorKind::InvalidData, "{err}");
         assert!(hold_lock(&dir.path().join("plain.lock")).unwrap().is_some());
+    }
+
+    #[allow(
+        clippy::unwrap_used,
+        reason = "test helper: a failure should fail the test"
+    )]
+    pub(crate) mod test_support {
+        use super::*;
+
+        /// A uniquely named directory under the system temp dir, removed on drop.
+        pub(crate) struct TestDir(PathBuf);
+
+        impl TestDir {
+            /// Creates `<tmp>/loopbus-<label>-<pid>-<n>-<nanos>`.
+            pub(crate) fn new(label: &str) -> TestDir {
+                static COUNTER: AtomicU64 = AtomicU64::new(0);
+                let nanos = std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .map(|d| d.subsec_nanos())
+                    .unwrap_or(0);
+                let path = std::env::temp_dir().join(format!(
+                    "loopbus-{label}-{}-{}-{nanos}",
+                    std::process::id(),
+                    COUNTER.fetch_add(1, Ordering::Relaxed)
+                ));
+                fs::create_dir_all(&path).unwrap();
+                TestDir(path)
+            }
+
+            /// The directory's path.
+            pub(crate) fn path(&self) -> &Path {
+                &self.0
+            }
+        }
+
+        impl Drop for TestDir {
+            fn drop(&mut self) {
+                let _ = fs::remove_dir_all(&self.0);
+            }
+        }
     }
 }

@@ -157,13 +157,7 @@ pub fn parse_response_head(bytes: &[u8]) -> Result<Option<(ResponseHead, usize)>
         Ok(length) => Some(length),
         // No length: the body runs to the end of the stream.
         Err(LengthError::Missing) => None,
-        Err(LengthError::Invalid) => return Err(ClientError::Malformed("invalid Content-Length")),
-        Err(LengthError::Conflict) => {
-            return Err(ClientError::Malformed("conflicting Content-Length headers"))
-        }
-        Err(LengthError::TransferEncoding) => {
-            return Err(ClientError::Malformed("Transfer-Encoding is not supported"))
-        }
+        Err(invalid) => return Err(ClientError::Malformed(invalid.as_str())),
     };
     let close = headers::asks_to_close(
         pairs

@@ -274,10 +274,8 @@ impl EventLoop {
                 .conns
                 .iter()
                 .enumerate()
-                .filter_map(|(i, e)| match e {
-                    Some(e) if e.conn.is_between_requests() => Some(i),
-                    _ => None,
-                })
+                .filter(|(_, e)| e.as_ref().is_some_and(|e| e.conn.is_between_requests()))
+                .map(|(slot, _)| slot)
                 .collect();
             for slot in idle {
                 self.close(service, slot);

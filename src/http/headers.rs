@@ -29,14 +29,21 @@ pub enum LengthError {
     TransferEncoding,
 }
 
-impl std::fmt::Display for LengthError {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(match self {
+impl LengthError {
+    /// What is wrong, in a few words (what `Display` shows).
+    pub fn as_str(self) -> &'static str {
+        match self {
             LengthError::Missing => "no Content-Length",
             LengthError::Invalid => "invalid Content-Length",
             LengthError::Conflict => "conflicting Content-Length headers",
             LengthError::TransferEncoding => "Transfer-Encoding is not supported",
-        })
+        }
+    }
+}
+
+impl std::fmt::Display for LengthError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
     }
 }
 

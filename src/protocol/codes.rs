@@ -59,61 +59,52 @@ pub enum ErrorCode {
     Other(String),
 }
 
-/// Every code this build knows, in the order `bus-protocol.md` lists them, then ours.
-pub const KNOWN_CODES: [ErrorCode; 23] = [
-    ErrorCode::InvalidRequest,
-    ErrorCode::RequestTooLarge,
-    ErrorCode::BusDisabled,
-    ErrorCode::AuthFailed,
-    ErrorCode::PeerNotAllowed,
-    ErrorCode::MaxDepthExceeded,
-    ErrorCode::InvalidHandlerResponse,
-    ErrorCode::InternalError,
-    ErrorCode::InstanceUnavailable,
-    ErrorCode::InvalidResponse,
-    ErrorCode::Timeout,
-    ErrorCode::BudgetExhausted,
-    ErrorCode::Auth,
-    ErrorCode::WritePermission,
-    ErrorCode::TelegramConflict,
-    ErrorCode::TelegramDelivery,
-    ErrorCode::EngineCli,
-    ErrorCode::FileWorkflow,
-    ErrorCode::WorkflowState,
-    ErrorCode::SessionState,
-    ErrorCode::Unknown,
-    ErrorCode::ServerBusy,
-    ErrorCode::Cancelled,
+/// Every code this build knows, in the order `bus-protocol.md` lists them, then ours:
+/// its wire string, and the retry table (whether a caller can reasonably try the same
+/// delegation again without local operator action).
+pub const KNOWN_CODES: [(ErrorCode, &str, bool); 23] = [
+    (ErrorCode::InvalidRequest, "invalid_request", false),
+    (ErrorCode::RequestTooLarge, "request_too_large", false),
+    (ErrorCode::BusDisabled, "bus_disabled", false),
+    (ErrorCode::AuthFailed, "auth_failed", false),
+    (ErrorCode::PeerNotAllowed, "peer_not_allowed", false),
+    (ErrorCode::MaxDepthExceeded, "max_depth_exceeded", false),
+    (
+        ErrorCode::InvalidHandlerResponse,
+        "invalid_handler_response",
+        true,
+    ),
+    (ErrorCode::InternalError, "internal_error", true),
+    (ErrorCode::InstanceUnavailable, "instance_unavailable", true),
+    (ErrorCode::InvalidResponse, "invalid_response", true),
+    (ErrorCode::Timeout, "timeout", true),
+    (ErrorCode::BudgetExhausted, "budget_exhausted", false),
+    (ErrorCode::Auth, "auth", false),
+    (ErrorCode::WritePermission, "write_permission", false),
+    (ErrorCode::TelegramConflict, "telegram_conflict", true),
+    (ErrorCode::TelegramDelivery, "telegram_delivery", true),
+    (ErrorCode::EngineCli, "engine_cli", true),
+    (ErrorCode::FileWorkflow, "file_workflow", false),
+    (ErrorCode::WorkflowState, "workflow_state", false),
+    (ErrorCode::SessionState, "session_state", false),
+    (ErrorCode::Unknown, "unknown", true),
+    (ErrorCode::ServerBusy, "server_busy", true),
+    (ErrorCode::Cancelled, "cancelled", false),
 ];
 
 impl ErrorCode {
+    /// The row of [`KNOWN_CODES`] for this code; `None` for [`ErrorCode::Other`].
+    fn known(&self) -> Option<&'static (ErrorCode, &'static str, bool)> {
+        KNOWN_CODES.iter().find(|(code, _, _)| code == self)
+    }
+
     /// The wire string of this code.
     pub fn as_str(&self) -> &str {
-        match self {
-            ErrorCode::InvalidRequest => "invalid_request",
-            ErrorCode::RequestTooLarge => "request_too_large",
-            ErrorCode::BusDisabled => "bus_disabled",
-            ErrorCode::AuthFailed => "auth_failed",
-            ErrorCode::PeerNotAllowed => "peer_not_allowed",
-            ErrorCode::MaxDepthExceeded => "max_depth_exceeded",
-            ErrorCode::InvalidHandlerResponse => "invalid_handler_response",
-            ErrorCode::InternalError => "internal_error",
-            ErrorCode::InstanceUnavailable => "instance_unavailable",
-            ErrorCode::InvalidResponse => "invalid_response",
-            ErrorCode::Timeout => "timeout",
-            ErrorCode::BudgetExhausted => "budget_exhausted",
-            ErrorCode::Auth => "auth",
-            ErrorCode::WritePermission => "write_permission",
-            ErrorCode::TelegramConflict => "telegram_conflict",
-            ErrorCode::TelegramDelivery => "telegram_delivery",
-            ErrorCode::EngineCli => "engine_cli",
-            ErrorCode::FileWorkflow => "file_workflow",
-            ErrorCode::WorkflowState => "workflow_state",
-            ErrorCode::SessionState => "session_state",
-            ErrorCode::Unknown => "unknown",
-            ErrorCode::ServerBusy => "server_busy",
-            ErrorCode::Cancelled => "cancelled",
-            ErrorCode::Other(code) => code,
+        match (self, self.known()) {
+            (ErrorCode::Other(code), _) => code,
+            (_, Some((_, wire, _))) => wire,
+            // Not reached: every variant but `Other` has a row in the table.
+            (_, None) => "unknown",
         }
     }
 
@@ -122,41 +113,18 @@ impl ErrorCode {
     pub fn from_wire(code: &str) -> ErrorCode {
         KNOWN_CODES
             .iter()
-            .find(|known| known.as_str() == code)
-            .cloned()
-            .unwrap_or_else(|| ErrorCode::Other(code.to_owned()))
+            .find(|(_, wire, _)| *wire == code)
+            .map_or_else(
+                || ErrorCode::Other(code.to_owned()),
+                |(known, _, _)| known.clone(),
+            )
     }
 
     /// The retry table: can the caller reasonably try the same delegation again
-    /// without local operator action? Codes this build does not know are treated
-    /// like `unknown` (retryable).
+    /// without local operator action? Codes this build does not know are treated like
+    /// `unknown` (retryable).
     pub fn retryable(&self) -> bool {
-        match self {
-            ErrorCode::InvalidRequest
-            | ErrorCode::RequestTooLarge
-            | ErrorCode::BusDisabled
-            | ErrorCode::AuthFailed
-            | ErrorCode::PeerNotAllowed
-            | ErrorCode::MaxDepthExceeded
-            | ErrorCode::BudgetExhausted
-            | ErrorCode::Auth
-            | ErrorCode::WritePermission
-            | ErrorCode::FileWorkflow
-            | ErrorCode::WorkflowState
-            | ErrorCode::SessionState
-            | ErrorCode::Cancelled => false,
-            ErrorCode::InvalidHandlerResponse
-            | ErrorCode::InternalError
-            | ErrorCode::InstanceUnavailable
-            | ErrorCode::InvalidResponse
-            | ErrorCode::Timeout
-            | ErrorCode::TelegramConflict
-            | ErrorCode::TelegramDelivery
-            | ErrorCode::EngineCli
-            | ErrorCode::Unknown
-            | ErrorCode::ServerBusy
-            | ErrorCode::Other(_) => true,
-        }
+        self.known().is_none_or(|(_, _, retryable)| *retryable)
     }
 }
 
@@ -207,7 +175,7 @@ mod tests {
             assert!(ErrorCode::from_wire(code).retryable(), "{code}");
         }
         // Every known code is in exactly one of the two lists.
-        for code in KNOWN_CODES {
+        for (code, _, _) in KNOWN_CODES {
             let s = code.as_str();
             assert!(not_retryable.contains(&s) ^ retryable.contains(&s), "{s}");
         }
@@ -215,8 +183,9 @@ mod tests {
 
     #[test]
     fn codes_round_trip_and_unknown_codes_are_kept() {
-        for code in KNOWN_CODES {
-            assert_eq!(ErrorCode::from_wire(code.as_str()), code);
+        for (code, wire, _) in KNOWN_CODES {
+            assert_eq!(code.as_str(), wire);
+            assert_eq!(ErrorCode::from_wire(wire), code);
         }
         assert_eq!(
             ErrorCode::from_wire("rate_limited"),

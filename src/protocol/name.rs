@@ -184,6 +184,10 @@ mod tests {
             ("a/b", false),
             ("é", false),
             ("a\n", false),
+            // Controls of every range, C1 included, like C0.
+            ("a\u{7f}", false),
+            ("a\u{85}", false),
+            ("\u{9b}a", false),
         ];
         for (name, want) in cases {
             assert_eq!(InstanceName::new(name).is_ok(), want, "{name:?}");

@@ -60,8 +60,9 @@ pub enum RequestError {
     NotObject,
     /// `fromInstance` is missing, not a string, or empty.
     FromInstance,
-    /// `fromInstance` holds a control character (U+0000-U+001F or U+007F), which
-    /// would garble a log line or an engine's environment.
+    /// `fromInstance` holds a control character (C0 U+0000-U+001F, DEL U+007F or C1
+    /// U+0080-U+009F), which would garble a log line, a terminal or an engine's
+    /// environment.
     FromInstanceControl,
     /// `fromInstance` is longer than 1,024 bytes (`MAX_FROM_INSTANCE_BYTES`).
     FromInstanceTooLong,
@@ -128,7 +129,7 @@ pub fn parse_talk_request(body: &[u8]) -> Result<TalkRequest, RequestError> {
         Some(Value::String(s)) if !s.is_empty() => s,
         _ => return Err(RequestError::FromInstance),
     };
-    if from_instance.chars().any(|c| c.is_ascii_control()) {
+    if from_instance.chars().any(char::is_control) {
         return Err(RequestError::FromInstanceControl);
     }
     if from_instance.len() > MAX_FROM_INSTANCE_BYTES {
@@ -300,7 +301,11 @@ mod tests {
             (br#"{"fromInstance":"a\u007fb","prompt":"p","depth":0}"#, Err(FromInstanceControl)),
             (br#"{"fromInstance":"a\nb","prompt":"p","depth":0}"#, Err(FromInstanceControl)),
             (br#"{"fromInstance":"a\tb","prompt":"p","depth":0}"#, Err(FromInstanceControl)),
-            (br#"{"fromInstance":"\u0080 \u00e9 \u2028 ok","prompt":"p","depth":0}"#, ok("\u{80} \u{e9} \u{2028} ok", "p", 0)),
+            // Regression (bug_from_instance_accepted_c1_controls): C1 is refused like C0.
+            (br#"{"fromInstance":"a\u0080","prompt":"p","depth":0}"#, Err(FromInstanceControl)),
+            (br#"{"fromInstance":"\u009b31m","prompt":"p","depth":0}"#, Err(FromInstanceControl)),
+            (br#"{"fromInstance":"a\u009fb","prompt":"p","depth":0}"#, Err(FromInstanceControl)),
+            (br#"{"fromInstance":"\u00a0 \u00e9 \u2028 ok","prompt":"p","depth":0}"#, ok("\u{a0} \u{e9} \u{2028} ok", "p", 0)),
             (br#"{"fromInstance":"a","depth":0}"#, Err(Prompt)),
             (br#"{"fromInstance":"a","prompt":5,"depth":0}"#, Err(Prompt)),
             (br#"{"fromInstance":"a","prompt":null,"depth":0}"#, Err(Prompt)),

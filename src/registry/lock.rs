@@ -60,21 +60,14 @@ pub fn with_registry_lock<T>(root: &Path, f: impl FnOnce() -> io::Result<T>) -> 
     within(root, LOCK_PATIENCE, f)?.unwrap_or_else(|| Err(timed_out(root, LOCK_PATIENCE)))
 }
 
-/// Like [`with_registry_lock`], but gives up at once (`Ok(None)`) if a live holder has
-/// the lock: for the registry self-check, which tries again at its next round.
+/// Runs `f` under the registry lock of `root` if it can be had within `patience`;
+/// `Ok(None)` if a live holder kept it that long. With no patience, for the registry
+/// self-check, which tries again at its next round.
 ///
 /// # Errors
 ///
-/// Any I/O error taking the lock.
-pub fn try_with_registry_lock<T>(
-    root: &Path,
-    f: impl FnOnce() -> io::Result<T>,
-) -> io::Result<Option<io::Result<T>>> {
-    within(root, Duration::ZERO, f)
-}
-
-/// Runs `f` under the lock if it can be had within `patience`; `Ok(None)` if not.
-fn within<T>(
+/// Any I/O error taking or releasing the lock; whatever `f` returns is inside.
+pub fn within<T>(
     root: &Path,
     patience: Duration,
     f: impl FnOnce() -> io::Result<T>,

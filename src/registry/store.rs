@@ -120,36 +120,20 @@ fn check_entry(port: u16, pid: u32) -> io::Result<()> {
     Ok(())
 }
 
-/// Registers (or re-registers) `name` as listening on `port` in process `pid`, stamped
-/// with the current time. Creates `root` (mode 0700) if it is missing. Every other
-/// entry (valid or not), every top-level field and every field of `name`'s old entry
-/// that loopbus does not write are kept as they were; the file is left with mode 0600.
+/// Registers (or re-registers) `name` as listening on `host` and `port` in process
+/// `pid`, stamped with the current time; the entry records `proof: true` (every
+/// instance of this build answers the health proof). Creates `root` (mode 0700) if it
+/// is missing. Every other entry (valid or not), every top-level field and every field
+/// of `name`'s old entry that loopbus does not write are kept as they were; the file
+/// is left with mode 0600. Unless `taken` says that the entry another process
+/// registered under `name` is of a running instance: then nothing is written and that
+/// entry is returned. The check and the write are one hold of the registry lock, so of
+/// two instances of one name started at once exactly one registers.
 ///
 /// # Errors
 ///
 /// `InvalidInput` for port 0 or pid 0 (neither of which [`read`] would accept);
 /// otherwise any I/O error creating the root, locking, reading or writing.
-#[cfg(test)]
-pub fn register(
-    root: &Path,
-    name: &InstanceName,
-    port: u16,
-    pid: u32,
-    secret: &Secret,
-) -> io::Result<()> {
-    register_at(root, name, DEFAULT_HOST, port, pid, secret, |_| false).map(drop)
-}
-
-/// [`register`] for an instance bound to `host` (the entry records `host` and
-/// `proof: true`: every instance of this build answers the health proof), unless
-/// `taken` says that the entry another process registered under `name` is of a
-/// running instance: then nothing is written and that entry is returned. The check and
-/// the write are one hold of the registry lock, so of two instances of one name
-/// started at once exactly one registers.
-///
-/// # Errors
-///
-/// As [`register`].
 pub fn register_at(
     root: &Path,
     name: &InstanceName,
@@ -209,7 +193,7 @@ fn insert_locked(
 ///
 /// # Errors
 ///
-/// As [`register`].
+/// As [`register_at`].
 pub fn ensure_registered(
     root: &Path,
     name: &InstanceName,
@@ -222,7 +206,7 @@ pub fn ensure_registered(
         return Ok(false);
     }
     check_entry(port, pid)?;
-    let written = lock::try_with_registry_lock(root, || {
+    let written = lock::within(root, std::time::Duration::ZERO, || {
         if read(root)?.contains_key(name) {
             return Ok(false);
         }
@@ -485,8 +469,22 @@ fn absolute(path: &Path) -> PathBuf {
 }
 
 #[cfg(test)]
+pub(crate) use tests::register;
+
+#[cfg(test)]
 mod tests {
     use super::*;
+
+    /// [`register_at`] on the default host, for tests here and in `probe`.
+    pub(crate) fn register(
+        root: &Path,
+        name: &InstanceName,
+        port: u16,
+        pid: u32,
+        secret: &Secret,
+    ) -> io::Result<()> {
+        register_at(root, name, DEFAULT_HOST, port, pid, secret, |_| false).map(drop)
+    }
 
     /// The lock directory is named after the registry file, as the original names it.
     #[test]

@@ -9,7 +9,7 @@ use loopbus::AUDIT_FILE;
 use serde_json::Value;
 use std::collections::VecDeque;
 use std::fs::File;
-use std::io::{self, BufRead, BufReader};
+use std::io::{self, BufRead, BufReader, IsTerminal};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, SystemTime};
 
@@ -22,7 +22,8 @@ $LOOPBUS_STATE_DIR): audit.log.jsonl, after the rotated audit.log.jsonl.1, one
 talk outcome a line, as a table of time (UTC), outcome, caller, depth,
 duration, error code and detail. --since 30s|10m|2h|1d keeps the lines of that
 last stretch of time. --json prints the log's own lines (JSON lines) instead
-of the table. --follow prints the last 10 lines (or those --since allows), then
+of the table (on a terminal with control characters escaped, as `\\u001b`: the
+same JSON values). --follow prints the last 10 lines (or those --since allows), then
 each new line as it is written, like `tail -f`, across the log's rotation;
 stop it with Ctrl-C. A line that is not JSON is shown as `corrupt` (with --json
 it is skipped, with a warning on stderr).
@@ -72,6 +73,7 @@ pub fn run(args: &[String]) -> Result<i32, CommandError> {
     let rotated = PathBuf::from(rotated);
     let mut printer = Printer {
         json: args.switch("json"),
+        terminal: std::io::stdout().is_terminal(),
         cutoff: since.map(|since| {
             SystemTime::now()
                 .checked_sub(since)
@@ -360,6 +362,8 @@ impl LineReader {
 /// Shows lines as a table or as JSON lines, after the `--since` cut-off.
 struct Printer {
     json: bool,
+    /// Whether stdout is a terminal: JSON lines are escaped for it, not for a pipe.
+    terminal: bool,
     cutoff: Option<SystemTime>,
 }
 
@@ -402,7 +406,11 @@ impl Printer {
         }
         if self.json {
             // A line that parsed as JSON is UTF-8.
-            return output::println(&String::from_utf8_lossy(&line.bytes));
+            let json = String::from_utf8_lossy(&line.bytes);
+            return output::println(&match self.terminal {
+                true => terminal::escape_for_terminal(&json),
+                false => json,
+            });
         }
         let text = |v: &Value| match v {
             Value::Null => "-".to_owned(),
@@ -455,7 +463,7 @@ impl Printer {
 fn row(cells: &[String]) -> String {
     let mut text = String::new();
     for (i, cell) in cells.iter().enumerate() {
-        let cell = terminal::escape_controls(cell);
+        let cell = terminal::escape_for_terminal(cell);
         match COLUMNS.get(i) {
             Some((_, width)) => text.push_str(&format!("{cell:<width$}  ")),
             None => text.push_str(&cell),

@@ -205,12 +205,18 @@ enum LogStyle {
     Client,
 }
 
-/// One log line's text in `style`, without the newline.
+/// One log line's text in `style`, without the newline. The message carries outside
+/// text (a caller's name, a peer's or an engine's error text, a path from config), so
+/// it is escaped ([`escape_for_terminal`](super::terminal::escape_for_terminal)), and
+/// its further lines are indented: no outside text can start a line that reads as a
+/// log line of its own.
 fn format_log_line(
     style: LogStyle,
     level: log::Level,
     message: &std::fmt::Arguments<'_>,
 ) -> String {
+    let message =
+        super::terminal::escape_for_terminal(&message.to_string()).replace('\n', "\n    ");
     match style {
         LogStyle::Server => format!("{} {level:5} {message}", loopbus::now_iso8601()),
         LogStyle::Client => {
@@ -473,6 +479,27 @@ mod tests {
         assert_eq!(line, "loopbus: y");
         let line = format_log_line(LogStyle::Server, log::Level::Warn, &format_args!("z"));
         assert!(line.ends_with("Z WARN  z"), "{line}");
+    }
+
+    #[test]
+    fn bug_log_lines_carried_outside_text_raw() {
+        let name = "mallory\u{9b}2J\x1b]0;title\x07";
+        for style in [LogStyle::Server, LogStyle::Client] {
+            let line = format_log_line(
+                style,
+                log::Level::Info,
+                &format_args!("caller {name} hung up\n2026-12-01T00:00:00.000Z ERROR forged"),
+            );
+            assert!(
+                !line.chars().any(|c| c.is_control() && c != '\n'),
+                "{line:?}"
+            );
+            assert!(
+                line.contains(r"mallory\u009b2J\u001b]0;title\u0007"),
+                "{line}"
+            );
+            assert!(line.contains("\n    2026-12-01T"), "{line}");
+        }
     }
 
     #[test]

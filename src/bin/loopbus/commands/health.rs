@@ -97,7 +97,7 @@ pub fn run(args: &[String]) -> Result<i32, CommandError> {
             Ok(answer) => {
                 let json = serde_json::to_string_pretty(&answer).unwrap_or_default();
                 if std::io::stdout().is_terminal() {
-                    output::println(&terminal::escape_json_controls(&json))?;
+                    output::println(&terminal::escape_for_terminal(&json))?;
                 } else {
                     output::println(&json)?;
                 }

@@ -48,7 +48,7 @@ pub fn run(args: &[String]) -> Result<i32, CommandError> {
         let instances: Vec<Value> = listed.iter().map(|l| as_json(l, now)).collect();
         let text = json!({ "instances": instances }).to_string();
         if terminal {
-            output::println(&terminal::escape_json_controls(&text))?;
+            output::println(&terminal::escape_for_terminal(&text))?;
         } else {
             output::println(&text)?;
         }
@@ -137,7 +137,7 @@ fn table(listed: &[Listed], now: SystemTime) -> String {
                 short_age(age(l, now)),
                 note(l),
             ]
-            .map(|cell| terminal::escape_controls(&cell).into_owned()),
+            .map(|cell| terminal::escape_for_terminal(&cell).into_owned()),
         );
     }
     let mut widths = [0usize; 6];

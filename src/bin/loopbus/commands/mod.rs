@@ -14,7 +14,7 @@ pub mod terminal;
 pub mod usage_report;
 
 use crate::cli::{local, usage, CommandError, UsageError};
-use loopbus::{Config, ConfigError, InstanceName, CONFIG_FILE, DEFAULT_ACCEPT_KINDS};
+use loopbus::{Config, ConfigError, InstanceName, TrustKind, CONFIG_FILE, DEFAULT_ACCEPT_KINDS};
 use std::path::{Path, PathBuf};
 
 /// The state directory from `--state-dir`, else `$LOOPBUS_STATE_DIR`.
@@ -60,14 +60,29 @@ pub fn parse_name(text: impl Into<String>) -> Result<InstanceName, UsageError> {
 }
 
 /// The config of the instance whose state directory is `state_dir`, read the way
-/// `serve` reads it ([`loopbus::load_config`]: bounded, regular files only).
+/// `serve` reads it: the state directory and config.json must pass `serve`'s trust
+/// check ([`loopbus::check_trusted`]: ours or root's, not writable by group or
+/// others, a symlink only if ours), since another user who could write them would
+/// decide our `peers`, `maxDepth` and whether our bus is enabled; then
+/// [`loopbus::load_config`] (bounded, regular files only).
 ///
 /// # Errors
-/// config.json is missing, unreadable or invalid; the message names the file and the
-/// field, never a value.
+/// The state directory or config.json is untrusted; config.json is missing,
+/// unreadable or invalid. The message names the file and the field, never a value.
 pub fn own_config(state_dir: &Path) -> Result<Config, CommandError> {
-    loopbus::load_config(&state_dir.join(CONFIG_FILE))
-        .map_err(|e| config_usage_error(state_dir, &e))
+    let path = state_dir.join(CONFIG_FILE);
+    for (checked, kind) in [
+        (state_dir, TrustKind::Dir),
+        (path.as_path(), TrustKind::File),
+    ] {
+        match loopbus::check_trusted(checked, kind) {
+            // A missing one is load_config's to report, with the hint to create it.
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => return Err(local(e.to_string())),
+            Ok(()) => {}
+        }
+    }
+    loopbus::load_config(&path).map_err(|e| config_usage_error(state_dir, &e))
 }
 
 /// A config error as a local configuration error, with a hint to run `loopbus init`

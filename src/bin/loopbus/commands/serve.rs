@@ -19,7 +19,8 @@ registers in the channel root's .bus-registry.json (the root is DIR's parent).
 The name defaults to DIR's last component. Only the loopback addresses 127.0.0.1
 (or `localhost`) and ::1 are accepted. Once it is ready, one log line names the
 instance, its address, engine, peers and budget.
---print-curl prints a ready-to-paste curl command, secret included, once listening.
+--print-curl prints a ready-to-paste curl command once listening; the secret
+goes to curl on its stdin (from the shell builtin printf), never in its arguments.
 
 Example:
   loopbus serve --state-dir ~/.loopbus/worker --port 7701
@@ -72,7 +73,7 @@ fn bind_address(text: &str) -> Result<IpAddr, UsageError> {
     text.parse().map_err(|_| {
         usage(format!(
             "`--bind` must be 127.0.0.1, localhost or ::1, not {}",
-            terminal::escape_controls(text)
+            terminal::escape_for_terminal(text)
         ))
     })
 }
@@ -106,15 +107,24 @@ fn name_the_holder(error: ServeError, root: &Path) -> CommandError {
     }
 }
 
+/// What `--print-curl` prints. The secret reaches curl through its stdin
+/// (`-H @-`), written by `printf`, a shell builtin: no process's argument list (which
+/// every local user can read in `ps` or /proc/PID/cmdline) ever holds it.
 fn curl_text(name: &str, addr: SocketAddr, secret: &Secret) -> String {
     format!(
         "loopbus: instance {name} is listening on http://{addr}\n\
-         Talk to it (the bus secret is in this command; keep it local):\n  \
-         curl -s http://{addr}/api/talk -H 'Authorization: {}' -H 'Content-Type: application/json' \\\n    \
-         -d '{{\"fromInstance\":\"me\",\"prompt\":\"hello\",\"depth\":0}}'\n\
+         Talk to it (the secret is in this text, keep it local; the shell builtin printf \
+         hands it to curl on stdin, off every command line):\n  \
+         printf 'Authorization: %s\\n' {} | curl -s http://{addr}/api/talk -H @- \\\n    \
+         -H 'Content-Type: application/json' -d '{{\"fromInstance\":\"me\",\"prompt\":\"hello\",\"depth\":0}}'\n\
          Check its health:\n  curl -s http://{addr}/api/health\n",
-        secret.bearer_header()
+        shell_quoted(&secret.bearer_header())
     )
+}
+
+/// `text` as one single-quoted shell word.
+fn shell_quoted(text: &str) -> String {
+    format!("'{}'", text.replace('\'', r"'\''"))
 }
 
 #[cfg(test)]
@@ -136,5 +146,11 @@ mod tests {
             let got = bind_address(text).ok().map(|ip| ip.to_string());
             assert_eq!(got.as_deref(), want, "{text}");
         }
+    }
+
+    #[test]
+    fn shell_quoting_keeps_one_word() {
+        assert_eq!(shell_quoted("Bearer abc"), "'Bearer abc'");
+        assert_eq!(shell_quoted("it's $x"), r"'it'\''s $x'");
     }
 }

@@ -37,8 +37,9 @@ Options:
   --timeout SECS    how long each attempt waits for the answer (default 1800)
   --retries N       retry a retryable failure up to N times (default 0), same
                     request id, jittered backoff from 250 ms doubling to 10 s; a
-                    failure that may have run the turn (timeout, broken after
-                    sending, unknown) only if TARGET has idempotent-requests
+                    failure that may have run the turn (a timeout, ours or
+                    the peer's, broken after sending, unknown) only if TARGET
+                    has idempotent-requests
   --json            print the whole envelope, also for failures: the peer's own
                     (a legacy peer's without protocolVersion and capabilities),
                     or a v1 one for a failure decided here; with the turn's usage
@@ -48,7 +49,7 @@ Options:
 The reply is printed followed by a newline when it does not end with one. When
 stdout is not a terminal it is printed as it came; on a terminal, control
 characters other than newline and tab (escape sequences a peer could use to
-write the clipboard or move the cursor) are shown escaped, as `\\x1b`; the error
+write the clipboard or move the cursor) are shown escaped, as `\\u001b`; the error
 on stderr is always escaped that way. When stderr is a terminal, a turn that
 takes more than 2 s shows the time waited, and the turn's cost is summed up
 at the end when the peer reported it.
@@ -207,7 +208,7 @@ fn print_outcome(
     let json = |bytes: Vec<u8>| {
         let text = String::from_utf8_lossy(&bytes).into_owned();
         if terminal {
-            terminal::escape_json_controls(&text).into_owned()
+            terminal::escape_for_terminal(&text).into_owned()
         } else {
             text
         }
@@ -220,7 +221,7 @@ fn print_outcome(
         Ok(reply) if args.switch("raw") => stdout.write_all(reply.text.as_bytes()),
         Ok(reply) => {
             let text = if terminal {
-                terminal::escape_controls(&reply.text)
+                terminal::escape_for_terminal(&reply.text)
             } else {
                 std::borrow::Cow::Borrowed(reply.text.as_str())
             };

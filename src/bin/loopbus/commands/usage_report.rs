@@ -77,7 +77,7 @@ pub fn run(args: &[String]) -> Result<i32, CommandError> {
     if args.switch("json") {
         let instances: Vec<Value> = rows.iter().map(as_json).collect();
         let text = json!({ "instances": instances }).to_string();
-        let _ = output::println(&terminal::escape_json_controls(&text));
+        let _ = output::println(&terminal::escape_for_terminal(&text));
     } else if rows.is_empty() {
         terminal::eprint_line("no instances (directories with a config.json) found");
     } else {
@@ -193,7 +193,7 @@ fn table(rows: &[Row]) -> Vec<String> {
                 left(row).map_or_else(|| "-".to_owned(), dollars),
                 row.problems.join("; "),
             ]
-            .map(|cell| terminal::escape_controls(&cell).into_owned()),
+            .map(|cell| terminal::escape_for_terminal(&cell).into_owned()),
         );
     }
     let mut widths = [0usize; COLUMNS];

@@ -124,7 +124,7 @@ pub fn run(args: &[String]) -> Result<i32, CommandError> {
             Level::Warn => "warn",
             Level::Fail => "fail",
         };
-        let shown = format!("{level:<4}  {}", terminal::escape_controls(text));
+        let shown = format!("{level:<4}  {}", terminal::escape_for_terminal(text));
         if output::println(&shown).is_err() {
             break;
         }

@@ -152,7 +152,7 @@ fn clear_progress() {
 fn progress_line(target: &str, waited: Duration) -> String {
     format!(
         "loopbus: waiting for {}: {} s (Ctrl-C cancels)",
-        terminal::escape_controls(target),
+        terminal::escape_for_terminal(target),
         waited.as_secs()
     )
 }
