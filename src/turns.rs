@@ -1,9 +1,11 @@
 //! The turn pool: a fixed set of worker threads and a bounded FIFO queue of keyed jobs.
 //!
-//! The caller submits a job under a key (the server uses the turn's id) and moves on; a
-//! worker runs it and sends the [`Done`] back through a channel, then calls the wake-up
-//! callback (the server's wakes its event loop), so the caller never blocks on a job.
-//! The pool knows nothing of what a job or a key is.
+//! The caller submits a job under a key (the server uses the turn's own id) and moves
+//! on. Every job submitted ends in exactly one [`Done`] sent back through a channel,
+//! followed by a call of the wake-up callback (the server's wakes its event loop): a
+//! worker sends it when the job ran (or panicked), [`TurnPool::cancel`] when it takes
+//! the job out of the queue. The caller never blocks on a job. The pool knows nothing of
+//! what a job or a key is.
 
 use std::collections::VecDeque;
 use std::panic::{self, AssertUnwindSafe};
@@ -25,6 +27,8 @@ pub enum Outcome<R> {
     Finished(R),
     /// The runner panicked.
     Panicked,
+    /// [`TurnPool::cancel`] took the job out of the queue: it never ran.
+    Withdrawn,
 }
 
 /// A finished job, as the caller receives it.
@@ -66,10 +70,13 @@ impl<K, J> Shared<K, J> {
     }
 }
 
-/// The pool. Dropping it does not stop the workers; call [`TurnPool::close`].
+/// The pool. Dropping it closes it (see [`TurnPool::close`]) and, if no job is running,
+/// waits for its workers to exit; a worker still running a job exits after it.
 pub struct TurnPool<K, J, R> {
     shared: Arc<Shared<K, J>>,
+    done_tx: Sender<Done<K, R>>,
     done_rx: Receiver<Done<K, R>>,
+    wake: Wake,
     workers: Vec<JoinHandle<()>>,
     max_concurrent: usize,
     max_queued: usize,
@@ -123,7 +130,9 @@ where
         }
         Ok(TurnPool {
             shared,
+            done_tx,
             done_rx,
+            wake,
             workers,
             max_concurrent,
             max_queued,
@@ -152,13 +161,29 @@ where
         self.done_rx.try_iter()
     }
 
-    /// Takes the job submitted under `key` out of the queue if it is still waiting
-    /// (its caller went away), so it never runs. `None` if it is already running or
-    /// done.
-    pub fn cancel(&self, key: K) -> Option<J> {
+    /// Takes the job submitted under `key` out of the queue if it is still waiting, so
+    /// it never runs: its [`Done`] ([`Outcome::Withdrawn`]) is sent and the wake-up
+    /// called, as for a job that ran. Whether it was waiting (false: it is running or
+    /// done, and its own [`Done`] comes or came).
+    pub fn cancel(&self, key: K) -> bool {
         let mut queue = self.shared.lock();
-        let index = queue.jobs.iter().position(|(k, _)| *k == key)?;
-        queue.jobs.remove(index).map(|(_, job)| job)
+        let Some(index) = queue.jobs.iter().position(|(k, _)| *k == key) else {
+            return false;
+        };
+        queue.jobs.remove(index);
+        drop(queue);
+        // The pool holds the receiver: this send cannot fail.
+        let _ = self.done_tx.send(Done {
+            key,
+            outcome: Outcome::Withdrawn,
+        });
+        (self.wake)();
+        true
+    }
+
+    /// Whether the job submitted under `key` still waits for a worker.
+    pub fn is_queued(&self, key: K) -> bool {
+        self.shared.lock().jobs.iter().any(|(k, _)| *k == key)
     }
 
     /// Current counters.
@@ -192,12 +217,21 @@ where
         let queue = self.shared.lock();
         queue.running == 0 && queue.jobs.is_empty()
     }
+}
 
-    /// Waits for the workers to exit. Call after [`TurnPool::close`] once
-    /// [`TurnPool::is_idle`] holds, or the join blocks until running jobs end.
-    pub fn join(self) {
-        for worker in self.workers {
-            let _ = worker.join();
+impl<K, J, R> Drop for TurnPool<K, J, R> {
+    fn drop(&mut self) {
+        let mut queue = self.shared.lock();
+        queue.closed = true;
+        queue.jobs.clear();
+        let idle = queue.running == 0;
+        drop(queue);
+        self.shared.ready.notify_all();
+        // Joined only when no job runs, so that dropping never blocks on an engine.
+        if idle {
+            for worker in self.workers.drain(..) {
+                let _ = worker.join();
+            }
         }
     }
 }
@@ -343,7 +377,7 @@ mod tests {
             .iter()
             .filter_map(|d| match d.outcome {
                 Outcome::Finished(r) => Some((d.key, r)),
-                Outcome::Panicked => None,
+                Outcome::Panicked | Outcome::Withdrawn => None,
             })
             .collect();
         results.sort_unstable();
@@ -351,7 +385,6 @@ mod tests {
         assert!(pool.is_idle());
         assert!(pool.close().is_empty());
         assert!(pool.submit(10, 1).is_err());
-        pool.join();
     }
 
     #[test]
@@ -367,27 +400,44 @@ mod tests {
         while !pool.is_idle() {
             thread::sleep(Duration::from_millis(5));
         }
-        pool.join();
     }
 
     #[test]
-    fn cancel_takes_only_a_waiting_job() {
-        let (pool, runner, _wakes) = pool(1, 2);
+    fn cancel_takes_only_a_waiting_job_and_reports_it() {
+        let (pool, runner, wakes) = pool(1, 2);
         pool.submit(7, 1).unwrap();
         runner.wait_started(1);
         pool.submit(8, 2).unwrap();
-        // 7 is running: too late to cancel. 8 waits: it is taken out and never runs.
-        assert_eq!(pool.cancel(7), None);
-        assert_eq!(pool.cancel(8), Some(2));
-        assert_eq!(pool.cancel(8), None);
+        assert!(pool.is_queued(8));
+        // 7 is running: too late to cancel. 8 waits: it is taken out and never runs,
+        // and its Done comes like any other, announced by a wake-up.
+        assert!(!pool.cancel(7));
+        assert!(pool.cancel(8));
+        assert!(!pool.cancel(8));
+        assert!(!pool.is_queued(8));
         assert_eq!(pool.load().queued, 0);
+        wakes.recv_timeout(Duration::from_secs(10)).unwrap();
+        let withdrawn: Vec<u64> = pool.finished().map(|d| d.key).collect();
+        assert_eq!(withdrawn, vec![8]);
         runner.open();
         while !pool.is_idle() {
             thread::sleep(Duration::from_millis(5));
         }
-        let keys: Vec<u64> = pool.finished().map(|d| d.key).collect();
-        assert_eq!(keys, vec![7]);
+        let done: Vec<(u64, bool)> = pool
+            .finished()
+            .map(|d| (d.key, matches!(d.outcome, Outcome::Finished(2))))
+            .collect();
+        assert_eq!(done, vec![(7, true)]);
         assert!(pool.close().is_empty());
-        pool.join();
+    }
+
+    /// An idle pool dropped without `close` (an `Instance` dropped without `run`)
+    /// stops its workers: each held a clone of the runner, released as it exits.
+    #[test]
+    fn dropping_an_idle_pool_stops_its_workers() {
+        let (pool, runner, _wakes) = pool(3, 1);
+        assert_eq!(Arc::strong_count(&runner), 2, "the test's and the runner's");
+        drop(pool);
+        assert_eq!(Arc::strong_count(&runner), 1);
     }
 }

@@ -137,3 +137,26 @@ fn a_second_instance_for_one_state_dir_is_refused_with_a_typed_error() {
     stop.shutdown();
     serving.join().unwrap().unwrap();
 }
+
+/// An instance dropped without `run` used to leave its registry entry (and its turn
+/// workers blocked): dropping it deregisters and closes its port.
+#[test]
+fn bug_an_instance_dropped_without_run_stayed_registered() {
+    let root = Root::new("dropped");
+    let dir = root.instance_dir("dropped", r#""*""#);
+    let instance = Instance::start(InstanceOptions::new(&dir)).unwrap();
+    let addr = instance.addr();
+    let registry_path = root.0.join(".bus-registry.json");
+    let registry: serde_json::Value =
+        serde_json::from_str(&fs::read_to_string(&registry_path).unwrap()).unwrap();
+    assert!(registry["instances"]["dropped"].is_object(), "{registry}");
+    drop(instance);
+    let registry: serde_json::Value =
+        serde_json::from_str(&fs::read_to_string(&registry_path).unwrap()).unwrap();
+    assert_eq!(registry["instances"], serde_json::json!({}), "{registry}");
+    let refused = std::net::TcpStream::connect_timeout(&addr, Duration::from_secs(5));
+    assert!(refused.is_err(), "{addr} still accepts connections");
+    // The state directory is free again: a new instance starts there.
+    let again = Instance::start(InstanceOptions::new(&dir)).unwrap();
+    drop(again);
+}

@@ -81,17 +81,6 @@ impl Engine {
         }
     }
 
-    /// The result of a turn that needs neither a process nor a file, so the event
-    /// loop can answer it at once instead of handing it to a worker: the built-in echo
-    /// engine ([`echo`]) when no budget is set. `None` for every other turn.
-    pub fn run_inline(turn: &Turn) -> Option<TurnResult> {
-        if turn.config.engine.is_none() && turn.config.budget_usd.is_none() {
-            Some(echo(&turn.request))
-        } else {
-            None
-        }
-    }
-
     /// Runs one turn to completion (on a worker thread: it may block until
     /// `engine.timeoutSecs`). With a budget set, a spent (or unknowable) budget, counting
     /// the estimates of the turns running now, refuses the turn before any engine runs
@@ -203,23 +192,18 @@ mod tests {
         }
     }
 
+    /// The echo engine, with or without a budget, runs like any turn: on a worker,
+    /// through `run`.
     #[test]
-    fn both_paths_echo_the_same_way() {
+    fn the_echo_engine_replies_the_prompt_and_records_no_usage() {
         let dir = TestDir::new("engine-echo");
         let engine = Engine::new("worker", dir.path().to_path_buf());
-        let turn = turn("{}", "say this back");
         let want = TurnResult::Reply("say this back".to_owned());
-        assert_eq!(Engine::run_inline(&turn), Some(want.clone()));
-        assert_eq!(engine.run(&turn).result, want);
-        // The echo engine records no usage.
+        for config in ["{}", r#"{"budgetUsd":1}"#] {
+            let output = engine.run(&turn(config, "say this back"));
+            assert_eq!(output, TurnOutput::without_usage(want.clone()), "{config}");
+        }
         assert!(!dir.path().join(usage::USAGE_FILE).exists());
-    }
-
-    #[test]
-    fn a_budget_or_a_command_is_not_inline() {
-        assert_eq!(Engine::run_inline(&turn(r#"{"budgetUsd":1}"#, "x")), None);
-        let command = r#"{"engine":{"command":["true"]}}"#;
-        assert_eq!(Engine::run_inline(&turn(command, "x")), None);
     }
 
     #[test]

@@ -1,20 +1,19 @@
-//! The answers the server writes: envelopes and refusals as HTTP responses, the health
-//! body, a finished turn's envelope as each waiting request negotiated it, and the
-//! audit line of every talk outcome.
+//! The answers the server writes: envelopes and refusals as HTTP responses, a turn's
+//! envelope as each waiting request negotiated it, the health body, and the audit line
+//! of every talk outcome.
 
+use super::turn_table::Ended;
 use super::{Bus, Refusal};
 use crate::audit;
-use crate::engine::TurnResult;
-use crate::http::{ConnId, Head, Response};
-use crate::protocol::{
-    self, proof, Envelope, ErrorCode, Failure, Health, TalkRequest, TurnLoad, UsageReport,
-    USAGE_REPORT,
-};
+use crate::http::{ConnId, Control, Head, Response};
+use crate::protocol::{proof, Envelope, ErrorCode, Failure, Health, TalkRequest, TurnLoad};
 use std::time::Instant;
 
 /// What the audit line of one talk outcome knows about the request.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone)]
 pub(super) struct TalkMeta {
+    /// When its head arrived: its answer's duration counts from here.
+    pub(super) received_at: Instant,
     pub(super) from_instance: Option<String>,
     pub(super) depth: Option<u64>,
     pub(super) prompt_chars: Option<usize>,
@@ -22,6 +21,28 @@ pub(super) struct TalkMeta {
 }
 
 impl TalkMeta {
+    /// A request refused before its body was read.
+    pub(super) fn at(received_at: Instant) -> TalkMeta {
+        TalkMeta {
+            received_at,
+            from_instance: None,
+            depth: None,
+            prompt_chars: None,
+            request_id: None,
+        }
+    }
+
+    /// A request whose body was read.
+    pub(super) fn of(request: &TalkRequest, received_at: Instant) -> TalkMeta {
+        TalkMeta {
+            received_at,
+            from_instance: Some(request.from_instance.clone()),
+            depth: Some(request.depth),
+            prompt_chars: Some(request.prompt.chars().count()),
+            request_id: request.ext.request_id.as_ref().map(|id| id.to_string()),
+        }
+    }
+
     /// `from alice, depth 1, prompt 12 chars` for a log line, leaving out what is not
     /// known (a request refused before its body was read). `fromInstance` holds no
     /// control character (the body check refuses one), so it is written as it is.
@@ -38,98 +59,23 @@ impl TalkMeta {
         }
         parts.join(", ")
     }
-
-    /// The audit line of this request: the one way a [`audit::Record`] is made.
-    pub(super) fn audit_record<'a>(
-        &'a self,
-        outcome: &'a str,
-        detail: &'a str,
-        duration_ms: u64,
-        error_code: Option<&'a str>,
-        status: Option<u16>,
-    ) -> audit::Record<'a> {
-        audit::Record {
-            outcome,
-            detail,
-            from_instance: self.from_instance.as_deref(),
-            depth: self.depth,
-            duration_ms,
-            error_code,
-            prompt_chars: self.prompt_chars,
-            status,
-            request_id: self.request_id.as_deref(),
-        }
-    }
 }
 
-/// A connection waiting for a turn's envelope, and what its own request negotiated:
-/// every waiter's envelope is the turn's, with its own request's capabilities, and
-/// `usage` only if its request listed `usage-report` (contract 4.1, 8.3).
-#[derive(Debug, Clone)]
-pub(super) struct Waiter {
-    pub(super) conn: ConnId,
-    capabilities: Vec<String>,
-    wants_usage: bool,
-}
-
-impl Waiter {
-    pub(super) fn new(conn: ConnId, request: &TalkRequest) -> Waiter {
-        Waiter {
-            conn,
-            capabilities: protocol::negotiate(&request.capabilities),
-            wants_usage: request.lists(USAGE_REPORT),
-        }
-    }
-
-    /// The turn's `envelope` as this waiter's request negotiated it.
-    pub(super) fn answer(&self, envelope: &Envelope) -> Response {
-        self.clone().into_answer(envelope.clone())
-    }
-
-    /// [`Waiter::answer`], for the one waiter of an envelope made for it alone.
-    pub(super) fn into_answer(self, envelope: Envelope) -> Response {
-        let usage = envelope.usage.filter(|_| self.wants_usage);
-        let envelope = envelope
-            .with_capabilities(self.capabilities)
-            .with_usage(usage);
-        Bus::json(200, envelope.to_json())
+/// A JSON response with the headers every answer carries.
+pub(super) fn json(status: u16, body: Vec<u8>) -> Response {
+    Response {
+        status,
+        headers: vec![
+            ("Content-Type", "application/json".to_owned()),
+            ("Cache-Control", "no-store".to_owned()),
+            ("X-Content-Type-Options", "nosniff".to_owned()),
+        ],
+        body,
+        close: false,
     }
 }
 
 impl Bus {
-    /// A turn's envelope, before each waiter's negotiation: the result, the usage the
-    /// engine reported, the time since its first request.
-    pub(super) fn envelope(
-        &self,
-        result: TurnResult,
-        usage: Option<UsageReport>,
-        received_at: Instant,
-    ) -> Envelope {
-        let took = elapsed_ms(received_at);
-        match result {
-            TurnResult::Reply(text) => Envelope::success(&self.name, text, took),
-            TurnResult::Failed(failure) => Envelope::failure(&self.name, failure, took),
-        }
-        .with_usage(usage)
-    }
-
-    pub(super) fn json(status: u16, body: Vec<u8>) -> Response {
-        Response {
-            status,
-            headers: vec![
-                ("Content-Type", "application/json".to_owned()),
-                ("Cache-Control", "no-store".to_owned()),
-                ("X-Content-Type-Options", "nosniff".to_owned()),
-            ],
-            body,
-            close: false,
-        }
-    }
-
-    pub(super) fn envelope_response(status: u16, envelope: &Envelope) -> Response {
-        Bus::json(status, envelope.to_json())
-    }
-
     pub(super) fn refusal_response(&self, refusal: &Refusal, received_at: Instant) -> Response {
         let (status, code) = refusal.status_and_code();
         let envelope = Envelope::failure(
@@ -137,7 +83,7 @@ impl Bus {
             Failure::new(code, refusal.message(self.name.as_str())),
             elapsed_ms(received_at),
         );
-        let mut response = Bus::envelope_response(status, &envelope);
+        let mut response = json(status, envelope.to_json());
         if let Refusal::MethodNotAllowed(allow) = refusal {
             response.headers.push(("Allow", (*allow).to_owned()));
         }
@@ -148,48 +94,67 @@ impl Bus {
     }
 
     /// Answers a talk with a refusal and records the outcome.
-    pub(super) fn refuse_talk(
-        &mut self,
-        refusal: &Refusal,
-        received_at: Instant,
-        meta: &TalkMeta,
-    ) -> Response {
+    pub(super) fn refuse_talk(&mut self, refusal: &Refusal, meta: &TalkMeta) -> Response {
         let (status, code) = refusal.status_and_code();
         log::debug!("talk refused: {status} {code} ({})", meta.describe());
         let message = refusal.message(self.name.as_str());
-        let duration_ms = elapsed_ms(received_at);
-        self.audit.record(&meta.audit_record(
-            "refused",
-            &message,
-            duration_ms,
-            Some(code.as_str()),
-            Some(status),
-        ));
-        self.refusal_response(refusal, received_at)
+        self.audit(meta, "refused", &message, Some(code.as_str()), Some(status));
+        self.refusal_response(refusal, meta.received_at)
     }
 
-    /// Records a turn's answer in the audit log; `cancelled` says why it was, `status`
-    /// is `None` when nobody was left to answer.
-    pub(super) fn audit_answer(
+    /// Writes a turn's answer to each of its waiters and records it: its envelope
+    /// (audited once, unless its hang-up was), or a refusal each.
+    pub(super) fn answer(&mut self, ended: Ended<ConnId>, control: &mut Control) {
+        let envelope = match &ended.answer {
+            Ok(envelope) => envelope,
+            Err(refusal) => {
+                for waiter in &ended.waiters {
+                    control.respond(waiter.conn, self.refuse_talk(refusal, &ended.meta));
+                }
+                return;
+            }
+        };
+        if !ended.abandoned {
+            let (outcome, detail, code) = match (&envelope.failure, ended.cancelled) {
+                (None, _) => ("success", "ok", None),
+                (Some(f), Some(why)) => ("cancelled", why, Some(f.code.as_str())),
+                (Some(f), None) => ("failure", audit_detail(f), Some(f.code.as_str())),
+            };
+            log::debug!(
+                "talk answered: {outcome}{} ({}, {} ms)",
+                code.map(|c| format!(" {c}")).unwrap_or_default(),
+                ended.meta.describe(),
+                envelope.duration_ms
+            );
+            let status = (!ended.waiters.is_empty()).then_some(200);
+            self.audit(&ended.meta, outcome, detail, code, status);
+        }
+        for waiter in &ended.waiters {
+            control.respond(waiter.conn, json(200, waiter.negotiate(envelope).to_json()));
+        }
+    }
+
+    /// Records one talk outcome in the audit log; `status` is `None` when nobody was
+    /// answered.
+    pub(super) fn audit(
         &mut self,
         meta: &TalkMeta,
-        envelope: &Envelope,
-        cancelled: Option<&str>,
+        outcome: &str,
+        detail: &str,
+        error_code: Option<&str>,
         status: Option<u16>,
     ) {
-        let (outcome, detail, code) = match (&envelope.failure, cancelled) {
-            (None, _) => ("success", "ok", None),
-            (Some(f), Some(why)) => ("cancelled", why, Some(f.code.as_str())),
-            (Some(f), None) => ("failure", audit_detail(f), Some(f.code.as_str())),
-        };
-        log::debug!(
-            "talk answered: {outcome}{} ({}, {} ms)",
-            code.map(|c| format!(" {c}")).unwrap_or_default(),
-            meta.describe(),
-            envelope.duration_ms
-        );
-        self.audit
-            .record(&meta.audit_record(outcome, detail, envelope.duration_ms, code, status));
+        self.audit.record(&audit::Record {
+            outcome,
+            detail,
+            from_instance: meta.from_instance.as_deref(),
+            depth: meta.depth,
+            duration_ms: elapsed_ms(meta.received_at),
+            error_code,
+            prompt_chars: meta.prompt_chars,
+            status,
+            request_id: meta.request_id.as_deref(),
+        });
     }
 
     /// The health answer, with a `proof` of the request's `X-Loopbus-Nonce` when it
@@ -220,7 +185,7 @@ impl Bus {
                 body = body.with_proof(self.secret.proof(&message));
             }
         }
-        Bus::json(200, body.to_json())
+        json(200, body.to_json())
     }
 }
 

@@ -1,9 +1,10 @@
 //! The composition root: one instance from start to stop. [`Instance::start`] reads the
 //! config, locks the state directory, binds, then claims the name and registers in one
-//! hold of the registry lock;
-//! [`Instance::run`] serves until a shutdown is asked for, then deregisters.
+//! hold of the registry lock; [`Instance::run`] serves until a shutdown is asked for,
+//! then deregisters. An instance dropped without `run` deregisters too, and stops its
+//! threads.
 
-use super::registry_check::RegistryCheck;
+use super::registry_check::Registration;
 use super::startup::{
     check_turns_fit, claim_name, interrupt_pair, prune_registry, read_config,
     remove_stale_temp_files, route_signals, warn_about_modes,
@@ -143,6 +144,8 @@ impl ShutdownHandle {
 }
 
 /// One running instance: bound, registered, and ready to [`run`](Instance::run).
+/// Dropping it without `run` closes its port, stops its turn workers, and removes its
+/// registry entry (the fields drop in this order).
 pub struct Instance {
     name: InstanceName,
     root: PathBuf,
@@ -151,7 +154,7 @@ pub struct Instance {
     pid: u32,
     event_loop: EventLoop,
     bus: Bus,
-    registry_check: RegistryCheck,
+    registration: Registration,
     shutdown: ShutdownHandle,
     /// Held until the instance is dropped: no second serve for this state directory.
     _serving: File,
@@ -255,10 +258,6 @@ impl Instance {
             }
         }
         let waker = event_loop.waker();
-        let bus_waker = Arc::clone(&waker);
-        let wake: super::bus::Wake = Arc::new(move || {
-            let _ = bus_waker.wake();
-        });
         // The server glues the two: a worker runs a turn on the engine, then wakes the
         // loop. Waking fails only if the OS refuses the write to mio's eventfd; the
         // result then waits for the next wake-up.
@@ -276,13 +275,12 @@ impl Instance {
         let pid = std::process::id();
         // Started before registering, so that no failure comes after it; its first
         // check is one interval away.
-        let registry_check =
-            RegistryCheck::start(root.clone(), name.clone(), addr, pid, secret.clone())
+        let registration =
+            Registration::start(root.clone(), name.clone(), addr, pid, secret.clone())
                 .map_err(setup("start the registry check"))?;
-        if let Err(e) = claim_name(&root, &name, addr, pid, &secret) {
-            registry_check.stop();
-            return Err(e);
-        }
+        // Refused, the registration is dropped: its check stops, and the entry, not
+        // ours, stays.
+        claim_name(&root, &name, addr, pid, &secret)?;
         log::info!("{}", super::startup::ready_line(&name, addr, pid, &config));
         if !config.bus.enabled {
             super::upkeep::warn_bus_disabled(&config_path);
@@ -306,8 +304,8 @@ impl Instance {
             secret,
             pid,
             event_loop,
-            bus: Bus::new(settings, pool, wake),
-            registry_check,
+            bus: Bus::new(settings, pool),
+            registration,
             shutdown: ShutdownHandle(Arc::new(shutdown)),
             _serving: serving,
             _signals: signals,
@@ -340,7 +338,8 @@ impl Instance {
     }
 
     /// Serves until a shutdown is asked for (a [`ShutdownHandle`], or a signal when
-    /// [`InstanceOptions::handle_signals`] is on), then deregisters.
+    /// [`InstanceOptions::handle_signals`] is on), then deregisters and stops its
+    /// threads (a turn worker still running a killed engine's turn exits after it).
     ///
     /// # Errors
     ///
@@ -349,11 +348,9 @@ impl Instance {
     pub fn run(self) -> Result<(), ServeError> {
         let Instance {
             name,
-            root,
-            pid,
             mut event_loop,
             mut bus,
-            registry_check,
+            registration,
             _serving,
             _signals,
             ..
@@ -371,14 +368,7 @@ impl Instance {
             );
             running.kill_all();
         }
-        // Stopped first, so that it cannot write the entry back.
-        registry_check.stop();
-        if let Err(e) = registry::deregister(&root, &name, pid) {
-            log::warn!(
-                "cannot deregister from {}: {e}",
-                registry::registry_path(&root).display()
-            );
-        }
+        drop(registration);
         // What the engines left behind is killed and reaped before serve exits: once it
         // has, it would be PID 1's (contract section 8).
         if !running.wait_contained() {
@@ -389,11 +379,8 @@ impl Instance {
             Ok(Err(e)) => return Err(ServeError::Loop(e)),
             Err(_) => return Err(ServeError::Panicked),
         }
-        // Dropping the bus's audit log writes what is still queued.
-        let pool = bus.into_pool();
-        if pool.is_idle() {
-            pool.join();
-        }
+        // Dropping the bus writes what its audit log still queues and stops the workers.
+        drop(bus);
         log::info!("stopped {name}");
         Ok(())
     }

@@ -1,9 +1,10 @@
 //! The bus server, in the order a reader meets it: [`Instance`] (the composition root:
 //! lock, name, bind, register, run, deregister), the [`Bus`] that plugs into the HTTP
 //! loop as its [`Service`](crate::http::Service) (routing and the check order), the
-//! pure head checks, the answers (envelopes, health, audit lines), the upkeep between
-//! requests (config reload, shutdown), the registry self-check on its own thread, and
-//! the one table of refusals.
+//! pure head checks, the turn table (every turn's state, its waiters and the stored
+//! answers, pure; its states drawn at its top), the answers (envelopes, health, audit
+//! lines), the upkeep between requests (config reload, deadlines, shutdown), the
+//! registration with its self-check on its own thread, and the one table of refusals.
 //!
 //! Checks on `POST /api/talk` run in the contract's order (section 3): checks 1-6 on
 //! the head alone ([`checks`]), so an unauthorized body is never read; checks 7-10 on
@@ -15,11 +16,11 @@ mod bus;
 mod checks;
 mod error;
 mod instance;
-mod lifetime;
 mod refusal;
 mod registry_check;
 mod requests;
 mod startup;
+mod turn_table;
 mod upkeep;
 
 pub use bus::{Bus, ServerSettings};

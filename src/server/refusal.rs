@@ -48,6 +48,9 @@ pub enum Refusal {
     ShuttingDown,
     /// The turn handler panicked.
     HandlerPanicked,
+    /// The turn did not answer within its engine's timeout plus
+    /// [`WAITER_GRACE`](super::turn_table::WAITER_GRACE): a bug lost it.
+    TurnOverdue,
     /// Unknown path.
     NotFound,
     /// Known path, wrong method; the field is the `Allow` value.
@@ -75,7 +78,7 @@ impl Refusal {
             Refusal::PeerNotAllowed => (403, ErrorCode::PeerNotAllowed),
             Refusal::DepthExceeded { .. } => (429, ErrorCode::MaxDepthExceeded),
             Refusal::Busy | Refusal::ShuttingDown => (503, ErrorCode::ServerBusy),
-            Refusal::HandlerPanicked => (500, ErrorCode::InternalError),
+            Refusal::HandlerPanicked | Refusal::TurnOverdue => (500, ErrorCode::InternalError),
             Refusal::NotFound => (404, ErrorCode::InvalidRequest),
             Refusal::MethodNotAllowed(_) => (405, ErrorCode::InvalidRequest),
             Refusal::Http(HttpError::MalformedHead) => (400, ErrorCode::InvalidRequest),
@@ -126,6 +129,10 @@ impl Refusal {
             Refusal::Busy => format!("{instance}'s turn queue is full; try again shortly"),
             Refusal::ShuttingDown => format!("{instance} is shutting down"),
             Refusal::HandlerPanicked => "the turn handler failed unexpectedly".to_owned(),
+            Refusal::TurnOverdue => format!(
+                "{instance} lost track of this turn: no answer within engine.timeoutSecs plus {} s",
+                super::turn_table::WAITER_GRACE.as_secs()
+            ),
             Refusal::NotFound => {
                 "no such endpoint; use POST /api/talk or GET /api/health".to_owned()
             }
@@ -159,6 +166,7 @@ mod tests {
             ),
             (Refusal::Busy, 503, "server_busy"),
             (Refusal::HandlerPanicked, 500, "internal_error"),
+            (Refusal::TurnOverdue, 500, "internal_error"),
             (Refusal::NotFound, 404, "invalid_request"),
             (Refusal::MethodNotAllowed("GET"), 405, "invalid_request"),
             (

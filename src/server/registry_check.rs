@@ -1,9 +1,11 @@
-//! The registry self-check, on a thread of its own: every [`REGISTRY_CHECK_INTERVAL`]
-//! the instance checks that its registry entry is still there and writes it again if
-//! the file was deleted, torn or rewritten without it. It reads and writes files and
-//! takes the registry lock, so it never runs on the event loop. The instance starts it
-//! once registered and stops it before deregistering, so it cannot write the entry back
-//! after the instance has removed it.
+//! The instance's registry entry while it lives ([`Registration`]): a self-check on a
+//! thread of its own that every [`REGISTRY_CHECK_INTERVAL`] checks that the entry is
+//! still there and writes it again if the file was deleted, torn or rewritten without
+//! it, and the entry's removal when the registration is dropped (after `run`, or with
+//! an instance dropped without it). The check reads and writes files and takes the
+//! registry lock, so it never runs on the event loop. The instance starts it just before
+//! registering (its first check is an interval away), and dropping it stops the thread
+//! before the entry is removed, so that it cannot write the entry back.
 
 use crate::protocol::InstanceName;
 use crate::registry;
@@ -12,6 +14,7 @@ use std::io;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender, SyncSender};
+use std::sync::Arc;
 use std::time::Duration;
 
 /// How often the instance checks that its registry entry is still there (and writes it
@@ -22,8 +25,8 @@ pub const REGISTRY_CHECK_INTERVAL: Duration = Duration::from_secs(1);
 /// unless the file system itself hangs.
 const STOP_PATIENCE: Duration = Duration::from_secs(5);
 
-/// What the check needs to write the entry again.
-struct Registration {
+/// The entry as registered: what the check writes again, and what is removed.
+struct OwnEntry {
     root: PathBuf,
     name: InstanceName,
     addr: SocketAddr,
@@ -31,16 +34,18 @@ struct Registration {
     secret: Secret,
 }
 
-/// The running self-check. Dropping it stops it without waiting.
-#[derive(Debug)]
-pub(super) struct RegistryCheck {
+/// The running self-check. Dropping it stops the check (waiting at most
+/// [`STOP_PATIENCE`] for one in progress), then removes the entry if it is still this
+/// process's (its pid).
+pub(super) struct Registration {
+    entry: Arc<OwnEntry>,
     /// Dropped (disconnected) to ask the thread to stop.
     stop: Option<Sender<()>>,
     /// Signalled (or disconnected) when the thread has ended.
     stopped: Receiver<()>,
 }
 
-impl RegistryCheck {
+impl Registration {
     /// Starts checking `name`'s entry under `root`, first after one interval.
     ///
     /// # Errors
@@ -52,28 +57,31 @@ impl RegistryCheck {
         addr: SocketAddr,
         pid: u32,
         secret: Secret,
-    ) -> io::Result<RegistryCheck> {
-        let entry = Registration {
+    ) -> io::Result<Registration> {
+        let entry = Arc::new(OwnEntry {
             root,
             name,
             addr,
             pid,
             secret,
-        };
+        });
         let (stop, stop_asked) = mpsc::channel();
         // One slot: the thread signals once, and never waits to do so.
         let (stopped_tx, stopped) = mpsc::sync_channel(1);
+        let checked = Arc::clone(&entry);
         std::thread::Builder::new()
             .name("loopbus-registry".to_owned())
-            .spawn(move || run(&entry, &stop_asked, &stopped_tx))?;
-        Ok(RegistryCheck {
+            .spawn(move || run(&checked, &stop_asked, &stopped_tx))?;
+        Ok(Registration {
+            entry,
             stop: Some(stop),
             stopped,
         })
     }
+}
 
-    /// Stops the check and waits (at most [`STOP_PATIENCE`]) for one in progress.
-    pub(super) fn stop(mut self) {
+impl Drop for Registration {
+    fn drop(&mut self) {
         self.stop = None;
         if let Err(RecvTimeoutError::Timeout) = self.stopped.recv_timeout(STOP_PATIENCE) {
             log::warn!(
@@ -81,10 +89,19 @@ impl RegistryCheck {
                 STOP_PATIENCE.as_secs()
             );
         }
+        let OwnEntry {
+            root, name, pid, ..
+        } = &*self.entry;
+        if let Err(e) = registry::deregister(root, name, *pid) {
+            log::warn!(
+                "cannot deregister from {}: {e}",
+                registry::registry_path(root).display()
+            );
+        }
     }
 }
 
-fn run(entry: &Registration, stop_asked: &Receiver<()>, stopped: &SyncSender<()>) {
+fn run(entry: &OwnEntry, stop_asked: &Receiver<()>, stopped: &SyncSender<()>) {
     let mut last_error = None;
     // Nothing is ever sent: the channel disconnects when a stop is asked for.
     while let Err(RecvTimeoutError::Timeout) = stop_asked.recv_timeout(REGISTRY_CHECK_INTERVAL) {
@@ -95,8 +112,8 @@ fn run(entry: &Registration, stop_asked: &Receiver<()>, stopped: &SyncSender<()>
 
 /// Writes the entry again if it went missing. An error is warned about when it differs
 /// from the last one, so a lasting problem is not repeated every interval.
-fn check(entry: &Registration, last_error: &mut Option<String>) {
-    let Registration {
+fn check(entry: &OwnEntry, last_error: &mut Option<String>) {
+    let OwnEntry {
         root,
         name,
         addr,

@@ -2,12 +2,13 @@
 //! turn running, and the stored envelopes of those that finished, so that a retry
 //! attaches to its turn or gets its answer again instead of running the engine twice.
 //!
-//! Pure bookkeeping: no I/O, time passed in, the answer type generic (the server
-//! stores envelopes). Bounds: at most [`MAX_STORED_ANSWERS`] stored answers and
-//! [`MAX_STORED_BYTES`] bytes (the answer's size as given, key and
-//! [`ENTRY_OVERHEAD_BYTES`] each); beyond either, the oldest stored answer is evicted
-//! first; an answer is kept for [`ANSWER_TTL`]. Running entries are bounded by the turn
-//! pool (one per admitted turn) and are never evicted. A restart forgets everything.
+//! The turn table (`server/turn_table.rs`) owns it. Pure bookkeeping: no I/O, time
+//! passed in, the answer type generic (the server stores envelopes). Bounds: at most
+//! [`MAX_STORED_ANSWERS`] stored answers and [`MAX_STORED_BYTES`] bytes (the answer's
+//! size as given, key and [`ENTRY_OVERHEAD_BYTES`] each); beyond either, the oldest
+//! stored answer (by the time it was stored) is evicted first; an answer is kept for
+//! [`ANSWER_TTL`]. Running entries are bounded by the turn pool (one per admitted turn)
+//! and are never evicted. A restart forgets everything.
 
 use crate::protocol::RequestId;
 use sha2::{Digest as _, Sha256};
@@ -71,7 +72,8 @@ enum State<T, A> {
     Answered {
         answer: Arc<A>,
         size: usize,
-        at: Instant,
+        /// Its place in the queue of stored answers.
+        serial: u64,
     },
 }
 
@@ -86,8 +88,11 @@ struct Stored<T, A> {
 #[derive(Debug)]
 pub struct RequestStore<T, A> {
     entries: HashMap<RequestKey, Stored<T, A>>,
-    /// Stored answers, oldest first (an entry's `at` tells a stale element apart).
-    answered: VecDeque<(RequestKey, Instant)>,
+    /// Stored answers, oldest first: key, serial and when it was stored. An element
+    /// whose serial is not its key's current one is stale (the key was forgotten or
+    /// stored again) and is skipped.
+    answered: VecDeque<(RequestKey, u64, Instant)>,
+    next_serial: u64,
     answers: usize,
     bytes: usize,
 }
@@ -97,6 +102,7 @@ impl<T, A> Default for RequestStore<T, A> {
         RequestStore {
             entries: HashMap::new(),
             answered: VecDeque::new(),
+            next_serial: 0,
             answers: 0,
             bytes: 0,
         }
@@ -128,14 +134,9 @@ impl<T: Copy, A> RequestStore<T, A> {
 
     /// Records that `key`'s turn runs as `turn`.
     pub fn running(&mut self, key: RequestKey, digest: RequestDigest, turn: T) {
-        self.remove(&key);
-        self.entries.insert(
-            key,
-            Stored {
-                digest,
-                state: State::Running(turn),
-            },
-        );
+        self.forget(&key);
+        let state = State::Running(turn);
+        self.entries.insert(key, Stored { digest, state });
     }
 
     /// Stores what `key`'s turn answered, `size` bytes of it (an envelope: its JSON's
@@ -145,43 +146,47 @@ impl<T: Copy, A> RequestStore<T, A> {
         let Some(digest) = self.entries.get(key).map(|e| e.digest) else {
             return;
         };
-        self.remove(key);
+        self.forget(key);
         let size = entry_bytes(key, size);
         if size > MAX_STORED_BYTES {
             return;
         }
         while self.answers >= MAX_STORED_ANSWERS || self.bytes + size > MAX_STORED_BYTES {
-            if !self.evict_oldest() {
+            if self.oldest().is_none() {
                 break;
             }
+            self.evict_oldest();
         }
+        let serial = self.next_serial;
+        self.next_serial += 1;
         self.answers += 1;
         self.bytes += size;
-        self.answered.push_back((key.clone(), now));
-        self.entries.insert(
-            key.clone(),
-            Stored {
-                digest,
-                state: State::Answered {
-                    answer,
-                    size,
-                    at: now,
-                },
-            },
-        );
+        self.answered.push_back((key.clone(), serial, now));
+        let state = State::Answered {
+            answer,
+            size,
+            serial,
+        };
+        self.entries.insert(key.clone(), Stored { digest, state });
     }
 
-    /// Forgets `key` (its turn ended in a way a retry should run again).
+    /// Forgets `key` (its turn ended in a way a retry should run again), keeping the
+    /// counters right (its queue element goes stale).
     pub fn forget(&mut self, key: &RequestKey) {
-        self.remove(key);
+        if let Some(entry) = self.entries.remove(key) {
+            if let State::Answered { size, .. } = &entry.state {
+                self.answers -= 1;
+                self.bytes -= size;
+            }
+        }
     }
 
-    /// Drops the answers older than [`ANSWER_TTL`].
+    /// Drops the answers older than [`ANSWER_TTL`], and only those.
     pub fn expire(&mut self, now: Instant) {
-        while let Some((_, at)) = self.answered.front() {
-            if now.saturating_duration_since(*at) < ANSWER_TTL {
-                break;
-            }
+        while self
+            .oldest()
+            .is_some_and(|at| now.saturating_duration_since(at) >= ANSWER_TTL)
+        {
             self.evict_oldest();
         }
     }
@@ -198,31 +203,29 @@ impl<T: Copy, A> RequestStore<T, A> {
         self.entries.is_empty()
     }
 
-    /// Evicts the oldest stored answer; whether there was one.
-    fn evict_oldest(&mut self) -> bool {
-        while let Some((key, at)) = self.answered.pop_front() {
+    /// When the oldest stored answer was stored, after dropping the stale elements in
+    /// front of it, so that the queue's front is that answer.
+    fn oldest(&mut self) -> Option<Instant> {
+        while let Some((key, serial, at)) = self.answered.front() {
             let current = matches!(
-                self.entries.get(&key),
+                self.entries.get(key),
                 Some(Stored {
-                    state: State::Answered { at: a, .. },
+                    state: State::Answered { serial: s, .. },
                     ..
-                }) if *a == at
+                }) if s == serial
             );
             if current {
-                self.remove(&key);
-                return true;
+                return Some(*at);
             }
+            self.answered.pop_front();
         }
-        false
+        None
     }
 
-    /// Removes `key`, keeping the counters right (its queue element goes stale).
-    fn remove(&mut self, key: &RequestKey) {
-        if let Some(entry) = self.entries.remove(key) {
-            if let State::Answered { size, .. } = &entry.state {
-                self.answers -= 1;
-                self.bytes -= size;
-            }
+    /// Evicts the answer at the queue's front (call [`RequestStore::oldest`] first).
+    fn evict_oldest(&mut self) {
+        if let Some((key, _, _)) = self.answered.pop_front() {
+            self.forget(&key);
         }
     }
 }
@@ -327,6 +330,29 @@ mod tests {
         assert_eq!(store.stored().0, MAX_STORED_ANSWERS);
         assert_eq!(store.entries.len(), MAX_STORED_ANSWERS);
         assert!(store.answered.len() <= MAX_STORED_ANSWERS);
+    }
+
+    /// Expiry used to pop a stale element (its key forgotten) that had outlived the
+    /// TTL, then evict the next stored answer whatever its age.
+    #[test]
+    fn bug_expiry_evicted_a_fresh_answer_after_a_stale_queue_entry() {
+        let t0 = Instant::now();
+        let mut store: RequestStore<u32, Vec<u8>> = RequestStore::default();
+        let (old, fresh) = (key("a", 1), key("a", 2));
+        store.running(old.clone(), digest("p", 1), 0);
+        store.answered(&old, body("old"), 3, t0);
+        // The old id runs again: its stored answer goes, its queue element stays.
+        store.running(old.clone(), digest("p", 1), 1);
+        let later = t0 + ANSWER_TTL / 2;
+        store.running(fresh.clone(), digest("p", 1), 2);
+        store.answered(&fresh, body("fresh"), 5, later);
+        store.expire(t0 + ANSWER_TTL);
+        assert_eq!(
+            store.look(&fresh, None, t0 + ANSWER_TTL),
+            Seen::Answered(body("fresh"))
+        );
+        assert_eq!(store.look(&old, None, t0 + ANSWER_TTL), Seen::Running(1));
+        assert_eq!(store.stored().0, 1);
     }
 
     #[test]

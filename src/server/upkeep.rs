@@ -1,6 +1,7 @@
-//! The server's upkeep between requests: config reload and shutdown (stop accepting,
-//! answer queued turns, give running turns their grace, then kill their engines). The
-//! registry self-check runs on a thread of its own ([`super::registry_check`]).
+//! The server's upkeep between requests: config reload, the turn table's deadlines
+//! (reattach windows, waiters' deadlines) and shutdown (stop accepting, answer queued
+//! turns, give running turns their grace, then kill their engines). The registry
+//! self-check runs on a thread of its own ([`super::registry_check`]).
 //!
 //! The config reload is the one file read left on the loop, because it cannot wait:
 //! [`read_trusted_config`] checks owners and modes as start-up does, opens without
@@ -154,27 +155,43 @@ impl Bus {
             stopping_line(&self.name, queued.len(), self.pool.load().running)
         );
         for (turn, _job) in queued {
-            for (conn, response) in self.refuse_queued(turn, &Refusal::ShuttingDown) {
-                control.respond(conn, response);
+            if let Some(ended) = self.table.refuse(turn, Refusal::ShuttingDown) {
+                self.answer(ended, control);
             }
         }
     }
 
-    /// Periodic work: a config reload check; during a shutdown, its progress. Returns
-    /// when to be called next.
+    /// Periodic work: a config reload check, the turn table's deadlines; during a
+    /// shutdown, its progress. Returns when to be called next.
     pub(super) fn tick(&mut self, now: Instant, control: &mut Control) -> Instant {
+        let due = self
+            .table
+            .tick(now, &self.config.bus, |turn| self.pool.is_queued(turn));
+        for turn in due.expired {
+            self.cancel(
+                turn,
+                "the caller hung up and no retry came within bus.reattachSecs",
+            );
+        }
+        for (turn, ended) in due.overdue {
+            log::error!(
+                "a bug: the turn of {} did not answer within engine.timeoutSecs plus {} s; \
+                 its callers get internal_error",
+                super::turn_table::caller(&ended.meta),
+                super::turn_table::WAITER_GRACE.as_secs()
+            );
+            self.pool.cancel(turn);
+            self.answer(ended, control);
+        }
+        self.on_wake(control);
         match self.stopping_since {
             None => {
                 self.reload_config();
-                self.requests.expire(now);
-                let orphan_due = self.reap_orphans(now);
-                self.on_wake(control);
                 let reload = now + CONFIG_RELOAD_INTERVAL;
-                orphan_due.map_or(reload, |due| due.min(reload))
+                due.next.map_or(reload, |due| due.min(reload))
             }
             Some(since) => {
-                self.on_wake(control);
-                if self.pool.is_idle() && self.turns.is_empty() {
+                if self.pool.is_idle() && self.table.is_empty() {
                     control.exit();
                 } else if let Some(killed_at) = self.engines_killed_at {
                     if now.duration_since(killed_at) >= SHUTDOWN_KILL_GRACE {
