@@ -459,18 +459,18 @@ mod tests {
                 true,
             ),
             (
-                DelegateError::ForeignListener {
+                DelegateError::NotSameUser {
                     target: t(),
-                    mismatch: OwnerMismatch {
+                    refusal: OwnerRefusal::Foreign(OwnerMismatch {
                         port: 7701,
                         uid: 65534,
-                    },
+                    }),
                 },
                 "instance_unavailable",
                 false,
             ),
             (
-                DelegateError::OwnerUnknown {
+                DelegateError::NotSameUser {
                     target: t(),
                     refusal: OwnerRefusal::TablesUnreadable { port: 7701 },
                 },
@@ -808,7 +808,7 @@ mod tests {
 
     #[test]
     fn owner_unknown_says_who_holds_the_port_cannot_be_told() {
-        let e = DelegateError::OwnerUnknown {
+        let e = DelegateError::NotSameUser {
             target: "b".into(),
             refusal: OwnerRefusal::Unknown { port: 7701 },
         };
