@@ -7,7 +7,7 @@ use std::collections::BTreeMap;
 use std::fmt;
 
 use super::ext::{parse_ext, ExtError, RequestExt};
-use super::{non_negative_integer, BASE_CAPABILITIES, PROTOCOL_VERSION};
+use super::{non_negative_integer, PROTOCOL_VERSION};
 
 /// Longest `fromInstance` accepted, in bytes (contract section 3, check 7).
 pub const MAX_FROM_INSTANCE_BYTES: usize = 1024;
@@ -216,8 +216,7 @@ fn is_integer_text(text: &str) -> bool {
 /// Serializes a v1 request listing the base capabilities; see
 /// `encode_talk_request_with`.
 pub fn encode_talk_request(request: &TalkRequest) -> Vec<u8> {
-    let base: Vec<String> = BASE_CAPABILITIES.iter().map(|c| (*c).to_owned()).collect();
-    encode_talk_request_with(request, &base)
+    encode_talk_request_with(request, &super::negotiate(&[]))
 }
 
 /// Serializes a v1 request as the client sends it (`depth` as given: the caller
@@ -253,6 +252,7 @@ pub fn encode_talk_request_with(request: &TalkRequest, capabilities: &[String]) 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::protocol::BASE_CAPABILITIES;
 
     /// The top-level fields a request may carry (contract 4.1): the original rejects
     /// any other, so extension data goes only inside `ext`.
@@ -297,7 +297,10 @@ mod tests {
         // The original's health lists the base two; it may still get a request id,
         // which lives inside `ext`, an object of anything.
         request.ext.request_id = Some(super::super::RequestId::new("01".repeat(16)).unwrap());
-        let original: Vec<String> = BASE_CAPABILITIES.iter().map(|c| (*c).to_owned()).collect();
+        let original: Vec<String> = BASE_CAPABILITIES
+            .iter()
+            .map(|c| (*c).to_owned())
+            .collect();
         for body in [
             encode_talk_request(&request),
             encode_talk_request_with(&request, &super::super::negotiate(&original)),
@@ -305,7 +308,10 @@ mod tests {
             let v: Value = serde_json::from_slice(&body).unwrap();
             let object = v.as_object().unwrap();
             assert!(object.keys().all(|k| REQUEST_FIELDS.contains(&k.as_str())));
-            assert_eq!(v["capabilities"], serde_json::json!(BASE_CAPABILITIES));
+            assert_eq!(
+                v["capabilities"],
+                serde_json::json!(BASE_CAPABILITIES)
+            );
         }
     }
 
