@@ -297,10 +297,7 @@ mod tests {
         // The original's health lists the base two; it may still get a request id,
         // which lives inside `ext`, an object of anything.
         request.ext.request_id = Some(super::super::RequestId::new("01".repeat(16)).unwrap());
-        let original: Vec<String> = BASE_CAPABILITIES
-            .iter()
-            .map(|c| (*c).to_owned())
-            .collect();
+        let original: Vec<String> = BASE_CAPABILITIES.iter().map(|c| (*c).to_owned()).collect();
         for body in [
             encode_talk_request(&request),
             encode_talk_request_with(&request, &super::super::negotiate(&original)),
@@ -308,10 +305,7 @@ mod tests {
             let v: Value = serde_json::from_slice(&body).unwrap();
             let object = v.as_object().unwrap();
             assert!(object.keys().all(|k| REQUEST_FIELDS.contains(&k.as_str())));
-            assert_eq!(
-                v["capabilities"],
-                serde_json::json!(BASE_CAPABILITIES)
-            );
+            assert_eq!(v["capabilities"], serde_json::json!(BASE_CAPABILITIES));
         }
     }
 
