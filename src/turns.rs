@@ -13,8 +13,6 @@ use std::sync::mpsc::{self, Receiver, Sender};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 use std::thread::{self, JoinHandle};
 
-use crate::protocol::TurnLoad;
-
 /// Runs one job; shared by every worker. A panic is caught and reported as
 /// [`Outcome::Panicked`].
 type Runner<J, R> = Arc<dyn Fn(&J) -> R + Send + Sync>;
@@ -40,6 +38,17 @@ pub struct Done<K, R> {
     pub key: K,
     /// What the runner produced.
     pub outcome: Outcome<R>,
+}
+
+/// Counters for `/api/health`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+pub struct Load {
+    /// Jobs being run now.
+    pub running: usize,
+    /// Jobs waiting for a worker.
+    pub queued: usize,
+    /// Worker count.
+    pub max: usize,
 }
 
 struct Queue<K, J> {
@@ -178,9 +187,9 @@ where
     }
 
     /// Current counters.
-    pub fn load(&self) -> TurnLoad {
+    pub fn load(&self) -> Load {
         let queue = self.shared.lock();
-        TurnLoad {
+        Load {
             running: queue.running,
             queued: queue.jobs.len(),
             max: self.max_concurrent,
@@ -345,7 +354,7 @@ mod tests {
         runner.wait_started(2);
         assert_eq!(
             pool.load(),
-            TurnLoad {
+            Load {
                 running: 2,
                 queued: 2,
                 max: 2

@@ -6,7 +6,7 @@ use super::turn_table::Ended;
 use super::{Bus, Refusal};
 use crate::audit;
 use crate::http::{ConnId, Control, Head, Response};
-use crate::protocol::{proof, Envelope, ErrorCode, Failure, Health, TalkRequest};
+use crate::protocol::{proof, Envelope, ErrorCode, Failure, Health, TalkRequest, TurnLoad};
 use std::time::Instant;
 
 /// What the audit line of one talk outcome knows about the request.
@@ -160,13 +160,19 @@ impl Bus {
     /// The health answer, with a `proof` of the request's `X-Loopbus-Nonce` when it
     /// carries a well-formed one (contract 6.1).
     pub(super) fn health(&self, head: &Head) -> Response {
+        let load = self.pool.load();
         let status = if self.stopping_since.is_some() {
             Health::STOPPING
         } else {
             Health::OK
         };
+        let turns = TurnLoad {
+            running: load.running,
+            queued: load.queued,
+            max: load.max,
+        };
         let mut body = Health::new(&self.config.bus.kind, &self.name, status, self.pid)
-            .with_turns(self.pool.load())
+            .with_turns(turns)
             .with_bus_enabled(self.config.bus.enabled);
         // One nonce header exactly: two would leave open which one was answered.
         let mut nonces = head.header_values(crate::http::NONCE_HEADER);
