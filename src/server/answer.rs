@@ -1,12 +1,10 @@
-//! The answers the server writes: envelopes and refusals as HTTP responses, a turn's
-//! envelope as each waiting request negotiated it, the health body, and the audit line
-//! of every talk outcome.
+//! The answers the server writes before any turn: refusals as HTTP responses, the
+//! health body, and the audit line of every talk outcome. A turn's answer is `talk.rs`'s.
 
-use super::turn_table::Ended;
 use super::{Bus, Refusal};
 use crate::audit;
-use crate::http::{ConnId, Control, Head, Response};
-use crate::protocol::{proof, Envelope, ErrorCode, Failure, Health, TalkRequest, TurnLoad};
+use crate::http::{Head, Response};
+use crate::protocol::{proof, Envelope, Failure, Health, TalkRequest, TurnLoad};
 use std::time::Instant;
 
 /// What the audit line of one talk outcome knows about the request.
@@ -102,38 +100,6 @@ impl Bus {
         self.refusal_response(refusal, meta.received_at)
     }
 
-    /// Writes a turn's answer to each of its waiters and records it: its envelope
-    /// (audited once, unless its hang-up was), or a refusal each.
-    pub(super) fn answer(&mut self, ended: Ended<ConnId>, control: &mut Control) {
-        let envelope = match &ended.answer {
-            Ok(envelope) => envelope,
-            Err(refusal) => {
-                for waiter in &ended.waiters {
-                    control.respond(waiter.conn, self.refuse_talk(refusal, &ended.meta));
-                }
-                return;
-            }
-        };
-        if !ended.abandoned {
-            let (outcome, detail, code) = match (&envelope.failure, ended.cancelled) {
-                (None, _) => ("success", "ok", None),
-                (Some(f), Some(why)) => ("cancelled", why, Some(f.code.as_str())),
-                (Some(f), None) => ("failure", audit_detail(f), Some(f.code.as_str())),
-            };
-            log::debug!(
-                "talk answered: {outcome}{} ({}, {} ms)",
-                code.map(|c| format!(" {c}")).unwrap_or_default(),
-                ended.meta.describe(),
-                envelope.duration_ms
-            );
-            let status = (!ended.waiters.is_empty()).then_some(200);
-            self.audit(&ended.meta, outcome, detail, code, status);
-        }
-        for waiter in &ended.waiters {
-            control.respond(waiter.conn, json(200, waiter.negotiate(envelope).to_json()));
-        }
-    }
-
     /// Records one talk outcome in the audit log; `status` is `None` when nobody was
     /// answered.
     pub(super) fn audit(
@@ -186,19 +152,6 @@ impl Bus {
             }
         }
         json(200, body.to_json())
-    }
-}
-
-/// What the audit log says of a failed turn. Messages built from the engine's own
-/// output may quote the prompt, so only the code is kept for those; the messages this
-/// crate writes itself and that carry nothing of the engine's (budget, timeout, usage
-/// file) are kept whole.
-fn audit_detail(failure: &Failure) -> &str {
-    match failure.code {
-        ErrorCode::BudgetExhausted | ErrorCode::Timeout | ErrorCode::InternalError => {
-            &failure.error
-        }
-        _ => "the engine failed; its output is not logged here",
     }
 }
 

@@ -20,6 +20,7 @@ mod refusal;
 mod registry_check;
 mod requests;
 mod startup;
+mod talk;
 mod turn_table;
 mod upkeep;
 
