@@ -9,7 +9,7 @@
 //! tests at the bottom drive each phase with a fake clock.
 
 use super::headers::MAX_HEAD_BYTES;
-use super::message::{parse_head, Head, HttpError, ParseOutcome, Response};
+use super::message::{parse_head, Head, HttpError, Response};
 use std::time::{Duration, Instant};
 
 /// Time allowed for a complete head after accept, or after the previous response.
@@ -240,7 +240,9 @@ impl Conn {
         match self.phase {
             Phase::ReadingHead => self.poll_head(now),
             Phase::ReadingBody { len, .. } => self.poll_body(len),
-            Phase::Writing { .. } => self.output(),
+            Phase::Writing {
+                ref out, written, ..
+            } => Action::Write(&out[written..]),
             Phase::Lingering { .. } => Action::Read(usize::MAX),
             // Handled above.
             Phase::Deciding | Phase::Failing(_) | Phase::Closing(_) | Phase::Waiting => {
@@ -252,20 +254,18 @@ impl Conn {
     /// Reading a head: parse what is there, or ask for more within the head limit.
     fn poll_head(&mut self, now: Instant) -> Action<'_> {
         match parse_head(&self.inbuf, &mut self.scanned, now) {
-            ParseOutcome::Complete(head, consumed) => {
+            Ok(Some((head, consumed))) => {
                 self.step_heads += 1;
                 self.inbuf.drain(..consumed);
                 self.scanned = 0;
                 self.phase = Phase::Deciding;
                 Action::Head(self.head.insert(head))
             }
-            ParseOutcome::Error(error) => {
+            Err(error) => {
                 self.phase = Phase::Failing(error);
                 Action::Error(error, self.head.as_ref())
             }
-            ParseOutcome::Partial => {
-                Action::Read(MAX_HEAD_BYTES + 1 - self.inbuf.len().min(MAX_HEAD_BYTES))
-            }
+            Ok(None) => Action::Read(MAX_HEAD_BYTES + 1 - self.inbuf.len().min(MAX_HEAD_BYTES)),
         }
     }
 
@@ -284,14 +284,6 @@ impl Conn {
                 self.phase = Phase::Closing(CloseReason::ServerAsked);
                 Action::Close(CloseReason::ServerAsked)
             }
-        }
-    }
-
-    /// Writing: the bytes not written yet.
-    fn output(&self) -> Action<'_> {
-        match &self.phase {
-            Phase::Writing { out, written, .. } => Action::Write(&out[*written..]),
-            _ => Action::Wait,
         }
     }
 
@@ -401,37 +393,37 @@ impl Conn {
         self.phase_started = now;
     }
 
+    /// The current phase's time limit, and the phase its passing leads to: a late body
+    /// is answered 408, anything else closes.
+    fn limit(&self) -> Option<(Duration, Phase)> {
+        let close = |reason| Phase::Closing(reason);
+        Some(match self.phase {
+            Phase::ReadingHead if self.idle() => (IDLE_TIMEOUT, close(CloseReason::IdleTimeout)),
+            Phase::ReadingHead => (HEAD_TIMEOUT, close(CloseReason::HeadTimeout)),
+            Phase::ReadingBody { .. } => (BODY_TIMEOUT, Phase::Failing(HttpError::BodyTimeout)),
+            Phase::Writing { .. } => (WRITE_TIMEOUT, close(CloseReason::WriteTimeout)),
+            Phase::Lingering { .. } => (LINGER_TIMEOUT, close(CloseReason::LingerTimeout)),
+            Phase::Deciding | Phase::Waiting | Phase::Failing(_) | Phase::Closing(_) => {
+                return None
+            }
+        })
+    }
+
     /// When the current phase times out, if it can.
     pub fn deadline(&self) -> Option<Instant> {
-        match self.phase {
-            Phase::ReadingHead if self.idle() => Some(self.phase_started + IDLE_TIMEOUT),
-            Phase::ReadingHead => Some(self.phase_started + HEAD_TIMEOUT),
-            Phase::ReadingBody { .. } => Some(self.phase_started + BODY_TIMEOUT),
-            Phase::Writing { .. } => Some(self.phase_started + WRITE_TIMEOUT),
-            Phase::Lingering { .. } => Some(self.phase_started + LINGER_TIMEOUT),
-            Phase::Deciding | Phase::Waiting | Phase::Failing(_) | Phase::Closing(_) => None,
-        }
+        self.limit().map(|(limit, _)| self.phase_started + limit)
     }
 
     /// Applies the current phase's timeout if its [`deadline`](Conn::deadline) has
-    /// passed at `now`: a late body is answered 408, anything else closes. Whether it
-    /// had; [`poll`](Conn::poll) says what follows.
+    /// passed at `now`. Whether it had; [`poll`](Conn::poll) says what follows.
     pub fn expire(&mut self, now: Instant) -> bool {
-        if self.deadline().is_none_or(|deadline| now < deadline) {
-            return false;
-        }
-        self.phase = match self.phase {
-            Phase::ReadingHead if self.idle() => Phase::Closing(CloseReason::IdleTimeout),
-            Phase::ReadingHead => Phase::Closing(CloseReason::HeadTimeout),
-            Phase::ReadingBody { .. } => Phase::Failing(HttpError::BodyTimeout),
-            Phase::Writing { .. } => Phase::Closing(CloseReason::WriteTimeout),
-            Phase::Lingering { .. } => Phase::Closing(CloseReason::LingerTimeout),
-            // No deadline in these phases.
-            Phase::Deciding | Phase::Waiting | Phase::Failing(_) | Phase::Closing(_) => {
-                return false
+        match self.limit() {
+            Some((limit, next)) if now >= self.phase_started + limit => {
+                self.phase = next;
+                true
             }
-        };
-        true
+            _ => false,
+        }
     }
 
     /// A kept-alive connection between requests: served before, no byte of the next

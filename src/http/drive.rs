@@ -210,19 +210,15 @@ impl OpenConn {
                 }
                 Action::Head(head) => match service.on_head(id, head) {
                     HeadAction::Respond(response) => {
-                        let response = finalize(response, stopping);
-                        self.conn.respond(response, Instant::now());
+                        self.conn
+                            .respond(finalize(response, stopping), Instant::now());
                     }
-                    // Past the body budget, or into the health reserve: refused the
-                    // way the service refuses (and audits) an HTTP-layer error.
                     HeadAction::ReadBody(len) if in_flight.admits_request(len) => {
                         self.conn.read_body(len, Instant::now());
                     }
-                    HeadAction::ReadBody(_) => {
-                        let response =
-                            service.error_response(HttpError::Overloaded, self.conn.head());
-                        self.conn.respond_error(response, Instant::now());
-                    }
+                    // Past the body budget, or into the health reserve: refused the
+                    // way the service refuses (and audits) an HTTP-layer error.
+                    HeadAction::ReadBody(_) => self.overloaded(service),
                 },
                 Action::Request(head, body) => {
                     if let Some(response) = service.on_request(id, head, body) {
@@ -239,9 +235,7 @@ impl OpenConn {
             }
         }
     }
-}
 
-impl OpenConn {
     /// Starts writing `response`, the answer to this connection's authorized request
     /// (now or deferred), if it fits the response budget; otherwise a small 503 from
     /// the service, after which the connection closes.
@@ -252,20 +246,25 @@ impl OpenConn {
         in_flight: &mut InFlight,
         stopping: bool,
     ) {
-        let now = Instant::now();
         if in_flight.admits_response(response.body.len()) {
-            self.conn.respond(finalize(response, stopping), now);
+            self.conn
+                .respond(finalize(response, stopping), Instant::now());
         } else {
             log::debug!(
                 "{} response bytes in flight: answering 503 instead of a {}-byte answer",
                 in_flight.responses,
                 response.body.len()
             );
-            let refusal = service.error_response(HttpError::Overloaded, self.conn.head());
-            self.conn.respond_error(refusal, now);
+            self.overloaded(service);
         }
         // Counted now, so that the next answer decided before this one is driven sees it.
         in_flight.account(self);
+    }
+
+    /// The service's answer to [`HttpError::Overloaded`], after which it closes.
+    fn overloaded<S: Service>(&mut self, service: &mut S) {
+        let response = service.error_response(HttpError::Overloaded, self.conn.head());
+        self.conn.respond_error(response, Instant::now());
     }
 }
 

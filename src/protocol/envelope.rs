@@ -178,9 +178,6 @@ mod tests {
         );
     }
 
-
-
-
     #[test]
     fn long_errors_are_cut_on_char_boundaries() {
         let f = Failure::new(ErrorCode::EngineCli, "é".repeat(MAX_ERROR_CHARS + 10));
