@@ -16,7 +16,7 @@
 //! - a channel root's registry: where it is ([`channel_root`], [`registry_path`]), its
 //!   entries ([`read_registry`], [`RegistryEntry`]), and whether they answer
 //!   ([`list_instances`], [`probe_instance`], [`probe_port`], [`running_instance`],
-//!   [`Listed`], [`HealthAnswer`], [`ProbeError`], [`OwnerMismatch`]);
+//!   [`Listed`], [`HealthAnswer`], [`ProbeError`], [`OwnerMismatch`], [`OwnerRefusal`]);
 //! - an instance's records: its usage ([`read_usage`], [`Usage`], [`UsageFileError`]) and
 //!   its audit log ([`AUDIT_FILE`], one JSON object a line);
 //! - the file rules every state file follows: [`check_trusted`] (and [`Untrusted`]),
@@ -77,13 +77,13 @@ pub use config::{
     PromptMode, CONFIG_FILE, DEFAULT_ACCEPT_KINDS, DEFAULT_MAX_DEPTH,
 };
 pub use engine::{findings as engine_findings, Findings as EngineFindings};
-pub use secret::{Secret, SECRET_BYTES};
+pub use secret::{Secret, Weakness, MIN_SECRET_CHARS, SAMPLE_SECRETS, SECRET_BYTES};
 
 // The registry of a channel root.
 pub use registry::{
     channel_root, default_name, list as list_instances, probe_instance, probe_port,
     read as read_registry, registry_path, running as running_instance, HealthAnswer, Listed,
-    OwnerMismatch, ProbeError, RegistryEntry, PROBE_TIMEOUT,
+    OwnerMismatch, OwnerRefusal, ProbeError, RegistryEntry, PROBE_TIMEOUT,
 };
 
 // An instance's records, and the file rules of every state file.

@@ -36,12 +36,12 @@ impl Chain {
         let relay = format!("{}/tests/engines/relay.sh", env!("CARGO_MANIFEST_DIR"));
         let relay_to = |next: &str| {
             json!({
-                "bus": {"peers": "*", "secret": format!("s-{next}")},
+                "bus": {"peers": "*", "secret": format!("s-{next}-0123456789abcdef")},
                 "engine": {"command": ["/bin/sh", relay], "env": {"RELAY_TO": next, "LOOPBUS_BIN": bin()}},
             })
         };
         let leaf = json!({
-            "bus": {"peers": "*", "secret": "s-leaf"},
+            "bus": {"peers": "*", "secret": "s-leaf-0123456789abcdef"},
             "engine": {"command": ["sh", "-c", "cat > /dev/null; sleep 60"]},
         });
         let c = root.start("c", &leaf);

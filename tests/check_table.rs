@@ -43,7 +43,7 @@ fn body(from: &str, prompt: &str, depth: u64) -> Value {
 fn table_instance(root: &TestRoot) -> Instance {
     root.start(
         "worker",
-        &json!({"bus": {"peers": ["alice", "bob"], "maxDepth": 3, "secret": "table-secret"}}),
+        &json!({"bus": {"peers": ["alice", "bob"], "maxDepth": 3, "secret": "table-secret-0123456789abcdef"}}),
     )
 }
 
@@ -176,10 +176,13 @@ fn check_5_bus_disabled() {
     let root = TestRoot::new("check5");
     let cases = [
         ("off", json!({"bus": false})),
-        ("nopeers", json!({"bus": {"peers": [], "secret": "s5"}})),
+        (
+            "nopeers",
+            json!({"bus": {"peers": [], "secret": "s5-0123456789abcdef"}}),
+        ),
         (
             "peersfalse",
-            json!({"bus": {"peers": false, "secret": "s5"}}),
+            json!({"bus": {"peers": false, "secret": "s5-0123456789abcdef"}}),
         ),
         ("missing", json!({})),
     ];
@@ -213,13 +216,13 @@ fn check_6_authorization() {
     let rows = vec![
         ("missing authorization", t().without("Authorization"), Want::Fail(401, "auth_failed")),
         ("wrong secret", t().set("Authorization", "Bearer wrong-secret"), Want::Fail(401, "auth_failed")),
-        ("lowercase bearer", t().set("Authorization", "bearer table-secret"), Want::Fail(401, "auth_failed")),
-        ("BEARER", t().set("Authorization", "BEARER table-secret"), Want::Fail(401, "auth_failed")),
-        ("no scheme", t().set("Authorization", "table-secret"), Want::Fail(401, "auth_failed")),
+        ("lowercase bearer", t().set("Authorization", "bearer table-secret-0123456789abcdef"), Want::Fail(401, "auth_failed")),
+        ("BEARER", t().set("Authorization", "BEARER table-secret-0123456789abcdef"), Want::Fail(401, "auth_failed")),
+        ("no scheme", t().set("Authorization", "table-secret-0123456789abcdef"), Want::Fail(401, "auth_failed")),
         ("basic scheme", t().set("Authorization", "Basic dGFibGUtc2VjcmV0"), Want::Fail(401, "auth_failed")),
-        ("two spaces", t().set("Authorization", "Bearer  table-secret"), Want::Fail(401, "auth_failed")),
-        ("secret prefix", t().set("Authorization", "Bearer table-secre"), Want::Fail(401, "auth_failed")),
-        ("secret suffix", t().set("Authorization", "Bearer table-secretX"), Want::Fail(401, "auth_failed")),
+        ("two spaces", t().set("Authorization", "Bearer  table-secret-0123456789abcdef"), Want::Fail(401, "auth_failed")),
+        ("secret prefix", t().set("Authorization", "Bearer table-secret-0123456789abcde"), Want::Fail(401, "auth_failed")),
+        ("secret suffix", t().set("Authorization", "Bearer table-secret-0123456789abcdefX"), Want::Fail(401, "auth_failed")),
         ("empty bearer", t().set("Authorization", "Bearer "), Want::Fail(401, "auth_failed")),
         ("two authorization headers", t().header("Authorization", "Bearer wrong"), Want::Fail(401, "auth_failed")),
         // The body of an unauthorized request is never parsed: 401, not 400.

@@ -562,7 +562,7 @@ fn the_strict_stand_in_accepts_every_request_our_client_sends() {
 #[test]
 fn a_restarted_instance_is_proven_anew() {
     let root = TestRoot::new("life-kept-restart");
-    let mut worker = root.start("worker", &open_config("first-secret"));
+    let mut worker = root.start("worker", &open_config("first-secret-0123456789abcdef"));
     root.write_config("me", &json!({"bus": {"peers": "*"}}));
     let config = loopbus::load_config(&root.state_dir("me").join("config.json")).unwrap();
     let ask = |prompt: &str| {
@@ -577,7 +577,7 @@ fn a_restarted_instance_is_proven_anew() {
     assert_eq!(ask("one").unwrap().text, "one");
     assert_eq!(ask("two").unwrap().text, "two");
     worker.terminate(BOUND);
-    let _again = root.start("worker", &open_config("second-secret"));
+    let _again = root.start("worker", &open_config("second-secret-0123456789abcdef"));
     assert_eq!(ask("three").unwrap().text, "three");
 }
 

@@ -33,8 +33,8 @@ fn engine_script(name: &str) -> String {
 #[test]
 fn a_talks_to_b_and_gets_the_exact_reply() {
     let root = TestRoot::new("talk-two");
-    let _a = root.start("alpha", &open_config("secret-a"));
-    let b = root.start("beta", &open_config("secret-b"));
+    let _a = root.start("alpha", &open_config("secret-a-0123456789abcdef"));
+    let b = root.start("beta", &open_config("secret-b-0123456789abcdef"));
     let a_dir = root.state_dir("alpha");
 
     let prompt = "hello beta: \"quotes\", tabs\t, unicode \u{1F600}\nand a second line";
@@ -73,15 +73,15 @@ fn a_talks_to_b_and_gets_the_exact_reply() {
 #[test]
 fn three_instances_talk_to_each_other_and_remote_limits_apply() {
     let root = TestRoot::new("talk-three");
-    let _a = root.start("alpha", &open_config("sa"));
+    let _a = root.start("alpha", &open_config("sa-0123456789abcdef"));
     // beta only takes calls from alpha.
     let _b = root.start(
         "beta",
-        &json!({"bus": {"peers": ["alpha"], "secret": "sb"}}),
+        &json!({"bus": {"peers": ["alpha"], "secret": "sb-0123456789abcdef"}}),
     );
     let _c = root.start(
         "gamma",
-        &json!({"bus": {"peers": "*", "secret": "sc", "maxDepth": 3}}),
+        &json!({"bus": {"peers": "*", "secret": "sc-0123456789abcdef", "maxDepth": 3}}),
     );
 
     // A peers list also limits whom an instance may call: beta may only call alpha.
@@ -187,7 +187,7 @@ fn a_to_b_to_c_chain_carries_the_incremented_depth() {
         "bus": {"peers": "*"},
         "engine": {"command": ["/bin/sh", engine_script("report-depth.sh")], "output": "text"}
     });
-    let _a = root.start("alpha", &open_config("sa"));
+    let _a = root.start("alpha", &open_config("sa-0123456789abcdef"));
     let _b = root.start("beta", &relay("gamma", 3));
     let _c = root.start("gamma", &report);
 
@@ -435,7 +435,7 @@ fn target_not_registered() {
 fn registered_but_dead() {
     let root = TestRoot::new("talk-dead");
     let me = caller(&root, "me");
-    let mut b = root.start("beta", &open_config("sb"));
+    let mut b = root.start("beta", &open_config("sb-0123456789abcdef"));
     // SIGKILL: no chance to deregister, so the entry stays, stale.
     let mut child = b.child.take().unwrap();
     child.kill().unwrap();

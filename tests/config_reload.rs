@@ -27,7 +27,7 @@ fn becomes(w: &Instance, from: &str, depth: u64, status: u16) -> bool {
 }
 
 fn bus(fields: Value) -> Value {
-    let mut bus = json!({"peers": "*", "maxDepth": 3, "secret": "reload-secret"});
+    let mut bus = json!({"peers": "*", "maxDepth": 3, "secret": "reload-secret-0123456789abcdef"});
     for (k, v) in fields.as_object().unwrap() {
         bus[k] = v.clone();
     }
@@ -96,7 +96,7 @@ fn max_depth_edit_takes_effect_without_restart() {
         // Removing the field restores the default of 3.
         (
             bus(json!({"maxDepth": 6})),
-            json!({"bus": {"peers": "*", "secret": "reload-secret"}}),
+            json!({"bus": {"peers": "*", "secret": "reload-secret-0123456789abcdef"}}),
             3,
         ),
     ];
@@ -169,10 +169,10 @@ fn disabling_and_enabling_the_bus_without_restart() {
 fn secret_and_port_are_fixed_for_the_process_lifetime() {
     let root = TestRoot::new("reload-secret");
     let w = root.start("worker", &bus(json!({})));
-    assert_eq!(w.secret, "reload-secret");
+    assert_eq!(w.secret, "reload-secret-0123456789abcdef");
     // Change the secret and the port, plus maxDepth so we can see the reload happen.
     w.write_config(&bus(
-        json!({"secret": "new-secret", "port": 1, "maxDepth": 1}),
+        json!({"secret": "new-secret-0123456789abcdef", "port": 1, "maxDepth": 1}),
     ));
     assert!(becomes(&w, "alice", 1, 429), "edit not applied");
     assert_eq!(
@@ -181,7 +181,7 @@ fn secret_and_port_are_fixed_for_the_process_lifetime() {
         "old secret still works"
     );
     let r = Req::talk(&w)
-        .set("Authorization", "Bearer new-secret")
+        .set("Authorization", "Bearer new-secret-0123456789abcdef")
         .send(w.port);
     assert_failure(
         &r,
@@ -192,7 +192,7 @@ fn secret_and_port_are_fixed_for_the_process_lifetime() {
     );
     assert_eq!(
         root.registry()["instances"]["worker"]["secret"],
-        "reload-secret"
+        "reload-secret-0123456789abcdef"
     );
 }
 
@@ -330,7 +330,7 @@ fn startup_with_a_missing_or_invalid_config_is_a_clear_error() {
     // The secret never shows up in a config error.
     write_file_atomic(
         &config,
-        br#"{"bus": {"peers": "*", "secret": "TOPSECRET-VALUE", "maxDepth": -1}}"#,
+        br#"{"bus": {"peers": "*", "secret": "TOPSECRET-VALUE-0123456789abcdef", "maxDepth": -1}}"#,
     );
     let output = run(&args, &[], None);
     assert!(!String::from_utf8_lossy(&output.stderr).contains("TOPSECRET-VALUE"));
@@ -339,7 +339,7 @@ fn startup_with_a_missing_or_invalid_config_is_a_clear_error() {
 #[test]
 fn non_loopback_bind_is_refused() {
     let root = TestRoot::new("bind");
-    root.write_config("bad", &open_config("s"));
+    root.write_config("bad", &open_config("s-0123456789abcdef"));
     let dir = root.state_dir("bad");
     let dir = dir.to_str().unwrap();
     for addr in ["0.0.0.0", "::", "192.0.2.1", "10.0.0.1", "127.0.0.2"] {
@@ -359,9 +359,9 @@ fn non_loopback_bind_is_refused() {
 #[test]
 fn port_already_in_use_is_a_clear_error() {
     let root = TestRoot::new("inuse");
-    let first = root.start("first", &open_config("s"));
+    let first = root.start("first", &open_config("s-0123456789abcdef"));
     let port = first.port.to_string();
-    root.write_config("bad", &open_config("s"));
+    root.write_config("bad", &open_config("s-0123456789abcdef"));
     let dir = root.state_dir("bad");
     assert_startup_error(
         &root,
@@ -377,7 +377,7 @@ fn port_already_in_use_is_a_clear_error() {
     // The same through bus.port in config.json.
     root.write_config(
         "bad",
-        &json!({"bus": {"peers": "*", "port": first.port, "secret": "s"}}),
+        &json!({"bus": {"peers": "*", "port": first.port, "secret": "s-0123456789abcdef"}}),
     );
     assert_startup_error(
         &root,
@@ -386,4 +386,38 @@ fn port_already_in_use_is_a_clear_error() {
     );
     // The first instance is untouched.
     assert_eq!(first.health()["instance"], "first");
+}
+
+/// A reload that changed `bus.maxConcurrentTurns` or `bus.maxQueuedTurns` logged
+/// "changed" and changed nothing (the pool is sized at start): it says they take effect
+/// at the next start, as port and secret do, and the "reloaded" line does not claim them.
+#[test]
+fn bug_a_reload_said_the_pool_sizes_changed_and_changed_nothing() {
+    let root = TestRoot::new("reload-pool");
+    let w = root.start("worker", &bus(json!({})));
+    let max_before = w.health()["turns"]["max"].clone();
+    w.write_config(&bus(
+        json!({"maxConcurrentTurns": 2, "maxQueuedTurns": 3, "maxDepth": 2}),
+    ));
+    assert!(
+        w.wait_for_log("reloaded: ", RELOAD_BOUND),
+        "{}",
+        w.describe()
+    );
+    let log = w.stderr();
+    assert!(
+        log.contains(
+            "bus.maxConcurrentTurns and bus.maxQueuedTurns edited; that takes effect at the \
+             next start"
+        ),
+        "{log}"
+    );
+    let reloaded = log.lines().find(|l| l.contains("reloaded: ")).unwrap();
+    assert!(reloaded.contains("changed bus.maxDepth"), "{reloaded}");
+    assert!(!reloaded.contains("Turns"), "{reloaded}");
+    assert_eq!(
+        w.health()["turns"]["max"],
+        max_before,
+        "the pool is unchanged"
+    );
 }

@@ -136,7 +136,7 @@ fn outcome(w: &Instance, from: &str, depth: u64) -> String {
 fn bug_a_typo_in_a_key_at_a_reload_replaced_the_good_config() {
     let root = TestRoot::new("strict-reload");
     let good = json!({
-        "bus": {"peers": ["alice"], "maxDepth": 2, "secret": "strict-secret"},
+        "bus": {"peers": ["alice"], "maxDepth": 2, "secret": "strict-secret-0123456789abcdef"},
         "budgetUsd": 0
     });
     let w = root.start("worker", &good);
@@ -240,7 +240,10 @@ fn bug_a_disabled_bus_looked_healthy() {
     let configs = [
         ("empty", json!({})),
         ("notobject", json!({"bus": "yes"})),
-        ("nopeers", json!({"bus": {"peers": [], "secret": "s"}})),
+        (
+            "nopeers",
+            json!({"bus": {"peers": [], "secret": "s-0123456789abcdef"}}),
+        ),
     ];
     for (name, config) in configs {
         let w = root.start(name, &config);
@@ -269,7 +272,7 @@ fn bug_a_disabled_bus_looked_healthy() {
 #[test]
 fn bug_a_reload_that_disabled_the_bus_was_silent() {
     let root = TestRoot::new("strict-disable-reload");
-    let w = root.start("worker", &open_config("strict-secret"));
+    let w = root.start("worker", &open_config("strict-secret-0123456789abcdef"));
     let health = w.health();
     assert_eq!(health["busEnabled"], true, "{health}");
     let (row, entry) = listed(&root, "worker");
@@ -277,7 +280,7 @@ fn bug_a_reload_that_disabled_the_bus_was_silent() {
     assert_eq!(entry["busEnabled"], true, "{entry}");
     assert!(!w.stderr().contains(DISABLED_WARNING), "{}", w.stderr());
 
-    w.write_config(&json!({"bus": {"peers": [], "secret": "strict-secret"}}));
+    w.write_config(&json!({"bus": {"peers": [], "secret": "strict-secret-0123456789abcdef"}}));
     assert!(
         w.wait_for_log(DISABLED_WARNING, RELOAD_BOUND),
         "no warning at the reload\nstderr:\n{}",
@@ -291,7 +294,7 @@ fn bug_a_reload_that_disabled_the_bus_was_silent() {
     );
     assert_eq!(listed(&root, "worker").1["busEnabled"], false);
 
-    w.write_config(&open_config("strict-secret"));
+    w.write_config(&open_config("strict-secret-0123456789abcdef"));
     assert!(
         eventually(RELOAD_BOUND, || w.health()["busEnabled"] == true),
         "re-enabling not shown"
@@ -301,7 +304,7 @@ fn bug_a_reload_that_disabled_the_bus_was_silent() {
 #[test]
 fn bug_a_nul_in_from_instance_was_accepted() {
     let root = TestRoot::new("strict-from");
-    let w = root.start("worker", &open_config("strict-secret"));
+    let w = root.start("worker", &open_config("strict-secret-0123456789abcdef"));
     // Raw JSON text: `\u0000` is the escape a JSON client would send for a NUL byte.
     let bodies = [
         r#"{"fromInstance":"ali\u0000ce","prompt":"p","depth":0}"#,

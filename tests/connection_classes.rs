@@ -30,7 +30,7 @@ const BOUND: Duration = Duration::from_secs(20);
 
 fn config(turns: (usize, usize), engine: Option<serde_json::Value>) -> serde_json::Value {
     let mut config = json!({"bus": {
-        "peers": "*", "secret": "s",
+        "peers": "*", "secret": "s-0123456789abcdef",
         "maxConcurrentTurns": turns.0, "maxQueuedTurns": turns.1
     }});
     if let Some(engine) = engine {
@@ -207,7 +207,7 @@ fn bug_a_config_whose_turns_cannot_fit_the_connections_started() {
 #[test]
 fn bug_an_unauthenticated_flood_evicted_authorized_uploads() {
     let root = TestRoot::new("flood");
-    root.write_config("worker", &open_config("s"));
+    root.write_config("worker", &open_config("s-0123456789abcdef"));
     let w = Instance::spawn_with_fd_limit(&root, "worker", FD_LIMIT_FOR_64);
     let health = Req::health(&w).to_bytes();
     let mut keep_alive = connect(w.port);
@@ -350,7 +350,7 @@ fn bug_non_reading_clients_grew_response_memory_without_bound() {
 #[test]
 fn bug_a_head_that_came_with_a_flood_was_evicted_unread() {
     let root = TestRoot::new("unread-head");
-    root.write_config("worker", &open_config("s"));
+    root.write_config("worker", &open_config("s-0123456789abcdef"));
     let w = Instance::spawn_with_fd_limit(&root, "worker", FD_LIMIT_FOR_64);
     let mut caller = connect(w.port);
     // Accepted in order: once this health check is answered, so is the caller.

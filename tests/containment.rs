@@ -14,7 +14,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 fn engine_config(engine: Value) -> Value {
-    json!({"bus": {"peers": "*", "secret": "s"}, "engine": engine})
+    json!({"bus": {"peers": "*", "secret": "s-0123456789abcdef"}, "engine": engine})
 }
 
 fn script(name: &str) -> String {
@@ -137,7 +137,7 @@ fn bug_temp_files_left_by_kill_9_were_never_removed() {
     for path in [&stale_usage, &stale_registry, &live] {
         std::fs::write(path, b"{").unwrap();
     }
-    let instance = root.start("w", &open_config("s"));
+    let instance = root.start("w", &open_config("s-0123456789abcdef"));
     assert!(!stale_usage.exists(), "{}", instance.stderr());
     assert!(!stale_registry.exists(), "{}", instance.stderr());
     assert!(live.exists());
@@ -264,7 +264,7 @@ fn eight_concurrent_turns(instance: &Instance) -> (f64, usize) {
 
 fn budget_config(engine: Value) -> Value {
     json!({
-        "bus": {"peers": "*", "secret": "s", "maxConcurrentTurns": 8},
+        "bus": {"peers": "*", "secret": "s-0123456789abcdef", "maxConcurrentTurns": 8},
         "budgetUsd": 1.0,
         "engine": engine,
     })

@@ -63,7 +63,10 @@ fn twenty_concurrent_serve_processes_lose_no_registration() {
     let root = TestRoot::new("disc-twenty");
     let names: Vec<String> = (0..N).map(|i| format!("inst-{i:02}")).collect();
     for name in &names {
-        root.write_config(name, &open_config(&format!("secret-{name}")));
+        root.write_config(
+            name,
+            &open_config(&format!("secret-{name}-0123456789abcdef")),
+        );
     }
     // Start all of them at once; each registers (and prunes) while the others do.
     let mut children = Children(Vec::new());
@@ -182,7 +185,7 @@ fn serve_prunes_stale_entries_at_startup() {
         "s6",
     );
 
-    let beta = root.start("beta", &open_config("sb"));
+    let beta = root.start("beta", &open_config("sb-0123456789abcdef"));
     let mut names: Vec<String> = root.registry()["instances"]
         .as_object()
         .unwrap()
@@ -214,7 +217,7 @@ fn serve_prunes_stale_entries_at_startup() {
 #[test]
 fn serve_refuses_a_name_that_is_already_running() {
     let root = TestRoot::new("disc-duplicate");
-    let mut beta = root.start("beta", &open_config("sb"));
+    let mut beta = root.start("beta", &open_config("sb-0123456789abcdef"));
     let dir = root.state_dir("beta").display().to_string();
     let args = ["serve", "--state-dir", dir.as_str()];
     let out = run_bounded(&args, Duration::from_secs(20));
@@ -238,7 +241,7 @@ fn serve_refuses_a_name_that_is_already_running() {
 fn health_command() {
     let root = TestRoot::new("disc-health");
     root.write_config("me", &json!({"bus": {"peers": "*"}}));
-    let beta = root.start("beta", &open_config("sb"));
+    let beta = root.start("beta", &open_config("sb-0123456789abcdef"));
     let root_arg = root.path.display().to_string();
     let me = root.state_dir("me").display().to_string();
     let beta_port = beta.port.to_string();

@@ -13,7 +13,7 @@ use serde_json::{json, Value};
 use std::time::Duration;
 
 fn engine_config(engine: Value) -> Value {
-    json!({"bus": {"peers": "*", "secret": "s"}, "engine": engine})
+    json!({"bus": {"peers": "*", "secret": "s-0123456789abcdef"}, "engine": engine})
 }
 
 /// The (code, retryable, error) of a failure envelope.

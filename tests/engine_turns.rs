@@ -20,7 +20,7 @@ fn script(name: &str) -> String {
 }
 
 fn engine_config(engine: Value) -> Value {
-    json!({"bus": {"peers": "*", "secret": "s"}, "engine": engine})
+    json!({"bus": {"peers": "*", "secret": "s-0123456789abcdef"}, "engine": engine})
 }
 
 /// An engine (`gate.sh`) whose turns wait until [`Gate::open`]: the test decides when

@@ -43,7 +43,7 @@ fn health_wait_succeeds_once_serve_registers() {
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
-    let _worker = root.start("worker", &open_config("s"));
+    let _worker = root.start("worker", &open_config("s-0123456789abcdef"));
     let out = waiting.wait_with_output().unwrap();
     assert_eq!(
         out.status.code(),
@@ -87,7 +87,7 @@ fn health_wait_gives_up_with_the_usual_failure() {
 #[test]
 fn health_json_is_accepted() {
     let root = TestRoot::new("health-json");
-    let _worker = root.start("worker", &open_config("s"));
+    let _worker = root.start("worker", &open_config("s-0123456789abcdef"));
     let args = [
         "health",
         "worker",
@@ -106,7 +106,7 @@ fn serve_logs_one_ready_line_with_engine_peers_and_budget() {
     let root = TestRoot::new("ready");
     let worker = root.start(
         "worker",
-        &json!({"bus": {"peers": ["alice", "bob"], "secret": "s"}, "budgetUsd": 2.5}),
+        &json!({"bus": {"peers": ["alice", "bob"], "secret": "s-0123456789abcdef"}, "budgetUsd": 2.5}),
     );
     let want = format!(
         "ready: worker on http://127.0.0.1:{} (pid {}), engine built-in echo, peers alice,bob, \
@@ -241,7 +241,7 @@ fn init_force_keeps_engine_budget_and_peers() {
 #[test]
 fn init_force_on_a_running_instance_does_not_say_start_it() {
     let root = TestRoot::new("init-running");
-    let worker = root.start("worker", &open_config("s"));
+    let worker = root.start("worker", &open_config("s-0123456789abcdef"));
     let args = [
         "init",
         worker.state_dir.to_str().unwrap(),
@@ -269,7 +269,7 @@ fn init_force_on_a_running_instance_does_not_say_start_it() {
     );
     assert_eq!(
         read_json(&worker.state_dir.join("config.json"))["bus"]["secret"],
-        "s"
+        "s-0123456789abcdef"
     );
 }
 
@@ -334,7 +334,7 @@ fn run_into_closed_pipe(args: &[&str]) -> std::process::Output {
 #[test]
 fn list_into_a_closed_pipe_exits_quietly() {
     let root = TestRoot::new("closed-pipe");
-    let _worker = root.start("worker", &open_config("s"));
+    let _worker = root.start("worker", &open_config("s-0123456789abcdef"));
     let r = root.path.to_str().unwrap();
     let cases: [&[&str]; 6] = [
         &["list", "--root", r],
@@ -354,7 +354,7 @@ fn list_into_a_closed_pipe_exits_quietly() {
 #[test]
 fn head_health_has_the_get_headers_and_no_body() {
     let root = TestRoot::new("head-health");
-    let worker = root.start("worker", &open_config("s"));
+    let worker = root.start("worker", &open_config("s-0123456789abcdef"));
     let host = worker.host();
     let mut stream = connect(worker.port);
     let raw = format!(
@@ -385,7 +385,7 @@ fn head_health_has_the_get_headers_and_no_body() {
 #[test]
 fn bind_localhost_is_loopback() {
     let root = TestRoot::new("bind-localhost");
-    root.write_config("worker", &open_config("s"));
+    root.write_config("worker", &open_config("s-0123456789abcdef"));
     let mut worker = Instance::spawn(&root, "worker", &["--bind", "localhost"]);
     worker.assert_alive("serve --bind localhost");
     // The ready line goes through the log queue: it may reach stderr a moment after
@@ -400,7 +400,7 @@ fn bind_localhost_is_loopback() {
 #[test]
 fn a_non_loopback_refusal_says_it_once() {
     let root = TestRoot::new("bind-any");
-    root.write_config("worker", &open_config("s"));
+    root.write_config("worker", &open_config("s-0123456789abcdef"));
     let dir = root.state_dir("worker");
     let args = [
         "serve",
@@ -419,8 +419,8 @@ fn a_non_loopback_refusal_says_it_once() {
 #[test]
 fn address_in_use_names_the_registered_instance_holding_it() {
     let root = TestRoot::new("in-use");
-    let holder = root.start("holder", &open_config("s"));
-    root.write_config("second", &open_config("t"));
+    let holder = root.start("holder", &open_config("s-0123456789abcdef"));
+    root.write_config("second", &open_config("t-0123456789abcdef"));
     let dir = root.state_dir("second");
     let port = holder.port.to_string();
     let args = [
@@ -445,7 +445,7 @@ fn refusals_name_the_instance_instead_of_this_instance() {
     let root = TestRoot::new("named-refusal");
     let worker = root.start(
         "worker",
-        &json!({"bus": {"peers": ["alice"], "secret": "s", "maxDepth": 2}}),
+        &json!({"bus": {"peers": ["alice"], "secret": "s-0123456789abcdef", "maxDepth": 2}}),
     );
     let mallory = worker.talk("mallory", "hi", 0).json();
     assert_eq!(mallory["errorCode"], "peer_not_allowed");
@@ -481,7 +481,7 @@ fn shutdown_says_what_it_waits_for() {
     });
     let mut worker = root.start(
         "worker",
-        &json!({"bus": {"peers": "*", "secret": "s"}, "engine": engine}),
+        &json!({"bus": {"peers": "*", "secret": "s-0123456789abcdef"}, "engine": engine}),
     );
     let talk = worker.spawn_talk("hi");
     assert!(
@@ -523,7 +523,7 @@ fn debug_logs_have_no_rust_debug_formatting() {
     let root = TestRoot::new("no-debug-format");
     let worker = root.start(
         "worker",
-        &json!({"bus": {"peers": ["alice"], "secret": "s"}}),
+        &json!({"bus": {"peers": ["alice"], "secret": "s-0123456789abcdef"}}),
     );
     let _ = worker.talk("mallory", "hi", 1);
     assert!(

@@ -212,6 +212,124 @@ fn bug_another_users_registry_file_redirected_talk() {
     assert_eq!(after, planted, "serve wrote into nobody's registry");
 }
 
+/// How a reload test breaks the trust in config.json after start-up, then plants the
+/// engine config another user would write.
+#[derive(Debug, Clone, Copy)]
+enum Slip {
+    /// config.json becomes writable by others, then is edited in place.
+    ConfigMode,
+    /// The state directory becomes writable by its group, then config.json is replaced.
+    StateDirMode,
+    /// config.json is replaced by a symlink to the planted file.
+    Symlink,
+    /// config.json is replaced by a file of another user (root only).
+    OtherOwner,
+}
+
+/// Regression (high): config.json's 500 ms reload did not apply the start-up trust
+/// checks, so after a mode slip another user's `engine.command` ran as the victim at the
+/// next talk. Each slip: the old (echo) engine answers, the planted one never runs, and
+/// the refusal is logged once, not at every look.
+#[test]
+fn bug_reload_skipped_the_trust_checks() {
+    let mut slips = vec![Slip::ConfigMode, Slip::StateDirMode, Slip::Symlink];
+    if is_root() {
+        slips.push(Slip::OtherOwner);
+    } else {
+        eprintln!("skipping the other-owner case: giving files to nobody needs root");
+    }
+    std::thread::scope(|scope| {
+        for slip in slips {
+            scope.spawn(move || reload_refuses(slip));
+        }
+    });
+}
+
+fn reload_refuses(slip: Slip) {
+    /// The warning of a refused reload.
+    const KEPT: &str = "keeping the last good config";
+    let root = TestRoot::new(&format!("foreign-reload-{slip:?}"));
+    let w = root.start("w", &open_config("s3cret-s3cret-s3cret"));
+    let config = w.state_dir.join("config.json");
+    let marker = root.path.join("pwned");
+    let planted = serde_json::to_vec(&planted_config(&marker)).unwrap();
+    let context = format!("{slip:?}");
+    let wait_for_refusal = || {
+        assert!(
+            w.wait_for_log(KEPT, EXIT_BOUND),
+            "{context}: no refusal\n{}",
+            w.describe()
+        );
+    };
+    match slip {
+        Slip::ConfigMode => {
+            set_mode(&config, 0o666);
+            wait_for_refusal();
+            fs::write(&config, &planted).unwrap();
+        }
+        Slip::StateDirMode => {
+            set_mode(&w.state_dir, 0o770);
+            wait_for_refusal();
+            common::write_file_atomic(&config, &planted);
+        }
+        Slip::Symlink => {
+            let target = root.path.join("planted.json");
+            fs::write(&target, &planted).unwrap();
+            set_mode(&target, 0o600);
+            let link = w.state_dir.join("config.json.link");
+            std::os::unix::fs::symlink(&target, &link).unwrap();
+            fs::rename(&link, &config).unwrap();
+        }
+        Slip::OtherOwner => {
+            let theirs = w.state_dir.join("config.json.theirs");
+            fs::write(&theirs, &planted).unwrap();
+            set_mode(&theirs, 0o600);
+            give_to_nobody(&theirs);
+            fs::rename(&theirs, &config).unwrap();
+        }
+    }
+    wait_for_refusal();
+    // Several more looks at config.json (every 500 ms) while it stays refused.
+    std::thread::sleep(Duration::from_millis(2000));
+    let r = w.talk("c", "still echo", 0);
+    common::assert_success(&r, "w", "still echo", &context);
+    assert!(!marker.exists(), "{context}: the planted engine ran");
+    let log = w.stderr();
+    assert_eq!(
+        log.matches(KEPT).count(),
+        1,
+        "{context}: warned once\n{log}"
+    );
+    let why = match slip {
+        Slip::ConfigMode => "mode 666",
+        Slip::StateDirMode => "mode 770",
+        Slip::Symlink => "symbolic link",
+        Slip::OtherOwner => "uid 65534",
+    };
+    assert!(log.contains(why), "{context}: the reason is named\n{log}");
+    if let Slip::ConfigMode = slip {
+        // Fixed (the good config back, then the mode), it reloads; broken again, it
+        // warns again.
+        fs::write(
+            &config,
+            serde_json::to_vec(&open_config("s3cret-s3cret-s3cret")).unwrap(),
+        )
+        .unwrap();
+        set_mode(&config, 0o600);
+        assert!(
+            w.wait_for_log("reloaded: ", EXIT_BOUND),
+            "{context}: no reload once fixed\n{}",
+            w.describe()
+        );
+        set_mode(&config, 0o666);
+        assert!(
+            common::eventually(EXIT_BOUND, || w.stderr().matches(KEPT).count() == 2),
+            "{context}: broken again, warned again\n{}",
+            w.describe()
+        );
+    }
+}
+
 /// Regression: `talk` read its caller's own config.json without the trust check that
 /// `serve` makes, so another user who could write it (or the state directory, to swap
 /// it) decided the caller's `peers`, `maxDepth` and whether its bus is enabled.

@@ -40,7 +40,7 @@ impl Gated {
         let gate = root.path.join("gate");
         let calls = root.path.join("calls");
         let mut config = json!({
-            "bus": {"peers": "*", "secret": "s"},
+            "bus": {"peers": "*", "secret": "s-0123456789abcdef"},
             "engine": {
                 "command": ["sh", script("gate.sh")],
                 "env": {"GATE": gate.to_str().unwrap(), "CALLS_FILE": calls.to_str().unwrap()},
@@ -294,7 +294,7 @@ fn a_retryable_failure_is_not_stored_and_one_that_is_not_retryable_is() {
     let calls = root.path.join("calls");
     let fails = |name: &str, command: &str| {
         let config = json!({
-            "bus": {"peers": "*", "secret": "s"},
+            "bus": {"peers": "*", "secret": "s-0123456789abcdef"},
             "engine": {"command": ["sh", "-c", command], "env": {"CALLS_FILE": calls.to_str().unwrap()}},
         });
         root.start(name, &config)
@@ -325,7 +325,7 @@ fn a_retryable_failure_is_not_stored_and_one_that_is_not_retryable_is() {
 #[test]
 fn negotiation_lists_the_base_two_plus_what_the_request_asked_for() {
     let root = TestRoot::new("negotiate");
-    let config = json!({"bus": {"peers": "*", "secret": "s"}, "engine": {"command": ["sh", script("json_cost.sh")], "output": "json"}});
+    let config = json!({"bus": {"peers": "*", "secret": "s-0123456789abcdef"}, "engine": {"command": ["sh", script("json_cost.sh")], "output": "json"}});
     let w = root.start("worker", &config);
     // Only the base capabilities: exactly the base two, and no usage.
     let v = w.talk_body(&body("p", None, &CAPABILITIES)).json();
@@ -384,7 +384,7 @@ fn negotiation_lists_the_base_two_plus_what_the_request_asked_for() {
 #[test]
 fn a_text_engine_reports_no_usage_even_when_asked() {
     let root = TestRoot::new("text-usage");
-    let config = json!({"bus": {"peers": "*", "secret": "s"}, "engine": {"command": ["cat"]}});
+    let config = json!({"bus": {"peers": "*", "secret": "s-0123456789abcdef"}, "engine": {"command": ["cat"]}});
     let w = root.start("worker", &config);
     let v = w
         .talk_body(&body(
@@ -406,7 +406,7 @@ fn usage_in_an_envelope_is_only_what_the_engine_reported() {
     let engine = |name: &str, output: &str| {
         let command = format!("cat > /dev/null; printf '%s' '{output}'");
         let config = json!({
-            "bus": {"peers": "*", "secret": "s"},
+            "bus": {"peers": "*", "secret": "s-0123456789abcdef"},
             "engine": {"command": ["sh", "-c", command], "output": "json"},
         });
         root.start(name, &config)
@@ -432,7 +432,7 @@ fn usage_in_an_envelope_is_only_what_the_engine_reported() {
 #[test]
 fn each_waiter_gets_the_turns_envelope_as_its_own_request_negotiated() {
     let root = TestRoot::new("per-waiter");
-    let config = json!({"bus": {"peers": "*", "secret": "s"}, "engine": {"command": ["sh", script("json_cost.sh")], "output": "json"}});
+    let config = json!({"bus": {"peers": "*", "secret": "s-0123456789abcdef"}, "engine": {"command": ["sh", script("json_cost.sh")], "output": "json"}});
     let w = root.start("worker", &config);
     let all = [
         "structured-errors",
@@ -467,7 +467,7 @@ fn talk_retries_an_engine_that_fails_once_and_succeeds_with_two_runs() {
         "n=$(wc -l < \"$CALLS_FILE\" 2>/dev/null || echo 0); echo call >> \"$CALLS_FILE\"; \
                   if [ \"$n\" -eq 0 ]; then echo 'transient trouble' >&2; exit 1; fi; cat";
     let config = json!({
-        "bus": {"peers": "*", "secret": "s-retry"},
+        "bus": {"peers": "*", "secret": "s-retry-0123456789abcdef"},
         "engine": {"command": ["sh", "-c", script], "env": {"CALLS_FILE": calls.to_str().unwrap()}},
     });
     let _worker = root.start("worker", &config);
@@ -503,7 +503,7 @@ fn bug_a_cancel_of_an_engine_ignoring_sigterm_was_reported_unconfirmed() {
     let root = TestRoot::new("cancel-stubborn");
     let ready = root.path.join("ready");
     let config = json!({
-        "bus": {"peers": "*", "secret": "s-stubborn"},
+        "bus": {"peers": "*", "secret": "s-stubborn-0123456789abcdef"},
         "engine": {
             "command": ["sh", "-c", "trap '' TERM; cat > /dev/null; : > \"$READY\"; sleep 60"],
             "env": {"READY": ready.to_str().unwrap()},

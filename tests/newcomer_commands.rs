@@ -153,6 +153,44 @@ fn doctor_names_a_missing_engine_binary_and_a_missing_cwd() {
     );
 }
 
+/// `serve` ran with any fixed secret, the README's own sample `"optional"` and `"a"`
+/// included, so another local user could guess it; `doctor` failed those already. One
+/// rule now refuses both: `serve` exits 2 naming the field and the rule.
+#[test]
+fn bug_serve_accepted_the_readmes_sample_secret_and_a_one_character_one() {
+    let root = TestRoot::new("serve-weak-secret");
+    for (secret, rule) in [
+        ("optional", "is a sample value from the documentation"),
+        ("a", "has only 1 characters (at least 16 wanted)"),
+    ] {
+        root.write_config("worker", &common::open_config(secret));
+        let dir = root.state_dir("worker").display().to_string();
+        let args = ["serve", "--port", "0", "--state-dir", &dir];
+        let output = run(&args, &[], None);
+        let shown = describe(&args, &output);
+        assert_eq!(output.status.code(), Some(2), "{shown}");
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert!(
+            stderr.contains("bus.secret") && stderr.contains(rule),
+            "{shown}"
+        );
+        assert!(!stderr.contains(&format!("\"{secret}\"")), "{shown}");
+        assert!(
+            root.registry()["instances"].get("worker").is_none(),
+            "{shown}"
+        );
+        let (output, lines) = doctor(&root.state_dir("worker"));
+        let shown = describe(&["doctor"], &output);
+        assert_eq!(output.status.code(), Some(1), "{shown}");
+        assert!(
+            with_level(&lines, "fail")
+                .iter()
+                .any(|l| l.contains("bus.secret") && l.contains(rule)),
+            "{shown}"
+        );
+    }
+}
+
 #[test]
 fn doctor_fails_on_the_readme_sample_secret() {
     let root = TestRoot::new("doctor-secret");
@@ -180,7 +218,7 @@ fn doctor_warns_of_stale_entries_and_fails_on_a_shared_port() {
     // A second entry on the same port, of a process that is gone.
     let mut registry = root.registry();
     registry["instances"]["ghost"] = json!({
-        "port": instance.port, "pid": 999_999_999u32, "secret": "x",
+        "port": instance.port, "pid": 999_999_999u32, "secret": "x-0123456789abcdef",
         "updatedAt": "2026-01-01T00:00:00.000Z"
     });
     common::write_file_atomic(

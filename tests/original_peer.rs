@@ -473,7 +473,7 @@ fn bug_the_original_could_not_use_a_loopbus_instance() {
     });
     let instance = root.start(
         "lb",
-        &json!({"bus": {"peers": ["c"], "secret": "lb-secret", "kind": ORIGINAL_KIND,
+        &json!({"bus": {"peers": ["c"], "secret": "lb-secret-0123456789abcdef", "kind": ORIGINAL_KIND,
                         "maxDepth": 3, "maxConcurrentTurns": 1, "maxQueuedTurns": 0},
                 "engine": engine}),
     );
@@ -528,7 +528,7 @@ fn bug_the_original_could_not_use_a_loopbus_instance() {
         )
     };
     strict(
-        &post("lb-secret", r#"{"fromInstance":"c"}"#),
+        &post("lb-secret-0123456789abcdef", r#"{"fromInstance":"c"}"#),
         400,
         "invalid",
     );
@@ -540,7 +540,11 @@ fn bug_the_original_could_not_use_a_loopbus_instance() {
     strict(&instance.talk_body(&talk("x", 1)), 403, "peer not allowed");
     strict(&instance.talk_body(&talk("c", 99)), 429, "max depth");
     let big = json!({"fromInstance": "c", "prompt": "x".repeat(MAX_BODY + 1), "depth": 1});
-    strict(&post("lb-secret", &big.to_string()), 413, "too large");
+    strict(
+        &post("lb-secret-0123456789abcdef", &big.to_string()),
+        413,
+        "too large",
+    );
     let get_talk = request(
         instance.port,
         &format!(

@@ -84,39 +84,37 @@ impl Drop for Reaped {
     }
 }
 
-#[test]
-fn bug_a_squatter_of_another_uid_on_a_legacy_peers_port_got_the_secret() {
-    squatter_of_another_uid_gets_nothing(false);
+/// Starts the [`SQUATTER`] as `nobody` and registers a legacy entry `worker` (no proof,
+/// the squatter's live pid) on its port: the squatter, its port, and what it prints
+/// (the port line, then the requests it got once it is killed).
+fn squat_legacy_entry(
+    root: &TestRoot,
+    close_listener: bool,
+) -> (Reaped, u16, std::sync::mpsc::Receiver<String>) {
+    let mut as_nobody = Command::new("/usr/bin/setpriv");
+    as_nobody.args([
+        "--reuid=65534",
+        "--regid=65534",
+        "--clear-groups",
+        "/usr/bin/python3",
+    ]);
+    squat_legacy_entry_with(root, close_listener, as_nobody)
 }
 
-#[test]
-fn bug_a_squatter_that_closed_its_listener_after_the_probe_got_the_secret() {
-    squatter_of_another_uid_gets_nothing(true);
-}
-
-/// A squatter running as `nobody` on a legacy entry's port: `talk` refuses with the uid
-/// message, and the squatter sees the health probe only.
-fn squatter_of_another_uid_gets_nothing(close_listener: bool) {
-    if let Some(why) = second_uid_unavailable() {
-        eprintln!("skipped: the uid check needs a second uid ({why})");
-        return;
-    }
-    let root = TestRoot::new("uid-squatter");
+/// [`squat_legacy_entry`] with the squatter run by `python` (a command running
+/// python3, to which the script's arguments are added).
+fn squat_legacy_entry_with(
+    root: &TestRoot,
+    close_listener: bool,
+    mut python: Command,
+) -> (Reaped, u16, std::sync::mpsc::Receiver<String>) {
     let script = format!(
         "CLOSE_LISTENER = {}\n{SQUATTER}",
         if close_listener { "True" } else { "False" }
     );
-    root.write_config("me", &open_config("caller-secret-1a2b"));
     let mut squatter = Reaped(
-        Command::new("/usr/bin/setpriv")
-            .args([
-                "--reuid=65534",
-                "--regid=65534",
-                "--clear-groups",
-                "/usr/bin/python3",
-                "-c",
-                &script,
-            ])
+        python
+            .args(["-c", &script])
             .current_dir("/")
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
@@ -153,6 +151,117 @@ fn squatter_of_another_uid_gets_nothing(close_listener: bool) {
         &root.path.join(".bus-registry.json"),
         &serde_json::to_vec(&registry).unwrap(),
     );
+    (squatter, port, receiver)
+}
+
+#[test]
+fn bug_a_squatter_of_another_uid_on_a_legacy_peers_port_got_the_secret() {
+    squatter_of_another_uid_gets_nothing(false);
+}
+
+#[test]
+fn bug_a_squatter_that_closed_its_listener_after_the_probe_got_the_secret() {
+    squatter_of_another_uid_gets_nothing(true);
+}
+
+/// Regression: `health` and `list` called another user's squatter on a legacy entry's
+/// port (no `proof: true`) alive, since it answered health with the entry's name. A
+/// legacy entry is alive only when the same-user check passes.
+#[test]
+fn bug_health_and_list_called_another_users_squatter_alive() {
+    if let Some(why) = second_uid_unavailable() {
+        eprintln!("skipped: the uid check needs a second uid ({why})");
+        return;
+    }
+    let root = TestRoot::new("uid-squatter-alive");
+    let (_squatter, port, _requests) = squat_legacy_entry(&root, false);
+    let root_arg = root.path.display().to_string();
+    let held = format!("port {port} is held by another user's process, uid 65534");
+
+    let args = ["health", "worker", "--root", root_arg.as_str()];
+    let output = run(&args, &[], None);
+    let shown = describe(&args, &output);
+    assert_ne!(output.status.code(), Some(0), "{shown}");
+    assert!(output.stdout.is_empty(), "{shown}");
+    assert!(
+        String::from_utf8_lossy(&output.stderr).contains(&held),
+        "{shown}"
+    );
+
+    let args = ["list", "--root", root_arg.as_str(), "--json"];
+    let output = run(&args, &[], None);
+    let shown = describe(&args, &output);
+    let listed: Value = serde_json::from_slice(&output.stdout).expect(&shown);
+    let worker = listed["instances"]
+        .as_array()
+        .and_then(|all| all.iter().find(|e| e["name"] == "worker"))
+        .expect(&shown);
+    assert_eq!(worker["alive"], false, "{shown}");
+    assert!(
+        worker["problem"]
+            .as_str()
+            .is_some_and(|p| p.contains(&held)),
+        "{shown}"
+    );
+}
+
+/// Regression: where `/proc/net/tcp*` could not be read (a sandbox without /proc), the
+/// same-user check let the talk go on, and a legacy peer's port got the secret whoever
+/// held it. Now `talk` refuses locally, not retryable, and says what would fix it.
+/// Runs `talk` in a private mount namespace with an empty /proc (`unshare`, root).
+#[test]
+fn bug_a_sandbox_without_proc_sent_the_secret_to_an_unchecked_peer() {
+    let hidden = Command::new("unshare")
+        .args(["--mount", "--propagation", "private", "sh", "-c"])
+        .arg("mount -t tmpfs none /proc && ! test -e /proc/net/tcp")
+        .output();
+    if !hidden.is_ok_and(|o| o.status.success()) || !Path::new("/usr/bin/python3").exists() {
+        eprintln!("skipped: hiding /proc needs `unshare --mount` (root) and python3");
+        return;
+    }
+    let root = TestRoot::new("no-proc");
+    root.write_config("me", &open_config("caller-secret-9e8d"));
+    // Our own uid this time: only the unreadable tables refuse it.
+    let (squatter, port, receiver) =
+        squat_legacy_entry_with(&root, false, Command::new("/usr/bin/python3"));
+    let state_dir = root.state_dir("me");
+    let output = Command::new("unshare")
+        .args(["--mount", "--propagation", "private", "sh", "-c"])
+        .arg("mount -t tmpfs none /proc && exec \"$0\" \"$@\"")
+        .arg(common::bin())
+        .args(["talk", "--state-dir"])
+        .arg(&state_dir)
+        .args(["worker", "the private prompt"])
+        .env_remove("LOOPBUS_STATE_DIR")
+        .output()
+        .unwrap();
+    let shown = describe(&["unshare ... talk worker"], &output);
+    assert_eq!(output.status.code(), Some(1), "{shown}");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        stderr.contains(&format!("cannot tell who holds port {port}"))
+            && stderr.contains("mount /proc")
+            && stderr.contains("[instance_unavailable, not retryable]"),
+        "{shown}"
+    );
+    drop(squatter);
+    let requests = receiver.recv_timeout(START_LIMIT).unwrap_or_default();
+    assert!(
+        !requests.to_ascii_lowercase().contains("authorization") && !requests.contains("/api/talk"),
+        "the peer got the secret or the prompt: {requests}"
+    );
+}
+
+/// A squatter running as `nobody` on a legacy entry's port: `talk` refuses with the uid
+/// message, and the squatter sees the health probe only.
+fn squatter_of_another_uid_gets_nothing(close_listener: bool) {
+    if let Some(why) = second_uid_unavailable() {
+        eprintln!("skipped: the uid check needs a second uid ({why})");
+        return;
+    }
+    let root = TestRoot::new("uid-squatter");
+    root.write_config("me", &open_config("caller-secret-1a2b"));
+    let (squatter, port, receiver) = squat_legacy_entry(&root, close_listener);
 
     let state_dir = root.state_dir("me");
     let args = [

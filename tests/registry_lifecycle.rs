@@ -78,13 +78,16 @@ fn now_secs() -> i64 {
 #[test]
 fn registry_entry_after_startup() {
     let root = TestRoot::new("reg-entry");
-    let w = root.start("worker", &open_config("entry-secret"));
+    let w = root.start("worker", &open_config("entry-secret-0123456789abcdef"));
     let registry = root.registry();
     let entry = &registry["instances"]["worker"];
     assert_eq!(entry["port"], u64::from(w.port), "{registry}");
     assert!(w.port > 0);
     assert_eq!(entry["pid"], u64::from(w.pid()), "{registry}");
-    assert_eq!(entry["secret"], "entry-secret", "{registry}");
+    assert_eq!(
+        entry["secret"], "entry-secret-0123456789abcdef",
+        "{registry}"
+    );
     let updated = entry["updatedAt"].as_str().expect("updatedAt is a string");
     let at = parse_iso8601_utc(updated).unwrap_or_else(|| panic!("not ISO-8601: {updated}"));
     assert!(
@@ -125,8 +128,8 @@ fn generated_secret_is_published_only_in_the_registry() {
 
 fn stops_on_signal(signal_name: &str) {
     let root = TestRoot::new(&format!("reg-{signal_name}"));
-    let mut a = root.start("alpha", &open_config("a"));
-    let b = root.start("beta", &open_config("b"));
+    let mut a = root.start("alpha", &open_config("a-0123456789abcdef"));
+    let b = root.start("beta", &open_config("b-0123456789abcdef"));
     signal(a.pid(), signal_name);
     let status = a.wait(Duration::from_secs(10));
     assert_eq!(
@@ -157,9 +160,24 @@ fn sigint_deregisters_and_exits_0() {
 }
 
 #[test]
+fn bug_sigusr1_killed_serve_and_left_its_registry_entry() {
+    stops_on_signal("USR1");
+}
+
+#[test]
+fn bug_sigusr2_killed_serve_and_left_its_registry_entry() {
+    stops_on_signal("USR2");
+}
+
+#[test]
+fn bug_sigalrm_killed_serve_and_left_its_registry_entry() {
+    stops_on_signal("ALRM");
+}
+
+#[test]
 fn deregistration_leaves_an_entry_of_another_pid() {
     let root = TestRoot::new("reg-other-pid");
-    let mut a = root.start("alpha", &open_config("a"));
+    let mut a = root.start("alpha", &open_config("a-0123456789abcdef"));
     // A successor with the same name registered meanwhile (here: faked in the file).
     let path = root.path.join(".bus-registry.json");
     let mut registry = root.registry();
@@ -178,20 +196,20 @@ fn invalid_entries_are_kept_on_the_next_write() {
     let root = TestRoot::new("reg-invalid");
     let path = root.path.join(".bus-registry.json");
     // A valid entry must also be alive to survive: serve prunes dead entries at startup.
-    let _other = root.start("other", &open_config("x"));
+    let _other = root.start("other", &open_config("x-0123456789abcdef"));
     let valid = root.registry()["instances"]["other"].clone();
     let registry = json!({"instances": {
         "other": valid,
-        "port-zero": {"port": 0, "pid": 5, "secret": "x", "updatedAt": "2026-01-01T00:00:00.000Z"},
-        "port-big": {"port": 70000, "pid": 5, "secret": "x", "updatedAt": "2026-01-01T00:00:00.000Z"},
-        "pid-negative": {"port": 5, "pid": -3, "secret": "x", "updatedAt": "2026-01-01T00:00:00.000Z"},
+        "port-zero": {"port": 0, "pid": 5, "secret": "x-0123456789abcdef", "updatedAt": "2026-01-01T00:00:00.000Z"},
+        "port-big": {"port": 70000, "pid": 5, "secret": "x-0123456789abcdef", "updatedAt": "2026-01-01T00:00:00.000Z"},
+        "pid-negative": {"port": 5, "pid": -3, "secret": "x-0123456789abcdef", "updatedAt": "2026-01-01T00:00:00.000Z"},
         "secret-number": {"port": 5, "pid": 5, "secret": 7, "updatedAt": "2026-01-01T00:00:00.000Z"},
-        "bad-time": {"port": 5, "pid": 5, "secret": "x", "updatedAt": "yesterday"},
+        "bad-time": {"port": 5, "pid": 5, "secret": "x-0123456789abcdef", "updatedAt": "yesterday"},
         "-bad name": valid,
         "not-an-object": 12,
     }});
     write_file_atomic(&path, registry.to_string().as_bytes());
-    let w = root.start("worker", &open_config("s"));
+    let w = root.start("worker", &open_config("s-0123456789abcdef"));
     let after = root.registry();
     // Ignored on read, kept as they are on write (contract 6).
     let mut want = registry.clone();
@@ -206,7 +224,7 @@ fn a_corrupt_registry_does_not_stop_serve() {
     let path = root.path.join(".bus-registry.json");
     for junk in [&b"{not json"[..], b"[]", b"{\"instances\": 5}", b""] {
         write_file_atomic(&path, junk);
-        let mut w = root.start("worker", &open_config("s"));
+        let mut w = root.start("worker", &open_config("s-0123456789abcdef"));
         assert_eq!(
             root.registry()["instances"]["worker"]["pid"],
             u64::from(w.pid())
@@ -224,7 +242,7 @@ fn concurrent_startups_all_register() {
             .iter()
             .map(|name| {
                 let root = &root;
-                s.spawn(move || root.start(name, &open_config(name)))
+                s.spawn(move || root.start(name, &open_config(&format!("{name}-0123456789abcdef"))))
             })
             .collect();
         handles.into_iter().map(|h| h.join().unwrap()).collect()
@@ -234,7 +252,11 @@ fn concurrent_startups_all_register() {
         let entry = &registry["instances"][w.name.as_str()];
         assert_eq!(entry["pid"], u64::from(w.pid()), "{registry}");
         assert_eq!(entry["port"], u64::from(w.port), "{registry}");
-        assert_eq!(entry["secret"], w.name.as_str(), "{registry}");
+        assert_eq!(
+            entry["secret"],
+            format!("{}-0123456789abcdef", w.name),
+            "{registry}"
+        );
     }
 }
 
@@ -314,7 +336,7 @@ fn logs_never_contain_secrets_or_prompts() {
     let root = TestRoot::new("logs");
     let mut w = root.start(
         "worker",
-        &json!({"bus": {"peers": ["alice"], "secret": "LOG-SECRET-1f2e"}}),
+        &json!({"bus": {"peers": ["alice"], "secret": "LOG-SECRET-1f2e-0123456789abcdef"}}),
     );
     let prompt = "PROMPT-TEXT-MARKER-9a8b";
     let talk = |from: &str, depth: u64| {
@@ -359,11 +381,40 @@ fn bug_init_created_a_missing_channel_root_with_the_umask_mode() {
     assert_eq!(file_mode(&existing), before);
 }
 
+/// Regression: under umask 000, `init` created the missing ancestors of the channel
+/// root with mode 0777 (another user could swap the root out from under them).
+#[test]
+fn bug_init_under_umask_000_created_missing_ancestors_0777() {
+    let root = TestRoot::new("init-umask-000");
+    let created = [
+        root.path.join("a"),
+        root.path.join("a/b"),
+        root.path.join("a/b/channel"),
+        root.path.join("a/b/channel/inst"),
+    ];
+    let dir = created[3].to_str().unwrap();
+    let output = std::process::Command::new("/bin/sh")
+        .args(["-c", "umask 000; exec \"$0\" init \"$1\"", bin(), dir])
+        .env_remove("LOOPBUS_STATE_DIR")
+        .env_remove("LOOPBUS_ROOT")
+        .output()
+        .unwrap();
+    assert!(
+        output.status.success(),
+        "{}",
+        describe(&["init", dir], &output)
+    );
+    for path in &created {
+        assert_eq!(file_mode(path), 0o700, "{}", path.display());
+    }
+    assert_eq!(file_mode(&created[3].join("config.json")), 0o600);
+}
+
 #[test]
 fn sigterm_with_many_open_connections_exits_0_promptly() {
     use std::io::Write;
     let root = TestRoot::new("term-busy");
-    let mut w = root.start("worker", &open_config("s"));
+    let mut w = root.start("worker", &open_config("s-0123456789abcdef"));
     let mut conns = Vec::new();
     // Idle, mid-head, mid-body and keep-alive connections.
     for _ in 0..connections_to_open(300) {
@@ -399,7 +450,7 @@ fn sigterm_with_many_open_connections_exits_0_promptly() {
 fn a_config_readable_by_others_is_warned_about() {
     use std::os::unix::fs::PermissionsExt;
     let root = TestRoot::new("wide-config");
-    let path = root.write_config("worker", &open_config("s"));
+    let path = root.write_config("worker", &open_config("s-0123456789abcdef"));
     std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o644)).unwrap();
     let w = Instance::spawn(&root, "worker", &[]);
     let stderr = w.stderr();
@@ -414,7 +465,7 @@ fn a_config_readable_by_others_is_warned_about() {
 #[test]
 fn a_second_serve_for_the_same_state_dir_is_refused() {
     let root = TestRoot::new("reg-twice");
-    let _first = root.start("alpha", &open_config("s"));
+    let _first = root.start("alpha", &open_config("s-0123456789abcdef"));
     let dir = root.state_dir("alpha");
     let args = [
         "serve",
@@ -440,11 +491,13 @@ fn a_second_serve_for_the_same_state_dir_is_refused() {
 #[test]
 fn health_answers_while_another_process_holds_the_registry_lock() {
     let root = TestRoot::new("reg-locked");
-    let mut a = root.start("alpha", &open_config("s"));
+    let mut a = root.start("alpha", &open_config("s-0123456789abcdef"));
     let path = root.path.join(".bus-registry.json");
     // The registry lock as the original takes it: the directory, with an owner.json
     // naming a live process (this one) that took it at a time not yet stale.
     let lock = root.path.join(".bus-registry.json.lock");
+    // The entry shows before the start has released its own lock directory.
+    assert!(eventually(Duration::from_secs(10), || !lock.is_dir()));
     std::fs::create_dir(&lock).unwrap();
     let owner = json!({"pid": std::process::id(), "acquiredAt": "2999-01-01T00:00:00.000Z"});
     std::fs::write(lock.join("owner.json"), owner.to_string()).unwrap();
@@ -452,7 +505,7 @@ fn health_answers_while_another_process_holds_the_registry_lock() {
     // warns about it: the sign that the periodic check read the registry, found alpha
     // missing, and went on to the lock.
     let before = a.stderr().len();
-    let invalid = json!({"instances": {"port-zero": {"port": 0, "pid": 5, "secret": "x",
+    let invalid = json!({"instances": {"port-zero": {"port": 0, "pid": 5, "secret": "x-0123456789abcdef",
         "updatedAt": "2026-01-01T00:00:00.000Z"}}});
     write_file_atomic(&path, invalid.to_string().as_bytes());
     let checked = eventually(Duration::from_secs(10), || {
@@ -479,7 +532,7 @@ fn health_answers_while_another_process_holds_the_registry_lock() {
 #[test]
 fn a_fifo_in_place_of_the_registry_does_not_stall_the_server() {
     let root = TestRoot::new("reg-fifo");
-    let mut a = root.start("alpha", &open_config("s"));
+    let mut a = root.start("alpha", &open_config("s-0123456789abcdef"));
     let path = root.path.join(".bus-registry.json");
     std::fs::remove_file(&path).unwrap();
     rustix::fs::mkfifoat(
@@ -514,18 +567,17 @@ fn invalid_entries_and_a_torn_registry_do_not_break_lookup() {
     let root = TestRoot::new("disc-torn");
     root.write_config("me", &json!({"bus": {"peers": "*"}}));
     let me = root.state_dir("me");
-    let beta = root.start("beta", &open_config("sb"));
+    let beta = root.start("beta", &open_config("sb-0123456789abcdef"));
 
     // Invalid entries beside the valid one are skipped.
     let mut registry = root.registry();
     let t = "2026-01-01T00:00:00.000Z";
     registry["instances"]["port-zero"] =
-        json!({"port": 0, "pid": 1, "secret": "s", "updatedAt": t});
+        json!({"port": 0, "pid": 1, "secret": "s-0123456789abcdef", "updatedAt": t});
     registry["instances"]["no-secret"] = json!({"port": beta.port, "pid": 1, "updatedAt": t});
-    registry["instances"]["bad-time"] =
-        json!({"port": beta.port, "pid": 1, "secret": "s", "updatedAt": "yesterday"});
+    registry["instances"]["bad-time"] = json!({"port": beta.port, "pid": 1, "secret": "s-0123456789abcdef", "updatedAt": "yesterday"});
     registry["instances"]["-bad name"] =
-        json!({"port": beta.port, "pid": 1, "secret": "s", "updatedAt": t});
+        json!({"port": beta.port, "pid": 1, "secret": "s-0123456789abcdef", "updatedAt": t});
     registry["instances"]["not-an-object"] = json!(42);
     registry["unexpected"] = json!([1, 2, 3]);
     std::fs::write(root.path.join(".bus-registry.json"), registry.to_string()).unwrap();
@@ -554,7 +606,7 @@ fn invalid_entries_and_a_torn_registry_do_not_break_lookup() {
 
     // The next registration sets the torn file aside and rewrites a valid one, and
     // lookups work again.
-    let _gamma = root.start("gamma", &open_config("sc"));
+    let _gamma = root.start("gamma", &open_config("sc-0123456789abcdef"));
     let t3 = talk(&me, &["gamma", "recovered"], &[], None);
     assert_eq!(t3.code(), Some(0), "{}", t3.describe());
     assert_eq!(t3.stdout(), "recovered\n");
@@ -578,4 +630,80 @@ fn invalid_entries_and_a_torn_registry_do_not_break_lookup() {
         "beta did not re-register after its entry was lost"
     );
     drop(beta);
+}
+
+/// Regression: two `serve` of one name (from two state directories) started at the same
+/// moment both ran and both said `ready:`, while only one was registered; the other
+/// stayed up, unreachable. Now exactly one runs and is registered, and the other exits 2
+/// naming the holder. Several rounds, since it is a race.
+#[test]
+fn bug_two_serves_of_one_name_started_at_once_both_ran() {
+    use std::process::{Command, Stdio};
+    const ROUNDS: usize = 5;
+    let root = TestRoot::new("reg-same-name");
+    for dir in ["a", "b"] {
+        root.write_config(dir, &open_config("same-name-0123456789abcdef"));
+    }
+    for round in 0..ROUNDS {
+        let spawn = |dir: &str| {
+            let stderr = root.path.join(format!("{dir}-{round}.stderr"));
+            let child = Command::new(bin())
+                .args(["serve", "--port", "0", "--name", "w", "--state-dir"])
+                .arg(root.state_dir(dir))
+                .env("RUST_LOG", "info")
+                .stdin(Stdio::null())
+                .stdout(Stdio::null())
+                .stderr(std::fs::File::create(&stderr).unwrap())
+                .spawn()
+                .unwrap();
+            (child, stderr)
+        };
+        let mut both = [spawn("a"), spawn("b")];
+        let read = |path: &Path| std::fs::read_to_string(path).unwrap_or_default();
+        let mut exited = [None, None];
+        let settled = eventually(Duration::from_secs(30), || {
+            for (i, (child, _)) in both.iter_mut().enumerate() {
+                if exited[i].is_none() {
+                    exited[i] = child.try_wait().unwrap().map(|s| s.code());
+                }
+            }
+            let registered = root.registry()["instances"]["w"]["pid"].as_u64();
+            exited.iter().filter(|e| e.is_some()).count() == 1
+                && both.iter().enumerate().any(|(i, (child, _))| {
+                    exited[i].is_none() && registered == Some(u64::from(child.id()))
+                })
+        });
+        let shown = format!(
+            "round {round}: exits {exited:?}\na:\n{}\nb:\n{}\nregistry: {}",
+            read(&both[0].1),
+            read(&both[1].1),
+            root.registry()
+        );
+        assert!(settled, "{shown}");
+        let loser = exited.iter().position(Option::is_some).unwrap();
+        let winner = 1 - loser;
+        assert_eq!(exited[loser], Some(Some(2)), "{shown}");
+        let pid = both[winner].0.id();
+        let lost = read(&both[loser].1);
+        assert!(
+            lost.contains("already running") && lost.contains(&format!("pid {pid}")),
+            "the holder is named: {shown}"
+        );
+        assert!(!lost.contains("ready:"), "{shown}");
+        assert!(
+            eventually(Duration::from_secs(10), || read(&both[winner].1)
+                .contains("ready:")),
+            "{shown}"
+        );
+        signal(pid, "TERM");
+        let (child, _) = &mut both[winner];
+        assert!(
+            eventually(Duration::from_secs(20), || child
+                .try_wait()
+                .unwrap()
+                .is_some()),
+            "{shown}"
+        );
+        assert!(root.registry()["instances"].get("w").is_none(), "{shown}");
+    }
 }

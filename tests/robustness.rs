@@ -64,7 +64,7 @@ fn wait_until(what: &str, mut done: impl FnMut() -> bool) {
 }
 
 fn start(root: &TestRoot) -> Instance {
-    root.start("target", &open_config("robust-secret"))
+    root.start("target", &open_config("robust-secret-0123456789abcdef"))
 }
 
 fn talk_body(prompt: &str) -> Value {
@@ -725,7 +725,7 @@ fn bug_one_pipelining_client_starved_every_other_connection() {
 fn endless_pipelining_does_not_starve_health() {
     let _heavy = heavy();
     let root = TestRoot::new("fairness");
-    let mut a = root.start("alpha", &open_config("s"));
+    let mut a = root.start("alpha", &open_config("s-0123456789abcdef"));
     let stop = Arc::new(AtomicBool::new(false));
     let mut stream = connect(a.port);
     let mut reader = stream.try_clone().unwrap();
@@ -867,7 +867,7 @@ fn pipelined_floods_on_more_connections_than_the_cap() {
 fn bug_a_low_open_files_limit_left_health_behind_the_backlog() {
     let _heavy = heavy();
     let root = TestRoot::new("fdlimit");
-    root.write_config("target", &open_config("robust-secret"));
+    root.write_config("target", &open_config("robust-secret-0123456789abcdef"));
     let mut w = Instance::spawn_with_fd_limit(&root, "target", 256);
     let addr = ([127, 0, 0, 1], w.port).into();
     let mut conns = Vec::new();

@@ -198,7 +198,10 @@ fn loopbus_and_the_original_share_one_registry_concurrently() {
         }
     });
     for i in 0..EACH {
-        root.write_config(&format!("lb-{i}"), &open_config(&format!("s{i}")));
+        root.write_config(
+            &format!("lb-{i}"),
+            &open_config(&format!("s{i}-0123456789abcdef")),
+        );
     }
 
     let standins = std::thread::scope(|scope| {
@@ -275,7 +278,7 @@ fn loopbus_and_the_original_share_one_registry_concurrently() {
 fn an_old_writer_without_lock_or_rename_loses_nothing_of_loopbus_and_keeps_its_own() {
     let root = TestRoot::new("shared-reg-old");
     standin_register(&root.path, Writer::Old, "bridge", standin_entry(5100, 7));
-    let mut alpha = root.start("alpha", &open_config("sa"));
+    let mut alpha = root.start("alpha", &open_config("sa-0123456789abcdef"));
     let registry = root.registry();
     assert_eq!(registry["instances"]["bridge"]["telegramChat"], 7);
     // The old writer rewrites with alpha's entry in it, as it found it.
@@ -296,7 +299,7 @@ fn an_old_writer_without_lock_or_rename_loses_nothing_of_loopbus_and_keeps_its_o
 fn serve_recovers(label: &str, plant: impl FnOnce(&Path)) {
     let root = TestRoot::new(label);
     plant(&lock_path(&root.path));
-    let alpha = root.start("alpha", &open_config("sa"));
+    let alpha = root.start("alpha", &open_config("sa-0123456789abcdef"));
     let lock = lock_path(&root.path);
     // The entry is visible just before the lock is released.
     assert!(
@@ -370,7 +373,7 @@ fn a_file_at_the_locks_name_is_refused_not_removed() {
     let root = TestRoot::new("lock-file");
     fs::write(lock_path(&root.path), b"").unwrap();
     let dir = root.state_dir("alpha");
-    root.write_config("alpha", &open_config("sa"));
+    root.write_config("alpha", &open_config("sa-0123456789abcdef"));
     let output = run(&["serve", "--state-dir", dir.to_str().unwrap()], &[], None);
     assert_eq!(output.status.code(), Some(2), "{output:?}");
     let stderr = String::from_utf8_lossy(&output.stderr);
@@ -386,7 +389,7 @@ fn bug_the_lock_file_of_todays_loopbus_locked_the_original_out() {
     // The original can lock the root once loopbus has written there: loopbus leaves
     // no lock file behind.
     let root = TestRoot::new("lock-file-after");
-    let _alpha = root.start("alpha", &open_config("sa"));
+    let _alpha = root.start("alpha", &open_config("sa-0123456789abcdef"));
     standin_register(&root.path, Writer::Locked, "bridge", standin_entry(5200, 1));
     assert_eq!(root.registry()["instances"]["bridge"]["telegramChat"], 1);
     assert!(root.registry()["instances"]["alpha"].is_object());

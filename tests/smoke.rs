@@ -11,7 +11,7 @@ use std::time::Duration;
 #[test]
 fn echo_talk_round_trip() {
     let root = TestRoot::new("smoke");
-    let mut a = root.start("alpha", &open_config("s3cret"));
+    let mut a = root.start("alpha", &open_config("s3cret-0123456789abcdef"));
     let health = a.health();
     assert_eq!(health["instance"], "alpha");
     assert_eq!(health["status"], "ok");
@@ -30,12 +30,12 @@ fn echo_talk_round_trip() {
 fn expect_100_continue_gets_an_interim_answer() {
     use std::io::Write;
     let root = TestRoot::new("continue");
-    let a = root.start("alpha", &open_config("s3cret"));
+    let a = root.start("alpha", &open_config("s3cret-0123456789abcdef"));
     let body = r#"{"fromInstance":"c","prompt":"after continue","depth":0}"#;
     let mut stream = connect(a.port);
     write!(
         stream,
-        "POST /api/talk HTTP/1.1\r\nHost: {}\r\nAuthorization: Bearer s3cret\r\nExpect: 100-continue\r\nContent-Length: {}\r\n\r\n",
+        "POST /api/talk HTTP/1.1\r\nHost: {}\r\nAuthorization: Bearer s3cret-0123456789abcdef\r\nExpect: 100-continue\r\nContent-Length: {}\r\n\r\n",
         a.host(),
         body.len()
     )

@@ -10,7 +10,7 @@ use crate::protocol::{
     self, encode_talk_request_with, InstanceName, RequestExt, TalkRequest, MAX_BODY_BYTES,
 };
 use crate::registry::owner::OwnerRefusal;
-use crate::registry::{self, Target};
+use crate::registry::{self, ProbeError, Target};
 use std::time::{Duration, Instant};
 
 /// The caller's own checks, in the table's order: own bus enabled, target among own
@@ -162,19 +162,17 @@ fn prove(
         Target::Entry(target, entry),
         Some(&options.bus.accept_kinds),
     )
-    .map_err(|reason| {
-        if reason.is_failed_proof() {
-            DelegateError::Unproven {
-                target: target.to_string(),
-                port: entry.port,
-                reason,
-            }
-        } else {
-            DelegateError::ProbeFailed {
-                target: target.to_string(),
-                reason,
-            }
-        }
+    .map_err(|reason| match reason {
+        ProbeError::NotSameUser(refusal) => owner_refused(target, refusal),
+        reason if reason.is_failed_proof() => DelegateError::Unproven {
+            target: target.to_string(),
+            port: entry.port,
+            reason,
+        },
+        reason => DelegateError::ProbeFailed {
+            target: target.to_string(),
+            reason,
+        },
     })?;
     let mut connection = probed.connection;
     if !connection.is_reusable() {
@@ -187,8 +185,7 @@ fn prove(
         }
         connection = Connection::open_at(entry.host, entry.port, Instant::now() + PROVE_CONNECT)
             .map_err(|e| transport_error(target, PROVE_CONNECT, e))?;
-    }
-    if !entry.proof {
+        // The probe checked its own connection's other end; this one is checked anew.
         same_user(target, entry, &connection)?;
     }
     Ok((connection, probed.answer.health.capabilities))
@@ -209,21 +206,23 @@ fn same_user(
 ) -> Result<(), DelegateError> {
     let (peer, local) = connection.addresses().map_err(|e| {
         log::debug!("owner of port {} unknown: {e}", entry.port);
-        DelegateError::OwnerUnknown {
-            target: target.to_string(),
-            port: entry.port,
-        }
+        owner_refused(target, OwnerRefusal::Unknown { port: entry.port })
     })?;
-    registry::check_connection_owner(peer, local).map_err(|refusal| match refusal {
+    registry::check_connection_owner(peer, local).map_err(|refusal| owner_refused(target, refusal))
+}
+
+/// The delegation failure of a same-user check's refusal.
+fn owner_refused(target: &InstanceName, refusal: OwnerRefusal) -> DelegateError {
+    match refusal {
         OwnerRefusal::Foreign(mismatch) => DelegateError::ForeignListener {
             target: target.to_string(),
             mismatch,
         },
-        OwnerRefusal::Unknown { port } => DelegateError::OwnerUnknown {
+        refusal => DelegateError::OwnerUnknown {
             target: target.to_string(),
-            port,
+            refusal,
         },
-    })
+    }
 }
 
 /// Maps a failed exchange to the table's row.

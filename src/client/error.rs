@@ -69,14 +69,15 @@ pub enum DelegateError {
         /// The port and the uid holding it.
         mismatch: OwnerMismatch,
     },
-    /// The socket tables do not list the other end of the connection to a target that
-    /// cannot prove itself, so who holds its port cannot be told (contract 6.1): the
-    /// secret was not sent. Not retryable: it needs someone to look.
+    /// Who holds the port of a target that cannot prove itself cannot be told (contract
+    /// 6.1): the socket tables do not list the other end of the connection, or cannot be
+    /// read at all. The secret was not sent. Not retryable: it needs someone to look.
     OwnerUnknown {
         /// The target asked for.
         target: String,
-        /// The port it is registered on.
-        port: u16,
+        /// Why ([`OwnerRefusal::Unknown`] or [`OwnerRefusal::TablesUnreadable`]; it
+        /// names the port).
+        refusal: OwnerRefusal,
     },
     /// Whatever holds the target's registered address did not prove it holds the
     /// target's secret, so the secret was not sent (contract 6.1); not retryable.
@@ -282,11 +283,9 @@ impl fmt::Display for DelegateError {
             Self::ForeignListener { target, mismatch } => {
                 write!(f, "instance {target} is not available: {mismatch}")
             }
-            Self::OwnerUnknown { target, port } => write!(
-                f,
-                "instance {target} is not available: {}",
-                OwnerRefusal::Unknown { port: *port }
-            ),
+            Self::OwnerUnknown { target, refusal } => {
+                write!(f, "instance {target} is not available: {refusal}")
+            }
             Self::Unproven {
                 target,
                 port,

@@ -340,6 +340,7 @@ mod tests {
     use super::*;
     use crate::http::client::{ClientError, ReceivedResponse};
     use crate::protocol::{ErrorCode, Failure, MAX_BODY_BYTES};
+    use crate::registry::owner::OwnerRefusal;
     use crate::registry::{OwnerMismatch, ProbeError};
 
     fn io(kind: std::io::ErrorKind) -> std::io::Error {
@@ -471,7 +472,7 @@ mod tests {
             (
                 DelegateError::OwnerUnknown {
                     target: t(),
-                    port: 7701,
+                    refusal: OwnerRefusal::TablesUnreadable { port: 7701 },
                 },
                 "instance_unavailable",
                 false,
@@ -809,7 +810,7 @@ mod tests {
     fn owner_unknown_says_who_holds_the_port_cannot_be_told() {
         let e = DelegateError::OwnerUnknown {
             target: "b".into(),
-            port: 7701,
+            refusal: OwnerRefusal::Unknown { port: 7701 },
         };
         assert_eq!(
             e.to_string(),

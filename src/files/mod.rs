@@ -369,9 +369,9 @@ pub fn set_aside(path: &Path, suffix: &str) -> io::Result<PathBuf> {
 // ---------------------------------------------------------------------------------------
 // Directories and modes
 
-/// Creates the directory `path` and any missing parents. If the last component does not
-/// exist yet it is created with mode 0700; an existing directory is left as it is (use
-/// [`mode_is_wider`] to warn about it).
+/// Creates the directory `path` and any missing parents, each one it creates with mode
+/// 0700 whatever the umask (`create_dir_all` made them 0777 under umask 000); an
+/// existing directory is left as it is (use [`mode_is_wider`] to warn about it).
 ///
 /// # Errors
 ///
@@ -381,10 +381,8 @@ pub fn create_dir_private(path: &Path) -> io::Result<()> {
     if path.is_dir() {
         return Ok(());
     }
-    if let Some(parent) = path.parent() {
-        if !parent.as_os_str().is_empty() {
-            fs::create_dir_all(parent)?;
-        }
+    if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
+        create_dir_private(parent)?;
     }
     match DirBuilder::new().mode(PRIVATE_DIR_MODE).create(path) {
         // The umask may have narrowed the mode; make it exactly 0700.

@@ -24,10 +24,10 @@ pub mod probe;
 pub mod store;
 mod warnings;
 
-pub use owner::{check_connection_owner, OwnerMismatch};
+pub use owner::{check_connection_owner, OwnerMismatch, OwnerRefusal};
 pub use probe::{
-    list, probe, probe_instance, probe_port, prune, running, HealthAnswer, Listed, ProbeError,
-    Target, PROBE_TIMEOUT,
+    holds_name, list, probe, probe_instance, probe_port, prune, running, HealthAnswer, Listed,
+    ProbeError, Target, PROBE_TIMEOUT,
 };
 pub use store::{
     channel_root, default_name, deregister, ensure_registered, lookup, read, register_at,

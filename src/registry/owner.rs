@@ -17,9 +17,10 @@
 //!
 //! The verdict ([`read_verdict`]) works on any readers of the tables' text, so it is
 //! tested without the kernel;
-//! [`check_connection_owner`] and [`check_listener_owner`] read the files. Only where
-//! the check cannot be made at all (not Linux, no table readable) does it say so at
-//! debug level and let the delegation go on.
+//! [`check_connection_owner`] and [`check_listener_owner`] read the files. Where no
+//! table can be read (a sandbox without /proc) the check fails closed
+//! ([`OwnerRefusal::TablesUnreadable`]); only off Linux, where there are no such tables,
+//! does it say so at debug level and let the delegation go on.
 
 use std::fmt;
 use std::io::BufRead;
@@ -83,12 +84,19 @@ impl std::error::Error for OwnerMismatch {}
 
 /// Why a connection's check refuses to send the secret.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum OwnerRefusal {
     /// A socket of another user would receive, or holds, the connection.
     Foreign(OwnerMismatch),
     /// The tables could be read but do not list the connection's other end (or did not
-    /// within [`OWNER_CHECK_TIME_LIMIT`]): who holds the port cannot be told.
+    /// within the check's time limit, 5 s): who holds the port cannot be told.
     Unknown {
+        /// The target port.
+        port: u16,
+    },
+    /// No socket table could be read (a sandbox without /proc): who holds the port
+    /// cannot be told, so the check fails closed.
+    TablesUnreadable {
         /// The target port.
         port: u16,
     },
@@ -101,6 +109,12 @@ impl fmt::Display for OwnerRefusal {
             OwnerRefusal::Unknown { port } => write!(
                 f,
                 "cannot tell who holds port {port}; not sending the secret"
+            ),
+            OwnerRefusal::TablesUnreadable { port } => write!(
+                f,
+                "cannot tell who holds port {port}: neither {PROC_NET_TCP} nor {PROC_NET_TCP6} \
+                 can be read; not sending the secret to a peer that cannot prove itself \
+                 (mount /proc, or upgrade the peer to one that answers the health proof)"
             ),
         }
     }
@@ -298,37 +312,46 @@ pub fn read_verdict<R: BufRead>(
 
 /// Checks that the socket listening on `ip:port` (and any wildcard listener that would
 /// also receive a connection to it) belongs to the caller's own uid. A port no one
-/// listens on passes; where the check cannot be made, says so at debug level and
-/// returns `Ok`.
+/// listens on passes; off Linux, says so at debug level and returns `Ok`.
 ///
 /// # Errors
 /// A listener of another uid would receive the connection, or the tables could not be
-/// read within [`OWNER_CHECK_TIME_LIMIT`].
+/// read (at all, or within [`OWNER_CHECK_TIME_LIMIT`]).
 pub fn check_listener_owner(ip: IpAddr, port: u16) -> Result<(), OwnerRefusal> {
     check(SocketAddr::new(ip, port), None)
 }
 
 /// Checks, for the open connection from `local` to `peer`, that its accepted end and
 /// every listener that would receive a connection to `peer` belong to the caller's own
-/// uid. Only where no socket table can be read at all (or not on Linux) does it say so
-/// at debug level and return `Ok`.
+/// uid. Only off Linux does it say so at debug level and return `Ok`.
 ///
 /// # Errors
 /// A socket of another uid holds the connection or the port
-/// ([`OwnerRefusal::Foreign`]), or the tables do not list the connection's accepted
+/// ([`OwnerRefusal::Foreign`]), the tables do not list the connection's accepted
 /// end within [`TABLE_READINGS`] readings and [`OWNER_CHECK_TIME_LIMIT`]
-/// ([`OwnerRefusal::Unknown`]).
+/// ([`OwnerRefusal::Unknown`]), or no table can be read
+/// ([`OwnerRefusal::TablesUnreadable`]).
 pub fn check_connection_owner(peer: SocketAddr, local: SocketAddr) -> Result<(), OwnerRefusal> {
     check(peer, Some(local))
 }
 
 fn check(target: SocketAddr, ours: Option<SocketAddr>) -> Result<(), OwnerRefusal> {
-    let port = target.port();
     if !cfg!(target_os = "linux") {
-        log::debug!("owner of port {port} not checked: not Linux");
+        log::debug!("owner of port {} not checked: not Linux", target.port());
         return Ok(());
     }
     let own_uid = rustix::process::getuid().as_raw();
+    check_tables(target, ours, own_uid, open_tables)
+}
+
+/// [`check`] on the tables `open` gives at each reading (the kernel's, or a test's).
+fn check_tables<R: BufRead>(
+    target: SocketAddr,
+    ours: Option<SocketAddr>,
+    own_uid: u32,
+    open: impl Fn() -> Vec<R>,
+) -> Result<(), OwnerRefusal> {
+    let port = target.port();
     let started = Instant::now();
     let deadline = started
         .checked_add(OWNER_CHECK_TIME_LIMIT)
@@ -338,10 +361,10 @@ fn check(target: SocketAddr, ours: Option<SocketAddr>) -> Result<(), OwnerRefusa
     // a socket not found is looked for again before it counts as not listed.
     let mut last = None;
     for _ in 0..TABLE_READINGS {
-        let tables = open_tables();
+        let tables = open();
         if tables.is_empty() {
-            log::debug!("owner of port {port} not checked: no socket table readable");
-            return Ok(());
+            // Failing open here sent the secret to another user's squatter.
+            return Err(OwnerRefusal::TablesUnreadable { port });
         }
         match read_verdict(tables, target, ours, own_uid, deadline) {
             Ok(Some(Verdict::Own)) => return Ok(()),
@@ -832,5 +855,27 @@ mod tests {
                 Some(Verdict::Foreign(own))
             );
         }
+    }
+
+    /// Where /proc/net/tcp* could not be read (a sandbox without /proc), the check
+    /// let the delegation go on, and the secret went to another user's squatter.
+    #[test]
+    fn bug_unreadable_socket_tables_let_the_secret_go_to_a_peer_that_cannot_prove_itself() {
+        let target = a("127.0.0.1:7701");
+        let none = || Vec::<std::io::Cursor<&[u8]>>::new();
+        for ours in [None, Some(a("127.0.0.1:50000"))] {
+            assert_eq!(
+                check_tables(target, ours, 1000, none),
+                Err(OwnerRefusal::TablesUnreadable { port: 7701 })
+            );
+        }
+        let text = OwnerRefusal::TablesUnreadable { port: 7701 }.to_string();
+        assert!(text.contains("port 7701"), "{text}");
+        assert!(text.contains("not sending the secret"), "{text}");
+        assert!(text.contains("mount /proc"), "{text}");
+        assert!(text.contains("health proof"), "{text}");
+        // Readable tables still decide as before.
+        let own = || vec![std::io::Cursor::new(HEADER.as_bytes())];
+        assert_eq!(check_tables(target, None, 1000, own), Ok(()));
     }
 }

@@ -13,6 +13,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
+use super::owner::{check_connection_owner, OwnerRefusal};
 use super::store::{self, RegistryEntry};
 use crate::files;
 use crate::http::client::{ClientError, Connection, ReceivedResponse};
@@ -62,6 +63,10 @@ pub enum ProbeError {
     NoProof,
     /// The answer's proof is not the HMAC of the probe's nonce under the entry's secret.
     WrongProof,
+    /// The entry cannot prove itself (no `proof: true`), and the same-user check of the
+    /// probe's connection refused it (contract 6.1): another user's process holds the
+    /// port, or who holds it cannot be told.
+    NotSameUser(OwnerRefusal),
 }
 
 /// A peer-supplied string, quoted and cut to [`MAX_QUOTED_CHARS`].
@@ -95,6 +100,7 @@ impl fmt::Display for ProbeError {
             Self::WrongProof => f.write_str(
                 "whatever holds the port gave a wrong proof of the instance's secret; not sending it",
             ),
+            Self::NotSameUser(refusal) => refusal.fmt(f),
         }
     }
 }
@@ -106,7 +112,10 @@ impl ProbeError {
     /// it holds the entry's secret: a squatter, refused without retrying (contract
     /// 6.1).
     pub fn is_failed_proof(&self) -> bool {
-        matches!(self, Self::NoProof | Self::WrongProof)
+        matches!(
+            self,
+            Self::NoProof | Self::WrongProof | Self::NotSameUser(OwnerRefusal::Foreign(_))
+        )
     }
 
     /// Whether the entry is certainly stale, so that `prune` may remove it: nothing
@@ -122,7 +131,8 @@ impl ProbeError {
             | Self::NotHealth(_)
             | Self::OtherInstance(_)
             | Self::NoProof
-            | Self::WrongProof => true,
+            | Self::WrongProof
+            | Self::NotSameUser(OwnerRefusal::Foreign(_)) => true,
             Self::Http(
                 ClientError::NotLoopback(_)
                 | ClientError::Timeout
@@ -130,7 +140,8 @@ impl ProbeError {
                 | ClientError::UnsendableSecret,
             )
             | Self::NotReady(_)
-            | Self::KindNotAccepted(_) => false,
+            | Self::KindNotAccepted(_)
+            | Self::NotSameUser(_) => false,
         }
     }
 }
@@ -193,15 +204,17 @@ pub enum Target<'a> {
 }
 
 /// The health probe: connects to `target`, asks `GET /api/health`, and checks the
-/// answer as [`check_health`] does (and the proof, for a [`Target::Entry`] that
-/// claims one), all within [`PROBE_TIMEOUT`]. The connection handed back is the one
-/// the answer came on.
+/// answer as [`check_health`] does, and for a [`Target::Entry`] the proof of one that
+/// claims it, or else that the other end of the connection is of our own user
+/// ([`check_connection_owner`]: an answer of another user's squatter is no sign of
+/// life). All within [`PROBE_TIMEOUT`] (the same-user check has its own bound). The
+/// connection handed back is the one the answer came on.
 ///
 /// # Errors
 ///
 /// A failure to connect or to get an answer in time, the first condition of
-/// [`check_health`] that does not hold, [`ProbeError::NoProof`] or
-/// [`ProbeError::WrongProof`].
+/// [`check_health`] that does not hold, [`ProbeError::NoProof`],
+/// [`ProbeError::WrongProof`] or [`ProbeError::NotSameUser`].
 pub fn probe(target: Target<'_>, accept_kinds: Option<&[String]>) -> Result<Probed, ProbeError> {
     let deadline = Instant::now() + PROBE_TIMEOUT;
     let (host, port, name, entry) = match target {
@@ -227,6 +240,12 @@ pub fn probe(target: Target<'_>, accept_kinds: Option<&[String]>) -> Result<Prob
                 }
                 Some(_) => {}
             }
+        } else {
+            let unknown = OwnerRefusal::Unknown { port };
+            let (peer, local) = connection
+                .addresses()
+                .map_err(|_| ProbeError::NotSameUser(unknown))?;
+            check_connection_owner(peer, local).map_err(ProbeError::NotSameUser)?;
         }
     }
     Ok(Probed { connection, answer })
@@ -348,40 +367,45 @@ pub fn list(root: &Path, accept_kinds: Option<&[String]>) -> io::Result<Vec<List
 /// does not accept, or one that does not answer loopbus's probe as expected) stays
 /// while its process lives. The removal happens under the lock, and only for entries
 /// that did not change meanwhile ([`store::remove_unchanged`]), so an instance that
-/// re-registered in between is kept; invalid entries are never removed.
+/// re-registered in between is kept; invalid entries are never removed. The entry of
+/// `keep`, if given, is left to its own start (which looks at it before replacing it).
 ///
 /// # Errors
 ///
 /// Any I/O error reading, locking or writing the registry.
-pub fn prune(root: &Path) -> io::Result<Vec<InstanceName>> {
+pub fn prune(root: &Path, keep: Option<&InstanceName>) -> io::Result<Vec<InstanceName>> {
     let stale: Vec<(InstanceName, RegistryEntry)> = store::read(root)?
         .into_iter()
-        .filter(|(_, entry)| files::pid_is_gone(entry.pid))
+        .filter(|(name, entry)| Some(name) != keep && files::pid_is_gone(entry.pid))
         .collect();
     store::remove_unchanged(root, stale)
 }
 
-/// The entry of `name` if a process answers on its address as that instance with
-/// `status: "ok"`, of any kind, and (for an entry with `proof: true`) proves it holds
-/// the entry's secret: an instance of that name is running. A holder of the port that
-/// fails the proof is logged (the port and why) and is not running: the caller may
-/// take the entry over.
+/// The entry of `name` under `root` if it is of a running instance, so that a start of
+/// that name must not take it over: a process answers on its address as that instance
+/// with `status: "ok"`, of any kind, proving (for an entry with `proof: true`) it holds
+/// the entry's secret, or passing the same-user check (for one without), or the
+/// entry's pid lives and the probe was not certain it is gone (a busy instance that
+/// does not answer in time is still there). A holder of the port that fails the proof
+/// or is of another user is logged (the port and why) and does not hold the name, nor
+/// does an instance that is stopping or a port nothing listens on.
 ///
 /// # Errors
 ///
 /// The registry file exists but can't be read.
 pub fn running(root: &Path, name: &InstanceName) -> io::Result<Option<RegistryEntry>> {
-    let Some(entry) = store::lookup(root, name)? else {
-        return Ok(None);
-    };
-    match probe_instance(name, &entry, None) {
-        Ok(_) => Ok(Some(entry)),
+    Ok(store::lookup(root, name)?.filter(|entry| holds_name(name, entry)))
+}
+
+/// Whether `entry` is of a running instance `name`: the decision of [`running`], for a
+/// start that holds the registry lock.
+pub fn holds_name(name: &InstanceName, entry: &RegistryEntry) -> bool {
+    match probe_instance(name, entry, None) {
+        Ok(_) => true,
         Err(e) if e.is_failed_proof() => {
             // Who holds it, as far as the socket tables tell (Linux).
             let holder = match super::owner::check_listener_owner(entry.host, entry.port) {
-                Err(super::owner::OwnerRefusal::Foreign(m)) => {
-                    format!(" (another user's, uid {})", m.uid)
-                }
+                Err(OwnerRefusal::Foreign(m)) => format!(" (another user's, uid {})", m.uid),
                 _ => String::new(),
             };
             log::warn!(
@@ -389,9 +413,10 @@ pub fn running(root: &Path, name: &InstanceName) -> io::Result<Option<RegistryEn
                 entry.port,
                 entry.host
             );
-            Ok(None)
+            false
         }
-        Err(_) => Ok(None),
+        Err(ProbeError::NotReady(_)) => false,
+        Err(e) => !e.is_stale() && !files::pid_is_gone(entry.pid),
     }
 }
 
@@ -521,7 +546,7 @@ mod tests {
     fn lookup_probe_and_list_of_dead_entries() {
         let dir = TestDir::new("registry-prune");
         let root = dir.path();
-        assert!(prune(&root.join("absent")).unwrap().is_empty());
+        assert!(prune(&root.join("absent"), None).unwrap().is_empty());
         assert!(lookup(root, &name("a")).unwrap().is_none());
 
         register(root, &name("a"), closed_port(), 10, &secret("sa")).unwrap();
@@ -557,9 +582,9 @@ mod tests {
         register(root, &name("gone"), closed_port(), dead_pid(), &secret("g")).unwrap();
         register(root, &name("alive"), closed_port(), live, &secret("a")).unwrap();
         register(root, &name("root-owned"), closed_port(), 1, &secret("r")).unwrap();
-        assert_eq!(prune(root).unwrap(), ["gone"]);
+        assert_eq!(prune(root, None).unwrap(), ["gone"]);
         let left: Vec<_> = read(root).unwrap().into_keys().collect();
         assert_eq!(left, ["alive", "root-owned"]);
-        assert!(prune(root).unwrap().is_empty());
+        assert!(prune(root, None).unwrap().is_empty());
     }
 }

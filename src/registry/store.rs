@@ -125,7 +125,10 @@ fn check_entry(port: u16, pid: u32) -> io::Result<()> {
 /// instance of this build answers the health proof). Creates `root` (mode 0700) if it
 /// is missing. Every other entry (valid or not), every top-level field and every field
 /// of `name`'s old entry that loopbus does not write are kept as they were; the file
-/// is left with mode 0600.
+/// is left with mode 0600. Unless `taken` says that the entry another process
+/// registered under `name` is of a running instance: then nothing is written and that
+/// entry is returned. The check and the write are one hold of the registry lock, so of
+/// two instances of one name started at once exactly one registers.
 ///
 /// # Errors
 ///
@@ -138,10 +141,17 @@ pub fn register_at(
     port: u16,
     pid: u32,
     secret: &Secret,
-) -> io::Result<()> {
+    taken: impl FnOnce(&RegistryEntry) -> bool,
+) -> io::Result<Option<RegistryEntry>> {
     check_entry(port, pid)?;
     files::create_dir_private(root)?;
-    lock::with_registry_lock(root, || insert_locked(root, name, host, port, pid, secret))
+    lock::with_registry_lock(root, || {
+        let holder = read(root)?.remove(name);
+        if let Some(entry) = holder.filter(|entry| entry.pid != pid && taken(entry)) {
+            return Ok(Some(entry));
+        }
+        insert_locked(root, name, host, port, pid, secret).map(|()| None)
+    })
 }
 
 /// Inserts or replaces `name`'s entry; the caller holds the registry lock.
@@ -473,7 +483,7 @@ mod tests {
         pid: u32,
         secret: &Secret,
     ) -> io::Result<()> {
-        register_at(root, name, DEFAULT_HOST, port, pid, secret)
+        register_at(root, name, DEFAULT_HOST, port, pid, secret, |_| false).map(drop)
     }
 
     /// The lock directory is named after the registry file, as the original names it.
@@ -643,7 +653,7 @@ mod tests {
 
         // A v6 registration then a v4 one: host comes and goes, unknown fields stay.
         let v6: IpAddr = "::1".parse().unwrap();
-        register_at(root, &name("mine"), v6, 4101, 20, &secret("m")).unwrap();
+        register_at(root, &name("mine"), v6, 4101, 20, &secret("m"), |_| false).unwrap();
         assert_eq!(reread()["instances"]["mine"]["host"], "::1");
         register(root, &name("mine"), 4102, 20, &secret("m")).unwrap();
         assert!(reread()["instances"]["mine"].get("host").is_none());
@@ -760,7 +770,7 @@ mod tests {
         let dir = TestDir::new("registry-host");
         let root = dir.path();
         let v6: IpAddr = "::1".parse().unwrap();
-        register_at(root, &name("six"), v6, 4300, 7, &secret("s6")).unwrap();
+        register_at(root, &name("six"), v6, 4300, 7, &secret("s6"), |_| false).unwrap();
         register(root, &name("four"), 4301, 8, &secret("s4")).unwrap();
         let entries = read(root).unwrap();
         assert_eq!((entries["six"].host, entries["six"].proof), (v6, true));

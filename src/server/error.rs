@@ -3,6 +3,7 @@
 
 use crate::config::ConfigError;
 use crate::http;
+use crate::secret::Weakness;
 use std::fmt;
 use std::io;
 use std::net::SocketAddr;
@@ -42,6 +43,14 @@ pub enum ServeError {
         /// `PermissionDenied` wrapping the refusal (which names the
         /// owner, the mode and the fix), or the error reading its metadata.
         source: io::Error,
+    },
+    /// `bus.secret` fixes a secret that is a sample value or too short (contract 2):
+    /// another local user could guess it.
+    WeakSecret {
+        /// Its config.json.
+        config_path: PathBuf,
+        /// What is weak about it (never the value).
+        weakness: Weakness,
     },
     /// The state directory's serve lock could not be taken.
     Lock {
@@ -132,6 +141,17 @@ impl fmt::Display for ServeError {
                 Some(untrusted) => write!(f, "{untrusted}"),
                 None => write!(f, "{}: cannot check its owner: {source}", path.display()),
             },
+            ServeError::WeakSecret {
+                config_path,
+                weakness,
+            } => write!(
+                f,
+                "{}: bus.secret {weakness}: any local user may guess it; remove it (each \
+                 start then makes a fresh random one), or replace it with a random one \
+                 (`loopbus init {} --force --rotate-secret`)",
+                config_path.display(),
+                config_path.parent().unwrap_or(config_path).display()
+            ),
             ServeError::Lock { state_dir, source } => {
                 write!(f, "{}: cannot lock: {source}", state_dir.display())
             }

@@ -1,11 +1,12 @@
 //! The composition root: one instance from start to stop. [`Instance::start`] reads the
-//! config, locks the state directory, claims the name, binds, and registers;
-//! [`Instance::run`] serves until a shutdown is asked for, then deregisters. An instance
-//! dropped without `run` deregisters too, and stops its threads.
+//! config, locks the state directory, binds, then claims the name and registers in one
+//! hold of the registry lock; [`Instance::run`] serves until a shutdown is asked for,
+//! then deregisters. An instance dropped without `run` deregisters too, and stops its
+//! threads.
 
 use super::registry_check::Registration;
 use super::startup::{
-    check_ownership, check_turns_fit, claim_name, interrupt_pair, read_config,
+    check_turns_fit, claim_name, interrupt_pair, prune_registry, read_config,
     remove_stale_temp_files, route_signals, warn_about_modes,
 };
 use super::{Bus, ServeError, ServerSettings};
@@ -117,7 +118,9 @@ impl InstanceOptions {
 
     /// Whether the process is the instance's own (`loopbus serve` turns it on; off by
     /// default, so an embedder's process keeps its own handling): SIGTERM, SIGINT,
-    /// SIGHUP and SIGQUIT stop the instance, and the process becomes a child subreaper
+    /// SIGHUP, SIGQUIT, and the other signals that end a process by default (SIGUSR1,
+    /// SIGUSR2, SIGALRM, SIGVTALRM, SIGPROF, SIGIO) stop the instance, and the process
+    /// becomes a child subreaper
     /// that kills and reaps every child that is not a running engine (what an engine
     /// left behind).
     pub fn handle_signals(mut self, on: bool) -> InstanceOptions {
@@ -172,8 +175,9 @@ impl fmt::Debug for Instance {
 
 impl Instance {
     /// Starts an instance: reads and validates config.json, takes the state
-    /// directory's lock, refuses a name that is already running under the channel root
-    /// (after pruning stale registry entries), binds, and registers.
+    /// directory's lock, prunes stale registry entries, binds, and registers, refusing
+    /// a name that is already running under the channel root (the check and the write
+    /// in one hold of the registry lock).
     ///
     /// # Errors
     ///
@@ -195,11 +199,16 @@ impl Instance {
         let name = InstanceName::new(name).map_err(|e| ServeError::InvalidName(e.to_string()))?;
         let root = registry::channel_root(&state_dir);
         let config_path = state_dir.join(CONFIG_FILE);
-        check_ownership(&root, &state_dir, &config_path)?;
-        remove_stale_temp_files(&[&state_dir, &root]);
         let (mut config, config_bytes) = read_config(&state_dir)?;
+        remove_stale_temp_files(&[&state_dir, &root]);
         if let Some(engine) = &options.engine {
             engine.apply(&mut config);
+        }
+        if let Some(weakness) = config.bus.secret.as_ref().and_then(Secret::weakness) {
+            return Err(ServeError::WeakSecret {
+                config_path,
+                weakness,
+            });
         }
         check_turns_fit(&config, &config_path)?;
         warn_about_modes(&config_path);
@@ -215,7 +224,7 @@ impl Instance {
                 source,
             })?
             .ok_or_else(|| ServeError::AlreadyServing(state_dir.clone()))?;
-        claim_name(&root, &name)?;
+        prune_registry(&root, &name);
 
         let requested = SocketAddr::new(options.ip, options.port.unwrap_or(config.bus.port));
         let listener = http::bind_loopback(requested).map_err(|source| ServeError::Bind {
@@ -269,12 +278,9 @@ impl Instance {
         let registration =
             Registration::start(root.clone(), name.clone(), addr, pid, secret.clone())
                 .map_err(setup("start the registry check"))?;
-        registry::register_at(&root, &name, addr.ip(), addr.port(), pid, &secret).map_err(
-            |source| ServeError::Register {
-                path: registry::registry_path(&root),
-                source,
-            },
-        )?;
+        // Refused, the registration is dropped: its check stops, and the entry, not
+        // ours, stays.
+        claim_name(&root, &name, addr, pid, &secret)?;
         log::info!("{}", super::startup::ready_line(&name, addr, pid, &config));
         if !config.bus.enabled {
             super::upkeep::warn_bus_disabled(&config_path);

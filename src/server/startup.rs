@@ -8,20 +8,36 @@ use crate::files;
 use crate::http;
 use crate::protocol::InstanceName;
 use crate::registry;
+use crate::secret::Secret;
 use std::io;
 use std::net::SocketAddr;
 use std::os::unix::net::UnixStream;
 use std::path::Path;
 
+/// Reads and parses `<state_dir>/config.json` after [`read_trusted_config`].
 pub(super) fn read_config(state_dir: &Path) -> Result<(Config, Vec<u8>), ServeError> {
     let path = state_dir.join(CONFIG_FILE);
-    let fail = |error| ServeError::Config {
+    let bytes = read_trusted_config(&path)?;
+    let config = config::parse_file(&path, &bytes).map_err(|error| ServeError::Config {
         state_dir: state_dir.to_path_buf(),
         error,
-    };
-    let bytes = config::read_file(&path).map_err(fail)?;
-    let config = config::parse_file(&path, &bytes).map_err(fail)?;
+    })?;
     Ok((config, bytes))
+}
+
+/// The bytes of config.json at `config_path` (`<state dir>/config.json`), once the
+/// trust checks pass: [`check_ownership`] of the channel root, the state directory and
+/// the file, then a read that refuses a symlink or anything but a regular file. The
+/// one gate for config.json, at start-up and at every reload: a reload that skipped it
+/// ran the engine another user wrote after a mode slip.
+pub(super) fn read_trusted_config(config_path: &Path) -> Result<Vec<u8>, ServeError> {
+    // `config_path` is always `<state dir>/config.json`, so it has a parent.
+    let state_dir = config_path.parent().unwrap_or(Path::new("."));
+    check_ownership(&registry::channel_root(state_dir), state_dir, config_path)?;
+    config::read_file(config_path).map_err(|error| ServeError::Config {
+        state_dir: state_dir.to_path_buf(),
+        error,
+    })
 }
 
 /// Removes the temp files that a writer killed mid-write left in `dirs` (the state
@@ -64,11 +80,7 @@ pub(super) fn check_turns_fit(config: &Config, config_path: &Path) -> Result<(),
 /// may write to (contract 1): its config would run that user's engine as us, its
 /// registry would send our prompts and secrets where that user likes. Missing paths
 /// are left to the steps that need them.
-pub(super) fn check_ownership(
-    root: &Path,
-    state_dir: &Path,
-    config_path: &Path,
-) -> Result<(), ServeError> {
+fn check_ownership(root: &Path, state_dir: &Path, config_path: &Path) -> Result<(), ServeError> {
     use files::TrustKind::{Dir, File};
     for (path, kind) in [(root, Dir), (state_dir, Dir), (config_path, File)] {
         match files::check_trusted(path, kind) {
@@ -96,27 +108,12 @@ pub(super) fn warn_about_modes(config_path: &Path) {
     }
 }
 
-/// Refuses to start when an instance of the same name is already running under `root`
-/// (its registered port answers health as `name`), then prunes stale registry entries
-/// (contract section 6). A registry that can't be read or written here is only a
-/// warning; registering reports real trouble.
-pub(super) fn claim_name(root: &Path, name: &InstanceName) -> Result<(), ServeError> {
-    match registry::running(root, name) {
-        Ok(Some(entry)) => {
-            return Err(ServeError::NameTaken {
-                name: name.to_string(),
-                root: root.to_path_buf(),
-                pid: entry.pid,
-                port: entry.port,
-            })
-        }
-        Ok(None) => {}
-        Err(e) => log::warn!(
-            "cannot read {}: {e}",
-            registry::registry_path(root).display()
-        ),
-    }
-    match registry::prune(root) {
+/// Prunes stale registry entries (contract section 6) but `name`'s, which
+/// [`claim_name`] looks at (and warns about a squatter on its port) before replacing
+/// it. A registry that can't be read or written here is only a warning; registering
+/// reports real trouble.
+pub(super) fn prune_registry(root: &Path, name: &InstanceName) {
+    match registry::prune(root, Some(name)) {
         Ok(pruned) => {
             for stale in pruned {
                 log::info!(
@@ -130,7 +127,36 @@ pub(super) fn claim_name(root: &Path, name: &InstanceName) -> Result<(), ServeEr
             registry::registry_path(root).display()
         ),
     }
-    Ok(())
+}
+
+/// Registers `name` at `addr` under `root`, refusing when an instance of that name is
+/// already running there ([`registry::holds_name`]): the check and the write are one
+/// hold of the registry lock, so of two starts of one name at the same moment exactly
+/// one runs (a check before binding and a write after let both run, and one was left
+/// unreachable).
+pub(super) fn claim_name(
+    root: &Path,
+    name: &InstanceName,
+    addr: SocketAddr,
+    pid: u32,
+    secret: &Secret,
+) -> Result<(), ServeError> {
+    let holder = registry::register_at(root, name, addr.ip(), addr.port(), pid, secret, |entry| {
+        registry::holds_name(name, entry)
+    })
+    .map_err(|source| ServeError::Register {
+        path: registry::registry_path(root),
+        source,
+    })?;
+    match holder {
+        None => Ok(()),
+        Some(entry) => Err(ServeError::NameTaken {
+            name: name.to_string(),
+            root: root.to_path_buf(),
+            pid: entry.pid,
+            port: entry.port,
+        }),
+    }
 }
 
 /// The one line logged once an instance is ready: its name, address and pid, and the
@@ -172,12 +198,21 @@ pub(super) fn interrupt_pair() -> io::Result<(mio::net::UnixStream, UnixStream)>
 
 /// The signals that stop an instance like [`ShutdownHandle::shutdown`] (contract 8):
 /// each deregisters and kills the engines before the exit, none leaves the registry
-/// entry or an engine behind.
-const STOP_SIGNALS: [i32; 4] = [
+/// entry or an engine behind. Besides the four the contract names, every other signal
+/// whose default action ends the process without a fault (SIGUSR1, SIGUSR2, SIGALRM,
+/// SIGVTALRM, SIGPROF and SIGIO): left at their default, each killed serve
+/// and left its entry.
+const STOP_SIGNALS: [i32; 10] = [
     signal_hook::consts::SIGTERM,
     signal_hook::consts::SIGINT,
     signal_hook::consts::SIGHUP,
     signal_hook::consts::SIGQUIT,
+    signal_hook::consts::SIGUSR1,
+    signal_hook::consts::SIGUSR2,
+    signal_hook::consts::SIGALRM,
+    signal_hook::consts::SIGVTALRM,
+    signal_hook::consts::SIGPROF,
+    signal_hook::consts::SIGIO,
 ];
 
 /// Routes the [`STOP_SIGNALS`] to the stop pipe.

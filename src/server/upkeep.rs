@@ -4,10 +4,11 @@
 //! self-check runs on a thread of its own ([`super::registry_check`]).
 //!
 //! The config reload is the one file read left on the loop, because it cannot wait:
-//! [`config::read_file`] opens without blocking and without following a symlink,
-//! refuses anything but a regular file, and reads at most `MAX_CONFIG_BYTES` (1 MiB)
-//! from it.
+//! [`read_trusted_config`] checks owners and modes as start-up does, opens without
+//! blocking and without following a symlink, refuses anything but a regular file, and
+//! reads at most `MAX_CONFIG_BYTES` (1 MiB) from it.
 
+use super::startup::read_trusted_config;
 use super::{Bus, Refusal};
 use crate::config;
 use crate::http::{Control, Service};
@@ -17,6 +18,15 @@ use std::time::{Duration, Instant};
 
 /// How often config.json is checked for edits (the contract asks for under a second).
 pub const CONFIG_RELOAD_INTERVAL: Duration = Duration::from_millis(500);
+/// The settings a reload cannot change, fixed for the process's lifetime (the socket,
+/// the secret it published, the turn pool's sizes): an edit of one is warned about as
+/// taking effect at the next start, never reported as changed.
+const FIXED_UNTIL_RESTART: [&str; 4] = [
+    "bus.port",
+    "bus.secret",
+    "bus.maxConcurrentTurns",
+    "bus.maxQueuedTurns",
+];
 /// How long running turns may finish after SIGTERM/SIGINT before the process exits.
 pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(30);
 /// How often shutdown progress is checked.
@@ -56,11 +66,14 @@ fn stopping_line(name: &str, queued: usize, running: usize) -> String {
 }
 
 impl Bus {
-    /// Re-reads config.json if it changed; keeps the last good config on any problem.
+    /// Re-reads config.json if it changed, through the start-up trust checks
+    /// ([`read_trusted_config`]); keeps the last good config on any problem, and warns
+    /// once a problem (again only after a good read in between).
     pub(super) fn reload_config(&mut self) {
-        let bytes = match config::read_file(&self.config_path) {
+        let bytes = match read_trusted_config(&self.config_path) {
             Ok(bytes) => bytes,
             Err(e) => {
+                // Cleared, so that the next good read counts as a change.
                 if !self.config_bytes.is_empty() {
                     log::warn!("{e}; keeping the last good config");
                     self.config_bytes.clear();
@@ -78,15 +91,14 @@ impl Bus {
                 if let Some(engine) = &self.engine_override {
                     engine.apply(&mut new);
                 }
-                let changed = self.config.changed_keys(&new);
-                let later: Vec<&str> = changed
-                    .iter()
-                    .copied()
-                    .filter(|key| matches!(*key, "bus.port" | "bus.secret"))
-                    .collect();
+                let (later, changed): (Vec<&str>, Vec<&str>) = self
+                    .config
+                    .changed_keys(&new)
+                    .into_iter()
+                    .partition(|key| FIXED_UNTIL_RESTART.contains(key));
                 if !later.is_empty() {
                     log::warn!(
-                        "{path}: {} changed; that takes effect at the next start",
+                        "{path}: {} edited; that takes effect at the next start",
                         later.join(" and ")
                     );
                 }
@@ -94,7 +106,7 @@ impl Bus {
                     warn_bus_disabled(&self.config_path);
                 }
                 let what = if changed.is_empty() {
-                    "no setting changed".to_owned()
+                    "no setting changed now".to_owned()
                 } else {
                     format!("changed {}", changed.join(", "))
                 };

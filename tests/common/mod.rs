@@ -310,7 +310,8 @@ impl Drop for Instance {
     }
 }
 
-/// Sends the signal `name` (`TERM`, `INT`, `KILL`, `STOP`, `CONT`, `HUP`, `QUIT`) to `pid`.
+/// Sends the signal `name` (`TERM`, `INT`, `KILL`, `STOP`, `CONT`, `HUP`, `QUIT`, `USR1`,
+/// `USR2`, `ALRM`) to `pid`.
 pub fn signal(pid: u32, name: &str) {
     use rustix::process::Signal;
     let signal = match name {
@@ -321,6 +322,9 @@ pub fn signal(pid: u32, name: &str) {
         "CONT" => Signal::CONT,
         "HUP" => Signal::HUP,
         "QUIT" => Signal::QUIT,
+        "USR1" => Signal::USR1,
+        "USR2" => Signal::USR2,
+        "ALRM" => Signal::ALARM,
         other => panic!("no signal named {other:?} in the test harness"),
     };
     send_signal(pid, signal);

@@ -35,24 +35,6 @@ Examples:
   LOOPBUS_STATE_DIR=~/.loopbus/worker loopbus doctor
 ";
 
-/// Secrets that appear as examples in documentation (the README's `"optional"`
-/// first), compared without case: a config that copied one is open to anyone who
-/// read the same page.
-pub const SAMPLE_SECRETS: [&str; 10] = [
-    "optional",
-    "secret",
-    "changeme",
-    "change-me",
-    "password",
-    "s3cret",
-    "hunter2",
-    "example",
-    "your-secret",
-    "test",
-];
-/// A `bus.secret` shorter than this, in characters, can be guessed by another local
-/// user trying bearer tokens on the port (a generated one has 64).
-pub const MIN_SECRET_CHARS: usize = 16;
 /// A `bus.secret` with fewer distinct characters than this (`aaaaaaaaaaaaaaaaaaaa`) is
 /// warned about as low in variety.
 pub const MIN_SECRET_DISTINCT_CHARS: usize = 8;
@@ -241,25 +223,13 @@ fn private(report: &mut Report, path: &Path, why: &str) {
     }
 }
 
-/// What is weak about a secret, if anything: a fail or a warning, never its value.
-fn secret_weakness(secret: &str) -> Option<(Level, String)> {
-    let chars = secret.chars().count();
-    if SAMPLE_SECRETS
-        .iter()
-        .any(|s| s.eq_ignore_ascii_case(secret))
-    {
-        return Some((
-            Level::Fail,
-            "is a sample value from the documentation".to_owned(),
-        ));
+/// What is weak about a secret, if anything: a fail by the rule `serve` refuses to
+/// start by ([`Secret::weakness`]), or a warning of low variety; never its value.
+fn secret_weakness(secret: &Secret) -> Option<(Level, String)> {
+    if let Some(weakness) = secret.weakness() {
+        return Some((Level::Fail, weakness.to_string()));
     }
-    if chars < MIN_SECRET_CHARS {
-        return Some((
-            Level::Fail,
-            format!("has only {chars} characters (at least {MIN_SECRET_CHARS} wanted)"),
-        ));
-    }
-    let mut distinct: Vec<char> = secret.chars().collect();
+    let mut distinct: Vec<char> = secret.expose().chars().collect();
     distinct.sort_unstable();
     distinct.dedup();
     if distinct.len() < MIN_SECRET_DISTINCT_CHARS {
@@ -279,7 +249,7 @@ fn check_secret(report: &mut Report, state_dir: &Path, secret: Option<&Secret>) 
         report.ok("bus.secret is not set: each start makes a fresh random one");
         return;
     };
-    match secret_weakness(secret.expose()) {
+    match secret_weakness(secret) {
         None => report.ok("bus.secret is set and not a sample or a short one"),
         Some((level, weakness)) => {
             let text = format!(
@@ -374,13 +344,13 @@ mod tests {
         ];
         for (secret, want) in cases {
             assert_eq!(
-                secret_weakness(secret).map(|(level, _)| level),
+                secret_weakness(&Secret::new(*secret).unwrap()).map(|(level, _)| level),
                 *want,
                 "{secret}"
             );
         }
         // The message never quotes the value.
-        let (_, text) = secret_weakness("optional").unwrap();
+        let (_, text) = secret_weakness(&Secret::new("optional").unwrap()).unwrap();
         assert!(!text.contains("optional"), "{text}");
     }
 }
