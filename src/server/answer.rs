@@ -4,7 +4,7 @@
 use super::{Bus, Refusal};
 use crate::audit;
 use crate::http::{Head, Response};
-use crate::protocol::{proof, Envelope, Failure, Health, TalkRequest, TurnLoad};
+use crate::protocol::{proof, Envelope, Failure, Health, TurnLoad};
 use std::time::Instant;
 
 /// What the audit line of one talk outcome knows about the request.
@@ -27,17 +27,6 @@ impl TalkMeta {
             depth: None,
             prompt_chars: None,
             request_id: None,
-        }
-    }
-
-    /// A request whose body was read.
-    pub(super) fn of(request: &TalkRequest, received_at: Instant) -> TalkMeta {
-        TalkMeta {
-            received_at,
-            from_instance: Some(request.from_instance.clone()),
-            depth: Some(request.depth),
-            prompt_chars: Some(request.prompt.chars().count()),
-            request_id: request.ext.request_id.as_ref().map(|id| id.to_string()),
         }
     }
 

@@ -92,40 +92,38 @@ impl Bus {
             allowed_hosts: checks::allowed_hosts(port),
         }
     }
+
+    /// Refuses `head` (`None`: the HTTP layer failed before one was complete). A talk
+    /// refused is a talk outcome: it is audited.
+    fn refuse(&mut self, refusal: &Refusal, head: Option<&Head>) -> Response {
+        match head {
+            Some(head) if head.path() == TALK_PATH => {
+                self.refuse_talk(refusal, &TalkMeta::at(head.received_at))
+            }
+            Some(head) => self.refusal_response(refusal, head.received_at),
+            None => self.refusal_response(refusal, Instant::now()),
+        }
+    }
 }
 
 impl Service for Bus {
     fn on_head(&mut self, _id: ConnId, head: &Head) -> HeadAction {
-        let received_at = head.received_at;
-        let path = head.path();
-        let is_talk = path == TALK_PATH;
-        if let Err(refusal) = checks::check_origin(head, &self.allowed_hosts) {
-            let response = if is_talk {
-                self.refuse_talk(&refusal, &TalkMeta::at(received_at))
-            } else {
-                self.refusal_response(&refusal, received_at)
-            };
-            return HeadAction::Respond(response);
-        }
-        match (path, head.method.as_str()) {
-            // HEAD gets the GET answer; the HTTP layer leaves out its body (contract 3).
-            (HEALTH_PATH, "GET" | "HEAD") => HeadAction::Respond(self.health(head)),
-            (HEALTH_PATH, _) => HeadAction::Respond(
-                self.refusal_response(&Refusal::MethodNotAllowed("GET, HEAD"), received_at),
-            ),
-            (TALK_PATH, "POST") => {
-                match checks::check_talk_head(head, self.config.bus.enabled, &self.secret) {
-                    Ok(length) => HeadAction::ReadBody(length),
-                    Err(refusal) => {
-                        HeadAction::Respond(self.refuse_talk(&refusal, &TalkMeta::at(received_at)))
-                    }
+        let checked = checks::check_origin(head, &self.allowed_hosts).and_then(|()| {
+            match (head.path(), head.method.as_str()) {
+                // HEAD gets the GET answer; the HTTP layer leaves out its body (contract 3).
+                (HEALTH_PATH, "GET" | "HEAD") => Ok(None),
+                (HEALTH_PATH, _) => Err(Refusal::MethodNotAllowed("GET, HEAD")),
+                (TALK_PATH, "POST") => {
+                    checks::check_talk_head(head, self.config.bus.enabled, &self.secret).map(Some)
                 }
+                (TALK_PATH, _) => Err(Refusal::MethodNotAllowed("POST")),
+                _ => Err(Refusal::NotFound),
             }
-            (TALK_PATH, _) => HeadAction::Respond(self.refuse_talk(
-                &Refusal::MethodNotAllowed("POST"),
-                &TalkMeta::at(received_at),
-            )),
-            _ => HeadAction::Respond(self.refusal_response(&Refusal::NotFound, received_at)),
+        });
+        match checked {
+            Ok(Some(length)) => HeadAction::ReadBody(length),
+            Ok(None) => HeadAction::Respond(self.health(head)),
+            Err(refusal) => HeadAction::Respond(self.refuse(&refusal, Some(head))),
         }
     }
 
@@ -134,14 +132,7 @@ impl Service for Bus {
     }
 
     fn error_response(&mut self, error: HttpError, head: Option<&Head>) -> Response {
-        let refusal = Refusal::Http(error);
-        match head {
-            // A talk that got past its head is a talk outcome: it is audited.
-            Some(head) if head.path() == TALK_PATH => {
-                self.refuse_talk(&refusal, &TalkMeta::at(head.received_at))
-            }
-            _ => self.refusal_response(&refusal, Instant::now()),
-        }
+        self.refuse(&Refusal::Http(error), head)
     }
 
     fn on_wake(&mut self, control: &mut Control) {

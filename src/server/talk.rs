@@ -7,10 +7,23 @@ use super::turn_table::{caller, Admit, Ended, HangUp, TurnId};
 use super::{Bus, Refusal};
 use crate::engine::Turn;
 use crate::http::{ConnId, Control, Response};
-use crate::protocol::{self, ErrorCode, Failure};
+use crate::protocol::{self, ErrorCode, Failure, TalkRequest};
 use crate::turns::{Busy, Outcome};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+
+impl TalkMeta {
+    /// A request whose body was read.
+    pub(super) fn of(request: &TalkRequest, received_at: Instant) -> TalkMeta {
+        TalkMeta {
+            received_at,
+            from_instance: Some(request.from_instance.clone()),
+            depth: Some(request.depth),
+            prompt_chars: Some(request.prompt.chars().count()),
+            request_id: request.ext.request_id.as_ref().map(|id| id.to_string()),
+        }
+    }
+}
 
 impl Bus {
     /// A talk whose head passed checks 1-6: the checks on its body, then admission.
