@@ -1,12 +1,8 @@
 //! One server connection as a sans-IO state machine: it takes the bytes read and the
-//! time from its caller, says what to do next ([`Action`]), and owns the phases of a
-//! request, their deadlines, and why the connection closes ([`CloseReason`]).
-//!
-//! The phases: `ReadingHead` → (the service decides) → `ReadingBody` → `Waiting` (the
-//! service answers later) → `Writing` → back to `ReadingHead` on a keep-alive
-//! connection, to `Lingering` after an early or error answer, or closed. No socket and
-//! no clock are touched here: every method that can move time takes `now`, so the unit
-//! tests at the bottom drive each phase with a fake clock.
+//! time from its caller and says what to do next ([`Action`]). The phases: `ReadingHead`
+//! → `Deciding` → `ReadingBody` → `Waiting` → `Writing` → `ReadingHead` again (keep-alive),
+//! `Lingering` (after an early or error answer) or closed. Every method that can move
+//! time takes `now`, so the tests drive each phase with a fake clock.
 
 use super::headers::MAX_HEAD_BYTES;
 use super::message::{parse_head, Head, HttpError, Response};
@@ -24,14 +20,12 @@ pub const WRITE_TIMEOUT: Duration = Duration::from_secs(10);
 /// reading and discarding what the client still sends, so that the client gets to
 /// read the answer instead of a connection reset.
 pub const LINGER_TIMEOUT: Duration = Duration::from_secs(2);
-/// Most request heads one connection gets served in a row, and most bytes read from
-/// it, before it goes to the back of the run queue: a client pipelining without end
-/// cannot monopolize the loop.
+/// Most heads served and bytes read per turn of one connection on the run queue: a
+/// client pipelining without end cannot monopolize the loop.
 pub const STEP_MAX_HEADS: usize = 8;
 /// See [`STEP_MAX_HEADS`].
 pub const STEP_MAX_READ: usize = 256 * 1024;
-/// The interim answer that tells a client waiting on `Expect: 100-continue` to send
-/// its body.
+/// The answer to `Expect: 100-continue`.
 pub(crate) const CONTINUE: &[u8] = b"HTTP/1.1 100 Continue\r\n\r\n";
 /// A kept-alive connection's input buffer larger than this is released between
 /// requests rather than kept for the next one.
@@ -60,25 +54,20 @@ pub enum CloseReason {
 /// ([`Conn::class_since`]). [`Class::Authorized`] is never evicted.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 pub enum Class {
-    /// The answer is out: lingering over input nobody reads, or closing. Nothing is
-    /// lost but the courtesy of the linger.
+    /// The answer is out: lingering or closing. Nothing is lost but the linger.
     Done,
-    /// A request head not complete yet (oldest first), including a new connection that
-    /// sent nothing, or a complete head the service has not decided on.
+    /// A head not complete yet (a new connection that sent nothing too), or one the
+    /// service has not decided on.
     IncompleteHead,
-    /// An answer that is not authorized work being written: health, a refusal, an
-    /// error the HTTP layer answers itself, or a 503 from a budget. It is small and
-    /// bounded by [`WRITE_TIMEOUT`]; one still being written is stalled behind a client
-    /// that does not read.
+    /// Writing an answer that is not authorized work (health, a refusal, an HTTP-layer
+    /// error): small, so one still being written is stalled behind a client that does
+    /// not read.
     Answering,
     /// A kept-alive connection between requests (longest idle first).
     Idle,
-    /// Authorized work: a request the service agreed to read the body of (its head
-    /// passed checks 1-6) from then until its answer is written: reading its body,
-    /// waiting for or running a turn, being answered (a 408 for a late body, or the
-    /// 503 that replaces an answer past the response budget, too).
-    /// Never evicted; a client that never reads its answer is still bounded by
-    /// [`WRITE_TIMEOUT`].
+    /// Authorized work: from the service agreeing to read the body (the head passed
+    /// checks 1-6) until the answer is written (a 408 or 503 instead of it too). Never
+    /// evicted; a client that never reads its answer is still bounded by [`WRITE_TIMEOUT`].
     Authorized,
 }
 
@@ -210,7 +199,6 @@ impl Conn {
     /// The next thing to do; no I/O happens here. Call it again after doing each
     /// action.
     pub fn poll(&mut self, now: Instant) -> Action<'_> {
-        // Decisions already under way finish before this step's share is checked.
         match &mut self.phase {
             Phase::Deciding => {
                 if let Some(head) = &self.head {
@@ -287,8 +275,8 @@ impl Conn {
         }
     }
 
-    /// `bytes` were read from the socket at `now`. (Reading starts no clock: each
-    /// phase's deadline counts from its start, and eviction from it too.)
+    /// `bytes` were read from the socket. Reading starts no clock: a phase's deadline
+    /// and its eviction order count from its start.
     pub fn received(&mut self, bytes: &[u8], _now: Instant) {
         self.step_read += bytes.len();
         match self.phase {
@@ -353,8 +341,8 @@ impl Conn {
         self.authorized = true;
     }
 
-    /// Starts writing `response` at `now`: the answer to a head (its body is never
-    /// read), to a request, or a deferred one.
+    /// Starts writing `response` at `now`: the answer to a head, to a request, or a
+    /// deferred one.
     pub fn respond(&mut self, response: Response, now: Instant) {
         // An answer from the head alone leaves any announced body unread.
         let linger =
@@ -452,7 +440,7 @@ impl Conn {
         self.phase == Phase::ReadingHead && self.inbuf.is_empty()
     }
 
-    /// What closing this connection would lose: its eviction class (see [`Class`]).
+    /// Its eviction class.
     pub fn class(&self) -> Class {
         match self.phase {
             Phase::Lingering { .. } | Phase::Closing(_) => Class::Done,
@@ -465,8 +453,7 @@ impl Conn {
         }
     }
 
-    /// When the current phase began: the order within a [`Class`] for eviction (the
-    /// head clock of an incomplete head, the end of the last answer of an idle one).
+    /// When the current phase began: the eviction order within a [`Class`].
     pub fn class_since(&self) -> Instant {
         self.phase_started
     }

@@ -1,6 +1,5 @@
-//! Running one connection: the reads and writes its sans-IO [`Conn`] asks for, on its
-//! socket, the [`Service`] calls its requests need, and the body budget all
-//! connections share.
+//! Running one connection: the reads, writes and [`Service`] calls its [`Conn`] asks
+//! for, and the budgets all connections share.
 
 use super::conn::{Action, Class, Conn, CONTINUE};
 use super::message::{HttpError, Response};
@@ -15,19 +14,15 @@ use std::time::Instant;
 /// many connections each sending a large body slowly can't grow memory without bound.
 pub const MAX_BODY_BYTES_IN_FLIGHT: usize = 8 * 1024 * 1024;
 
-/// Response bytes (head and body) all connections together may hold while writing an
-/// answer to an authorized request (a turn's answer, large when the engine's reply is).
-/// An answer that would go past it is replaced by a small 503 `server_busy` and the
-/// connection closes, so that many clients that never read what they are owed can't
-/// grow memory without bound. An answer that finds nothing else in flight is always
-/// written, however large: the bound is this budget plus one answer. The answers from
-/// a head alone (health, refusals, HTTP-layer errors) are a few hundred bytes, one per
-/// connection at most, and are not counted.
+/// Response bytes all connections together may hold while writing answers to
+/// authorized requests. An answer past it is replaced by a 503 `server_busy` and the
+/// connection closes, so clients that never read can't grow memory without bound; one
+/// that finds nothing else in flight is always written (the bound is this plus one
+/// answer). Answers from a head alone (a few hundred bytes each) are not counted.
 pub const MAX_RESPONSE_BYTES_IN_FLIGHT: usize = 16 * 1024 * 1024;
 
-/// What every connection together holds now, against the limits that bound it: body
-/// bytes being read, response bytes being written, and connections holding authorized
-/// work (see [`super::conn::Class::Authorized`]).
+/// What all connections hold now: body bytes being read, response bytes being written,
+/// and connections holding authorized work (see [`super::conn::Class::Authorized`]).
 #[derive(Debug)]
 pub(super) struct InFlight {
     bodies: usize,
@@ -135,9 +130,8 @@ pub(super) enum Step {
     Yield,
 }
 
-/// A response as it will be written: once the loop is stopping (no longer accepting,
-/// or exiting), every connection closes after its answer, and says so
-/// (`Connection: close`).
+/// A response as it will be written: once the loop is stopping, it closes its
+/// connection, and says so.
 pub(super) fn finalize(mut response: Response, stopping: bool) -> Response {
     response.close |= stopping;
     response

@@ -1,7 +1,6 @@
 //! The event loop: one `mio` poll over the listener and every connection's socket,
 //! with generation-tagged tokens, a FIFO run queue, the deadline set, accept and
-//! eviction. Running one connection is `drive`'s job; its HTTP state is a sans-IO
-//! `Conn`.
+//! eviction. Running one connection is `drive`'s job.
 
 use super::conn::{Class, STEP_MAX_READ};
 use super::drive::{InFlight, OpenConn, Step};
@@ -18,10 +17,9 @@ use std::time::{Duration, Instant};
 /// Longest stretch of connection work between two polls: new connections, timers and
 /// worker results wait at most about this long, however many clients are busy.
 pub const ROUND_BUDGET: Duration = Duration::from_millis(5);
-/// How long to wait before accepting again after accept failed (out of descriptors,
-/// or a transient error): the loop closes one connection (the first in eviction order)
-/// at each failure and retries after this pause rather than spinning on a failing
-/// accept. Short, so that health waits at most a few of these behind a full table.
+/// The pause before accepting again after accept failed (out of descriptors, say):
+/// one connection is closed at each failure, and the loop never spins on accept.
+/// Short, so that health waits at most a few of these behind a full table.
 pub const ACCEPT_BACKOFF: Duration = Duration::from_millis(10);
 /// Size of the loop's one read buffer, shared by every connection: a quarter of
 /// [`STEP_MAX_READ`], so a connection's share takes a few reads.
@@ -45,10 +43,9 @@ fn conn_token(slot: usize, generation: u64) -> Token {
     Token(((generation as usize) << SLOT_BITS) | (slot + FIRST_CONN))
 }
 
-/// The connection to close to admit a new one, from each open connection's slot,
-/// [`Class`] and when that class began: the first class in eviction order (an
-/// incomplete head before an idle keep-alive connection), and within it the oldest.
-/// `None` when every connection holds authorized work, which is never evicted.
+/// The connection to close to admit a new one, from each one's slot, [`Class`] and
+/// when that class began: the first class in eviction order, and within it the
+/// oldest. `None` when every connection holds authorized work, which is never evicted.
 fn eviction_victim(conns: impl Iterator<Item = (usize, Class, Instant)>) -> Option<usize> {
     conns
         .filter(|(_, class, _)| class.evictable())
@@ -82,8 +79,7 @@ pub struct EventLoop {
     deadlines: BTreeSet<(Instant, usize, u64)>,
     scratch: Box<[u8]>,
     accept_paused_until: Option<Instant>,
-    /// The service stopped accepting or asked to exit: every answer closes its
-    /// connection from now on.
+    /// Every answer closes its connection from now on (stop accepting, or exit).
     stopping: bool,
     exiting: bool,
     /// The run queue: connections with an event or with work left, in FIFO order.
@@ -221,8 +217,6 @@ impl EventLoop {
                     }
                 }
             }
-            // Serve the run queue for at most ROUND_BUDGET, then poll again, so that new
-            // connections and timers are seen promptly however many clients are busy.
             let round_end = Instant::now() + ROUND_BUDGET;
             while let Some((slot, generation)) = self.ready.pop_front() {
                 let Some(entry) = live(&mut self.conns, slot, generation) else {

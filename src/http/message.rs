@@ -1,7 +1,5 @@
 //! The server direction's messages without I/O: request heads parsed within the
 //! limits, the responses the server writes, and the errors the HTTP layer answers itself.
-//!
-//! Everything here is tested with plain byte strings.
 
 use super::headers::{self, LengthError, MAX_HEADERS, MAX_HEAD_BYTES};
 use std::io::Write;
@@ -152,10 +150,9 @@ pub enum HttpError {
     TooManyHeaders,
     /// The body did not arrive within [`super::BODY_TIMEOUT`].
     BodyTimeout,
-    /// The loop has no room for this request: reading its body would go past the body
-    /// budget (`MAX_BODY_BYTES_IN_FLIGHT`), only the health reserve
-    /// ([`super::HEALTH_RESERVE`]) is left outside authorized work, or its answer would
-    /// go past the response budget (`MAX_RESPONSE_BYTES_IN_FLIGHT`).
+    /// No room for this request: its body or its answer would go past their budgets
+    /// (`MAX_BODY_BYTES_IN_FLIGHT`, `MAX_RESPONSE_BYTES_IN_FLIGHT`), or it would take
+    /// a connection of the health reserve ([`super::HEALTH_RESERVE`]).
     Overloaded,
 }
 

@@ -103,11 +103,6 @@ impl Envelope {
         }
     }
 
-    /// Whether this is a success envelope.
-    pub fn is_success(&self) -> bool {
-        self.failure.is_none()
-    }
-
     /// The envelope as JSON, fields in the order `bus-protocol.md` shows them.
     pub fn to_json(&self) -> Vec<u8> {
         let wire = WireEnvelope {

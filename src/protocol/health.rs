@@ -95,14 +95,7 @@ impl Health {
         }
     }
 
-    /// Whether `status` is [`Health::OK`].
-    pub fn is_ok(&self) -> bool {
-        self.status == Health::OK
-    }
-
-    /// The answer as JSON: `kind`, `instance`, `status`, `pid`, `protocolVersion`
-    /// (when set), `capabilities`, `turns` (when set), `busEnabled` (when set), `proof`
-    /// (when set), in that order.
+    /// The answer as JSON, fields in the struct's order, those unset left out.
     pub fn to_json(&self) -> Vec<u8> {
         // Serializing strings and integers into a Vec cannot fail.
         serde_json::to_vec(self).unwrap_or_default()

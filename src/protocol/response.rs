@@ -10,6 +10,20 @@ use super::{
     Health, TurnLoad, UsageReport, MAX_ERROR_CHARS,
 };
 
+impl Envelope {
+    /// Whether this is a success envelope.
+    pub fn is_success(&self) -> bool {
+        self.failure.is_none()
+    }
+}
+
+impl Health {
+    /// Whether `status` is [`Health::OK`].
+    pub fn is_ok(&self) -> bool {
+        self.status == Health::OK
+    }
+}
+
 /// Why a peer's answer is not an envelope.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[non_exhaustive]

@@ -36,8 +36,7 @@ pub struct ServerSettings {
     pub secret: Secret,
     /// The bound port.
     pub port: u16,
-    /// The bound address (the instance binds one): the `host` of the health proof's
-    /// message (contract 6.1).
+    /// The bound address: the `host` of the health proof's message (contract 6.1).
     pub host: IpAddr,
     /// The audit log, its writer thread running.
     pub audit: AuditLog,
