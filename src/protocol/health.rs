@@ -72,27 +72,21 @@ impl Health {
     }
 
     /// The same answer with a `proof` of the probe's nonce.
-    pub fn with_proof(self, proof: String) -> Health {
-        Health {
-            proof: Some(proof),
-            ..self
-        }
+    pub fn with_proof(mut self, proof: String) -> Health {
+        self.proof = Some(proof);
+        self
     }
 
     /// The same answer with turn counters.
-    pub fn with_turns(self, turns: TurnLoad) -> Health {
-        Health {
-            turns: Some(turns),
-            ..self
-        }
+    pub fn with_turns(mut self, turns: TurnLoad) -> Health {
+        self.turns = Some(turns);
+        self
     }
 
     /// The same answer saying whether the bus is enabled.
-    pub fn with_bus_enabled(self, enabled: bool) -> Health {
-        Health {
-            bus_enabled: Some(enabled),
-            ..self
-        }
+    pub fn with_bus_enabled(mut self, enabled: bool) -> Health {
+        self.bus_enabled = Some(enabled);
+        self
     }
 
     /// The answer as JSON, fields in the struct's order, those unset left out.

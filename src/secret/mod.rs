@@ -33,11 +33,7 @@ impl Secret {
     /// no secret, and auth is never off.
     pub fn new(value: impl Into<String>) -> Option<Secret> {
         let value = value.into();
-        if value.is_empty() {
-            None
-        } else {
-            Some(Secret(value))
-        }
+        (!value.is_empty()).then_some(Secret(value))
     }
 
     /// The raw value, for the registry file and the client's `Authorization` header.

@@ -34,16 +34,13 @@ impl TalkMeta {
     /// known (a request refused before its body was read). `fromInstance` holds no
     /// control character (the body check refuses one), so it is written as it is.
     pub(super) fn describe(&self) -> String {
-        let mut parts = vec![match &self.from_instance {
-            Some(from) => format!("from {from}"),
-            None => "caller unknown".to_owned(),
-        }];
-        if let Some(depth) = self.depth {
-            parts.push(format!("depth {depth}"));
-        }
-        if let Some(chars) = self.prompt_chars {
-            parts.push(format!("prompt {chars} chars"));
-        }
+        let from = self.from_instance.as_ref();
+        let mut parts = vec![from.map_or("caller unknown".to_owned(), |f| format!("from {f}"))];
+        parts.extend(self.depth.map(|depth| format!("depth {depth}")));
+        parts.extend(
+            self.prompt_chars
+                .map(|chars| format!("prompt {chars} chars")),
+        );
         parts.join(", ")
     }
 }
@@ -116,10 +113,9 @@ impl Bus {
     /// carries a well-formed one (contract 6.1).
     pub(super) fn health(&self, head: &Head) -> Response {
         let load = self.pool.load();
-        let status = if self.stopping_since.is_some() {
-            Health::STOPPING
-        } else {
-            Health::OK
+        let status = match self.stopping_since {
+            Some(_) => Health::STOPPING,
+            None => Health::OK,
         };
         let turns = TurnLoad {
             running: load.running,
