@@ -81,9 +81,7 @@ impl Class {
 /// What happens once the current response is written.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum After {
-    /// Read the next request.
     KeepAlive,
-    /// Close the connection.
     Close(CloseReason),
     /// Half-close, then read and discard until EOF or [`LINGER_TIMEOUT`] (the request
     /// announced a body that was never read, or the HTTP layer answered an error).
@@ -97,7 +95,10 @@ enum Phase {
     /// A complete head waits for the service's decision.
     Deciding,
     /// Reading `len` body bytes; `send_continue` until `100 Continue` is written.
-    ReadingBody { len: usize, send_continue: bool },
+    ReadingBody {
+        len: usize,
+        send_continue: bool,
+    },
     /// The service answers later.
     Waiting,
     /// The HTTP layer answers this error itself; the service gives the response.
@@ -109,8 +110,9 @@ enum Phase {
         after: After,
     },
     /// Response written, body never read: discarding input until EOF or timeout.
-    Lingering { shut_down: bool },
-    /// Decided to close.
+    Lingering {
+        shut_down: bool,
+    },
     Closing(CloseReason),
 }
 

@@ -23,7 +23,7 @@ pub const MAX_RESPONSE_BYTES_IN_FLIGHT: usize = 16 * 1024 * 1024;
 
 /// What all connections hold now: body bytes being read, response bytes being written,
 /// and connections holding authorized work (see [`super::conn::Class::Authorized`]).
-#[derive(Debug)]
+#[derive(Debug, Default)]
 pub(super) struct InFlight {
     bodies: usize,
     responses: usize,
@@ -55,10 +55,8 @@ impl InFlight {
     /// Nothing in flight; at most `max_authorized` connections may hold authorized work.
     pub(super) fn new(max_authorized: usize) -> InFlight {
         InFlight {
-            bodies: 0,
-            responses: 0,
-            authorized: 0,
             max_authorized,
+            ..InFlight::default()
         }
     }
 
@@ -124,7 +122,6 @@ pub(super) struct OpenConn {
 pub(super) enum Step {
     /// Wait for the next readiness event.
     Park,
-    /// Close the connection now.
     Close,
     /// Used its share of this loop iteration; continue after the others had theirs.
     Yield,

@@ -168,16 +168,6 @@ impl std::fmt::Display for HttpError {
     }
 }
 
-/// `parse_head` from the start of `buf`, stamped now: for fuzzing and tests (the
-/// connection parses incrementally).
-///
-/// # Errors
-/// As `parse_head`: malformed, or past [`MAX_HEAD_BYTES`] or [`MAX_HEADERS`].
-#[cfg(any(test, feature = "fuzzing"))]
-pub fn parse_request_head(buf: &[u8]) -> Result<Option<(Head, usize)>, HttpError> {
-    parse_head(buf, &mut 0, Instant::now())
-}
-
 /// Whether `bytes` hold the end of a head, an empty line (`\n\n` or `\n\r\n`). Stops
 /// at the first one: with pipelined requests behind a head, the scan costs the head's
 /// length, not the buffer's.
@@ -260,7 +250,7 @@ mod tests {
     use super::*;
 
     fn parse(buf: &[u8]) -> Result<Option<(Head, usize)>, HttpError> {
-        parse_request_head(buf)
+        parse_head(buf, &mut 0, Instant::now())
     }
 
     #[test]

@@ -31,7 +31,7 @@ pub use headers::{LengthError, HEALTH_PATH, NONCE_HEADER, TALK_PATH};
 #[cfg(feature = "fuzzing")]
 pub use headers::{MAX_HEADERS, MAX_HEAD_BYTES};
 pub use listener::{bind_loopback, connection_cap, max_authorized, HEALTH_RESERVE};
-#[cfg(feature = "fuzzing")]
-pub use message::parse_request_head;
 pub use message::{Head, HttpError, Response};
+#[cfg(feature = "fuzzing")]
+pub use replay::parse_request_head;
 pub use service::{ConnId, Control, HeadAction, Service};

@@ -1,7 +1,7 @@
 //! The bus secret: a bearer token that never shows up in logs or `Debug` output, the
 //! constant-time bearer check and the health proof a server answers with. The rule a
 //! fixed secret must pass (`strength`), the OS randomness (`random`) and the caller's
-//! proof check (`verify`) are in their own files: none runs before the secret is known.
+//! proof check (`verify`) are in their own files: no request without the secret reaches them.
 
 use std::fmt;
 
