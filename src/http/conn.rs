@@ -95,10 +95,7 @@ enum Phase {
     /// A complete head waits for the service's decision.
     Deciding,
     /// Reading `len` body bytes; `send_continue` until `100 Continue` is written.
-    ReadingBody {
-        len: usize,
-        send_continue: bool,
-    },
+    ReadingBody { len: usize, send_continue: bool },
     /// The service answers later.
     Waiting,
     /// The HTTP layer answers this error itself; the service gives the response.
@@ -110,9 +107,8 @@ enum Phase {
         after: After,
     },
     /// Response written, body never read: discarding input until EOF or timeout.
-    Lingering {
-        shut_down: bool,
-    },
+    Lingering { shut_down: bool },
+    /// Decided to close.
     Closing(CloseReason),
 }
 
