@@ -68,18 +68,11 @@ impl InFlight {
     }
 
     fn replace(&mut self, old: Share, new: Share) {
-        self.bodies = self
-            .bodies
-            .saturating_sub(old.body)
-            .saturating_add(new.body);
-        self.responses = self
-            .responses
-            .saturating_sub(old.response)
-            .saturating_add(new.response);
-        self.authorized = self
-            .authorized
-            .saturating_sub(usize::from(old.authorized))
-            .saturating_add(usize::from(new.authorized));
+        let swap = |total: usize, old, new| total.saturating_sub(old).saturating_add(new);
+        self.bodies = swap(self.bodies, old.body, new.body);
+        self.responses = swap(self.responses, old.response, new.response);
+        let (old_one, new_one) = (usize::from(old.authorized), usize::from(new.authorized));
+        self.authorized = swap(self.authorized, old_one, new_one);
     }
 
     /// Gives back `entry`'s share: its connection is closing.

@@ -98,7 +98,7 @@ impl EventLoop {
     /// The OS refused to create the poll instance or to register a source.
     pub fn new(
         mut listener: TcpListener,
-        interrupt: Option<UnixStream>,
+        mut interrupt: Option<UnixStream>,
         concurrent_turns: usize,
     ) -> io::Result<EventLoop> {
         let poll = Poll::new()?;
@@ -106,7 +106,6 @@ impl EventLoop {
         poll.registry()
             .register(&mut listener, LISTENER, Interest::READABLE)?;
         let waker = Arc::new(Waker::new(poll.registry(), WAKER)?);
-        let mut interrupt = interrupt;
         if let Some(stream) = interrupt.as_mut() {
             poll.registry()
                 .register(stream, INTERRUPT, Interest::READABLE)?;

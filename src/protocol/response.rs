@@ -64,6 +64,15 @@ fn optional_string(
     }
 }
 
+/// The strings of a JSON array, other items left out.
+fn strings(items: &[Value]) -> Vec<String> {
+    items
+        .iter()
+        .filter_map(Value::as_str)
+        .map(str::to_owned)
+        .collect()
+}
+
 /// `field` as a non-negative integer; absent or null is `None`.
 fn optional_integer(
     object: &Map<String, Value>,
@@ -112,12 +121,7 @@ pub fn parse_answer(status: u16, body: &[u8]) -> Result<Envelope, ResponseError>
     let protocol_version = optional_integer(&object, "protocolVersion")?;
     let capabilities = match object.get("capabilities") {
         None | Some(Value::Null) => None,
-        Some(Value::Array(items)) => Some(
-            items
-                .iter()
-                .filter_map(|item| item.as_str().map(str::to_owned))
-                .collect(),
-        ),
+        Some(Value::Array(items)) => Some(strings(items)),
         Some(_) => return Err(ResponseError::FieldType("capabilities")),
     };
     let failure = if success {
@@ -212,10 +216,7 @@ pub fn parse_health(body: &[u8]) -> Result<Health, ResponseError> {
             .unwrap_or(0),
         protocol_version: object.get("protocolVersion").and_then(non_negative_integer),
         capabilities: match object.get("capabilities") {
-            Some(Value::Array(items)) => items
-                .iter()
-                .filter_map(|item| item.as_str().map(str::to_owned))
-                .collect(),
+            Some(Value::Array(items)) => strings(items),
             _ => Vec::new(),
         },
         turns,

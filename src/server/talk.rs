@@ -39,22 +39,18 @@ impl Bus {
             Err(e) => return Some(self.refuse_talk(&Refusal::Body(e), &TalkMeta::at(received_at))),
         };
         let meta = TalkMeta::of(&request, received_at);
-        let refusal = if !self.config.bus.peers.allows(&request.from_instance) {
-            Some(Refusal::PeerNotAllowed)
-        } else if request.depth >= self.config.bus.max_depth {
-            Some(Refusal::DepthExceeded {
-                depth: request.depth,
-                max: self.config.bus.max_depth,
-            })
+        let bus = &self.config.bus;
+        let refusal = if !bus.peers.allows(&request.from_instance) {
+            Refusal::PeerNotAllowed
+        } else if request.depth >= bus.max_depth {
+            let (depth, max) = (request.depth, bus.max_depth);
+            Refusal::DepthExceeded { depth, max }
         } else if self.stopping_since.is_some() {
-            Some(Refusal::ShuttingDown)
+            Refusal::ShuttingDown
         } else {
-            None
+            return self.admit(conn, request, meta);
         };
-        if let Some(refusal) = refusal {
-            return Some(self.refuse_talk(&refusal, &meta));
-        }
-        self.admit(conn, request, meta)
+        Some(self.refuse_talk(&refusal, &meta))
     }
 
     /// Admits a request that passed checks 1-9 (see [`TurnTable::admit`]). `Some`
