@@ -14,19 +14,21 @@ mod health;
 mod name;
 pub mod proof;
 mod request;
+mod response;
 
 pub use classify::{classify, legacy_failure_code};
 pub use codes::ErrorCode;
-pub use envelope::{parse_answer, parse_response, Envelope, Failure, ResponseError, UsageReport};
+pub use envelope::{Envelope, Failure, UsageReport};
 pub use ext::{
     ExtError, InvalidRequestId, RequestExt, RequestId, MAX_REQUEST_ID_LEN, MIN_REQUEST_ID_LEN,
 };
-pub use health::{parse_health, Health, TurnLoad};
+pub use health::{Health, TurnLoad};
 pub use name::{InstanceName, InvalidInstanceName, MAX_INSTANCE_NAME_LEN};
 pub use request::{
     encode_talk_request, encode_talk_request_with, parse_talk_request, RequestError, TalkRequest,
     MAX_FROM_INSTANCE_BYTES,
 };
+pub use response::{parse_answer, parse_health, parse_response, ResponseError};
 
 /// The protocol version this build speaks and emits.
 pub const PROTOCOL_VERSION: u64 = 1;
@@ -58,17 +60,6 @@ pub const CAPABILITIES: [&str; 6] = [
 /// and envelopes (contract 4.1). `secret-proof` is not one: it is about health alone,
 /// so a request never lists it, nor an envelope.
 pub const TALK_EXTENSIONS: [&str; 3] = [IDEMPOTENT_REQUESTS, CANCEL_ON_HANGUP, USAGE_REPORT];
-
-/// The top-level fields a request may carry (contract 4.1): the original rejects any
-/// other, so extension data goes only inside `ext`.
-pub const REQUEST_FIELDS: [&str; 6] = [
-    "fromInstance",
-    "prompt",
-    "depth",
-    "protocolVersion",
-    "capabilities",
-    "ext",
-];
 
 /// The capabilities of one exchange (contract 4.1): the base two plus those of
 /// `listed` (the target's health, for a request; the request's, for an envelope) that
