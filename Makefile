@@ -13,7 +13,7 @@ build:
 # Starts an instance named `demo` under ./.loopbus/ on the built-in echo engine and
 # prints a ready-to-paste curl line. Stop it with Ctrl-C.
 run: build
-	@test -f $(DEMO_DIR)/config.json || $(BIN) init $(DEMO_DIR)
+	@test -f $(DEMO_DIR)/config.json || $(BIN) init $(DEMO_DIR) --no-serve-hint
 	@$(BIN) serve --state-dir $(DEMO_DIR) --print-curl
 
 test:

@@ -81,9 +81,10 @@ pub use secret::{Secret, Weakness, MIN_SECRET_CHARS, SAMPLE_SECRETS, SECRET_BYTE
 
 // The registry of a channel root.
 pub use registry::{
-    channel_root, default_name, list as list_instances, probe_instance, probe_port,
-    read as read_registry, registry_path, running as running_instance, HealthAnswer, Listed,
-    OwnerMismatch, OwnerRefusal, ProbeError, RegistryEntry, PROBE_TIMEOUT,
+    channel_root, default_channel_root, default_name, list as list_instances, probe_instance,
+    probe_port, read as read_registry, registry_path, running as running_instance, HealthAnswer,
+    Listed, OwnerMismatch, OwnerRefusal, ProbeError, RegistryEntry, DEFAULT_ROOT_DIR,
+    PROBE_TIMEOUT,
 };
 
 // An instance's records, and the file rules of every state file.

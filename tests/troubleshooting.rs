@@ -114,7 +114,7 @@ fn troubleshooting_quotes_what_talk_prints() {
     assert_eq!(output.status.code(), Some(75));
     assert_quoted(
         &section,
-        None,
+        Some(&root.path),
         &first_stderr_line(&output),
         "talk before serve",
     );
@@ -139,12 +139,15 @@ fn troubleshooting_quotes_what_talk_prints() {
     assert_eq!(output.status.code(), Some(75));
     assert_quoted(&section, None, &first_stderr_line(&output), "a stale entry");
 
-    let output = run(&["talk", "worker", "hi"], &[], None);
+    // From a plain shell, under the default root (~/.loopbus), nothing registered.
+    let home = TestRoot::new("trouble-home");
+    let home_dir = home.path.to_str().unwrap();
+    let output = run(&["talk", "worker", "hi"], &[("HOME", home_dir)], None);
     assert_quoted(
         &section,
-        None,
+        Some(&home.path.join(".loopbus")),
         &first_stderr_line(&output),
-        "no state directory",
+        "talk before serve, from a shell",
     );
 }
 
