@@ -329,3 +329,95 @@ fn bug_the_curl_line_sent_depth_0_against_the_rule_for_scripts() {
     // A script's request carries its own depth + 1; from a shell that is 1, as talk sends.
     assert!(curl.contains(r#""depth":1"#), "{curl}");
 }
+
+#[test]
+fn bug_usage_did_not_say_it_leaves_out_echo_turns() {
+    let home = Home::new("usage-echo");
+    ok(&["init", "worker"], &home.run(&["init", "worker"], None));
+    let _worker = home.serve("worker");
+    let args = ["talk", "worker", "hi"];
+    ok(&args, &home.run(&args, None));
+    let out = home.run(&["usage"], None);
+    let table = ok(&["usage"], &out);
+    assert!(
+        table.lines().nth(1).unwrap().starts_with("worker"),
+        "{table}"
+    );
+    let said = text(&out.stderr);
+    assert!(said.contains("echo engine's turns (free)"), "{said}");
+    assert!(said.contains("not counted"), "{said}");
+}
+
+#[test]
+fn bug_serve_did_not_log_why_a_turn_failed() {
+    let home = Home::new("failed-turn-log");
+    // Fails with a message on stderr; the prompt must not reach the log.
+    let script = home.dir.path.join("fails.sh");
+    std::fs::write(
+        &script,
+        "#!/bin/sh\nprintf 'boom \\033[31m red\\n' >&2\nexit 3\n",
+    )
+    .unwrap();
+    {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o700)).unwrap();
+    }
+    let args = ["init", "worker", "--engine", script.to_str().unwrap()];
+    ok(&args, &home.run(&args, None));
+    let worker = home.serve("worker");
+    let out = home.run(&["talk", "worker", "the secret prompt"], None);
+    assert_ne!(out.status.code(), Some(0));
+    let logged = eventually(WAIT, || worker.log().contains("turn failed"));
+    let log = worker.log();
+    assert!(logged, "{log}");
+    let line = log.lines().find(|l| l.contains("turn failed")).unwrap();
+    assert!(line.contains("INFO"), "{line}");
+    assert!(
+        line.contains("engine_cli") || line.contains("engine"),
+        "{line}"
+    );
+    assert!(line.contains("from operator"), "{line}");
+    assert!(!line.contains('\u{1b}'), "{line}");
+    assert!(!log.contains("the secret prompt"), "{log}");
+    assert!(line.contains("boom"), "{line}");
+}
+
+#[test]
+fn bug_the_cancel_confirmation_and_the_final_line_came_in_either_order() {
+    let home = Home::new("cancel-order");
+    // An engine no other test runs, so that its process tells this turn is running.
+    let args = ["init", "slow", "--engine", "sleep 29.19"];
+    ok(&args, &home.run(&args, None));
+    let _slow = home.serve("slow");
+    for _ in 0..3 {
+        let talk = Command::new(bin())
+            .args(["talk", "slow", "hi"])
+            .env("HOME", &home.dir.path)
+            .env_remove("LOOPBUS_ROOT")
+            .env_remove("LOOPBUS_STATE_DIR")
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let running = eventually(WAIT, || {
+            std::fs::read_dir("/proc").unwrap().flatten().any(|p| {
+                std::fs::read(p.path().join("cmdline"))
+                    .is_ok_and(|c| c.starts_with(b"sleep\x0029.19"))
+            })
+        });
+        assert!(running, "the engine never started");
+        signal(talk.id(), "INT");
+        let out = talk.wait_with_output().unwrap();
+        assert_eq!(out.status.code(), Some(130));
+        let said = text(&out.stderr);
+        let lines: Vec<&str> = said.lines().collect();
+        assert_eq!(
+            lines,
+            [
+                "loopbus: cancel request to slow: cancelled",
+                "loopbus: talk to slow: interrupted by SIGINT; the turn was cancelled [cancelled]",
+            ],
+            "{said}"
+        );
+    }
+}
