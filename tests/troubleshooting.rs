@@ -234,11 +234,11 @@ fn troubleshooting_quotes_what_serve_refuses() {
     assert!(serve("worker", &[]).contains("did you mean budgetUsd?"));
     std::fs::write(
         root.state_dir("worker").join("config.json"),
-        "{\"bus\":tru\n",
+        "{\"bus\": true,\n}",
     )
     .unwrap();
     let line = serve("worker", &[]);
-    let message = line.rsplit(": ").next().unwrap();
+    let message = line.split("config.json: ").nth(1).unwrap();
     assert_quoted(&section, None, message, "config not JSON");
 
     root.write_config("worker", &json!({"bus": true}));

@@ -210,7 +210,8 @@ fn audit_detail(failure: &Failure) -> &str {
 const MAX_LOGGED_FAILURE_CHARS: usize = 200;
 
 /// The info line of a failed turn: its code, who asked, and the first line of its
-/// message, cut to [`MAX_LOGGED_FAILURE_CHARS`] and escaped (it may quote the engine).
+/// message, cut to [`MAX_LOGGED_FAILURE_CHARS`] (the logger escapes it: it may quote
+/// the engine).
 fn failed_turn_line(failure: &Failure, meta: &TalkMeta) -> String {
     let first: String = failure
         .error
@@ -220,12 +221,11 @@ fn failed_turn_line(failure: &Failure, meta: &TalkMeta) -> String {
         .chars()
         .take(MAX_LOGGED_FAILURE_CHARS)
         .collect();
-    let line = format!(
+    format!(
         "turn failed: {} ({}): {first}",
         failure.code,
         meta.describe()
-    );
-    crate::text::escape_for_terminal(&line).into_owned()
+    )
 }
 
 pub(super) fn elapsed_ms(since: Instant) -> u64 {
