@@ -26,6 +26,9 @@ const ERROR_BACKOFF: Duration = Duration::from_millis(1);
 const RSS_SAMPLE_INTERVAL: Duration = Duration::from_millis(50);
 /// Extra time, past the end of the window, that a run waits for its clients.
 const JOIN_GRACE: Duration = Duration::from_secs(10);
+/// Clock ticks per second of the CPU times in `/proc/PID/stat` (`USER_HZ`, 100 on
+/// every Linux ABI that exports it to user space).
+const USER_HZ: u64 = 100;
 /// Tolerance when turning a percentile into a rank.
 const RANK_EPSILON: f64 = 1e-9;
 /// Stack size of client threads; they keep little on the stack.
@@ -207,12 +210,20 @@ pub struct Stats {
     pub latencies_ns: Vec<u64>,
     /// Peak VmRSS of `rss_pid` during the window, in KiB.
     pub peak_rss_kib: Option<u64>,
+    /// CPU time (user + system) `rss_pid` used during the window, in nanoseconds.
+    pub server_cpu_ns: Option<u64>,
 }
 
 impl Stats {
     /// Completed requests per second.
     pub fn rps(&self) -> f64 {
         self.completed as f64 / self.window.as_secs_f64()
+    }
+
+    /// Server CPU time per completed request, if the server's CPU time was measured.
+    pub fn cpu_per_request(&self) -> Option<Duration> {
+        let ns = self.server_cpu_ns?;
+        (self.completed > 0).then(|| Duration::from_nanos(ns / self.completed))
     }
 
     /// The `p`-th percentile (nearest rank), if anything was measured.
@@ -279,11 +290,12 @@ pub fn run(load: &Load) -> Result<Stats, String> {
     let started = Instant::now();
     let window_start = started + load.warmup;
     let window_end = window_start + load.window;
-    let peak_rss_kib = sample_rss(load.rss_pid, window_start, window_end);
+    let (peak_rss_kib, server_cpu_ns) = sample_server(load.rss_pid, window_start, window_end);
     let give_up = window_end + JOIN_GRACE;
     let mut stats = Stats {
         window: load.window,
         peak_rss_kib,
+        server_cpu_ns,
         ..Stats::default()
     };
     for handle in handles {
@@ -304,19 +316,37 @@ pub fn run(load: &Load) -> Result<Stats, String> {
     Ok(stats)
 }
 
-/// Samples the VmRSS of `pid` until `end`, keeping the peak seen inside the window.
-fn sample_rss(pid: Option<u32>, start: Instant, end: Instant) -> Option<u64> {
-    let pid = pid?;
+/// Samples the VmRSS of `pid` until `end`, keeping the peak seen inside the window,
+/// and the CPU time it used from the first sample inside the window to `end`.
+fn sample_server(pid: Option<u32>, start: Instant, end: Instant) -> (Option<u64>, Option<u64>) {
+    let Some(pid) = pid else {
+        return (None, None);
+    };
     let mut peak = None;
+    let mut cpu_at_start = None;
     while Instant::now() < end {
         thread::sleep(RSS_SAMPLE_INTERVAL);
         if Instant::now() >= start {
+            cpu_at_start = cpu_at_start.or_else(|| cpu_ticks(pid));
             if let Some(kib) = rss_kib(pid) {
                 peak = Some(peak.map_or(kib, |p: u64| p.max(kib)));
             }
         }
     }
-    peak
+    let used = cpu_at_start
+        .zip(cpu_ticks(pid))
+        .map(|(a, b)| b.saturating_sub(a) * (1_000_000_000 / USER_HZ));
+    (peak, used)
+}
+
+/// User plus system CPU time of `pid` in clock ticks, from /proc (the fields after the
+/// command name, which may itself hold spaces and parentheses).
+fn cpu_ticks(pid: u32) -> Option<u64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let mut fields = stat.get(stat.rfind(')')? + 2..)?.split(' ');
+    let utime: u64 = fields.nth(11)?.parse().ok()?;
+    let stime: u64 = fields.next()?.parse().ok()?;
+    Some(utime + stime)
 }
 
 /// VmRSS of `pid` in KiB, from /proc.

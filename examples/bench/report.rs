@@ -271,26 +271,29 @@ fn render_pairs(out: &mut String, pairs: &[Pair]) -> std::fmt::Result {
         out,
         "loopbus: `loopbus serve`, release build, echo engine, default config but `maxQueuedTurns` {} (so that 64 talk clients are queued, not refused). \
          Floor: a server inside the bench on std, one thread per connection, keep-alive, no validation, a fixed reply of the same size as loopbus's. \
-         Ratio: loopbus ÷ floor (req/s: higher is better; latency: lower is better).\n",
+         Ratio: loopbus ÷ floor (req/s: higher is better; latency: lower is better). \
+         Server CPU: user + system CPU time of the `loopbus serve` process over the window (from /proc, 10 ms ticks), per request answered; the floor shares the bench's process, so it has none.\n",
         crate::ECHO_MAX_QUEUED_TURNS
     )?;
     writeln!(
         out,
-        "| endpoint | clients | server | req/s | p50 | p99 | p99.9 | errors |\n| --- | --- | --- | ---: | ---: | ---: | ---: | ---: |"
+        "| endpoint | clients | server | req/s | p50 | p99 | p99.9 | errors | server CPU/req |\n| --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |"
     )?;
     for p in pairs {
         let shape = shape(p.clients, p.mode);
         for (who, s) in [("loopbus", &p.loopbus), ("floor", &p.floor)] {
             writeln!(
                 out,
-                "| {} | {} | {who} | {} | {} | {} | {} | {} |",
+                "| {} | {} | {who} | {} | {} | {} | {} | {} | {} |",
                 p.endpoint,
                 shape,
                 thousands(s.rps()),
                 latency(s.percentile(50.0)),
                 latency(s.percentile(99.0)),
                 latency(s.percentile(99.9)),
-                s.errors
+                s.errors,
+                s.cpu_per_request()
+                    .map_or_else(dash, |d| format!("{:.1} µs", d.as_secs_f64() * 1e6))
             )?;
         }
         let lat = |q: f64| {
@@ -300,7 +303,7 @@ fn render_pairs(out: &mut String, pairs: &[Pair]) -> std::fmt::Result {
         };
         writeln!(
             out,
-            "| {} | {} | *ratio* | *{}* | *{}* | *{}* | *{}* | |",
+            "| {} | {} | *ratio* | *{}* | *{}* | *{}* | *{}* | | |",
             p.endpoint,
             shape,
             times(ratio(p.loopbus.rps(), p.floor.rps())),
