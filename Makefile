@@ -1,6 +1,5 @@
 # loopbus: `make run` starts a demo instance, `make test` runs every check.
 CARGO ?= cargo
-DEMO_DIR := .loopbus/demo
 BIN := target/debug/loopbus
 
 .PHONY: all build run test fmt lint bench fuzz clean install dist repro-check dist-check build-offline
@@ -10,11 +9,12 @@ all: build
 build:
 	$(CARGO) build --locked
 
-# Starts an instance named `demo` under ./.loopbus/ on the built-in echo engine and
-# prints a ready-to-paste curl line. Stop it with Ctrl-C.
+# Starts an instance named `demo` under the default channel root ($LOOPBUS_ROOT, else
+# ~/.loopbus) on the built-in echo engine and prints a ready-to-paste curl line; from
+# another shell, `target/debug/loopbus talk demo hello`. Stop it with Ctrl-C.
 run: build
-	@test -f $(DEMO_DIR)/config.json || $(BIN) init $(DEMO_DIR) --no-serve-hint
-	@$(BIN) serve --state-dir $(DEMO_DIR) --print-curl
+	@test -f "$${LOOPBUS_ROOT:-$$HOME/.loopbus}/demo/config.json" || $(BIN) init demo --no-serve-hint
+	@$(BIN) serve demo --print-curl
 
 test:
 	$(CARGO) fmt --all -- --check

@@ -119,7 +119,7 @@ fn curl_text(name: &str, addr: SocketAddr, secret: &Secret) -> String {
          Talk to it (the secret is in this text, keep it local; the shell builtin printf \
          hands it to curl on stdin, off every command line):\n  \
          printf 'Authorization: %s\\n' {} | curl -s http://{addr}/api/talk -H @- \\\n    \
-         -H 'Content-Type: application/json' -d '{{\"fromInstance\":\"me\",\"prompt\":\"hello\",\"depth\":1}}'\n\
+         -H 'Content-Type: application/json' -d '{{\"fromInstance\":\"operator\",\"prompt\":\"hello\",\"depth\":1}}'\n\
          Check its health:\n  curl -s http://{addr}/api/health\n",
         shell_quoted(&secret.bearer_header())
     )
