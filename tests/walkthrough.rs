@@ -66,7 +66,9 @@ fn the_readme_walkthrough_works_pasted_into_a_fresh_shell() {
     );
     for name in ["worker", "slow", "planner"] {
         assert!(
-            stdout.lines().any(|l| l.starts_with(name) && l.contains(" yes ")),
+            stdout
+                .lines()
+                .any(|l| l.starts_with(name) && l.contains(" yes ")),
             "{name} listed alive\n{shown}"
         );
     }

@@ -1,15 +1,11 @@
 //! One server connection as a sans-IO state machine: it takes the bytes read and the
-//! time from its caller, says what to do next ([`Action`]), and owns the phases of a
-//! request, their deadlines, and why the connection closes ([`CloseReason`]).
-//!
-//! The phases: `ReadingHead` → (the service decides) → `ReadingBody` → `Waiting` (the
-//! service answers later) → `Writing` → back to `ReadingHead` on a keep-alive
-//! connection, to `Lingering` after an early or error answer, or closed. No socket and
-//! no clock are touched here: every method that can move time takes `now`, so the unit
-//! tests at the bottom drive each phase with a fake clock.
+//! time from its caller and says what to do next ([`Action`]). The phases: `ReadingHead`
+//! → `Deciding` → `ReadingBody` → `Waiting` → `Writing` → `ReadingHead` again (keep-alive),
+//! `Lingering` (after an early or error answer) or closed. Every method that can move
+//! time takes `now`, so the tests drive each phase with a fake clock.
 
 use super::headers::MAX_HEAD_BYTES;
-use super::message::{parse_head, Head, HttpError, ParseOutcome, Response};
+use super::message::{parse_head, Head, HttpError, Response};
 use std::time::{Duration, Instant};
 
 /// Time allowed for a complete head after accept, or after the previous response.
@@ -24,14 +20,12 @@ pub const WRITE_TIMEOUT: Duration = Duration::from_secs(10);
 /// reading and discarding what the client still sends, so that the client gets to
 /// read the answer instead of a connection reset.
 pub const LINGER_TIMEOUT: Duration = Duration::from_secs(2);
-/// Most request heads one connection gets served in a row, and most bytes read from
-/// it, before it goes to the back of the run queue: a client pipelining without end
-/// cannot monopolize the loop.
+/// Most heads served and bytes read per turn of one connection on the run queue: a
+/// client pipelining without end cannot monopolize the loop.
 pub const STEP_MAX_HEADS: usize = 8;
 /// See [`STEP_MAX_HEADS`].
 pub const STEP_MAX_READ: usize = 256 * 1024;
-/// The interim answer that tells a client waiting on `Expect: 100-continue` to send
-/// its body.
+/// The answer to `Expect: 100-continue`.
 pub(crate) const CONTINUE: &[u8] = b"HTTP/1.1 100 Continue\r\n\r\n";
 /// A kept-alive connection's input buffer larger than this is released between
 /// requests rather than kept for the next one.
@@ -60,25 +54,20 @@ pub enum CloseReason {
 /// ([`Conn::class_since`]). [`Class::Authorized`] is never evicted.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 pub enum Class {
-    /// The answer is out: lingering over input nobody reads, or closing. Nothing is
-    /// lost but the courtesy of the linger.
+    /// The answer is out: lingering or closing. Nothing is lost but the linger.
     Done,
-    /// A request head not complete yet (oldest first), including a new connection that
-    /// sent nothing, or a complete head the service has not decided on.
+    /// A head not complete yet (a new connection that sent nothing too), or one the
+    /// service has not decided on.
     IncompleteHead,
-    /// An answer that is not authorized work being written: health, a refusal, an
-    /// error the HTTP layer answers itself, or a 503 from a budget. It is small and
-    /// bounded by [`WRITE_TIMEOUT`]; one still being written is stalled behind a client
-    /// that does not read.
+    /// Writing an answer that is not authorized work (health, a refusal, an HTTP-layer
+    /// error): small, so one still being written is stalled behind a client that does
+    /// not read.
     Answering,
     /// A kept-alive connection between requests (longest idle first).
     Idle,
-    /// Authorized work: a request the service agreed to read the body of (its head
-    /// passed checks 1-6) from then until its answer is written: reading its body,
-    /// waiting for or running a turn, being answered (a 408 for a late body, or the
-    /// 503 that replaces an answer past the response budget, too).
-    /// Never evicted; a client that never reads its answer is still bounded by
-    /// [`WRITE_TIMEOUT`].
+    /// Authorized work: from the service agreeing to read the body (the head passed
+    /// checks 1-6) until the answer is written (a 408 or 503 instead of it too). Never
+    /// evicted; a client that never reads its answer is still bounded by [`WRITE_TIMEOUT`].
     Authorized,
 }
 
@@ -92,9 +81,7 @@ impl Class {
 /// What happens once the current response is written.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum After {
-    /// Read the next request.
     KeepAlive,
-    /// Close the connection.
     Close(CloseReason),
     /// Half-close, then read and discard until EOF or [`LINGER_TIMEOUT`] (the request
     /// announced a body that was never read, or the HTTP layer answered an error).
@@ -210,7 +197,6 @@ impl Conn {
     /// The next thing to do; no I/O happens here. Call it again after doing each
     /// action.
     pub fn poll(&mut self, now: Instant) -> Action<'_> {
-        // Decisions already under way finish before this step's share is checked.
         match &mut self.phase {
             Phase::Deciding => {
                 if let Some(head) = &self.head {
@@ -240,7 +226,9 @@ impl Conn {
         match self.phase {
             Phase::ReadingHead => self.poll_head(now),
             Phase::ReadingBody { len, .. } => self.poll_body(len),
-            Phase::Writing { .. } => self.output(),
+            Phase::Writing {
+                ref out, written, ..
+            } => Action::Write(&out[written..]),
             Phase::Lingering { .. } => Action::Read(usize::MAX),
             // Handled above.
             Phase::Deciding | Phase::Failing(_) | Phase::Closing(_) | Phase::Waiting => {
@@ -252,20 +240,18 @@ impl Conn {
     /// Reading a head: parse what is there, or ask for more within the head limit.
     fn poll_head(&mut self, now: Instant) -> Action<'_> {
         match parse_head(&self.inbuf, &mut self.scanned, now) {
-            ParseOutcome::Complete(head, consumed) => {
+            Ok(Some((head, consumed))) => {
                 self.step_heads += 1;
                 self.inbuf.drain(..consumed);
                 self.scanned = 0;
                 self.phase = Phase::Deciding;
                 Action::Head(self.head.insert(head))
             }
-            ParseOutcome::Error(error) => {
+            Err(error) => {
                 self.phase = Phase::Failing(error);
                 Action::Error(error, self.head.as_ref())
             }
-            ParseOutcome::Partial => {
-                Action::Read(MAX_HEAD_BYTES + 1 - self.inbuf.len().min(MAX_HEAD_BYTES))
-            }
+            Ok(None) => Action::Read(MAX_HEAD_BYTES + 1 - self.inbuf.len().min(MAX_HEAD_BYTES)),
         }
     }
 
@@ -287,16 +273,8 @@ impl Conn {
         }
     }
 
-    /// Writing: the bytes not written yet.
-    fn output(&self) -> Action<'_> {
-        match &self.phase {
-            Phase::Writing { out, written, .. } => Action::Write(&out[*written..]),
-            _ => Action::Wait,
-        }
-    }
-
-    /// `bytes` were read from the socket at `now`. (Reading starts no clock: each
-    /// phase's deadline counts from its start, and eviction from it too.)
+    /// `bytes` were read from the socket. Reading starts no clock: a phase's deadline
+    /// and its eviction order count from its start.
     pub fn received(&mut self, bytes: &[u8], _now: Instant) {
         self.step_read += bytes.len();
         match self.phase {
@@ -361,8 +339,8 @@ impl Conn {
         self.authorized = true;
     }
 
-    /// Starts writing `response` at `now`: the answer to a head (its body is never
-    /// read), to a request, or a deferred one.
+    /// Starts writing `response` at `now`: the answer to a head, to a request, or a
+    /// deferred one.
     pub fn respond(&mut self, response: Response, now: Instant) {
         // An answer from the head alone leaves any announced body unread.
         let linger =
@@ -401,37 +379,37 @@ impl Conn {
         self.phase_started = now;
     }
 
+    /// The current phase's time limit, and the phase its passing leads to: a late body
+    /// is answered 408, anything else closes.
+    fn limit(&self) -> Option<(Duration, Phase)> {
+        let close = |reason| Phase::Closing(reason);
+        Some(match self.phase {
+            Phase::ReadingHead if self.idle() => (IDLE_TIMEOUT, close(CloseReason::IdleTimeout)),
+            Phase::ReadingHead => (HEAD_TIMEOUT, close(CloseReason::HeadTimeout)),
+            Phase::ReadingBody { .. } => (BODY_TIMEOUT, Phase::Failing(HttpError::BodyTimeout)),
+            Phase::Writing { .. } => (WRITE_TIMEOUT, close(CloseReason::WriteTimeout)),
+            Phase::Lingering { .. } => (LINGER_TIMEOUT, close(CloseReason::LingerTimeout)),
+            Phase::Deciding | Phase::Waiting | Phase::Failing(_) | Phase::Closing(_) => {
+                return None
+            }
+        })
+    }
+
     /// When the current phase times out, if it can.
     pub fn deadline(&self) -> Option<Instant> {
-        match self.phase {
-            Phase::ReadingHead if self.idle() => Some(self.phase_started + IDLE_TIMEOUT),
-            Phase::ReadingHead => Some(self.phase_started + HEAD_TIMEOUT),
-            Phase::ReadingBody { .. } => Some(self.phase_started + BODY_TIMEOUT),
-            Phase::Writing { .. } => Some(self.phase_started + WRITE_TIMEOUT),
-            Phase::Lingering { .. } => Some(self.phase_started + LINGER_TIMEOUT),
-            Phase::Deciding | Phase::Waiting | Phase::Failing(_) | Phase::Closing(_) => None,
-        }
+        self.limit().map(|(limit, _)| self.phase_started + limit)
     }
 
     /// Applies the current phase's timeout if its [`deadline`](Conn::deadline) has
-    /// passed at `now`: a late body is answered 408, anything else closes. Whether it
-    /// had; [`poll`](Conn::poll) says what follows.
+    /// passed at `now`. Whether it had; [`poll`](Conn::poll) says what follows.
     pub fn expire(&mut self, now: Instant) -> bool {
-        if self.deadline().is_none_or(|deadline| now < deadline) {
-            return false;
-        }
-        self.phase = match self.phase {
-            Phase::ReadingHead if self.idle() => Phase::Closing(CloseReason::IdleTimeout),
-            Phase::ReadingHead => Phase::Closing(CloseReason::HeadTimeout),
-            Phase::ReadingBody { .. } => Phase::Failing(HttpError::BodyTimeout),
-            Phase::Writing { .. } => Phase::Closing(CloseReason::WriteTimeout),
-            Phase::Lingering { .. } => Phase::Closing(CloseReason::LingerTimeout),
-            // No deadline in these phases.
-            Phase::Deciding | Phase::Waiting | Phase::Failing(_) | Phase::Closing(_) => {
-                return false
+        match self.limit() {
+            Some((limit, next)) if now >= self.phase_started + limit => {
+                self.phase = next;
+                true
             }
-        };
-        true
+            _ => false,
+        }
     }
 
     /// A kept-alive connection between requests: served before, no byte of the next
@@ -460,7 +438,7 @@ impl Conn {
         self.phase == Phase::ReadingHead && self.inbuf.is_empty()
     }
 
-    /// What closing this connection would lose: its eviction class (see [`Class`]).
+    /// Its eviction class.
     pub fn class(&self) -> Class {
         match self.phase {
             Phase::Lingering { .. } | Phase::Closing(_) => Class::Done,
@@ -473,8 +451,7 @@ impl Conn {
         }
     }
 
-    /// When the current phase began: the order within a [`Class`] for eviction (the
-    /// head clock of an incomplete head, the end of the last answer of an idle one).
+    /// When the current phase began: the eviction order within a [`Class`].
     pub fn class_since(&self) -> Instant {
         self.phase_started
     }

@@ -1,6 +1,5 @@
-//! Running one connection: the reads and writes its sans-IO [`Conn`] asks for, on its
-//! socket, the [`Service`] calls its requests need, and the body budget all
-//! connections share.
+//! Running one connection: the reads, writes and [`Service`] calls its [`Conn`] asks
+//! for, and the budgets all connections share.
 
 use super::conn::{Action, Class, Conn, CONTINUE};
 use super::message::{HttpError, Response};
@@ -15,20 +14,16 @@ use std::time::Instant;
 /// many connections each sending a large body slowly can't grow memory without bound.
 pub const MAX_BODY_BYTES_IN_FLIGHT: usize = 8 * 1024 * 1024;
 
-/// Response bytes (head and body) all connections together may hold while writing an
-/// answer to an authorized request (a turn's answer, large when the engine's reply is).
-/// An answer that would go past it is replaced by a small 503 `server_busy` and the
-/// connection closes, so that many clients that never read what they are owed can't
-/// grow memory without bound. An answer that finds nothing else in flight is always
-/// written, however large: the bound is this budget plus one answer. The answers from
-/// a head alone (health, refusals, HTTP-layer errors) are a few hundred bytes, one per
-/// connection at most, and are not counted.
+/// Response bytes all connections together may hold while writing answers to
+/// authorized requests. An answer past it is replaced by a 503 `server_busy` and the
+/// connection closes, so clients that never read can't grow memory without bound; one
+/// that finds nothing else in flight is always written (the bound is this plus one
+/// answer). Answers from a head alone (a few hundred bytes each) are not counted.
 pub const MAX_RESPONSE_BYTES_IN_FLIGHT: usize = 16 * 1024 * 1024;
 
-/// What every connection together holds now, against the limits that bound it: body
-/// bytes being read, response bytes being written, and connections holding authorized
-/// work (see [`super::conn::Class::Authorized`]).
-#[derive(Debug)]
+/// What all connections hold now: body bytes being read, response bytes being written,
+/// and connections holding authorized work (see [`super::conn::Class::Authorized`]).
+#[derive(Debug, Default)]
 pub(super) struct InFlight {
     bodies: usize,
     responses: usize,
@@ -60,10 +55,8 @@ impl InFlight {
     /// Nothing in flight; at most `max_authorized` connections may hold authorized work.
     pub(super) fn new(max_authorized: usize) -> InFlight {
         InFlight {
-            bodies: 0,
-            responses: 0,
-            authorized: 0,
             max_authorized,
+            ..InFlight::default()
         }
     }
 
@@ -75,18 +68,11 @@ impl InFlight {
     }
 
     fn replace(&mut self, old: Share, new: Share) {
-        self.bodies = self
-            .bodies
-            .saturating_sub(old.body)
-            .saturating_add(new.body);
-        self.responses = self
-            .responses
-            .saturating_sub(old.response)
-            .saturating_add(new.response);
-        self.authorized = self
-            .authorized
-            .saturating_sub(usize::from(old.authorized))
-            .saturating_add(usize::from(new.authorized));
+        let swap = |total: usize, old, new| total.saturating_sub(old).saturating_add(new);
+        self.bodies = swap(self.bodies, old.body, new.body);
+        self.responses = swap(self.responses, old.response, new.response);
+        let (old_one, new_one) = (usize::from(old.authorized), usize::from(new.authorized));
+        self.authorized = swap(self.authorized, old_one, new_one);
     }
 
     /// Gives back `entry`'s share: its connection is closing.
@@ -129,15 +115,13 @@ pub(super) struct OpenConn {
 pub(super) enum Step {
     /// Wait for the next readiness event.
     Park,
-    /// Close the connection now.
     Close,
     /// Used its share of this loop iteration; continue after the others had theirs.
     Yield,
 }
 
-/// A response as it will be written: once the loop is stopping (no longer accepting,
-/// or exiting), every connection closes after its answer, and says so
-/// (`Connection: close`).
+/// A response as it will be written: once the loop is stopping, it closes its
+/// connection, and says so.
 pub(super) fn finalize(mut response: Response, stopping: bool) -> Response {
     response.close |= stopping;
     response
@@ -210,19 +194,15 @@ impl OpenConn {
                 }
                 Action::Head(head) => match service.on_head(id, head) {
                     HeadAction::Respond(response) => {
-                        let response = finalize(response, stopping);
-                        self.conn.respond(response, Instant::now());
+                        self.conn
+                            .respond(finalize(response, stopping), Instant::now());
                     }
-                    // Past the body budget, or into the health reserve: refused the
-                    // way the service refuses (and audits) an HTTP-layer error.
                     HeadAction::ReadBody(len) if in_flight.admits_request(len) => {
                         self.conn.read_body(len, Instant::now());
                     }
-                    HeadAction::ReadBody(_) => {
-                        let response =
-                            service.error_response(HttpError::Overloaded, self.conn.head());
-                        self.conn.respond_error(response, Instant::now());
-                    }
+                    // Past the body budget, or into the health reserve: refused the
+                    // way the service refuses (and audits) an HTTP-layer error.
+                    HeadAction::ReadBody(_) => self.overloaded(service),
                 },
                 Action::Request(head, body) => {
                     if let Some(response) = service.on_request(id, head, body) {
@@ -239,9 +219,7 @@ impl OpenConn {
             }
         }
     }
-}
 
-impl OpenConn {
     /// Starts writing `response`, the answer to this connection's authorized request
     /// (now or deferred), if it fits the response budget; otherwise a small 503 from
     /// the service, after which the connection closes.
@@ -252,20 +230,25 @@ impl OpenConn {
         in_flight: &mut InFlight,
         stopping: bool,
     ) {
-        let now = Instant::now();
         if in_flight.admits_response(response.body.len()) {
-            self.conn.respond(finalize(response, stopping), now);
+            self.conn
+                .respond(finalize(response, stopping), Instant::now());
         } else {
             log::debug!(
                 "{} response bytes in flight: answering 503 instead of a {}-byte answer",
                 in_flight.responses,
                 response.body.len()
             );
-            let refusal = service.error_response(HttpError::Overloaded, self.conn.head());
-            self.conn.respond_error(refusal, now);
+            self.overloaded(service);
         }
         // Counted now, so that the next answer decided before this one is driven sees it.
         in_flight.account(self);
+    }
+
+    /// The service's answer to [`HttpError::Overloaded`], after which it closes.
+    fn overloaded<S: Service>(&mut self, service: &mut S) {
+        let response = service.error_response(HttpError::Overloaded, self.conn.head());
+        self.conn.respond_error(response, Instant::now());
     }
 }
 

@@ -1,7 +1,6 @@
 //! The event loop: one `mio` poll over the listener and every connection's socket,
 //! with generation-tagged tokens, a FIFO run queue, the deadline set, accept and
-//! eviction. Running one connection is `drive`'s job; its HTTP state is a sans-IO
-//! `Conn`.
+//! eviction. Running one connection is `drive`'s job.
 
 use super::conn::{Class, STEP_MAX_READ};
 use super::drive::{InFlight, OpenConn, Step};
@@ -18,10 +17,9 @@ use std::time::{Duration, Instant};
 /// Longest stretch of connection work between two polls: new connections, timers and
 /// worker results wait at most about this long, however many clients are busy.
 pub const ROUND_BUDGET: Duration = Duration::from_millis(5);
-/// How long to wait before accepting again after accept failed (out of descriptors,
-/// or a transient error): the loop closes one connection (the first in eviction order)
-/// at each failure and retries after this pause rather than spinning on a failing
-/// accept. Short, so that health waits at most a few of these behind a full table.
+/// The pause before accepting again after accept failed (out of descriptors, say):
+/// one connection is closed at each failure, and the loop never spins on accept.
+/// Short, so that health waits at most a few of these behind a full table.
 pub const ACCEPT_BACKOFF: Duration = Duration::from_millis(10);
 /// Size of the loop's one read buffer, shared by every connection: a quarter of
 /// [`STEP_MAX_READ`], so a connection's share takes a few reads.
@@ -45,15 +43,22 @@ fn conn_token(slot: usize, generation: u64) -> Token {
     Token(((generation as usize) << SLOT_BITS) | (slot + FIRST_CONN))
 }
 
-/// The connection to close to admit a new one, from each open connection's slot,
-/// [`Class`] and when that class began: the first class in eviction order (an
-/// incomplete head before an idle keep-alive connection), and within it the oldest.
-/// `None` when every connection holds authorized work, which is never evicted.
+/// The connection to close to admit a new one, from each one's slot, [`Class`] and
+/// when that class began: the first class in eviction order, and within it the
+/// oldest. `None` when every connection holds authorized work, which is never evicted.
 fn eviction_victim(conns: impl Iterator<Item = (usize, Class, Instant)>) -> Option<usize> {
     conns
         .filter(|(_, class, _)| class.evictable())
         .min_by_key(|&(slot, class, since)| (class, since, slot))
         .map(|(slot, _, _)| slot)
+}
+
+/// The connection in `slot`, if it is still the one of `generation`.
+fn live(conns: &mut [Option<OpenConn>], slot: usize, generation: u64) -> Option<&mut OpenConn> {
+    conns
+        .get_mut(slot)?
+        .as_mut()
+        .filter(|e| e.generation == generation)
 }
 
 /// The event loop: owns the listener and every connection.
@@ -74,8 +79,7 @@ pub struct EventLoop {
     deadlines: BTreeSet<(Instant, usize, u64)>,
     scratch: Box<[u8]>,
     accept_paused_until: Option<Instant>,
-    /// The service stopped accepting or asked to exit: every answer closes its
-    /// connection from now on.
+    /// Every answer closes its connection from now on (stop accepting, or exit).
     stopping: bool,
     exiting: bool,
     /// The run queue: connections with an event or with work left, in FIFO order.
@@ -94,7 +98,7 @@ impl EventLoop {
     /// The OS refused to create the poll instance or to register a source.
     pub fn new(
         mut listener: TcpListener,
-        interrupt: Option<UnixStream>,
+        mut interrupt: Option<UnixStream>,
         concurrent_turns: usize,
     ) -> io::Result<EventLoop> {
         let poll = Poll::new()?;
@@ -102,7 +106,6 @@ impl EventLoop {
         poll.registry()
             .register(&mut listener, LISTENER, Interest::READABLE)?;
         let waker = Arc::new(Waker::new(poll.registry(), WAKER)?);
-        let mut interrupt = interrupt;
         if let Some(stream) = interrupt.as_mut() {
             poll.registry()
                 .register(stream, INTERRUPT, Interest::READABLE)?;
@@ -155,16 +158,14 @@ impl EventLoop {
                 self.next_tick = service.on_tick(now, &mut control);
                 self.apply(service, control);
             }
-            if self.exiting && !self.has_pending_writes() {
+            if self.exiting && !self.conns.iter().flatten().any(|e| e.conn.is_writing()) {
                 return Ok(());
             }
-            let mut wake_at = self.next_tick;
-            if let Some(&(deadline, _, _)) = self.deadlines.first() {
-                wake_at = wake_at.min(deadline);
-            }
-            if let Some(at) = self.accept_paused_until {
-                wake_at = wake_at.min(at);
-            }
+            let first_deadline = self.deadlines.first().map(|&(at, _, _)| at);
+            let wake_at = [first_deadline, self.accept_paused_until]
+                .into_iter()
+                .flatten()
+                .fold(self.next_tick, Instant::min);
             let mut timeout = wake_at.saturating_duration_since(Instant::now());
             if !self.ready.is_empty() {
                 timeout = Duration::ZERO;
@@ -183,16 +184,13 @@ impl EventLoop {
             for event in events.iter() {
                 match event.token() {
                     LISTENER => {}
-                    WAKER => {
-                        let mut control = Control::default();
-                        service.on_wake(&mut control);
-                        self.apply(service, control);
-                    }
+                    WAKER => self.call(service, S::on_wake),
                     INTERRUPT => {
-                        self.drain_interrupt();
-                        let mut control = Control::default();
-                        service.on_interrupt(&mut control);
-                        self.apply(service, control);
+                        if let Some(stream) = self.interrupt.as_mut() {
+                            let mut buf = [0u8; 64];
+                            while matches!(stream.read(&mut buf), Ok(n) if n > 0) {}
+                        }
+                        self.call(service, S::on_interrupt);
                     }
                     Token(token) => {
                         let Some(slot) = self.event_slot(token) else {
@@ -201,7 +199,9 @@ impl EventLoop {
                         let hung_up = event.is_read_closed() || event.is_error();
                         // A caller that hangs up while its request waits for a turn is
                         // gone: close now, so a queued turn can be dropped.
-                        if hung_up && self.close_if_waiting(service, slot) {
+                        let waiting = self.conns.get(slot).and_then(Option::as_ref);
+                        if hung_up && waiting.is_some_and(|e| e.conn.is_waiting()) {
+                            self.close(service, slot);
                             continue;
                         }
                         if let Some(Some(entry)) = self.conns.get_mut(slot) {
@@ -216,14 +216,12 @@ impl EventLoop {
                     }
                 }
             }
-            // Serve the run queue for at most ROUND_BUDGET, then poll again, so that new
-            // connections and timers are seen promptly however many clients are busy.
             let round_end = Instant::now() + ROUND_BUDGET;
             while let Some((slot, generation)) = self.ready.pop_front() {
-                match self.conns.get_mut(slot) {
-                    Some(Some(entry)) if entry.generation == generation => entry.queued = false,
-                    _ => continue,
-                }
+                let Some(entry) = live(&mut self.conns, slot, generation) else {
+                    continue;
+                };
+                entry.queued = false;
                 self.drive(service, slot);
                 if Instant::now() >= round_end {
                     break;
@@ -239,30 +237,24 @@ impl EventLoop {
         }
     }
 
-    fn has_pending_writes(&self) -> bool {
-        self.conns.iter().flatten().any(|e| e.conn.is_writing())
-    }
-
-    fn drain_interrupt(&mut self) {
-        if let Some(stream) = self.interrupt.as_mut() {
-            let mut buf = [0u8; 64];
-            while matches!(stream.read(&mut buf), Ok(n) if n > 0) {}
-        }
+    /// Calls `callback` of `service` and does what it asked.
+    fn call<S: Service>(&mut self, service: &mut S, callback: fn(&mut S, &mut Control)) {
+        let mut control = Control::default();
+        callback(service, &mut control);
+        self.apply(service, control);
     }
 
     fn apply<S: Service>(&mut self, service: &mut S, control: Control) {
         // First, so that the answers given with the stop already say they close.
         self.stopping |= control.stop_accepting || control.exit;
         for (id, response) in control.responses {
-            match self.conns.get_mut(id.slot) {
-                Some(Some(entry))
-                    if entry.generation == id.generation && entry.conn.is_waiting() =>
-                {
+            match live(&mut self.conns, id.slot, id.generation) {
+                Some(entry) if entry.conn.is_waiting() => {
                     entry.answer(service, response, &mut self.in_flight, self.stopping);
+                    self.drive(service, id.slot);
                 }
-                _ => continue,
+                _ => {}
             }
-            self.drive(service, id.slot);
         }
         if control.stop_accepting {
             if let Some(mut listener) = self.listener.take() {
@@ -270,20 +262,16 @@ impl EventLoop {
             }
             self.accept_paused_until = None;
             // Idle keep-alive connections will never get another answer: close them.
-            let idle: Vec<usize> = self
-                .conns
-                .iter()
-                .enumerate()
-                .filter(|(_, e)| e.as_ref().is_some_and(|e| e.conn.is_between_requests()))
-                .map(|(slot, _)| slot)
-                .collect();
-            for slot in idle {
-                self.close(service, slot);
+            for slot in 0..self.conns.len() {
+                if self.conns[slot]
+                    .as_ref()
+                    .is_some_and(|e| e.conn.is_between_requests())
+                {
+                    self.close(service, slot);
+                }
             }
         }
-        if control.exit {
-            self.exiting = true;
-        }
+        self.exiting |= control.exit;
         if let Some(at) = control.tick_at {
             self.next_tick = self.next_tick.min(at);
         }
@@ -310,18 +298,10 @@ impl EventLoop {
         }
     }
 
-    /// The connection to close to admit a new one (see [`eviction_victim`]).
-    fn victim(&self) -> Option<usize> {
-        eviction_victim(self.conns.iter().enumerate().filter_map(|(slot, e)| {
-            e.as_ref()
-                .map(|e| (slot, e.conn.class(), e.conn.class_since()))
-        }))
-    }
-
     /// Closes one connection to admit a new one (see [`eviction_victim`]); whether
     /// there is room now. With `failed_accept` (accept ran out of descriptors) one is
-    /// closed even below the cap, to give the next accept a descriptor. An incomplete head is read once more before it is judged:
-    /// its bytes may have arrived since the last read (its readiness event waiting
+    /// closed even below the cap, to give the next accept a descriptor. An incomplete
+    /// head is read once more before it is judged: its bytes may have arrived since the last read (its readiness event waiting
     /// behind the accept), and hold a head that passes its checks, which is then
     /// authorized work. Each connection is read at most once per call, so the work is
     /// bounded by the connections open.
@@ -332,7 +312,11 @@ impl EventLoop {
             if self.open < open_before || (!failed_accept && self.open < self.max_connections) {
                 return true; // reading one closed it
             }
-            let Some(slot) = self.victim() else {
+            let open = self.conns.iter().enumerate().filter_map(|(slot, e)| {
+                e.as_ref()
+                    .map(|e| (slot, e.conn.class(), e.conn.class_since()))
+            });
+            let Some(slot) = eviction_victim(open) else {
                 return false;
             };
             let Some(Some(entry)) = self.conns.get_mut(slot) else {
@@ -425,14 +409,11 @@ impl EventLoop {
                 break;
             }
             self.deadlines.pop_first();
-            match self.conns.get_mut(slot) {
-                Some(Some(entry)) if entry.generation == generation => {
-                    entry.deadline = None;
-                    entry.conn.expire(now);
-                }
-                _ => continue,
+            if let Some(entry) = live(&mut self.conns, slot, generation) {
+                entry.deadline = None;
+                entry.conn.expire(now);
+                self.drive(service, slot);
             }
-            self.drive(service, slot);
         }
     }
 
@@ -473,15 +454,6 @@ impl EventLoop {
             Some(Some(entry)) if conn_token(slot, entry.generation).0 == token => Some(slot),
             _ => None,
         }
-    }
-
-    /// Closes the connection if its request is waiting for a turn; whether it did.
-    fn close_if_waiting<S: Service>(&mut self, service: &mut S, slot: usize) -> bool {
-        if matches!(self.conns.get(slot), Some(Some(e)) if e.conn.is_waiting()) {
-            self.close(service, slot);
-            return true;
-        }
-        false
     }
 
     /// Puts a connection on the run queue (once, however many events it has).

@@ -20,8 +20,7 @@ pub const NONCE_HEADER: &str = "X-Loopbus-Nonce";
 pub enum LengthError {
     /// No `Content-Length` header.
     Missing,
-    /// A `Content-Length` value is not all ASCII digits (empty, signed, spaced, hex, a
-    /// list).
+    /// A `Content-Length` value is not all ASCII digits (empty, signed, a list...).
     Invalid,
     /// `Content-Length` is repeated with different values.
     Conflict,

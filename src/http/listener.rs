@@ -6,14 +6,10 @@ use rustix::process::{getrlimit, Resource};
 use std::io::{self, ErrorKind};
 use std::net::SocketAddr;
 
-/// Open connections at most. When full, a new connection is admitted by closing, in
-/// this order, a connection whose answer is already out (lingering), one whose request
-/// head is incomplete (oldest first), one writing an answer that is not authorized
-/// work (health, a refusal), then an idle keep-alive connection (longest idle first).
-/// A connection holding authorized work (its head passed checks 1-6: reading its body,
-/// waiting for or running a turn, being answered) is never evicted; when nothing can
-/// be, the new connection is closed. Lower when the open-files limit (`ulimit -n`)
-/// leaves less room; see [`RESERVED_FDS`] and [`FDS_PER_TURN`].
+/// Open connections at most; lower when the open-files limit (`ulimit -n`) leaves less
+/// room (see [`RESERVED_FDS`], [`FDS_PER_TURN`]). When full, a new connection is admitted
+/// by evicting one in `conn::Class` order; one holding authorized work never is, and
+/// when nothing can be, the new connection is closed.
 pub const MAX_CONNECTIONS: usize = 1024;
 /// Connections that authorized work may not take, so that health (and every other
 /// request) always finds room: once the connection cap less this many connections hold
@@ -28,9 +24,9 @@ pub const HEALTH_RESERVE: usize = 32;
 /// open-files limit caps the number of connections. An idle instance holds about 15.
 pub const RESERVED_FDS: usize = 48;
 /// Descriptors one running turn holds for its engine: our ends of its stdin, stdout
-/// and stderr pipes, a pidfd, and the eventfd its cancel wakes (see `engine::process`). The connection cap keeps
-/// this many per `bus.maxConcurrentTurns` free under a low open-files limit, so that
-/// busy engines never leave accept without a descriptor (and health without room).
+/// and stderr pipes, a pidfd, and the eventfd its cancel wakes (see `engine::process`).
+/// The cap keeps this many per `bus.maxConcurrentTurns` free, so that busy engines
+/// never leave accept without a descriptor.
 pub const FDS_PER_TURN: usize = 5;
 /// The fewest connections served however low the open-files limit is.
 const MIN_CONNECTIONS: usize = 8;

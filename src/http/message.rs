@@ -1,7 +1,5 @@
 //! The server direction's messages without I/O: request heads parsed within the
 //! limits, the responses the server writes, and the errors the HTTP layer answers itself.
-//!
-//! Everything here is tested with plain byte strings.
 
 use super::headers::{self, LengthError, MAX_HEADERS, MAX_HEAD_BYTES};
 use std::io::Write;
@@ -152,10 +150,9 @@ pub enum HttpError {
     TooManyHeaders,
     /// The body did not arrive within [`super::BODY_TIMEOUT`].
     BodyTimeout,
-    /// The loop has no room for this request: reading its body would go past the body
-    /// budget (`MAX_BODY_BYTES_IN_FLIGHT`), only the health reserve
-    /// ([`super::HEALTH_RESERVE`]) is left outside authorized work, or its answer would
-    /// go past the response budget (`MAX_RESPONSE_BYTES_IN_FLIGHT`).
+    /// No room for this request: its body or its answer would go past their budgets
+    /// (`MAX_BODY_BYTES_IN_FLIGHT`, `MAX_RESPONSE_BYTES_IN_FLIGHT`), or it would take
+    /// a connection of the health reserve ([`super::HEALTH_RESERVE`]).
     Overloaded,
 }
 
@@ -168,22 +165,6 @@ impl std::fmt::Display for HttpError {
             HttpError::BodyTimeout => "request body not received in time",
             HttpError::Overloaded => "the server is busy with other requests; try again shortly",
         })
-    }
-}
-
-/// Parses a request head from the start of `buf` with the server's limits: `Ok(None)`
-/// while incomplete, else the head (received now) and how many bytes it took. For
-/// fuzzing and tests; the connection parses incrementally.
-///
-/// # Errors
-/// The head is malformed, longer than [`MAX_HEAD_BYTES`] or has more than
-/// [`MAX_HEADERS`] headers.
-#[cfg(any(test, feature = "fuzzing"))]
-pub fn parse_request_head(buf: &[u8]) -> Result<Option<(Head, usize)>, HttpError> {
-    match parse_head(buf, &mut 0, Instant::now()) {
-        ParseOutcome::Complete(head, consumed) => Ok(Some((head, consumed))),
-        ParseOutcome::Partial => Ok(None),
-        ParseOutcome::Error(error) => Err(error),
     }
 }
 
@@ -208,19 +189,18 @@ fn leading_empty_lines(bytes: &[u8]) -> usize {
     }
 }
 
-pub(super) enum ParseOutcome {
-    Complete(Head, usize),
-    Partial,
-    Error(HttpError),
-}
-
 /// Parses a request head from the start of `buf`, enforcing [`MAX_HEAD_BYTES`] and
-/// [`MAX_HEADERS`]; a complete head is stamped `received_at: now`. Pure: no I/O.
+/// [`MAX_HEADERS`]: `Ok(None)` while incomplete, else the head (stamped `received_at:
+/// now`) and how many bytes it took. Pure: no I/O.
 ///
 /// `scanned` is how many leading bytes of `buf` are already known to hold no end of
 /// head; it is advanced here, so a client sending one byte at a time costs a scan of
 /// that byte, not a parse of the whole buffer, per read.
-pub(super) fn parse_head(buf: &[u8], scanned: &mut usize, now: Instant) -> ParseOutcome {
+pub(super) fn parse_head(
+    buf: &[u8],
+    scanned: &mut usize,
+    now: Instant,
+) -> Result<Option<(Head, usize)>, HttpError> {
     let window = &buf[..buf.len().min(MAX_HEAD_BYTES + 1)];
     // The end of a head is an empty line: "\n\n" or "\n\r\n", after the empty lines a
     // head may start with (ignored, as `httparse` does; they still count towards the
@@ -232,9 +212,9 @@ pub(super) fn parse_head(buf: &[u8], scanned: &mut usize, now: Instant) -> Parse
     if !has_blank_line(tail) {
         *scanned = window.len();
         return if buf.len() > MAX_HEAD_BYTES {
-            ParseOutcome::Error(HttpError::HeadTooLarge)
+            Err(HttpError::HeadTooLarge)
         } else {
-            ParseOutcome::Partial
+            Ok(None)
         };
     }
     let mut headers = [httparse::EMPTY_HEADER; MAX_HEADERS];
@@ -252,18 +232,16 @@ pub(super) fn parse_head(buf: &[u8], scanned: &mut usize, now: Instant) -> Parse
                     .collect(),
                 received_at: now,
             };
-            ParseOutcome::Complete(head, consumed)
+            Ok(Some((head, consumed)))
         }
-        Ok(httparse::Status::Complete(_)) => ParseOutcome::Error(HttpError::HeadTooLarge),
-        Ok(httparse::Status::Partial) if buf.len() > MAX_HEAD_BYTES => {
-            ParseOutcome::Error(HttpError::HeadTooLarge)
-        }
+        Ok(httparse::Status::Complete(_)) => Err(HttpError::HeadTooLarge),
+        Ok(httparse::Status::Partial) if buf.len() > MAX_HEAD_BYTES => Err(HttpError::HeadTooLarge),
         Ok(httparse::Status::Partial) => {
             *scanned = window.len();
-            ParseOutcome::Partial
+            Ok(None)
         }
-        Err(httparse::Error::TooManyHeaders) => ParseOutcome::Error(HttpError::TooManyHeaders),
-        Err(_) => ParseOutcome::Error(HttpError::MalformedHead),
+        Err(httparse::Error::TooManyHeaders) => Err(HttpError::TooManyHeaders),
+        Err(_) => Err(HttpError::MalformedHead),
     }
 }
 
@@ -272,7 +250,7 @@ mod tests {
     use super::*;
 
     fn parse(buf: &[u8]) -> Result<Option<(Head, usize)>, HttpError> {
-        parse_request_head(buf)
+        parse_head(buf, &mut 0, Instant::now())
     }
 
     #[test]
@@ -364,7 +342,7 @@ mod tests {
             for (i, byte) in raw.iter().enumerate() {
                 buf.push(*byte);
                 let outcome = parse_head(&buf, &mut scanned, Instant::now());
-                let complete = matches!(outcome, ParseOutcome::Complete(_, n) if n == raw.len());
+                let complete = matches!(outcome, Ok(Some((_, n))) if n == raw.len());
                 assert_eq!(complete, i == raw.len() - 1, "after byte {i} of {raw:?}");
                 assert!(scanned <= buf.len());
             }
@@ -397,9 +375,7 @@ mod tests {
                     input.insert(at, byte);
                 }
             }
-            if let ParseOutcome::Complete(head, consumed) =
-                parse_head(&input, &mut 0, Instant::now())
-            {
+            if let Ok(Some((head, consumed))) = parse_head(&input, &mut 0, Instant::now()) {
                 assert!(consumed <= MAX_HEAD_BYTES && consumed <= input.len());
                 assert!(head.headers.len() <= MAX_HEADERS);
             }
@@ -452,9 +428,9 @@ mod tests {
         let mut scanned = 0;
         let _ = parse_head(&raw[..cut], &mut scanned, Instant::now());
         match parse_head(raw, &mut scanned, Instant::now()) {
-            ParseOutcome::Complete(_, n) => format!("complete {n}"),
-            ParseOutcome::Partial => "partial".to_owned(),
-            ParseOutcome::Error(error) => format!("{error:?}"),
+            Ok(Some((_, n))) => format!("complete {n}"),
+            Ok(None) => "partial".to_owned(),
+            Err(error) => format!("{error:?}"),
         }
     }
 

@@ -12,19 +12,8 @@
 //! which [`HEALTH_RESERVE`] are kept from authorized work. When the cap is reached, a
 //! connection is evicted by class (`conn::Class`): never one holding authorized work.
 //!
-//! The parts, each in its own file:
-//! - `headers`: what both directions share (head limits, endpoint paths, the
-//!   `Content-Length` rule, `Connection` tokens);
-//! - `message`: the server direction's messages (request heads, responses, the errors
-//!   the layer answers itself), without I/O;
-//! - `conn`: one server connection as a sans-IO state machine, with its timeouts;
-//! - `event_loop`: poll, tokens, run queue, deadlines, accept and eviction;
-//! - `drive`: running one connection on its socket, and the body budget;
-//! - `service`: the callbacks between the loop and the service;
-//! - `listener`: loopback-only binding and the connection cap;
-//! - [`client`]: the client direction, a blocking loopback client;
-//! - `replay` (only with the `fuzzing` feature): bytes fed to one `conn` in chosen
-//!   pieces with a stub service, for the differential fuzz target and tests only.
+//! The parts are listed in the README's architecture table; `replay` is compiled only
+//! with the `fuzzing` feature.
 
 pub mod client;
 mod conn;
@@ -42,7 +31,7 @@ pub use headers::{LengthError, HEALTH_PATH, NONCE_HEADER, TALK_PATH};
 #[cfg(feature = "fuzzing")]
 pub use headers::{MAX_HEADERS, MAX_HEAD_BYTES};
 pub use listener::{bind_loopback, connection_cap, max_authorized, HEALTH_RESERVE};
-#[cfg(feature = "fuzzing")]
-pub use message::parse_request_head;
 pub use message::{Head, HttpError, Response};
+#[cfg(feature = "fuzzing")]
+pub use replay::parse_request_head;
 pub use service::{ConnId, Control, HeadAction, Service};

@@ -14,10 +14,19 @@
 
 use super::conn::{Action, Conn};
 use super::headers::LengthError;
-use super::message::{Head, HttpError, Response};
+use super::message::{parse_head, Head, HttpError, Response};
 use std::time::{Duration, Instant};
 
 use super::conn::CloseReason;
+
+/// `parse_head` from the start of `buf`, stamped now: for fuzzing and tests (the
+/// connection parses incrementally).
+///
+/// # Errors
+/// As `parse_head`: malformed, or past the head limits.
+pub fn parse_request_head(buf: &[u8]) -> Result<Option<(Head, usize)>, HttpError> {
+    parse_head(buf, &mut 0, Instant::now())
+}
 
 /// Largest body the stub service reads; a longer declared one is answered 413 from the
 /// head alone (the connection then lingers).

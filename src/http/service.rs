@@ -19,13 +19,10 @@ pub enum HeadAction {
     /// Answer now without reading any body. If the head announced a body, the
     /// connection closes after the answer.
     Respond(Response),
-    /// Read exactly this many body bytes, then call [`Service::on_request`]. Only for
-    /// a head that passed the service's checks of the head (for the bus: checks 1-6):
-    /// from here until its answer is written the connection holds authorized work,
-    /// which is never evicted. The loop refuses it instead, through
-    /// [`Service::error_response`] with [`HttpError::Overloaded`], when the body would
-    /// go past the body budget or when only [`super::HEALTH_RESERVE`] connections are
-    /// left outside authorized work.
+    /// Read exactly this many body bytes, then call [`Service::on_request`]. Only for a
+    /// head that passed the service's checks (the bus's 1-6): the connection then holds
+    /// authorized work, never evicted. The loop answers [`HttpError::Overloaded`]
+    /// instead past the body budget or into [`super::HEALTH_RESERVE`].
     ReadBody(usize),
 }
 
@@ -49,9 +46,8 @@ impl Control {
         self.tick_at = Some(self.tick_at.map_or(at, |t| t.min(at)));
     }
 
-    /// Closes the listener: no new connection is accepted from now on, idle keep-alive
-    /// connections close, and every answer from now on (those given with this call
-    /// too) closes its connection (`Connection: close`).
+    /// Closes the listener and idle keep-alive connections; every answer from now on
+    /// (those given with this call too) closes its connection.
     pub fn stop_accepting(&mut self) {
         self.stop_accepting = true;
     }

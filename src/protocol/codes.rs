@@ -111,13 +111,10 @@ impl ErrorCode {
     /// The code for a wire string; strings this build does not know are kept as
     /// [`ErrorCode::Other`].
     pub fn from_wire(code: &str) -> ErrorCode {
-        KNOWN_CODES
-            .iter()
-            .find(|(_, wire, _)| *wire == code)
-            .map_or_else(
-                || ErrorCode::Other(code.to_owned()),
-                |(known, _, _)| known.clone(),
-            )
+        match KNOWN_CODES.iter().find(|(_, wire, _)| *wire == code) {
+            Some((known, _, _)) => known.clone(),
+            None => ErrorCode::Other(code.to_owned()),
+        }
     }
 
     /// The retry table: can the caller reasonably try the same delegation again

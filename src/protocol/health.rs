@@ -1,9 +1,7 @@
 //! The `GET /api/health` answer: one [`Health`] type that the server serializes and a
-//! probe parses.
+//! probe parses (`response.rs`).
 
-use serde_json::Value;
-
-use super::{non_negative_integer, CAPABILITIES, PROTOCOL_VERSION};
+use super::{CAPABILITIES, PROTOCOL_VERSION};
 
 /// What `GET /api/health` answers (contract section 4). More fields may be added, so
 /// a parser keeps the ones it knows and ignores the rest.
@@ -74,170 +72,26 @@ impl Health {
     }
 
     /// The same answer with a `proof` of the probe's nonce.
-    pub fn with_proof(self, proof: String) -> Health {
-        Health {
-            proof: Some(proof),
-            ..self
-        }
+    pub fn with_proof(mut self, proof: String) -> Health {
+        self.proof = Some(proof);
+        self
     }
 
     /// The same answer with turn counters.
-    pub fn with_turns(self, turns: TurnLoad) -> Health {
-        Health {
-            turns: Some(turns),
-            ..self
-        }
+    pub fn with_turns(mut self, turns: TurnLoad) -> Health {
+        self.turns = Some(turns);
+        self
     }
 
     /// The same answer saying whether the bus is enabled.
-    pub fn with_bus_enabled(self, enabled: bool) -> Health {
-        Health {
-            bus_enabled: Some(enabled),
-            ..self
-        }
+    pub fn with_bus_enabled(mut self, enabled: bool) -> Health {
+        self.bus_enabled = Some(enabled);
+        self
     }
 
-    /// Whether `status` is [`Health::OK`].
-    pub fn is_ok(&self) -> bool {
-        self.status == Health::OK
-    }
-
-    /// The answer as JSON: `kind`, `instance`, `status`, `pid`, `protocolVersion`
-    /// (when set), `capabilities`, `turns` (when set), `busEnabled` (when set), `proof`
-    /// (when set), in that order.
+    /// The answer as JSON, fields in the struct's order, those unset left out.
     pub fn to_json(&self) -> Vec<u8> {
         // Serializing strings and integers into a Vec cannot fail.
         serde_json::to_vec(self).unwrap_or_default()
-    }
-}
-
-/// Parses a health answer, ignoring fields this build does not know. Only `kind`,
-/// `instance` and `status` are required; `pid`, `protocolVersion`, `capabilities`,
-/// `turns`, `busEnabled` and `proof` are read when they have the right shape and left out
-/// otherwise.
-///
-/// # Errors
-/// The body is not a JSON object with string `kind`, `instance` and `status`.
-pub fn parse_health(body: &[u8]) -> Result<Health, super::ResponseError> {
-    use super::ResponseError;
-    let value: Value = serde_json::from_slice(body).map_err(|_| ResponseError::NotJson)?;
-    let Value::Object(object) = value else {
-        return Err(ResponseError::NotObject);
-    };
-    let field = |name: &'static str| -> Result<String, ResponseError> {
-        match object.get(name) {
-            Some(Value::String(s)) => Ok(s.clone()),
-            _ => Err(ResponseError::FieldType(name)),
-        }
-    };
-    let counter = |turns: &Value, name: &str| {
-        turns
-            .get(name)
-            .and_then(non_negative_integer)
-            .and_then(|n| usize::try_from(n).ok())
-    };
-    let turns = object.get("turns").and_then(|turns| {
-        Some(TurnLoad {
-            running: counter(turns, "running")?,
-            queued: counter(turns, "queued")?,
-            max: counter(turns, "max")?,
-        })
-    });
-    Ok(Health {
-        kind: field("kind")?,
-        instance: field("instance")?,
-        status: field("status")?,
-        pid: object
-            .get("pid")
-            .and_then(non_negative_integer)
-            .and_then(|p| u32::try_from(p).ok())
-            .unwrap_or(0),
-        protocol_version: object.get("protocolVersion").and_then(non_negative_integer),
-        capabilities: match object.get("capabilities") {
-            Some(Value::Array(items)) => items
-                .iter()
-                .filter_map(|item| item.as_str().map(str::to_owned))
-                .collect(),
-            _ => Vec::new(),
-        },
-        turns,
-        bus_enabled: object.get("busEnabled").and_then(Value::as_bool),
-        proof: object
-            .get("proof")
-            .and_then(Value::as_str)
-            .map(str::to_owned),
-    })
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn health_parsing() {
-        let h =
-            parse_health(br#"{"kind":"loopbus","instance":"a","status":"ok","pid":7,"extra":1}"#)
-                .unwrap();
-        assert_eq!(
-            (
-                h.kind.as_str(),
-                h.instance.as_str(),
-                h.status.as_str(),
-                h.pid
-            ),
-            ("loopbus", "a", "ok", 7)
-        );
-        assert_eq!(
-            (h.protocol_version, h.turns, h.bus_enabled),
-            (None, None, None)
-        );
-        assert!(h.capabilities.is_empty());
-        assert!(parse_health(br#"{"kind":"loopbus","status":"ok"}"#).is_err());
-        assert!(parse_health(br#"{"kind":"loopbus","instance":null,"status":"ok"}"#).is_err());
-        // Fields of the wrong shape are left out, not refused.
-        let odd = parse_health(
-            br#"{"kind":"k","instance":"a","status":"ok","pid":-1,"protocolVersion":"1","capabilities":7,"turns":{"running":1},"busEnabled":"no"}"#,
-        )
-        .unwrap();
-        assert_eq!(
-            (odd.pid, odd.protocol_version, odd.turns, odd.bus_enabled),
-            (0, None, None, None)
-        );
-        for (json, want) in [("true", Some(true)), ("false", Some(false)), ("0", None)] {
-            let body =
-                format!(r#"{{"kind":"k","instance":"a","status":"ok","busEnabled":{json}}}"#);
-            assert_eq!(
-                parse_health(body.as_bytes()).unwrap().bus_enabled,
-                want,
-                "{json}"
-            );
-        }
-    }
-
-    #[test]
-    fn the_server_body_keeps_its_field_order_and_round_trips() {
-        let health = Health::new("loopbus", "w", Health::OK, 42).with_turns(TurnLoad {
-            running: 1,
-            queued: 2,
-            max: 4,
-        });
-        assert_eq!(
-            String::from_utf8(health.to_json()).unwrap(),
-            r#"{"kind":"loopbus","instance":"w","status":"ok","pid":42,"protocolVersion":1,"capabilities":["structured-errors","retryable-errors","idempotent-requests","cancel-on-hangup","usage-report","secret-proof"],"turns":{"running":1,"queued":2,"max":4}}"#
-        );
-        assert_eq!(parse_health(&health.to_json()).unwrap(), health);
-        let health = health.with_bus_enabled(false);
-        assert_eq!(
-            String::from_utf8(health.to_json()).unwrap(),
-            r#"{"kind":"loopbus","instance":"w","status":"ok","pid":42,"protocolVersion":1,"capabilities":["structured-errors","retryable-errors","idempotent-requests","cancel-on-hangup","usage-report","secret-proof"],"turns":{"running":1,"queued":2,"max":4},"busEnabled":false}"#
-        );
-        assert_eq!(parse_health(&health.to_json()).unwrap(), health);
-        let health = health.with_proof("ab".to_owned());
-        assert!(String::from_utf8(health.to_json())
-            .unwrap()
-            .ends_with(r#""busEnabled":false,"proof":"ab"}"#));
-        assert_eq!(parse_health(&health.to_json()).unwrap(), health);
-        assert!(health.is_ok());
-        assert!(!Health::new("loopbus", "w", Health::STOPPING, 1).is_ok());
     }
 }

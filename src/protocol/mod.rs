@@ -14,19 +14,21 @@ mod health;
 mod name;
 pub mod proof;
 mod request;
+mod response;
 
 pub use classify::{classify, legacy_failure_code};
 pub use codes::ErrorCode;
-pub use envelope::{parse_answer, parse_response, Envelope, Failure, ResponseError, UsageReport};
+pub use envelope::{Envelope, Failure, UsageReport};
 pub use ext::{
     ExtError, InvalidRequestId, RequestExt, RequestId, MAX_REQUEST_ID_LEN, MIN_REQUEST_ID_LEN,
 };
-pub use health::{parse_health, Health, TurnLoad};
+pub use health::{Health, TurnLoad};
 pub use name::{InstanceName, InvalidInstanceName, MAX_INSTANCE_NAME_LEN};
 pub use request::{
     encode_talk_request, encode_talk_request_with, parse_talk_request, RequestError, TalkRequest,
     MAX_FROM_INSTANCE_BYTES,
 };
+pub use response::{parse_answer, parse_health, parse_response, ResponseError};
 
 /// The protocol version this build speaks and emits.
 pub const PROTOCOL_VERSION: u64 = 1;

@@ -1,12 +1,10 @@
-//! The answers the server writes: envelopes and refusals as HTTP responses, a turn's
-//! envelope as each waiting request negotiated it, the health body, and the audit line
-//! of every talk outcome.
+//! The answers the server writes before any turn: refusals as HTTP responses, the
+//! health body, and the audit line of every talk outcome. A turn's answer is `talk.rs`'s.
 
-use super::turn_table::Ended;
 use super::{Bus, Refusal};
 use crate::audit;
-use crate::http::{ConnId, Control, Head, Response};
-use crate::protocol::{proof, Envelope, ErrorCode, Failure, Health, TalkRequest, TurnLoad};
+use crate::http::{Head, Response};
+use crate::protocol::{proof, Envelope, Failure, Health, TurnLoad};
 use std::time::Instant;
 
 /// What the audit line of one talk outcome knows about the request.
@@ -32,31 +30,17 @@ impl TalkMeta {
         }
     }
 
-    /// A request whose body was read.
-    pub(super) fn of(request: &TalkRequest, received_at: Instant) -> TalkMeta {
-        TalkMeta {
-            received_at,
-            from_instance: Some(request.from_instance.clone()),
-            depth: Some(request.depth),
-            prompt_chars: Some(request.prompt.chars().count()),
-            request_id: request.ext.request_id.as_ref().map(|id| id.to_string()),
-        }
-    }
-
     /// `from alice, depth 1, prompt 12 chars` for a log line, leaving out what is not
     /// known (a request refused before its body was read). `fromInstance` holds no
     /// control character (the body check refuses one), so it is written as it is.
     pub(super) fn describe(&self) -> String {
-        let mut parts = vec![match &self.from_instance {
-            Some(from) => format!("from {from}"),
-            None => "caller unknown".to_owned(),
-        }];
-        if let Some(depth) = self.depth {
-            parts.push(format!("depth {depth}"));
-        }
-        if let Some(chars) = self.prompt_chars {
-            parts.push(format!("prompt {chars} chars"));
-        }
+        let from = self.from_instance.as_ref();
+        let mut parts = vec![from.map_or("caller unknown".to_owned(), |f| format!("from {f}"))];
+        parts.extend(self.depth.map(|depth| format!("depth {depth}")));
+        parts.extend(
+            self.prompt_chars
+                .map(|chars| format!("prompt {chars} chars")),
+        );
         parts.join(", ")
     }
 }
@@ -102,42 +86,6 @@ impl Bus {
         self.refusal_response(refusal, meta.received_at)
     }
 
-    /// Writes a turn's answer to each of its waiters and records it: its envelope
-    /// (audited once, unless its hang-up was), or a refusal each.
-    pub(super) fn answer(&mut self, ended: Ended<ConnId>, control: &mut Control) {
-        let envelope = match &ended.answer {
-            Ok(envelope) => envelope,
-            Err(refusal) => {
-                for waiter in &ended.waiters {
-                    control.respond(waiter.conn, self.refuse_talk(refusal, &ended.meta));
-                }
-                return;
-            }
-        };
-        if !ended.abandoned {
-            let (outcome, detail, code) = match (&envelope.failure, ended.cancelled) {
-                (None, _) => ("success", "ok", None),
-                (Some(f), Some(why)) => ("cancelled", why, Some(f.code.as_str())),
-                (Some(f), None) => ("failure", audit_detail(f), Some(f.code.as_str())),
-            };
-            log::debug!(
-                "talk answered: {outcome}{} ({}, {} ms)",
-                code.map(|c| format!(" {c}")).unwrap_or_default(),
-                ended.meta.describe(),
-                envelope.duration_ms
-            );
-            if let (Some(failure), None) = (&envelope.failure, ended.cancelled) {
-                // The person running the instance sees its failures (never the prompt).
-                log::info!("{}", failed_turn_line(failure, &ended.meta));
-            }
-            let status = (!ended.waiters.is_empty()).then_some(200);
-            self.audit(&ended.meta, outcome, detail, code, status);
-        }
-        for waiter in &ended.waiters {
-            control.respond(waiter.conn, json(200, waiter.negotiate(envelope).to_json()));
-        }
-    }
-
     /// Records one talk outcome in the audit log; `status` is `None` when nobody was
     /// answered.
     pub(super) fn audit(
@@ -165,10 +113,9 @@ impl Bus {
     /// carries a well-formed one (contract 6.1).
     pub(super) fn health(&self, head: &Head) -> Response {
         let load = self.pool.load();
-        let status = if self.stopping_since.is_some() {
-            Health::STOPPING
-        } else {
-            Health::OK
+        let status = match self.stopping_since {
+            Some(_) => Health::STOPPING,
+            None => Health::OK,
         };
         let turns = TurnLoad {
             running: load.running,
@@ -191,41 +138,6 @@ impl Bus {
         }
         json(200, body.to_json())
     }
-}
-
-/// What the audit log says of a failed turn. Messages built from the engine's own
-/// output may quote the prompt, so only the code is kept for those; the messages this
-/// crate writes itself and that carry nothing of the engine's (budget, timeout, usage
-/// file) are kept whole.
-fn audit_detail(failure: &Failure) -> &str {
-    match failure.code {
-        ErrorCode::BudgetExhausted | ErrorCode::Timeout | ErrorCode::InternalError => {
-            &failure.error
-        }
-        _ => "the engine failed; its output is not logged here",
-    }
-}
-
-/// Most characters of a failed turn's message in its log line.
-const MAX_LOGGED_FAILURE_CHARS: usize = 200;
-
-/// The info line of a failed turn: its code, who asked, and the first line of its
-/// message, cut to [`MAX_LOGGED_FAILURE_CHARS`] (the logger escapes it: it may quote
-/// the engine).
-fn failed_turn_line(failure: &Failure, meta: &TalkMeta) -> String {
-    let first: String = failure
-        .error
-        .lines()
-        .next()
-        .unwrap_or("")
-        .chars()
-        .take(MAX_LOGGED_FAILURE_CHARS)
-        .collect();
-    format!(
-        "turn failed: {} ({}): {first}",
-        failure.code,
-        meta.describe()
-    )
 }
 
 pub(super) fn elapsed_ms(since: Instant) -> u64 {

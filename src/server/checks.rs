@@ -28,11 +28,8 @@ pub(crate) fn allowed_hosts(port: u16) -> [String; 3] {
 /// `Referer` (the request does not come from a browser page).
 pub(crate) fn check_origin(head: &Head, allowed: &[String]) -> Result<(), Refusal> {
     let mut hosts = head.header_values("host");
-    let host_ok = match (hosts.next(), hosts.next()) {
-        (Some(host), None) => allowed.iter().any(|h| h.as_bytes() == host),
-        _ => false,
-    };
-    if !host_ok {
+    let one_allowed = |host: &[u8]| allowed.iter().any(|h| h.as_bytes() == host);
+    if !matches!((hosts.next(), hosts.next()), (Some(host), None) if one_allowed(host)) {
         return Err(Refusal::BadHost);
     }
     if head.has_header("origin") || head.has_header("referer") {
@@ -69,11 +66,7 @@ pub(crate) fn check_talk_head(
         return Err(Refusal::BusDisabled);
     }
     let mut auth = head.header_values("authorization");
-    let authorized = match (auth.next(), auth.next()) {
-        (Some(value), None) => secret.matches_bearer(value),
-        _ => false,
-    };
-    if !authorized {
+    if !matches!((auth.next(), auth.next()), (Some(value), None) if secret.matches_bearer(value)) {
         return Err(Refusal::Unauthorized);
     }
     // `length` is at most MAX_BODY_BYTES, which fits in usize.

@@ -95,47 +95,41 @@ impl Refusal {
     /// the peer sent.
     pub fn message(&self, instance: &str) -> String {
         match self {
-            Refusal::BadHost => {
-                "Host must be 127.0.0.1:PORT, localhost:PORT or [::1]:PORT".to_owned()
-            }
+            Refusal::BadHost => "Host must be 127.0.0.1:PORT, localhost:PORT or [::1]:PORT".into(),
             Refusal::BrowserOrigin => {
-                "requests carrying Origin or Referer (browsers) are refused".to_owned()
+                "requests carrying Origin or Referer (browsers) are refused".into()
             }
             Refusal::BrowserContentType => {
-                "Content-Type must be application/json (or absent)".to_owned()
+                "Content-Type must be application/json (or absent)".into()
             }
             Refusal::TransferEncoding => {
-                "Transfer-Encoding is not supported: send Content-Length".to_owned()
+                "Transfer-Encoding is not supported: send Content-Length".into()
             }
-            Refusal::LengthMissing => "Content-Length is required".to_owned(),
-            Refusal::LengthInvalid => "Content-Length must be all digits".to_owned(),
-            Refusal::LengthConflict => {
-                "Content-Length is repeated with different values".to_owned()
-            }
+            Refusal::LengthMissing => "Content-Length is required".into(),
+            Refusal::LengthInvalid => "Content-Length must be all digits".into(),
+            Refusal::LengthConflict => "Content-Length is repeated with different values".into(),
             Refusal::TooLarge => format!("request body is larger than {MAX_BODY_BYTES} bytes"),
             Refusal::BusDisabled => format!("the bus is disabled on {instance}"),
-            Refusal::Unauthorized => "missing or wrong bearer secret".to_owned(),
+            Refusal::Unauthorized => "missing or wrong bearer secret".into(),
             Refusal::Body(e) => e.to_string(),
             Refusal::PeerNotAllowed => format!("the caller is not among {instance}'s peers"),
             Refusal::DepthExceeded { depth, max } => {
                 format!("depth {depth} reaches {instance}'s maxDepth of {max}")
             }
             Refusal::RequestIdReused => {
-                "`ext.requestId` was used before for a different prompt or depth".to_owned()
+                "`ext.requestId` was used before for a different prompt or depth".into()
             }
             Refusal::UnknownRequestId => format!(
                 "{instance} has no turn with this `ext.requestId` to cancel (finished turns are kept 10 minutes)"
             ),
             Refusal::Busy => format!("{instance}'s turn queue is full; try again shortly"),
             Refusal::ShuttingDown => format!("{instance} is shutting down"),
-            Refusal::HandlerPanicked => "the turn handler failed unexpectedly".to_owned(),
+            Refusal::HandlerPanicked => "the turn handler failed unexpectedly".into(),
             Refusal::TurnOverdue => format!(
                 "{instance} lost track of this turn: no answer within engine.timeoutSecs plus {} s",
                 super::turn_table::WAITER_GRACE.as_secs()
             ),
-            Refusal::NotFound => {
-                "no such endpoint; use POST /api/talk or GET /api/health".to_owned()
-            }
+            Refusal::NotFound => "no such endpoint; use POST /api/talk or GET /api/health".into(),
             Refusal::MethodNotAllowed(allow) => format!("method not allowed; use {allow}"),
             Refusal::Http(e) => e.to_string(),
         }

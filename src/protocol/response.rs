@@ -1,0 +1,394 @@
+//! A peer's answers as the client reads them: a `/api/talk` envelope (v1 or legacy) and
+//! a health answer. Nothing here runs before a caller's secret is checked: it is the
+//! client's side, read after the pre-auth surface.
+
+use serde_json::{Map, Value};
+use std::fmt;
+
+use super::{
+    legacy_failure_code, non_negative_integer, truncate_chars, Envelope, ErrorCode, Failure,
+    Health, TurnLoad, UsageReport, MAX_ERROR_CHARS,
+};
+
+impl Envelope {
+    /// Whether this is a success envelope.
+    pub fn is_success(&self) -> bool {
+        self.failure.is_none()
+    }
+}
+
+impl Health {
+    /// Whether `status` is [`Health::OK`].
+    pub fn is_ok(&self) -> bool {
+        self.status == Health::OK
+    }
+}
+
+/// Why a peer's answer is not an envelope.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum ResponseError {
+    /// Not UTF-8 JSON.
+    NotJson,
+    /// JSON, but not an object.
+    NotObject,
+    /// `success` is missing or not a boolean.
+    Success,
+    /// A field has the wrong type.
+    FieldType(&'static str),
+}
+
+impl fmt::Display for ResponseError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            ResponseError::NotJson => f.write_str("response body is not valid JSON"),
+            ResponseError::NotObject => f.write_str("response body is not a JSON object"),
+            ResponseError::Success => f.write_str("response has no boolean `success`"),
+            ResponseError::FieldType(field) => {
+                write!(f, "response field `{field}` has the wrong type")
+            }
+        }
+    }
+}
+
+impl std::error::Error for ResponseError {}
+
+fn optional_string(
+    object: &Map<String, Value>,
+    field: &'static str,
+) -> Result<Option<String>, ResponseError> {
+    match object.get(field) {
+        None | Some(Value::Null) => Ok(None),
+        Some(Value::String(s)) => Ok(Some(s.clone())),
+        Some(_) => Err(ResponseError::FieldType(field)),
+    }
+}
+
+/// The strings of a JSON array, other items left out.
+fn strings(items: &[Value]) -> Vec<String> {
+    items
+        .iter()
+        .filter_map(Value::as_str)
+        .map(str::to_owned)
+        .collect()
+}
+
+/// `field` as a non-negative integer; absent or null is `None`.
+fn optional_integer(
+    object: &Map<String, Value>,
+    field: &'static str,
+) -> Result<Option<u64>, ResponseError> {
+    match object.get(field) {
+        None | Some(Value::Null) => Ok(None),
+        Some(v) => non_negative_integer(v)
+            .map(Some)
+            .ok_or(ResponseError::FieldType(field)),
+    }
+}
+
+/// Parses a peer's `/api/talk` answer that came with HTTP 200; see `parse_answer`.
+///
+/// # Errors
+/// As `parse_answer`.
+pub fn parse_response(body: &[u8]) -> Result<Envelope, ResponseError> {
+    parse_answer(200, body)
+}
+
+/// Parses a peer's `/api/talk` answer that came with HTTP `status`: a v1 envelope, a
+/// legacy success without `protocolVersion`, or a legacy failure with only
+/// `success: false` and `error`.
+///
+/// A failure without `errorCode` (a legacy peer) takes its code from `status` and its
+/// text (`legacy_failure_code`, contract 4); one without
+/// `retryable` takes it from the retry table; codes this build does not know are kept
+/// as they are.
+///
+/// # Errors
+/// The body is not a JSON object with a boolean `success`, or a known field has the
+/// wrong type.
+pub fn parse_answer(status: u16, body: &[u8]) -> Result<Envelope, ResponseError> {
+    let value: Value = serde_json::from_slice(body).map_err(|_| ResponseError::NotJson)?;
+    let Value::Object(object) = value else {
+        return Err(ResponseError::NotObject);
+    };
+    let success = object
+        .get("success")
+        .and_then(Value::as_bool)
+        .ok_or(ResponseError::Success)?;
+    let text = optional_string(&object, "text")?.unwrap_or_default();
+    let from_instance = optional_string(&object, "fromInstance")?.unwrap_or_default();
+    let duration_ms = optional_integer(&object, "durationMs")?.unwrap_or(0);
+    let protocol_version = optional_integer(&object, "protocolVersion")?;
+    let capabilities = match object.get("capabilities") {
+        None | Some(Value::Null) => None,
+        Some(Value::Array(items)) => Some(strings(items)),
+        Some(_) => return Err(ResponseError::FieldType("capabilities")),
+    };
+    let failure = if success {
+        None
+    } else {
+        let given = optional_string(&object, "error")?;
+        let code = match optional_string(&object, "errorCode")? {
+            Some(code) => ErrorCode::from_wire(&code),
+            None => legacy_failure_code(status, given.as_deref().unwrap_or("")),
+        };
+        let retryable = match object.get("retryable") {
+            None | Some(Value::Null) => code.retryable(),
+            Some(Value::Bool(b)) => *b,
+            Some(_) => return Err(ResponseError::FieldType("retryable")),
+        };
+        let error = given.unwrap_or_else(|| format!("peer reported a failure ({code})"));
+        Some(Failure {
+            error: truncate_chars(error, MAX_ERROR_CHARS),
+            code,
+            retryable,
+        })
+    };
+    let usage = object.get("usage").and_then(UsageReport::from_value);
+    Ok(Envelope {
+        text,
+        from_instance,
+        duration_ms,
+        protocol_version,
+        capabilities,
+        failure,
+        usage,
+    })
+}
+impl UsageReport {
+    /// Reads a peer's `usage` object; `None` when it is not one (a peer's malformed
+    /// usage does not cost the caller its reply).
+    fn from_value(value: &Value) -> Option<UsageReport> {
+        let object = value.as_object()?;
+        let tokens = |field: &str| object.get(field).and_then(non_negative_integer);
+        let cost_usd = match object.get("costUsd") {
+            None | Some(Value::Null) => None,
+            Some(v) => Some(v.as_f64().filter(|c| c.is_finite() && *c >= 0.0)?),
+        };
+        Some(UsageReport {
+            cost_usd,
+            input_tokens: tokens("inputTokens")?,
+            output_tokens: tokens("outputTokens")?,
+            cached_tokens: tokens("cachedTokens").unwrap_or(0),
+        })
+    }
+}
+
+/// Parses a health answer, ignoring fields this build does not know. Only `kind`,
+/// `instance` and `status` are required; `pid`, `protocolVersion`, `capabilities`,
+/// `turns`, `busEnabled` and `proof` are read when they have the right shape and left out
+/// otherwise.
+///
+/// # Errors
+/// The body is not a JSON object with string `kind`, `instance` and `status`.
+pub fn parse_health(body: &[u8]) -> Result<Health, ResponseError> {
+    let value: Value = serde_json::from_slice(body).map_err(|_| ResponseError::NotJson)?;
+    let Value::Object(object) = value else {
+        return Err(ResponseError::NotObject);
+    };
+    let field = |name: &'static str| -> Result<String, ResponseError> {
+        match object.get(name) {
+            Some(Value::String(s)) => Ok(s.clone()),
+            _ => Err(ResponseError::FieldType(name)),
+        }
+    };
+    let counter = |turns: &Value, name: &str| {
+        turns
+            .get(name)
+            .and_then(non_negative_integer)
+            .and_then(|n| usize::try_from(n).ok())
+    };
+    let turns = object.get("turns").and_then(|turns| {
+        Some(TurnLoad {
+            running: counter(turns, "running")?,
+            queued: counter(turns, "queued")?,
+            max: counter(turns, "max")?,
+        })
+    });
+    Ok(Health {
+        kind: field("kind")?,
+        instance: field("instance")?,
+        status: field("status")?,
+        pid: object
+            .get("pid")
+            .and_then(non_negative_integer)
+            .and_then(|p| u32::try_from(p).ok())
+            .unwrap_or(0),
+        protocol_version: object.get("protocolVersion").and_then(non_negative_integer),
+        capabilities: match object.get("capabilities") {
+            Some(Value::Array(items)) => strings(items),
+            _ => Vec::new(),
+        },
+        turns,
+        bus_enabled: object.get("busEnabled").and_then(Value::as_bool),
+        proof: object
+            .get("proof")
+            .and_then(Value::as_str)
+            .map(str::to_owned),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn response_parsing_table() {
+        // (body, success, code, retryable, protocol_version)
+        type Row = (
+            &'static [u8],
+            bool,
+            Option<&'static str>,
+            Option<bool>,
+            Option<u64>,
+        );
+        let cases: &[Row] = &[
+            (br#"{"success":true,"text":"hi","fromInstance":"w","durationMs":3,"protocolVersion":1,"capabilities":[]}"#, true, None, None, Some(1)),
+            (br#"{"success":false,"error":"Invalid API key"}"#, false, Some("auth"), Some(false), None),
+            (br#"{"success":true,"text":"legacy"}"#, true, None, None, None),
+            (br#"{"success":false,"error":"boom"}"#, false, Some("unknown"), Some(true), None),
+            (br#"{"success":false,"error":"x","errorCode":"budget_exhausted"}"#, false, Some("budget_exhausted"), Some(false), None),
+            (br#"{"success":false,"error":"x","errorCode":"new_thing","retryable":false,"protocolVersion":1}"#, false, Some("new_thing"), Some(false), Some(1)),
+            (br#"{"success":false,"error":"x","errorCode":"timeout","retryable":false}"#, false, Some("timeout"), Some(false), None),
+        ];
+        for (body, success, code, retryable, version) in cases {
+            let env = parse_response(body).unwrap();
+            assert_eq!(env.is_success(), *success);
+            assert_eq!(env.failure.as_ref().map(|f| f.code.as_str()), *code);
+            assert_eq!(env.failure.as_ref().map(|f| f.retryable), *retryable);
+            assert_eq!(env.protocol_version, *version);
+        }
+        let errors: &[(&[u8], ResponseError)] = &[
+            (b"not json", ResponseError::NotJson),
+            (b"[1]", ResponseError::NotObject),
+            (br#"{"text":"no success"}"#, ResponseError::Success),
+            (br#"{"success":"true"}"#, ResponseError::Success),
+            (
+                br#"{"success":true,"text":5}"#,
+                ResponseError::FieldType("text"),
+            ),
+            (
+                br#"{"success":false,"error":"e","retryable":"yes"}"#,
+                ResponseError::FieldType("retryable"),
+            ),
+        ];
+        for (body, want) in errors {
+            assert_eq!(parse_response(body).unwrap_err(), *want);
+        }
+    }
+    /// A legacy peer's wrong-secret 401 was `unknown` and retryable, so callers retried
+    /// a failure only an operator can fix, forever.
+    #[test]
+    fn bug_a_legacy_401_was_a_retryable_unknown() {
+        let body = br#"{"success":false,"error":"Unauthorized"}"#;
+        let cases = [
+            (400, "invalid_request", false),
+            (401, "auth_failed", false),
+            (403, "peer_not_allowed", false),
+            (413, "request_too_large", false),
+            (429, "max_depth_exceeded", false),
+            (500, "internal_error", true),
+            (503, "server_busy", true),
+            (200, "auth", false),
+        ];
+        for (status, code, retryable) in cases {
+            let env = parse_answer(status, body).unwrap();
+            let failure = env.failure.unwrap();
+            assert_eq!(
+                (failure.code.as_str(), failure.retryable),
+                (code, retryable),
+                "{status}"
+            );
+            assert_eq!(env.capabilities, None);
+            assert_eq!(env.protocol_version, None);
+        }
+        let plain = parse_answer(200, br#"{"success":false,"error":"boom"}"#).unwrap();
+        assert_eq!(plain.failure.unwrap().code, ErrorCode::Unknown);
+        // A v1 failure keeps its own code whatever the status.
+        let v1 = br#"{"success":false,"error":"x","errorCode":"timeout","retryable":true}"#;
+        assert_eq!(
+            parse_answer(401, v1).unwrap().failure.unwrap().code,
+            ErrorCode::Timeout
+        );
+        // A legacy envelope prints without the fields it did not have.
+        let legacy = parse_answer(200, br#"{"success":true,"text":"hi"}"#).unwrap();
+        let v: Value = serde_json::from_slice(&legacy.to_json()).unwrap();
+        assert!(
+            v.get("capabilities").is_none() && v.get("protocolVersion").is_none(),
+            "{v}"
+        );
+    }
+    #[test]
+    fn envelope_round_trips_through_parser() {
+        let env = Envelope::failure("w", Failure::new(ErrorCode::ServerBusy, "busy"), 5);
+        assert_eq!(parse_response(&env.to_json()).unwrap(), env);
+        let env = Envelope::success("w", "text \"quoted\" \u{1F600}".into(), 5);
+        assert_eq!(parse_response(&env.to_json()).unwrap(), env);
+    }
+    #[test]
+    fn health_parsing() {
+        let h =
+            parse_health(br#"{"kind":"loopbus","instance":"a","status":"ok","pid":7,"extra":1}"#)
+                .unwrap();
+        assert_eq!(
+            (
+                h.kind.as_str(),
+                h.instance.as_str(),
+                h.status.as_str(),
+                h.pid
+            ),
+            ("loopbus", "a", "ok", 7)
+        );
+        assert_eq!(
+            (h.protocol_version, h.turns, h.bus_enabled),
+            (None, None, None)
+        );
+        assert!(h.capabilities.is_empty());
+        assert!(parse_health(br#"{"kind":"loopbus","status":"ok"}"#).is_err());
+        assert!(parse_health(br#"{"kind":"loopbus","instance":null,"status":"ok"}"#).is_err());
+        // Fields of the wrong shape are left out, not refused.
+        let odd = parse_health(
+            br#"{"kind":"k","instance":"a","status":"ok","pid":-1,"protocolVersion":"1","capabilities":7,"turns":{"running":1},"busEnabled":"no"}"#,
+        )
+        .unwrap();
+        assert_eq!(
+            (odd.pid, odd.protocol_version, odd.turns, odd.bus_enabled),
+            (0, None, None, None)
+        );
+        for (json, want) in [("true", Some(true)), ("false", Some(false)), ("0", None)] {
+            let body =
+                format!(r#"{{"kind":"k","instance":"a","status":"ok","busEnabled":{json}}}"#);
+            assert_eq!(
+                parse_health(body.as_bytes()).unwrap().bus_enabled,
+                want,
+                "{json}"
+            );
+        }
+    }
+    #[test]
+    fn the_server_body_keeps_its_field_order_and_round_trips() {
+        let health = Health::new("loopbus", "w", Health::OK, 42).with_turns(TurnLoad {
+            running: 1,
+            queued: 2,
+            max: 4,
+        });
+        assert_eq!(
+            String::from_utf8(health.to_json()).unwrap(),
+            r#"{"kind":"loopbus","instance":"w","status":"ok","pid":42,"protocolVersion":1,"capabilities":["structured-errors","retryable-errors","idempotent-requests","cancel-on-hangup","usage-report","secret-proof"],"turns":{"running":1,"queued":2,"max":4}}"#
+        );
+        assert_eq!(parse_health(&health.to_json()).unwrap(), health);
+        let health = health.with_bus_enabled(false);
+        assert_eq!(
+            String::from_utf8(health.to_json()).unwrap(),
+            r#"{"kind":"loopbus","instance":"w","status":"ok","pid":42,"protocolVersion":1,"capabilities":["structured-errors","retryable-errors","idempotent-requests","cancel-on-hangup","usage-report","secret-proof"],"turns":{"running":1,"queued":2,"max":4},"busEnabled":false}"#
+        );
+        assert_eq!(parse_health(&health.to_json()).unwrap(), health);
+        let health = health.with_proof("ab".to_owned());
+        assert!(String::from_utf8(health.to_json())
+            .unwrap()
+            .ends_with(r#""busEnabled":false,"proof":"ab"}"#));
+        assert_eq!(parse_health(&health.to_json()).unwrap(), health);
+        assert!(health.is_ok());
+        assert!(!Health::new("loopbus", "w", Health::STOPPING, 1).is_ok());
+    }
+}

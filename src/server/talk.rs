@@ -1,0 +1,229 @@
+//! After the secret: a talk's body checks (7-10), its admission into the turn table,
+//! and what the pool's reports and a caller's hang-up come to (the answers written, the
+//! audit lines). Nothing here runs for a request without the secret.
+
+use super::answer::{json, TalkMeta};
+use super::turn_table::{caller, Admit, Ended, HangUp, TurnId};
+use super::{Bus, Refusal};
+use crate::engine::Turn;
+use crate::http::{ConnId, Control, Response};
+use crate::protocol::{self, ErrorCode, Failure, TalkRequest};
+use crate::turns::{Busy, Outcome};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+impl TalkMeta {
+    /// A request whose body was read.
+    pub(super) fn of(request: &TalkRequest, received_at: Instant) -> TalkMeta {
+        TalkMeta {
+            received_at,
+            from_instance: Some(request.from_instance.clone()),
+            depth: Some(request.depth),
+            prompt_chars: Some(request.prompt.chars().count()),
+            request_id: request.ext.request_id.as_ref().map(|id| id.to_string()),
+        }
+    }
+}
+
+impl Bus {
+    /// A talk whose head passed checks 1-6: the checks on its body, then admission.
+    /// `Some` answers `conn` now; `None` when it waits on a turn.
+    pub(super) fn talk(
+        &mut self,
+        conn: ConnId,
+        received_at: Instant,
+        body: &[u8],
+    ) -> Option<Response> {
+        let request = match protocol::parse_talk_request(body) {
+            Ok(request) => request,
+            Err(e) => return Some(self.refuse_talk(&Refusal::Body(e), &TalkMeta::at(received_at))),
+        };
+        let meta = TalkMeta::of(&request, received_at);
+        let bus = &self.config.bus;
+        let refusal = if !bus.peers.allows(&request.from_instance) {
+            Refusal::PeerNotAllowed
+        } else if request.depth >= bus.max_depth {
+            let (depth, max) = (request.depth, bus.max_depth);
+            Refusal::DepthExceeded { depth, max }
+        } else if self.stopping_since.is_some() {
+            Refusal::ShuttingDown
+        } else {
+            return self.admit(conn, request, meta);
+        };
+        Some(self.refuse_talk(&refusal, &meta))
+    }
+
+    /// Admits a request that passed checks 1-9 (see [`TurnTable::admit`]). `Some`
+    /// answers `conn` now; `None` when it waits on a turn.
+    fn admit(
+        &mut self,
+        conn: ConnId,
+        request: protocol::TalkRequest,
+        meta: TalkMeta,
+    ) -> Option<Response> {
+        let engine = self.config.engine.as_ref();
+        let timeout = Duration::from_secs(engine.map_or(0, |e| e.timeout_secs));
+        let now = Instant::now();
+        let admitted = self.table.admit(conn, &request, meta.clone(), timeout, now);
+        let (outcome, detail, answer) = match admitted {
+            Admit::New(new) => {
+                let cancel = new.cancel_token();
+                let turn = Turn {
+                    request,
+                    config: Arc::clone(&self.config),
+                    cancel,
+                };
+                if let Err(Busy(_)) = self.pool.submit(new.id, turn) {
+                    return Some(self.refuse_talk(&Refusal::Busy, &meta));
+                }
+                self.table.insert(new);
+                return None;
+            }
+            Admit::Refused(refusal) => return Some(self.refuse_talk(&refusal, &meta)),
+            Admit::Attached => (
+                "attached",
+                "a retry joined the running turn of its request id",
+                None,
+            ),
+            Admit::Cancel(turn) => {
+                self.cancel(turn, "cancelled by a cancel request");
+                (
+                    "cancel",
+                    "a cancel request for the running turn of its request id",
+                    None,
+                )
+            }
+            Admit::Stored(envelope) if request.ext.cancel => (
+                "duplicate",
+                "a cancel request for a finished turn got its stored envelope",
+                Some(json(200, envelope.to_json())),
+            ),
+            Admit::Stored(envelope) => (
+                "duplicate",
+                "a retry got the stored envelope of its request id; no engine ran",
+                Some(json(200, envelope.to_json())),
+            ),
+        };
+        let status = answer.as_ref().map(|_| 200);
+        self.audit(&meta, outcome, detail, None, status);
+        answer
+    }
+
+    /// Cancels `turn` (contract 8.1): a queued one is taken out of the queue, a running
+    /// one's engine is stopped; either way its answer comes with the pool's report.
+    pub(super) fn cancel(&mut self, turn: TurnId, why: &'static str) {
+        if let Some(meta) = self.table.cancel(turn, why) {
+            log::info!("cancelling the turn of {}: {why}", caller(meta));
+        }
+        self.pool.cancel(turn);
+    }
+
+    /// Answers the waiters of the turns the pool reported.
+    pub(super) fn answer_finished(&mut self, control: &mut Control) {
+        let now = Instant::now();
+        let finished: Vec<_> = self.pool.finished().collect();
+        for done in finished {
+            if matches!(done.outcome, Outcome::Panicked) {
+                log::error!("turn handler panicked");
+            }
+            if let Some(ended) = self.table.finish(done.key, done.outcome, now) {
+                self.answer(ended, control);
+            }
+        }
+    }
+
+    /// What a hang-up does to its turn is the table's decision (contract 8.1).
+    pub(super) fn hang_up(&mut self, conn: ConnId) {
+        let reattach = self.config.bus.reattach_secs;
+        match self.table.hang_up(conn, &self.config.bus, Instant::now()) {
+            HangUp::Nothing => {}
+            HangUp::Kept(caller) if self.config.bus.cancel_on_hangup => log::info!(
+                "caller {caller} hung up; its turn waits {reattach} s for a retry of its request id"
+            ),
+            HangUp::Kept(caller) => log::info!(
+                "caller {caller} hung up; its turn runs to its end (bus.cancelOnHangup is false), and a retry of its request id gets its answer"
+            ),
+            HangUp::Cancel(turn) => self.cancel(turn, "the caller hung up"),
+            HangUp::Abandoned(turn, meta) => {
+                let detail = if self.pool.cancel(turn) {
+                    "the caller went away while its turn was queued; it will not run"
+                } else {
+                    "the caller went away while its turn ran; the answer is dropped"
+                };
+                log::info!("caller {}: {detail}", caller(&meta));
+                self.audit(&meta, "abandoned", detail, None, None);
+            }
+        }
+    }
+
+    /// Writes a turn's answer to each of its waiters and records it: its envelope
+    /// (audited once, unless its hang-up was), or a refusal each.
+    pub(super) fn answer(&mut self, ended: Ended<ConnId>, control: &mut Control) {
+        let envelope = match &ended.answer {
+            Ok(envelope) => envelope,
+            Err(refusal) => {
+                for waiter in &ended.waiters {
+                    control.respond(waiter.conn, self.refuse_talk(refusal, &ended.meta));
+                }
+                return;
+            }
+        };
+        if !ended.abandoned {
+            let (outcome, detail, code) = match (&envelope.failure, ended.cancelled) {
+                (None, _) => ("success", "ok", None),
+                (Some(f), Some(why)) => ("cancelled", why, Some(f.code.as_str())),
+                (Some(f), None) => ("failure", audit_detail(f), Some(f.code.as_str())),
+            };
+            log::debug!(
+                "talk answered: {outcome}{} ({}, {} ms)",
+                code.map(|c| format!(" {c}")).unwrap_or_default(),
+                ended.meta.describe(),
+                envelope.duration_ms
+            );
+            if let (Some(failure), None) = (&envelope.failure, ended.cancelled) {
+                // The person running the instance sees its failures (never the prompt).
+                log::info!("{}", failed_turn_line(failure, &ended.meta));
+            }
+            let status = (!ended.waiters.is_empty()).then_some(200);
+            self.audit(&ended.meta, outcome, detail, code, status);
+        }
+        for waiter in &ended.waiters {
+            control.respond(waiter.conn, json(200, waiter.negotiate(envelope).to_json()));
+        }
+    }
+}
+
+/// What the audit log says of a failed turn. Messages built from the engine's own
+/// output may quote the prompt, so only the code is kept for those; the messages this
+/// crate writes itself and that carry nothing of the engine's (budget, timeout, usage
+/// file) are kept whole.
+fn audit_detail(failure: &Failure) -> &str {
+    match failure.code {
+        ErrorCode::BudgetExhausted | ErrorCode::Timeout | ErrorCode::InternalError => {
+            &failure.error
+        }
+        _ => "the engine failed; its output is not logged here",
+    }
+}
+
+/// Most characters of a failed turn's message in its log line.
+const MAX_LOGGED_FAILURE_CHARS: usize = 200;
+
+/// The info line of a failed turn: its code, who asked, and the first line of its
+/// message, cut to [`MAX_LOGGED_FAILURE_CHARS`] (the logger escapes it: it may quote
+/// the engine).
+fn failed_turn_line(failure: &Failure, meta: &TalkMeta) -> String {
+    let first: String = failure
+        .error
+        .lines()
+        .next()
+        .unwrap_or("")
+        .chars()
+        .take(MAX_LOGGED_FAILURE_CHARS)
+        .collect();
+    format!(
+        "turn failed: {} ({}): {first}",
+        failure.code,
+        meta.describe()
+    )
+}
