@@ -18,10 +18,10 @@ pub const HELP: &str = "\
 loopbus audit [NAME | --state-dir DIR] [--since DURATION] [--json] [--follow]
 
 Show the audit log of the instance NAME (under $LOOPBUS_ROOT, else ~/.loopbus),
-or of the one in DIR (--state-dir, else $LOOPBUS_STATE_DIR): audit.log.jsonl, after the rotated audit.log.jsonl.1, one
-talk outcome a line, as a table of time (UTC), outcome, caller, depth,
-duration, error code and detail. --since 30s|10m|2h|1d keeps the lines of that
-last stretch of time. --json prints the log's own lines (JSON lines) instead
+or of the one in DIR (--state-dir, else $LOOPBUS_STATE_DIR): audit.log.jsonl,
+after the rotated audit.log.jsonl.1, one talk outcome a line, as a table of time
+(UTC), outcome, caller, depth, duration, error code and detail. --since
+30s|10m|2h|1d keeps the lines of that last stretch of time. --json prints the log's own lines (JSON lines) instead
 of the table (on a terminal with control characters escaped, as `\\u001b`: the
 same JSON values). --follow prints the last 10 lines (or those --since allows), then
 each new line as it is written, like `tail -f`, across the log's rotation;

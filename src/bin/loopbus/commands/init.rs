@@ -14,8 +14,9 @@ loopbus init NAME|DIR [--engine PRESET_OR_COMMAND] [--peers NAMES] [--budget USD
                  [--port N] [--kind NAME] [--fixed-secret] [--force [--rotate-secret]]
                  [--json]
 
-Create the state directory DIR (mode 0700; a bare NAME is $LOOPBUS_ROOT/NAME, else
-~/.loopbus/NAME, the channel root created 0700 too) and write DIR/config.json (mode 0600):
+Create the state directory DIR (mode 0700; a bare NAME is $LOOPBUS_ROOT/NAME,
+else ~/.loopbus/NAME, the channel root created 0700 too) and write
+DIR/config.json (mode 0600):
 the bus enabled, every peer allowed, maxDepth 3 and an OS-chosen port, changed by
 the options below. No secret is written: the instance makes a fresh one at each
 start and publishes it only in the registry (mode 0600).

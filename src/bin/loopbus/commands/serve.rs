@@ -10,7 +10,8 @@ use std::path::Path;
 
 /// Help text.
 pub const HELP: &str = "\
-loopbus serve [NAME | --state-dir DIR] [--name NAME] [--port N] [--bind ADDR] [--print-curl]
+loopbus serve [NAME | --state-dir DIR] [--name NAME] [--port N] [--bind ADDR]
+              [--print-curl]
 
 Run the instance NAME (state directory $LOOPBUS_ROOT/NAME, else ~/.loopbus/NAME),
 or the one whose state directory is DIR (default: $LOOPBUS_STATE_DIR), until
