@@ -142,9 +142,9 @@ pub fn run(args: &[String]) -> Result<i32, CommandError> {
         (None, Some(state_dir)) => loopbus::channel_root(state_dir),
         (None, None) => super::default_root()?,
     };
-    let (prompt, stdin_bytes) = match prompt {
-        Prompt::Whole(prompt) => (prompt, None),
-        Prompt::Cut { head, bytes } => (head, Some(bytes)),
+    let (prompt, unread) = match prompt {
+        Prompt::Whole(prompt) => (prompt, 0),
+        Prompt::Cut { head, unread } => (head, unread),
     };
     let options = DelegateOptions::new(root.clone(), caller.clone(), bus, target.clone(), prompt)
         .with_depth(depth)
@@ -153,10 +153,12 @@ pub fn run(args: &[String]) -> Result<i32, CommandError> {
         .with_request_id(request_id);
     let started = Instant::now();
     let watch = watch::watch(&options, args.switch("json"))?;
-    let outcome = match stdin_bytes {
-        // Too long to send: its real size, not the bytes read before the limit.
-        Some(bytes) => Err(DelegateError::TooLarge { bytes }),
-        None => loopbus::delegate(&options),
+    let outcome = match loopbus::delegate(&options) {
+        // Refused on the part read: the request's real size counts the rest too.
+        Err(DelegateError::TooLarge { bytes }) => Err(DelegateError::TooLarge {
+            bytes: bytes.saturating_add(unread),
+        }),
+        outcome => outcome,
     };
     watch.finish();
     // Given up for good on a turn that may still run there: cancel it (contract 8.1).
@@ -367,12 +369,12 @@ fn not_registered(target: &InstanceName, root: &Path) -> String {
 enum Prompt {
     /// All of it.
     Whole(String),
-    /// Longer than [`MAX_BODY_BYTES`]: the part read, and the size of the whole.
-    Cut { head: String, bytes: usize },
+    /// Longer than [`MAX_BODY_BYTES`]: the part read, and how many bytes followed it.
+    Cut { head: String, unread: usize },
 }
 
 /// The prompt from stdin. Past [`MAX_BODY_BYTES`] the rest is only counted: a prompt
-/// that long can't be sent, and `request_too_large` names its whole size.
+/// that long can't be sent, and `request_too_large` names the size with all of it.
 fn read_prompt() -> Result<Prompt, UsageError> {
     let cannot = |e: std::io::Error| usage(format!("cannot read the prompt from stdin: {e}"));
     let mut stdin = std::io::stdin().lock();
@@ -383,11 +385,10 @@ fn read_prompt() -> Result<Prompt, UsageError> {
         .map_err(cannot)?;
     if bytes.len() as u64 > MAX_BODY_BYTES {
         let rest = std::io::copy(&mut stdin, &mut std::io::sink()).map_err(cannot)?;
-        let total = (bytes.len() as u64).saturating_add(rest);
         // Maybe cut inside a character: only its size matters now.
         return Ok(Prompt::Cut {
             head: String::from_utf8_lossy(&bytes).into_owned(),
-            bytes: usize::try_from(total).unwrap_or(usize::MAX),
+            unread: usize::try_from(rest).unwrap_or(usize::MAX),
         });
     }
     String::from_utf8(bytes)
