@@ -213,15 +213,9 @@ fn same_user(
 
 /// The delegation failure of a same-user check's refusal.
 fn owner_refused(target: &InstanceName, refusal: OwnerRefusal) -> DelegateError {
-    match refusal {
-        OwnerRefusal::Foreign(mismatch) => DelegateError::ForeignListener {
-            target: target.to_string(),
-            mismatch,
-        },
-        refusal => DelegateError::OwnerUnknown {
-            target: target.to_string(),
-            refusal,
-        },
+    DelegateError::NotSameUser {
+        target: target.to_string(),
+        refusal,
     }
 }
 

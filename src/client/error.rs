@@ -6,7 +6,7 @@ use super::PeerProtocol;
 use crate::http::client::ClientError;
 use crate::protocol::{self, Envelope, ErrorCode, Failure, MAX_BODY_BYTES};
 use crate::registry::owner::OwnerRefusal;
-use crate::registry::{OwnerMismatch, ProbeError};
+use crate::registry::ProbeError;
 use std::fmt;
 use std::path::PathBuf;
 use std::time::Duration;
@@ -61,22 +61,14 @@ pub enum DelegateError {
         /// What the probe found.
         reason: ProbeError,
     },
-    /// The target's port is held by another user's process (contract section 6.1):
-    /// the secret was not sent. Not retryable: it needs someone to look.
-    ForeignListener {
+    /// The same-user check refused a target that cannot prove itself (contract 6.1):
+    /// its port is held by another user's process, or who holds it cannot be told (the
+    /// socket tables do not list the other end of the connection, or cannot be read).
+    /// The secret was not sent. Not retryable: it needs someone to look.
+    NotSameUser {
         /// The target asked for.
         target: String,
-        /// The port and the uid holding it.
-        mismatch: OwnerMismatch,
-    },
-    /// Who holds the port of a target that cannot prove itself cannot be told (contract
-    /// 6.1): the socket tables do not list the other end of the connection, or cannot be
-    /// read at all. The secret was not sent. Not retryable: it needs someone to look.
-    OwnerUnknown {
-        /// The target asked for.
-        target: String,
-        /// Why ([`OwnerRefusal::Unknown`] or [`OwnerRefusal::TablesUnreadable`]; it
-        /// names the port).
+        /// Why (it names the port, and the uid holding it when known).
         refusal: OwnerRefusal,
     },
     /// Whatever holds the target's registered address did not prove it holds the
@@ -159,8 +151,7 @@ impl DelegateError {
             Self::Registry { .. }
             | Self::NotRegistered { .. }
             | Self::ProbeFailed { .. }
-            | Self::ForeignListener { .. }
-            | Self::OwnerUnknown { .. }
+            | Self::NotSameUser { .. }
             | Self::Unproven { .. }
             | Self::Connection { .. }
             | Self::Broken { .. } => ErrorCode::InstanceUnavailable,
@@ -202,9 +193,8 @@ impl DelegateError {
         match self {
             Self::Remote { failure, .. } => failure.retryable,
             Self::NotRetried { error, .. } => error.retryable(),
-            Self::ForeignListener { .. } | Self::OwnerUnknown { .. } => false,
             // Trying again reaches the same squatter: an operator must look.
-            Self::Unproven { .. } => false,
+            Self::NotSameUser { .. } | Self::Unproven { .. } => false,
             // A registry we may not read, or may not trust (another user's, or
             // writable by others: contract 1), stays so until someone fixes it.
             Self::Registry { error, .. }
@@ -280,10 +270,7 @@ impl fmt::Display for DelegateError {
             Self::ProbeFailed { target, reason } => {
                 write!(f, "instance {target} is not available: {reason}")
             }
-            Self::ForeignListener { target, mismatch } => {
-                write!(f, "instance {target} is not available: {mismatch}")
-            }
-            Self::OwnerUnknown { target, refusal } => {
+            Self::NotSameUser { target, refusal } => {
                 write!(f, "instance {target} is not available: {refusal}")
             }
             Self::Unproven {

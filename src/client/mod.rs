@@ -137,24 +137,15 @@ impl DelegateOptions {
     }
 
     /// Retries a failure whose `retryable` is true up to `retries` times, with the
-    /// same request id, after an exponential backoff with full jitter (see
-    /// [`DelegateOptions::with_backoff`]). A failure that may have run the turn (a
+    /// same request id, after an exponential backoff with full jitter (retry `n`, from
+    /// 0, waits a uniform random time in `[0, min(backoff_cap, backoff_base * 2^n)]`).
+    /// A failure that may have run the turn (a
     /// timeout, a connection broken after the request was sent, an answer that is no
     /// envelope, an `unknown` failure) is retried only when the target's health listed
     /// `idempotent-requests`; otherwise the error is a
     /// [`DelegateError::NotRetried`] that says why.
     pub fn with_retries(self, retries: u32) -> DelegateOptions {
         DelegateOptions { retries, ..self }
-    }
-
-    /// The backoff: retry `n` (from 0) waits a uniform random time in
-    /// `[0, min(cap, base * 2^n)]`.
-    pub fn with_backoff(self, base: Duration, cap: Duration) -> DelegateOptions {
-        DelegateOptions {
-            backoff_base: base,
-            backoff_cap: cap,
-            ..self
-        }
     }
 }
 
@@ -459,18 +450,18 @@ mod tests {
                 true,
             ),
             (
-                DelegateError::ForeignListener {
+                DelegateError::NotSameUser {
                     target: t(),
-                    mismatch: OwnerMismatch {
+                    refusal: OwnerRefusal::Foreign(OwnerMismatch {
                         port: 7701,
                         uid: 65534,
-                    },
+                    }),
                 },
                 "instance_unavailable",
                 false,
             ),
             (
-                DelegateError::OwnerUnknown {
+                DelegateError::NotSameUser {
                     target: t(),
                     refusal: OwnerRefusal::TablesUnreadable { port: 7701 },
                 },
@@ -808,7 +799,7 @@ mod tests {
 
     #[test]
     fn owner_unknown_says_who_holds_the_port_cannot_be_told() {
-        let e = DelegateError::OwnerUnknown {
+        let e = DelegateError::NotSameUser {
             target: "b".into(),
             refusal: OwnerRefusal::Unknown { port: 7701 },
         };

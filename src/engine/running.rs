@@ -4,7 +4,7 @@
 //! leftover.
 
 use rustix::process::{Pid, Signal};
-use std::collections::HashMap;
+use std::collections::HashSet;
 use std::io;
 use std::process::{Child, Command, ExitStatus};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
@@ -33,9 +33,9 @@ struct Shared {
 
 #[derive(Debug, Default)]
 pub(super) struct State {
-    /// Turn id -> the engine's pid (also its process group's id).
-    engines: HashMap<u64, u32>,
-    next: u64,
+    /// The pids of the engines spawned and not yet reaped (each also its process
+    /// group's id). An unreaped pid cannot be reused, so it names one engine.
+    engines: HashSet<u32>,
     /// An engine exited since the reaper last looked.
     pub(super) nudged: bool,
     /// The leftover reaper runs ([`super::contain_leftovers`]).
@@ -49,7 +49,7 @@ pub(super) struct State {
 impl State {
     /// Whether `pid` is a running engine.
     pub(super) fn is_engine(&self, pid: u32) -> bool {
-        self.engines.values().any(|p| *p == pid)
+        self.engines.contains(&pid)
     }
 }
 
@@ -102,7 +102,6 @@ impl RunningEngines {
 /// A spawned engine: its registration and its process.
 #[derive(Debug)]
 pub struct Spawned {
-    id: u64,
     /// The engine's process (reaped by [`RunningEngines::reap`]).
     pub child: Child,
     /// Its pid, which is also its process group's id.
@@ -127,10 +126,8 @@ impl RunningEngines {
         let mut state = self.lock();
         let child = command.spawn()?;
         let pid = child.id();
-        let id = state.next;
-        state.next = state.next.wrapping_add(1);
-        state.engines.insert(id, pid);
-        Ok(Spawned { id, child, pid })
+        state.engines.insert(pid);
+        Ok(Spawned { child, pid })
     }
 
     /// Reaps an engine that has exited and unregisters it, under the lock, so that
@@ -138,7 +135,7 @@ impl RunningEngines {
     /// leftovers may be waiting.
     pub(super) fn reap(&self, spawned: &mut Spawned) -> io::Result<ExitStatus> {
         let mut state = self.lock();
-        state.engines.remove(&spawned.id);
+        state.engines.remove(&spawned.pid);
         let status = spawned.child.wait();
         drop(state);
         self.nudge();
@@ -189,7 +186,7 @@ impl RunningEngines {
     /// engine wrote so far: `engine_cli` unless that matches a rule.
     pub fn kill_all(&self) {
         let state = self.lock();
-        for pid in state.engines.values() {
+        for pid in &state.engines {
             kill_tree(*pid, Signal::KILL);
         }
     }

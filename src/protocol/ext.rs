@@ -2,7 +2,7 @@
 //! delegation idempotent (8.2), the cancel flag (8.1), and the trace fields whose form
 //! is checked though trace context is not built yet (8.4).
 
-use serde_json::{Map, Value};
+use serde_json::Value;
 use std::fmt;
 
 /// Shortest request id accepted (contract 8.2).
@@ -14,7 +14,8 @@ pub const TRACE_ID_LEN: usize = 32;
 
 /// A request id: 16 to 64 characters of `[A-Za-z0-9_-]` (contract 8.2). Our client
 /// sends 32 lowercase hex digits, 128 random bits.
-#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize)]
+#[serde(transparent)]
 pub struct RequestId(String);
 
 /// A string that is not a request id.
@@ -61,14 +62,18 @@ impl fmt::Display for RequestId {
     }
 }
 
-/// The `ext` fields of a request that this build reads.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+/// The `ext` fields of a request that this build reads. It serializes as the client
+/// sends it: `cancel` only when true, `requestId` only when set, in that order.
+#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "camelCase")]
 #[non_exhaustive]
 pub struct RequestExt {
-    /// `ext.requestId`: the delegation's id, the same across its retries.
-    pub request_id: Option<RequestId>,
     /// `ext.cancel: true`: cancel the turn of `request_id` (contract 8.1).
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
     pub cancel: bool,
+    /// `ext.requestId`: the delegation's id, the same across its retries.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub request_id: Option<RequestId>,
 }
 
 /// Why `ext` was refused (contract 3, check 7).
@@ -129,18 +134,6 @@ fn is_trace_id(id: &str) -> bool {
         && id
             .bytes()
             .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
-}
-
-/// The `ext` object for `ext`, or `None` when it has nothing to say.
-pub fn encode_ext(ext: &RequestExt) -> Option<Value> {
-    let mut object = Map::new();
-    if let Some(id) = &ext.request_id {
-        object.insert("requestId".into(), Value::String(id.as_str().to_owned()));
-    }
-    if ext.cancel {
-        object.insert("cancel".into(), Value::Bool(true));
-    }
-    (!object.is_empty()).then_some(Value::Object(object))
 }
 
 #[cfg(test)]
@@ -212,12 +205,18 @@ mod tests {
 
     #[test]
     fn encoded_ext_reads_back() {
-        assert_eq!(encode_ext(&RequestExt::default()), None);
+        let empty = serde_json::to_value(RequestExt::default()).unwrap();
+        assert_eq!(empty, json!({}));
         let ext = RequestExt {
             request_id: Some(RequestId::new("07".repeat(16)).unwrap()),
             cancel: true,
         };
-        let value = encode_ext(&ext).unwrap();
+        let text = serde_json::to_string(&ext).unwrap();
+        assert_eq!(
+            text,
+            format!(r#"{{"cancel":true,"requestId":"{}"}}"#, "07".repeat(16))
+        );
+        let value = serde_json::from_str(&text).unwrap();
         assert_eq!(parse_ext(Some(&value)), Ok(ext));
     }
 }

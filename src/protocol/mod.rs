@@ -61,17 +61,6 @@ pub const CAPABILITIES: [&str; 6] = [
 /// so a request never lists it, nor an envelope.
 pub const TALK_EXTENSIONS: [&str; 3] = [IDEMPOTENT_REQUESTS, CANCEL_ON_HANGUP, USAGE_REPORT];
 
-/// The top-level fields a request may carry (contract 4.1): the original rejects any
-/// other, so extension data goes only inside `ext`.
-pub const REQUEST_FIELDS: [&str; 6] = [
-    "fromInstance",
-    "prompt",
-    "depth",
-    "protocolVersion",
-    "capabilities",
-    "ext",
-];
-
 /// The capabilities of one exchange (contract 4.1): the base two plus those of
 /// `listed` (the target's health, for a request; the request's, for an envelope) that
 /// this build implements on `/api/talk` ([`TALK_EXTENSIONS`]), in that order.

@@ -50,11 +50,6 @@ impl InstanceName {
     pub fn as_str(&self) -> &str {
         &self.0
     }
-
-    /// The name as an owned string.
-    pub fn into_string(self) -> String {
-        self.0
-    }
 }
 
 /// The one check of the pattern.
@@ -98,38 +93,10 @@ impl FromStr for InstanceName {
     }
 }
 
-impl TryFrom<String> for InstanceName {
-    type Error = InvalidInstanceName;
-
-    fn try_from(s: String) -> Result<InstanceName, InvalidInstanceName> {
-        InstanceName::new(s)
-    }
-}
-
-impl TryFrom<&str> for InstanceName {
-    type Error = InvalidInstanceName;
-
-    fn try_from(s: &str) -> Result<InstanceName, InvalidInstanceName> {
-        InstanceName::new(s)
-    }
-}
-
-impl From<InstanceName> for String {
-    fn from(name: InstanceName) -> String {
-        name.0
-    }
-}
-
 impl Deref for InstanceName {
     type Target = str;
 
     fn deref(&self) -> &str {
-        &self.0
-    }
-}
-
-impl AsRef<str> for InstanceName {
-    fn as_ref(&self) -> &str {
         &self.0
     }
 }
@@ -213,6 +180,5 @@ mod tests {
         let mut map = std::collections::BTreeMap::new();
         map.insert(name.clone(), 1);
         assert_eq!(map.get("w"), Some(&1));
-        assert_eq!(String::from(name), "w");
     }
 }

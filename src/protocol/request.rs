@@ -2,12 +2,12 @@
 //! check 7) and the client's encoding.
 
 use serde_json::value::RawValue;
-use serde_json::{Map, Value};
+use serde_json::Value;
 use std::collections::BTreeMap;
 use std::fmt;
 
-use super::ext::{encode_ext, parse_ext, ExtError, RequestExt};
-use super::{non_negative_integer, BASE_CAPABILITIES, PROTOCOL_VERSION};
+use super::ext::{parse_ext, ExtError, RequestExt};
+use super::{non_negative_integer, PROTOCOL_VERSION};
 
 /// Longest `fromInstance` accepted, in bytes (contract section 3, check 7).
 pub const MAX_FROM_INSTANCE_BYTES: usize = 1024;
@@ -216,39 +216,78 @@ fn is_integer_text(text: &str) -> bool {
 /// Serializes a v1 request listing the base capabilities; see
 /// `encode_talk_request_with`.
 pub fn encode_talk_request(request: &TalkRequest) -> Vec<u8> {
-    let base: Vec<String> = BASE_CAPABILITIES.iter().map(|c| (*c).to_owned()).collect();
-    encode_talk_request_with(request, &base)
+    encode_talk_request_with(request, &super::negotiate(&[]))
 }
 
 /// Serializes a v1 request as the client sends it (`depth` as given: the caller
 /// increments it before calling), listing `capabilities` (the negotiated ones,
 /// `negotiate`) and `request.ext` when it has anything to say. It carries only fields
-/// of `REQUEST_FIELDS`, which the original's strict parser accepts.
+/// the original's strict parser accepts (contract 4.1).
 pub fn encode_talk_request_with(request: &TalkRequest, capabilities: &[String]) -> Vec<u8> {
-    let mut object = Map::new();
-    object.insert(
-        "fromInstance".into(),
-        Value::String(request.from_instance.clone()),
-    );
-    object.insert("prompt".into(), Value::String(request.prompt.clone()));
-    object.insert("depth".into(), Value::from(request.depth));
-    object.insert("protocolVersion".into(), Value::from(PROTOCOL_VERSION));
-    object.insert(
-        "capabilities".into(),
-        Value::Array(capabilities.iter().cloned().map(Value::String).collect()),
-    );
-    if let Some(ext) = encode_ext(&request.ext) {
-        object.insert("ext".into(), ext);
+    /// The request on the wire, its fields in name order as the encoder has always
+    /// written them.
+    #[derive(serde::Serialize)]
+    #[serde(rename_all = "camelCase")]
+    struct Wire<'a> {
+        capabilities: &'a [String],
+        depth: u64,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        ext: Option<&'a RequestExt>,
+        from_instance: &'a str,
+        prompt: &'a str,
+        protocol_version: u64,
     }
-    debug_assert!(object
-        .keys()
-        .all(|k| super::REQUEST_FIELDS.contains(&k.as_str())));
-    Value::Object(object).to_string().into_bytes()
+    let wire = Wire {
+        capabilities,
+        depth: request.depth,
+        ext: Some(&request.ext).filter(|ext| **ext != RequestExt::default()),
+        from_instance: &request.from_instance,
+        prompt: &request.prompt,
+        protocol_version: PROTOCOL_VERSION,
+    };
+    // Strings, integers and booleans always serialize.
+    serde_json::to_vec(&wire).unwrap_or_default()
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::protocol::BASE_CAPABILITIES;
+
+    /// The top-level fields a request may carry (contract 4.1): the original rejects
+    /// any other, so extension data goes only inside `ext`.
+    const REQUEST_FIELDS: [&str; 6] = [
+        "fromInstance",
+        "prompt",
+        "depth",
+        "protocolVersion",
+        "capabilities",
+        "ext",
+    ];
+
+    /// The bytes on the wire, field order included, as the encoder has always
+    /// written them.
+    #[test]
+    fn encoded_request_bytes() {
+        let mut request = TalkRequest::new("a\u{1}", "p\"", 2);
+        let caps = ["x".to_owned()];
+        let plain = encode_talk_request_with(&request, &caps);
+        let want = r#"{"capabilities":["x"],"depth":2,"fromInstance":"a\u0001","prompt":"p\"","protocolVersion":1}"#;
+        assert_eq!(String::from_utf8(plain).unwrap(), want);
+        request.ext = RequestExt {
+            request_id: Some(crate::protocol::RequestId::new("r".repeat(16)).unwrap()),
+            cancel: true,
+        };
+        let with_ext = String::from_utf8(encode_talk_request_with(&request, &caps)).unwrap();
+        let ext = format!(
+            r#""ext":{{"cancel":true,"requestId":"{}"}},"#,
+            "r".repeat(16)
+        );
+        assert_eq!(
+            with_ext,
+            want.replace(r#""fromInstance""#, &format!("{ext}\"fromInstance\""))
+        );
+    }
 
     /// Every request the client encodes passes the original's strict schema: only the
     /// six fields, only base capability strings (contract 4.1).
@@ -265,9 +304,7 @@ mod tests {
         ] {
             let v: Value = serde_json::from_slice(&body).unwrap();
             let object = v.as_object().unwrap();
-            assert!(object
-                .keys()
-                .all(|k| super::super::REQUEST_FIELDS.contains(&k.as_str())));
+            assert!(object.keys().all(|k| REQUEST_FIELDS.contains(&k.as_str())));
             assert_eq!(v["capabilities"], serde_json::json!(BASE_CAPABILITIES));
         }
     }
@@ -349,7 +386,7 @@ mod tests {
     #[test]
     fn bug_from_instance_had_no_length_limit() {
         let body = |from: &str| {
-            let mut object = Map::new();
+            let mut object = serde_json::Map::new();
             object.insert("fromInstance".into(), Value::String(from.to_owned()));
             object.insert("prompt".into(), Value::String("p".into()));
             object.insert("depth".into(), Value::from(0));
