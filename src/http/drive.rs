@@ -14,11 +14,13 @@ use std::time::Instant;
 /// many connections each sending a large body slowly can't grow memory without bound.
 pub const MAX_BODY_BYTES_IN_FLIGHT: usize = 8 * 1024 * 1024;
 
-/// Response bytes all connections together may hold while writing answers to
-/// authorized requests. An answer past it is replaced by a 503 `server_busy` and the
-/// connection closes, so clients that never read can't grow memory without bound; one
-/// that finds nothing else in flight is always written (the bound is this plus one
-/// answer). Answers from a head alone (a few hundred bytes each) are not counted.
+/// Response bytes all connections together may hold while writing answers. Every
+/// answer being written counts; an answer to an authorized request (its body length)
+/// past it is replaced by a 503 `server_busy` and the connection closes, so clients
+/// that never read can't grow memory without bound; one that finds nothing else in
+/// flight is always written (the bound is this plus one answer). Answers from a head
+/// alone (a few hundred bytes each, at most one per open connection) are never refused
+/// by it.
 pub const MAX_RESPONSE_BYTES_IN_FLIGHT: usize = 16 * 1024 * 1024;
 
 /// What all connections hold now: body bytes being read, response bytes being written,
@@ -87,8 +89,8 @@ impl InFlight {
             && self.authorized < self.max_authorized
     }
 
-    /// Whether an answer of `len` bytes fits the response budget (always, when no other
-    /// answer is in flight).
+    /// Whether an answer whose body is `len` bytes fits the response budget (always,
+    /// when no other answer is in flight).
     fn admits_response(&self, len: usize) -> bool {
         self.responses == 0 || self.responses.saturating_add(len) <= MAX_RESPONSE_BYTES_IN_FLIGHT
     }
