@@ -49,7 +49,7 @@ fuzz:
 	done
 
 # Source bundle, SBOM, a binary built from the bundle and SHA256SUMS, under dist/
-# (README: "Building without a network"). The logic is in scripts/dist.
+# (docs/install.md: "Building without a network"). The logic is in scripts/dist.
 dist:
 	scripts/dist dist
 
@@ -65,7 +65,7 @@ dist-check:
 # Inside a bundle from `make dist`: builds target/release/loopbus from vendor/ with no
 # network. RUSTFLAGS (it replaces RUSTFLAGS of the environment and of cargo configs)
 # maps this directory and cargo's home out of the paths kept in the binary, so the
-# binary is the same wherever it is built (README: "Verifying a binary").
+# binary is the same wherever it is built (docs/install.md: "Verifying a binary").
 CARGO_HOME_DIR = $(or $(CARGO_HOME),$(HOME)/.cargo)
 build-offline:
 	@test -d vendor || { echo "make build-offline runs in a bundle made by make dist (it has vendor/)" >&2; exit 2; }

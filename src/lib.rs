@@ -124,7 +124,8 @@ pub mod fuzzing {
     };
 }
 
-/// The README's Rust examples, compiled as doctests so that they stay true.
-#[doc = include_str!("../README.md")]
+/// The Rust examples of docs/embedding.md, compiled (and run) as doctests so that they
+/// stay true.
+#[doc = include_str!("../docs/embedding.md")]
 #[cfg(doctest)]
-pub struct ReadmeDoctests;
+pub struct EmbeddingDoctests;

@@ -422,3 +422,29 @@ fn bug_the_cancel_confirmation_and_the_final_line_came_in_either_order() {
         );
     }
 }
+
+/// The example itself runs as a doctest (`src/lib.rs`, `EmbeddingDoctests`); this pins
+/// that it is pasted whole: no hidden lines, its own `main`, its own root.
+#[test]
+fn bug_the_embedding_example_was_no_whole_program() {
+    let page =
+        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/docs/embedding.md")).unwrap();
+    let example = page
+        .split("```rust\n")
+        .nth(1)
+        .and_then(|rest| rest.split("\n```").next())
+        .expect("a rust block in docs/embedding.md");
+    assert!(example.contains("\nfn main() -> "), "{example}");
+    assert!(
+        !example.lines().any(|l| l.starts_with("# ")),
+        "hidden lines: {example}"
+    );
+    assert!(
+        example.contains("temp_dir()"),
+        "a root of its own: {example}"
+    );
+    assert!(example.contains(".port(0)"), "a port of its own: {example}");
+    assert!(!example.contains("~/.loopbus") && !example.contains("\"/tmp/bus"));
+    let lib = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/src/lib.rs")).unwrap();
+    assert!(lib.contains("include_str!(\"../docs/embedding.md\")"));
+}

@@ -35,7 +35,8 @@ start and publishes it only in the registry (mode 0600).
 --kind NAME     write bus.kind NAME (the `kind` health answers with) and a
                 bus.acceptKinds that keeps both loopbus and cc-telegram-bridge.
                 `--kind cc-telegram-bridge` lets the original TypeScript bus find
-                this instance (see the README, \"Running beside cc-telegram-bridge\").
+                this instance (see docs/configuration.md, \"Running beside
+                cc-telegram-bridge\").
 --fixed-secret  also write a random bus.secret, kept across restarts (for scripts
                 that call a fixed port with curl). It costs this: a secret that
                 leaks, or that a squatter on a stale port learns, keeps working
