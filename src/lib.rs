@@ -2,7 +2,8 @@
 //!
 //! Instances (each one `loopbus serve` process driving an engine CLI) delegate prompts
 //! to each other over loopback HTTP: `POST /api/talk` with a v1 envelope, and
-//! `GET /api/health`. See the README for the protocol, limits and security model.
+//! `GET /api/health`. See PROTOCOL.md for the protocol, and docs/ for the limits
+//! (docs/http.md) and the security model (docs/security.md, SECURITY.md).
 //!
 //! This crate root is the whole public API; the `loopbus` binary uses nothing else:
 //! - start an instance in-process: [`Instance`], [`InstanceOptions`], [`ServeError`],
