@@ -1,6 +1,5 @@
 # loopbus: `make run` starts a demo instance, `make test` runs every check.
 CARGO ?= cargo
-DEMO_DIR := .loopbus/demo
 BIN := target/debug/loopbus
 
 .PHONY: all build run test fmt lint bench fuzz footprint clean install dist repro-check dist-check build-offline
@@ -10,11 +9,12 @@ all: build
 build:
 	$(CARGO) build --locked
 
-# Starts an instance named `demo` under ./.loopbus/ on the built-in echo engine and
-# prints a ready-to-paste curl line. Stop it with Ctrl-C.
+# Starts an instance named `demo` under the default channel root ($LOOPBUS_ROOT, else
+# ~/.loopbus) on the built-in echo engine and prints a ready-to-paste curl line; from
+# another shell, `target/debug/loopbus talk demo hello`. Stop it with Ctrl-C.
 run: build
-	@test -f $(DEMO_DIR)/config.json || $(BIN) init $(DEMO_DIR)
-	@$(BIN) serve --state-dir $(DEMO_DIR) --print-curl
+	@test -f "$${LOOPBUS_ROOT:-$$HOME/.loopbus}/demo/config.json" || $(BIN) init demo --no-serve-hint
+	@$(BIN) serve demo --print-curl
 
 test:
 	$(CARGO) fmt --all -- --check
@@ -49,7 +49,7 @@ fuzz:
 	done
 
 # Source bundle, SBOM, a binary built from the bundle and SHA256SUMS, under dist/
-# (README: "Building without a network"). The logic is in scripts/dist.
+# (docs/install.md: "Building without a network"). The logic is in scripts/dist.
 dist:
 	scripts/dist dist
 
@@ -65,7 +65,7 @@ dist-check:
 # Inside a bundle from `make dist`: builds target/release/loopbus from vendor/ with no
 # network. RUSTFLAGS (it replaces RUSTFLAGS of the environment and of cargo configs)
 # maps this directory and cargo's home out of the paths kept in the binary, so the
-# binary is the same wherever it is built (README: "Verifying a binary").
+# binary is the same wherever it is built (docs/install.md: "Verifying a binary").
 CARGO_HOME_DIR = $(or $(CARGO_HOME),$(HOME)/.cargo)
 build-offline:
 	@test -d vendor || { echo "make build-offline runs in a bundle made by make dist (it has vendor/)" >&2; exit 2; }

@@ -2,7 +2,8 @@
 //!
 //! Instances (each one `loopbus serve` process driving an engine CLI) delegate prompts
 //! to each other over loopback HTTP: `POST /api/talk` with a v1 envelope, and
-//! `GET /api/health`. See the README for the protocol, limits and security model.
+//! `GET /api/health`. See PROTOCOL.md for the protocol, and docs/ for the limits
+//! (docs/http.md) and the security model (docs/security.md, SECURITY.md).
 //!
 //! This crate root is the whole public API; the `loopbus` binary uses nothing else:
 //! - start an instance in-process: [`Instance`], [`InstanceOptions`], [`ServeError`],
@@ -81,9 +82,10 @@ pub use secret::{Secret, Weakness, MIN_SECRET_CHARS, SAMPLE_SECRETS, SECRET_BYTE
 
 // The registry of a channel root.
 pub use registry::{
-    channel_root, default_name, list as list_instances, probe_instance, probe_port,
-    read as read_registry, registry_path, running as running_instance, HealthAnswer, Listed,
-    OwnerMismatch, OwnerRefusal, ProbeError, RegistryEntry, PROBE_TIMEOUT,
+    channel_root, default_channel_root, default_name, list as list_instances, probe_instance,
+    probe_port, read as read_registry, registry_path, running as running_instance, HealthAnswer,
+    Listed, OwnerMismatch, OwnerRefusal, ProbeError, RegistryEntry, DEFAULT_ROOT_DIR,
+    PROBE_TIMEOUT,
 };
 
 // An instance's records, and the file rules of every state file.
@@ -123,7 +125,8 @@ pub mod fuzzing {
     };
 }
 
-/// The README's Rust examples, compiled as doctests so that they stay true.
-#[doc = include_str!("../README.md")]
+/// The Rust examples of docs/embedding.md, compiled (and run) as doctests so that they
+/// stay true.
+#[doc = include_str!("../docs/embedding.md")]
 #[cfg(doctest)]
-pub struct ReadmeDoctests;
+pub struct EmbeddingDoctests;

@@ -1,4 +1,4 @@
-//! The README's client examples (`examples/clients/talk.py`, `talk.mjs`) run against a
+//! The client examples of docs/embedding.md (`examples/clients/talk.py`, `talk.mjs`) run against a
 //! real instance and against a stand-in that records what they send. Each test skips,
 //! with a message, when its interpreter (`python3`, `node`) is not on PATH.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
@@ -351,15 +351,15 @@ fn client_examples_refuse_a_port_that_cannot_prove_the_secret() {
     }
 }
 
-/// The fenced block of `language` in the README's section on calling an instance from
+/// The fenced block of `language` in docs/embedding.md's section on calling an instance from
 /// a script.
 fn readme_snippet(language: &str) -> String {
-    let readme =
-        std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("README.md")).unwrap();
-    let section = readme
+    let page = Path::new(env!("CARGO_MANIFEST_DIR")).join("docs/embedding.md");
+    let page = std::fs::read_to_string(page).unwrap();
+    let section = page
         .split("\n## ")
         .find(|s| s.starts_with("Calling an instance from a script"))
-        .expect("the README section on calling an instance from a script");
+        .expect("the docs/embedding.md section on calling an instance from a script");
     let fence = format!("```{language}\n");
     let start = section
         .find(&fence)
@@ -369,7 +369,7 @@ fn readme_snippet(language: &str) -> String {
     section[start..end].to_owned()
 }
 
-/// The README's Python and Node snippets, pasted into a file, print the reply.
+/// The Python and Node snippets of docs/embedding.md, pasted into a file, print the reply.
 #[test]
 fn readme_client_snippets_work_when_pasted_into_a_file() {
     let root = TestRoot::new("client-snippets");

@@ -318,7 +318,19 @@ fn usage_errors_exit_2() {
     type Env<'a> = Vec<(&'a str, &'a str)>;
     let cases: Vec<(Vec<&str>, Env)> = vec![
         (vec!["talk"], vec![]),
-        (vec!["talk", "worker", "hi"], vec![]), // no state dir at all
+        // From a shell (no state dir) `--name` is not the caller's name: `--as` is.
+        (vec!["talk", "worker", "hi", "--name", "me"], vec![]),
+        (
+            vec![
+                "talk",
+                "--state-dir",
+                me.to_str().unwrap(),
+                "w",
+                "--as",
+                "x",
+            ],
+            vec![],
+        ),
         (vec!["talk", "--state-dir", me.to_str().unwrap()], vec![]),
         (
             vec![

@@ -306,9 +306,19 @@ fn health_command() {
         );
         assert!(started.elapsed() < Duration::from_secs(10));
     }
+    // No flags: the default channel root ($LOOPBUS_ROOT, else ~/.loopbus), named.
+    let out = run(&["health", "beta"], &[], None);
+    assert_eq!(
+        out.status.code(),
+        Some(75),
+        "{}",
+        describe(&["health"], &out)
+    );
+    let default = no_home().join(".loopbus/.bus-registry.json");
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert!(said.contains(default.to_str().unwrap()), "{said}");
     for args in [
         vec!["health"],
-        vec!["health", "beta"],
         vec!["health", "--port", "0"],
         vec!["health", "a b", "--root", &root_arg],
     ] {
@@ -405,6 +415,10 @@ fn list_command_shows_liveness_and_never_secrets() {
         assert!(!all.contains("secret-value"), "{all}");
         assert!(all.contains("ghost"), "{all}");
     }
+    // No flags: the default channel root, named; nothing registered is no error.
     let out = run(&["list"], &[], None);
-    assert_eq!(out.status.code(), Some(2), "{}", describe(&["list"], &out));
+    assert_eq!(out.status.code(), Some(0), "{}", describe(&["list"], &out));
+    let default = no_home().join(".loopbus/.bus-registry.json");
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert!(said.contains(default.to_str().unwrap()), "{said}");
 }

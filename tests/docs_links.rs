@@ -1,14 +1,33 @@
-//! The README and PROTOCOL.md link only inside the repository: every relative link
-//! names a file of this checkout (and a heading that exists, for `#anchor`s), nothing
-//! leaves the repository (`../shared/...` is broken in a clone), and the only web
-//! addresses are loopback examples.
+//! The README, PROTOCOL.md, SECURITY.md and every page of docs/ link only inside the
+//! repository: every relative link names a file of this checkout (and a heading that
+//! exists, for `#anchor`s), nothing leaves the repository (`../shared/...` is broken in
+//! a clone), and the only web addresses are loopback examples.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::collections::HashSet;
 use std::path::{Path, PathBuf};
 
-/// The documents held to these rules, relative to the repository root.
-const DOCUMENTS: [&str; 2] = ["README.md", "PROTOCOL.md"];
+/// The documents at the top held to these rules, relative to the repository root;
+/// every `.md` file of [`DOCS`] is held to them too.
+const DOCUMENTS: [&str; 3] = ["README.md", "PROTOCOL.md", "SECURITY.md"];
+
+/// The directory of the reference pages the README links to.
+const DOCS: &str = "docs";
+
+/// Every document held to these rules: [`DOCUMENTS`] and the pages of [`DOCS`].
+fn documents() -> Vec<String> {
+    let mut all: Vec<String> = DOCUMENTS.iter().map(|d| (*d).to_owned()).collect();
+    let mut pages: Vec<String> = std::fs::read_dir(repo().join(DOCS))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|name| name.ends_with(".md"))
+        .map(|name| format!("{DOCS}/{name}"))
+        .collect();
+    assert!(!pages.is_empty(), "no pages in {DOCS}/");
+    pages.sort();
+    all.extend(pages);
+    all
+}
 
 /// The hosts a web address in these documents may name: examples of a local instance.
 const LOOPBACK_HOSTS: [&str; 3] = ["127.0.0.1", "localhost", "[::1]"];
@@ -113,7 +132,9 @@ fn check_target(document: &str, text: &str, target: &str) -> Result<(), String> 
     let linked_text = if path.is_empty() {
         text.to_owned()
     } else {
-        let file = repo().join(path);
+        // Relative to the linking document's own directory, as a browser reads it.
+        let base = repo().join(document);
+        let file = base.parent().unwrap_or(&repo()).join(path);
         let real = file
             .canonicalize()
             .map_err(|e| format!("{document}: link {target:?}: {}: {e}", file.display()))?;
@@ -141,10 +162,10 @@ fn read(document: &str) -> String {
 #[test]
 fn readme_and_protocol_links_name_files_and_headings_of_this_repository() {
     let mut problems = Vec::new();
-    for document in DOCUMENTS {
-        let text = read(document);
+    for document in documents() {
+        let text = read(&document);
         for target in link_targets(&text) {
-            if let Err(problem) = check_target(document, &text, &target) {
+            if let Err(problem) = check_target(&document, &text, &target) {
                 problems.push(problem);
             }
         }
@@ -155,8 +176,8 @@ fn readme_and_protocol_links_name_files_and_headings_of_this_repository() {
 #[test]
 fn readme_and_protocol_name_no_web_address_but_loopback_examples() {
     let mut problems = Vec::new();
-    for document in DOCUMENTS {
-        let text = read(document);
+    for document in documents() {
+        let text = read(&document);
         for scheme in ["http://", "https://"] {
             for (at, _) in text.match_indices(scheme) {
                 let authority: String = text[at + scheme.len()..]
@@ -195,6 +216,11 @@ fn the_link_checker_catches_what_a_clone_would_break() {
     assert!(check_target("t", text, "../shared/spec/contract.md").is_err());
     assert!(check_target("t", text, "no/such/file.md").is_err());
     assert!(check_target("t", text, "mailto:someone").is_err());
+    // From a page of docs/, links are relative to docs/.
+    assert!(check_target("docs/t.md", text, "../PROTOCOL.md#limits").is_ok());
+    assert!(check_target("docs/t.md", text, "PROTOCOL.md").is_err());
+    assert!(check_target("docs/t.md", text, "commands.md#commands").is_ok());
+    assert!(check_target("docs/t.md", text, "../../x.md").is_err());
     assert_eq!(
         link_targets("see [a](x.md) and `[b](y.md)`\n```\n[c](z.md)\n```\n"),
         ["x.md"]

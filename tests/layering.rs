@@ -1,9 +1,9 @@
-//! The README's architecture table, held against the code: every `crate::` path in a
+//! The architecture table (docs/architecture.md), held against the code: every `crate::` path in a
 //! library module's files must name a module that table lets it import, so no arrow
 //! runs back up; the binary (`src/bin/loopbus/`) names library items only through
 //! `loopbus::`, never `crate::`; and no `#[doc(hidden)]` item hides in `src/`. The
-//! table is read from README.md's "## Architecture" section, so a new module or a new
-//! edge fails here until the README says so.
+//! table is read from docs/architecture.md (up to its next section), so a new module
+//! or a new edge fails here until that page says so.
 #![allow(
     clippy::unwrap_used,
     clippy::expect_used,
@@ -37,16 +37,16 @@ fn module_names(cell: &str) -> Vec<String> {
         .collect()
 }
 
-/// The README's architecture table, in its order: each row's module and the modules
+/// The architecture table, in its order: each row's module and the modules
 /// its "may import" column names.
+/// The page that holds the architecture table, from the repository root.
+const ARCHITECTURE: &str = "docs/architecture.md";
+
 fn readme_table() -> Vec<(String, Vec<String>)> {
-    let readme =
-        fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("README.md")).unwrap();
-    let section = readme
-        .split("\n## Architecture\n")
-        .nth(1)
-        .expect("README.md has a \"## Architecture\" section");
-    let section = section.split("\n## ").next().unwrap();
+    let page =
+        fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join(ARCHITECTURE)).unwrap();
+    // The page up to its next section (Dependencies).
+    let section = page.split("\n## ").next().unwrap();
     let rows: Vec<(String, Vec<String>)> = section
         .lines()
         .filter(|line| line.starts_with("| `"))

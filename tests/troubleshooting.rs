@@ -1,4 +1,4 @@
-//! The README's Troubleshooting section quotes what the binary really prints: each
+//! docs/troubleshooting.md quotes what the binary really prints: each
 //! mistake is made here for real, and the message it gets must appear in that section
 //! (with the temp root written as `/home/me/.loopbus` and ports as 7701). When a
 //! message changes, this fails and names the line to quote instead.
@@ -11,15 +11,10 @@ use serde_json::json;
 use std::path::Path;
 use std::time::Duration;
 
-/// The README's Troubleshooting section, normalized.
+/// docs/troubleshooting.md, normalized.
 fn section() -> String {
-    let readme =
-        std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("README.md")).unwrap();
-    let section = readme
-        .split("\n## ")
-        .find(|s| s.starts_with("Troubleshooting"))
-        .expect("a Troubleshooting section in README.md");
-    normalize(section, None)
+    let page = Path::new(env!("CARGO_MANIFEST_DIR")).join("docs/troubleshooting.md");
+    normalize(&std::fs::read_to_string(page).unwrap(), None)
 }
 
 /// `text` with the variable parts of a message made fixed: `root` (a temp channel
@@ -55,13 +50,13 @@ fn normalize(text: &str, root: Option<&Path>) -> String {
     out
 }
 
-/// Checks that the README section quotes `what` (normalized against `root`).
+/// Checks that docs/troubleshooting.md quotes `what` (normalized against `root`).
 fn assert_quoted(section: &str, root: Option<&Path>, what: &str, situation: &str) {
     let quoted = normalize(what, root);
     let quoted = quoted.trim_end();
     assert!(
         section.contains(quoted),
-        "README Troubleshooting ({situation}) should quote what the binary prints:\n{quoted}"
+        "docs/troubleshooting.md ({situation}) should quote what the binary prints:\n{quoted}"
     );
 }
 
@@ -114,7 +109,7 @@ fn troubleshooting_quotes_what_talk_prints() {
     assert_eq!(output.status.code(), Some(75));
     assert_quoted(
         &section,
-        None,
+        Some(&root.path),
         &first_stderr_line(&output),
         "talk before serve",
     );
@@ -139,12 +134,15 @@ fn troubleshooting_quotes_what_talk_prints() {
     assert_eq!(output.status.code(), Some(75));
     assert_quoted(&section, None, &first_stderr_line(&output), "a stale entry");
 
-    let output = run(&["talk", "worker", "hi"], &[], None);
+    // From a plain shell, under the default root (~/.loopbus), nothing registered.
+    let home = TestRoot::new("trouble-home");
+    let home_dir = home.path.to_str().unwrap();
+    let output = run(&["talk", "worker", "hi"], &[("HOME", home_dir)], None);
     assert_quoted(
         &section,
-        None,
+        Some(&home.path.join(".loopbus")),
         &first_stderr_line(&output),
-        "no state directory",
+        "talk before serve, from a shell",
     );
 }
 
@@ -231,11 +229,11 @@ fn troubleshooting_quotes_what_serve_refuses() {
     assert!(serve("worker", &[]).contains("did you mean budgetUsd?"));
     std::fs::write(
         root.state_dir("worker").join("config.json"),
-        "{\"bus\":tru\n",
+        "{\"bus\": true,\n}",
     )
     .unwrap();
     let line = serve("worker", &[]);
-    let message = line.rsplit(": ").next().unwrap();
+    let message = line.split("config.json: ").nth(1).unwrap();
     assert_quoted(&section, None, message, "config not JSON");
 
     root.write_config("worker", &json!({"bus": true}));

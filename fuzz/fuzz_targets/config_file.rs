@@ -6,7 +6,7 @@
 use libfuzzer_sys::fuzz_target;
 use loopbus::parse_config;
 
-/// Largest values the config accepts (README "Configuration").
+/// Largest values the config accepts (docs/configuration.md).
 const MAX_CONCURRENT_TURNS: usize = 64;
 const MAX_QUEUED_TURNS: usize = 1024;
 const MAX_REATTACH_SECS: u64 = 600;

@@ -11,15 +11,27 @@ use super::CONFIG_FILE;
 pub struct ConfigError {
     pub(super) file: String,
     pub(super) problem: Problem,
+    /// Further problems of the same file found in the same run, at most
+    /// [`MAX_CONFIG_PROBLEMS`] in all, shown one a line after the first.
+    pub(super) more: Box<[Problem]>,
 }
+
+/// Most problems one config error reports (unknown keys and wrong values, each on its
+/// own line): enough for a hand-edited file, bounded for a generated one.
+pub const MAX_CONFIG_PROBLEMS: usize = 10;
 
 /// What went wrong, behind [`ConfigError`].
 #[derive(Debug)]
 pub(super) enum Problem {
     /// The file could not be read.
     Read(io::Error),
-    /// The bytes are not JSON.
-    Syntax { line: usize, column: usize },
+    /// The bytes are not JSON: where, and what the parser found there (`trailing
+    /// comma`, `EOF while parsing an object`; never a value from the file).
+    Syntax {
+        line: usize,
+        column: usize,
+        found: String,
+    },
     /// The JSON is not an object.
     NotAnObject,
     /// A field has a value it may not have.
@@ -66,6 +78,7 @@ impl ConfigError {
         ConfigError {
             file: CONFIG_FILE.to_owned(),
             problem,
+            more: Box::default(),
         }
     }
 
@@ -79,32 +92,42 @@ impl ConfigError {
 
 impl fmt::Display for ConfigError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match &self.problem {
-            Problem::Read(err) => write!(f, "{}: cannot read: {err}", self.file),
-            Problem::Syntax { line, column } => write!(
-                f,
-                "{}: not valid JSON at line {line} column {column}",
-                self.file
-            ),
-            Problem::NotAnObject => write!(f, "{}: must be a JSON object", self.file),
-            // A path can carry a name from the file (`engine.env.<name>`): shown like a key.
-            Problem::Field { path, message } => {
-                write!(f, "{}: {}: {message}", self.file, shown_key(path))
-            }
-            Problem::UnknownKey { path, suggestion } => {
-                write!(f, "{}: unknown key {}", self.file, shown_key(path))?;
-                match suggestion {
-                    Some(meant) => write!(f, "; did you mean {meant}?"),
-                    None => Ok(()),
-                }
-            }
-            Problem::DuplicateKey { path } => write!(
-                f,
-                "{}: key {} appears twice; keep one (a JSON parser would keep the last)",
-                self.file,
-                shown_key(path)
-            ),
+        show(f, &self.file, &self.problem)?;
+        for problem in &self.more {
+            f.write_str("\n")?;
+            show(f, &self.file, problem)?;
         }
+        Ok(())
+    }
+}
+
+/// One problem of `file`, on one line.
+fn show(f: &mut fmt::Formatter<'_>, file: &str, problem: &Problem) -> fmt::Result {
+    match problem {
+        Problem::Read(err) => write!(f, "{file}: cannot read: {err}"),
+        Problem::Syntax {
+            line,
+            column,
+            found,
+        } => write!(
+            f,
+            "{file}: not valid JSON at line {line} column {column}: {found}"
+        ),
+        Problem::NotAnObject => write!(f, "{file}: must be a JSON object"),
+        // A path can carry a name from the file (`engine.env.<name>`): shown like a key.
+        Problem::Field { path, message } => write!(f, "{file}: {}: {message}", shown_key(path)),
+        Problem::UnknownKey { path, suggestion } => {
+            write!(f, "{file}: unknown key {}", shown_key(path))?;
+            match suggestion {
+                Some(meant) => write!(f, "; did you mean {meant}?"),
+                None => Ok(()),
+            }
+        }
+        Problem::DuplicateKey { path } => write!(
+            f,
+            "{file}: key {} appears twice; keep one (a JSON parser would keep the last)",
+            shown_key(path)
+        ),
     }
 }
 

@@ -4,7 +4,7 @@ use std::collections::BTreeMap;
 
 use serde_json::{Map, Value};
 
-use super::error::{ConfigError, Problem};
+use super::error::{ConfigError, Problem, MAX_CONFIG_PROBLEMS};
 use super::keys::{self, Object, BUS, ENGINE, TOP};
 use super::{
     BusConfig, Config, EngineConfig, OutputMode, Peers, PromptMode,
@@ -25,15 +25,70 @@ pub fn parse(bytes: &[u8]) -> Result<Config, ConfigError> {
         return Err(ConfigError::new(Problem::DuplicateKey { path }));
     }
     let value: Value = serde_json::from_slice(bytes).map_err(|err| {
+        // serde_json's text is what it found, then where: keep the what.
+        let at = format!(" at line {} column {}", err.line(), err.column());
+        let text = err.to_string();
         ConfigError::new(Problem::Syntax {
             line: err.line(),
             column: err.column(),
+            found: text.strip_suffix(&at).unwrap_or(&text).to_owned(),
         })
     })?;
-    let Value::Object(top) = value else {
+    let Value::Object(mut top) = value else {
         return Err(ConfigError::new(Problem::NotAnObject));
     };
-    keys::check(&top, &TOP)?;
+    // Every problem in one run: each field found wrong is taken out (so it takes its
+    // default) and the rest read again, up to MAX_CONFIG_PROBLEMS.
+    let mut found: Vec<ConfigError> = Vec::new();
+    loop {
+        match parse_object(&top) {
+            Ok(config) if found.is_empty() => return Ok(config),
+            Ok(_) => break,
+            // A required field, taken out, is missing now: said once is enough.
+            Err(e)
+                if found
+                    .iter()
+                    .any(|f| f.field().is_some() && f.field() == e.field()) =>
+            {
+                break
+            }
+            Err(e) => {
+                let removed = e.field().is_some_and(|path| remove_field(&mut top, path));
+                found.push(e);
+                if !removed || found.len() == MAX_CONFIG_PROBLEMS {
+                    break;
+                }
+            }
+        }
+    }
+    let mut problems = found.into_iter().map(|e| e.problem);
+    let first = problems.next().map_or(Problem::NotAnObject, |p| p);
+    let mut error = ConfigError::new(first);
+    error.more = problems.collect();
+    Err(error)
+}
+
+/// Takes the field at `path` (`bus.peers`, `bus.peers[1]` takes all of `peers`,
+/// `engine.env.HOME`) out of `top`; whether there was one to take.
+fn remove_field(top: &mut Map<String, Value>, path: &str) -> bool {
+    let path = path.split('[').next().unwrap_or(path);
+    let mut keys: Vec<&str> = path.split('.').collect();
+    let Some(last) = keys.pop() else {
+        return false;
+    };
+    let mut object = top;
+    for key in keys {
+        match object.get_mut(key) {
+            Some(Value::Object(inner)) => object = inner,
+            _ => return false,
+        }
+    }
+    object.remove(last).is_some()
+}
+
+/// [`parse`] of the object `top`, stopping at its first problem.
+fn parse_object(top: &Map<String, Value>) -> Result<Config, ConfigError> {
+    keys::check(top, &TOP)?;
 
     let bus = match top.get("bus") {
         Some(Value::Bool(true)) => BusConfig::open(),
@@ -753,7 +808,8 @@ mod tests {
             (
                 r#"{"bus": {"maxDepth": "x", "secert": "s"}}"#,
                 "bus.secert",
-                "config.json: unknown key bus.secert; did you mean bus.secret?",
+                "config.json: unknown key bus.secert; did you mean bus.secret?\n\
+                 config.json: bus.maxDepth: must be a positive integer",
             ),
         ];
         for (json, field, want) in cases {
@@ -793,14 +849,51 @@ mod tests {
     }
 
     #[test]
+    fn bug_a_config_with_several_mistakes_showed_one_per_run() {
+        let json = br#"{"budgetUSD": 1, "bus": {"peer": "*", "maxDepth": "x", "port": -1},
+            "engine": {"command": ["claude"], "timeoutSecs": "long", "cwdd": "/"}}"#;
+        let err = parse(json).unwrap_err();
+        let lines: Vec<String> = err.to_string().lines().map(str::to_owned).collect();
+        let want = [
+            "config.json: unknown key budgetUSD; did you mean budgetUsd?",
+            "config.json: unknown key bus.peer; did you mean bus.peers?",
+            "bus.maxDepth",
+            "bus.port",
+            "config.json: unknown key engine.cwdd; did you mean engine.cwd?",
+            "engine.timeoutSecs",
+        ];
+        assert_eq!(lines.len(), want.len(), "{err}");
+        for (line, want) in lines.iter().zip(want) {
+            assert!(line.starts_with("config.json: "), "{line}");
+            assert!(line.contains(want), "{line} should name {want}");
+        }
+        assert_eq!(err.field(), Some("budgetUSD"));
+        // Bounded: a generated file with a hundred wrong keys gets MAX_CONFIG_PROBLEMS.
+        let many: Vec<String> = (0..100).map(|i| format!("\"k{i}\": 1")).collect();
+        let json = format!("{{{}}}", many.join(","));
+        let err = parse(json.as_bytes()).unwrap_err();
+        assert_eq!(err.to_string().lines().count(), MAX_CONFIG_PROBLEMS);
+    }
+
+    #[test]
     fn whole_file_errors() {
         let cases: &[(&[u8], &str)] = &[
-            (b"", "config.json: not valid JSON at line 1 column 0"),
+            (
+                b"",
+                "config.json: not valid JSON at line 1 column 0: EOF while parsing a value",
+            ),
             (
                 b"{\n  \"bus\": {\n    x}",
-                "config.json: not valid JSON at line 3 column 5",
+                "config.json: not valid JSON at line 3 column 5: key must be a string",
             ),
-            (b"\xff", "config.json: not valid JSON at line 1 column 1"),
+            (
+                b"\xff",
+                "config.json: not valid JSON at line 1 column 1: expected value",
+            ),
+            (
+                b"{\"bus\": true,\n}",
+                "config.json: not valid JSON at line 2 column 1: trailing comma",
+            ),
             (b"[]", "config.json: must be a JSON object"),
             (b"null", "config.json: must be a JSON object"),
             (b"\"bus\"", "config.json: must be a JSON object"),

@@ -12,7 +12,7 @@
 //! which [`HEALTH_RESERVE`] are kept from authorized work. When the cap is reached, a
 //! connection is evicted by class (`conn::Class`): never one holding authorized work.
 //!
-//! The parts are listed in the README's architecture table; `replay` is compiled only
+//! The parts are listed in the architecture table (docs/architecture.md); `replay` is compiled only
 //! with the `fuzzing` feature.
 
 pub mod client;

@@ -30,6 +30,6 @@ pub use probe::{
     ProbeError, Target, PROBE_TIMEOUT,
 };
 pub use store::{
-    channel_root, default_name, deregister, ensure_registered, lookup, read, register_at,
-    registry_path, RegistryEntry,
+    channel_root, default_channel_root, default_name, deregister, ensure_registered, lookup, read,
+    register_at, registry_path, RegistryEntry, DEFAULT_ROOT_DIR,
 };

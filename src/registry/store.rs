@@ -445,6 +445,21 @@ fn parse_entry(value: &Value) -> Result<RegistryEntry, &'static str> {
     })
 }
 
+/// The directory under `$HOME` that is the default channel root: `~/.loopbus`.
+pub const DEFAULT_ROOT_DIR: &str = ".loopbus";
+
+/// The channel root when no state directory names one (contract section 5):
+/// `$LOOPBUS_ROOT`, else `$HOME/.loopbus` ([`DEFAULT_ROOT_DIR`]); `None` when neither
+/// variable is set. Nothing is created here.
+pub fn default_channel_root() -> Option<PathBuf> {
+    let var = |name| {
+        std::env::var_os(name)
+            .filter(|v| !v.is_empty())
+            .map(PathBuf::from)
+    };
+    var("LOOPBUS_ROOT").or_else(|| var("HOME").map(|home| home.join(DEFAULT_ROOT_DIR)))
+}
+
 /// The channel root of a state directory (contract section 1): its parent, made
 /// absolute. Every instance under one root shares its registry.
 pub fn channel_root(state_dir: &Path) -> PathBuf {

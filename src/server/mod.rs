@@ -1,6 +1,6 @@
 //! The bus server: [`Instance`] the composition root, the [`Bus`] that plugs into the
-//! HTTP loop as its [`Service`](crate::http::Service), and the parts the README's
-//! architecture table lists.
+//! HTTP loop as its [`Service`](crate::http::Service), and the parts the architecture
+//! table (docs/architecture.md) lists.
 //!
 //! Checks on `POST /api/talk` run in the contract's order (section 3): checks 1-6 on
 //! the head alone ([`checks`]), so an unauthorized body is never read; checks 7-10 on

@@ -143,6 +143,8 @@ impl Instance {
             .arg("--state-dir")
             .arg(&state_dir)
             .args(extra_args)
+            .env("HOME", no_home())
+            .env_remove("LOOPBUS_ROOT")
             .env("RUST_LOG", "debug")
             .stdin(Stdio::null())
             .stdout(stdout)
@@ -435,11 +437,20 @@ pub fn read_response(stream: &mut TcpStream) -> Option<HttpResponse> {
     })
 }
 
+/// A `HOME` that does not exist: a command that falls back to the default channel
+/// root (`~/.loopbus`) finds nothing there and creates nothing, and never touches the
+/// real one. A test that wants a home passes its own `HOME`.
+pub fn no_home() -> PathBuf {
+    std::env::temp_dir().join("loopbus-test-no-home/missing")
+}
+
 /// Runs the binary with `args` and `env`, returning its output.
 pub fn run(args: &[&str], env: &[(&str, &str)], stdin: Option<&str>) -> Output {
     let mut command = Command::new(bin());
     command
         .args(args)
+        .env("HOME", no_home())
+        .env_remove("LOOPBUS_ROOT")
         .env_remove("LOOPBUS_STATE_DIR")
         .env_remove("LOOPBUS_DEPTH");
     for (k, v) in env {

@@ -15,13 +15,13 @@ use std::time::{Duration, SystemTime};
 
 /// Help text.
 pub const HELP: &str = "\
-loopbus audit [--state-dir DIR] [--since DURATION] [--json] [--follow]
+loopbus audit [NAME | --state-dir DIR] [--since DURATION] [--json] [--follow]
 
-Show the audit log of the instance in DIR (--state-dir, else
-$LOOPBUS_STATE_DIR): audit.log.jsonl, after the rotated audit.log.jsonl.1, one
-talk outcome a line, as a table of time (UTC), outcome, caller, depth,
-duration, error code and detail. --since 30s|10m|2h|1d keeps the lines of that
-last stretch of time. --json prints the log's own lines (JSON lines) instead
+Show the audit log of the instance NAME (under $LOOPBUS_ROOT, else ~/.loopbus),
+or of the one in DIR (--state-dir, else $LOOPBUS_STATE_DIR): audit.log.jsonl,
+after the rotated audit.log.jsonl.1, one talk outcome a line, as a table of time
+(UTC), outcome, caller, depth, duration, error code and detail. --since
+30s|10m|2h|1d keeps the lines of that last stretch of time. --json prints the log's own lines (JSON lines) instead
 of the table (on a terminal with control characters escaped, as `\\u001b`: the
 same JSON values). --follow prints the last 10 lines (or those --since allows), then
 each new line as it is written, like `tail -f`, across the log's rotation;
@@ -31,7 +31,7 @@ it is skipped, with a warning on stderr).
 Exit status: 0; 2 usage error or a log that can't be read.
 
 Examples:
-  loopbus audit --state-dir ~/.loopbus/worker --since 1h
+  loopbus audit worker --since 1h
   loopbus audit --state-dir ~/.loopbus/worker --follow
   loopbus audit --state-dir ~/.loopbus/worker --json | jq .outcome
 ";
@@ -57,8 +57,9 @@ pub fn run(args: &[String]) -> Result<i32, CommandError> {
         super::output::print(HELP)?;
         return Ok(EXIT_OK);
     }
-    args.at_most(0)?;
-    let state_dir = super::state_dir_from(args.value("state-dir"))?;
+    args.at_most(1)?;
+    let named = args.positionals.first().map(String::as_str);
+    let state_dir = super::instance_dir(named, args.value("state-dir"), None)?;
     let since = args.value("since").map(parse_since).transpose()?;
     // A mistyped directory is an error, not an empty log.
     if !state_dir.is_dir() {

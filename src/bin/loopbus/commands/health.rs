@@ -15,7 +15,8 @@ loopbus health --port N
 
 Check whether the instance TARGET is alive and print its health answer (JSON) on
 stdout. TARGET is looked up in the registry of the channel root DIR (--root), or
-of the parent of --state-dir / $LOOPBUS_STATE_DIR. Alive means GET /api/health
+of the parent of --state-dir / $LOOPBUS_STATE_DIR, else of $LOOPBUS_ROOT, else of
+~/.loopbus. Alive means GET /api/health
 answered within 500 ms with 200, status \"ok\", instance equal to TARGET, and a
 kind the caller accepts (the acceptKinds of --state-dir's config.json, else
 loopbus and cc-telegram-bridge). With --port N, 127.0.0.1:N is asked directly,
@@ -31,8 +32,8 @@ Exit status: 0 alive; 75 not alive or not registered (after --wait SECS, if
 given; the reason goes to stderr); 2 usage or local configuration error.
 
 Examples:
-  loopbus health worker --root ~/.loopbus
-  loopbus serve --state-dir ~/.loopbus/worker & loopbus health worker --root ~/.loopbus --wait 10
+  loopbus health worker
+  loopbus serve worker & loopbus health worker --wait 10
   loopbus health --port 7701
 ";
 

@@ -1,19 +1,22 @@
 //! `loopbus init DIR`: write a ready config.json, or change the settings given in an
 //! existing one (`--force`), keeping a backup.
 
-use super::output;
 use super::settings::{self, EngineChoice, PeersChoice, Settings};
+use super::{output, terminal};
 use crate::cli::{local, usage, Args, CommandError, UsageError, EXIT_OK};
-use loopbus::{Secret, TrustKind, CONFIG_FILE, PRIVATE_FILE_MODE};
+use loopbus::{InstanceName, Secret, TrustKind, CONFIG_FILE, PRIVATE_FILE_MODE};
 use serde_json::Value;
 use std::path::{Path, PathBuf};
 
 /// Help text.
 pub const HELP: &str = "\
-loopbus init DIR [--engine PRESET_OR_COMMAND] [--peers NAMES] [--budget USD]
+loopbus init NAME|DIR [--engine PRESET_OR_COMMAND] [--peers NAMES] [--budget USD]
                  [--port N] [--kind NAME] [--fixed-secret] [--force [--rotate-secret]]
+                 [--json]
 
-Create the state directory DIR (mode 0700) and write DIR/config.json (mode 0600):
+Create the state directory DIR (mode 0700; a bare NAME is $LOOPBUS_ROOT/NAME,
+else ~/.loopbus/NAME, the channel root created 0700 too) and write
+DIR/config.json (mode 0600):
 the bus enabled, every peer allowed, maxDepth 3 and an OS-chosen port, changed by
 the options below. No secret is written: the instance makes a fresh one at each
 start and publishes it only in the registry (mode 0600).
@@ -32,7 +35,8 @@ start and publishes it only in the registry (mode 0600).
 --kind NAME     write bus.kind NAME (the `kind` health answers with) and a
                 bus.acceptKinds that keeps both loopbus and cc-telegram-bridge.
                 `--kind cc-telegram-bridge` lets the original TypeScript bus find
-                this instance (see the README, \"Running beside cc-telegram-bridge\").
+                this instance (see docs/configuration.md, \"Running beside
+                cc-telegram-bridge\").
 --fixed-secret  also write a random bus.secret, kept across restarts (for scripts
                 that call a fixed port with curl). It costs this: a secret that
                 leaks, or that a squatter on a stale port learns, keeps working
@@ -52,10 +56,17 @@ engine.prompt \"arg\" the prompt is the command's last argument instead, and eve
 local user can read it in the process list (ps, /proc/PID/cmdline): use \"arg\" only
 for an engine that cannot read stdin, on a machine no one else uses.
 
+--no-serve-hint leave out the closing `start it with: loopbus serve ...` line (for
+                scripts that start it next, like `make run`).
+--json          print what was done as one JSON object: {\"config\", \"name\",
+                \"backup\", \"running\", \"engineFound\"} instead of sentences.
+
+init warns when the engine command it wrote is not found on PATH.
+
 Examples:
-  loopbus init ~/.loopbus/worker && loopbus serve --state-dir ~/.loopbus/worker
-  loopbus init ~/.loopbus/worker --engine claude --peers reviewer --budget 5
-  loopbus init ~/.loopbus/worker --force --budget 10
+  loopbus init worker && loopbus serve worker
+  loopbus init worker --engine claude --peers reviewer --budget 5
+  loopbus init ./my-root/worker --force --budget 10
 ";
 
 /// Runs `init`.
@@ -66,14 +77,22 @@ pub fn run(args: &[String]) -> Result<i32, CommandError> {
     let args = Args::parse(
         args,
         &["kind", "engine", "peers", "budget", "port"],
-        &["force", "fixed-secret", "rotate-secret"],
+        &[
+            "force",
+            "fixed-secret",
+            "rotate-secret",
+            "json",
+            "no-serve-hint",
+        ],
     )?;
     args.at_most(1)?;
-    let dir = args.positionals.first().ok_or_else(|| {
-        usage("missing DIR; usage: loopbus init DIR [--force] [--engine E] [--peers NAMES] ...")
+    let named = args.positionals.first().ok_or_else(|| {
+        usage(
+            "missing NAME; usage: loopbus init NAME|DIR [--force] [--engine E] [--peers NAMES] ...",
+        )
     })?;
     let mut settings = settings_from(&args)?;
-    let dir = std::path::PathBuf::from(dir);
+    let dir = super::instance_dir(Some(named), None, None)?;
     let name = super::instance_name(&dir, None)?;
     let path = dir.join(CONFIG_FILE);
     let force = args.switch("force");
@@ -133,7 +152,7 @@ pub fn run(args: &[String]) -> Result<i32, CommandError> {
         .map_err(|e| local(format!("cannot write {}: {e}", path.display())))?;
     text.push('\n');
     // What init writes must be what serve accepts.
-    loopbus::parse_config_file(&path, text.as_bytes()).map_err(|e| {
+    let written = loopbus::parse_config_file(&path, text.as_bytes()).map_err(|e| {
         local(format!(
             "{e} (after applying the options; the file was not changed: fix it, or move it \
              away and run init again)"
@@ -145,6 +164,24 @@ pub fn run(args: &[String]) -> Result<i32, CommandError> {
     };
     loopbus::write_atomic(&path, text.as_bytes(), PRIVATE_FILE_MODE)
         .map_err(|e| local(format!("{}: cannot write: {e}", path.display())))?;
+    // An engine command that is not there fails every turn: say so now, not at the
+    // first talk.
+    let missing = written
+        .engine
+        .as_ref()
+        .and_then(|engine| loopbus::engine_findings(Some(engine)).program.err());
+    let running = loopbus::running_instance(&root, &name).ok().flatten();
+    if args.switch("json") {
+        let done = serde_json::json!({
+            "config": path.display().to_string(),
+            "name": name.as_str(),
+            "backup": backup.as_ref().map(|b| b.display().to_string()),
+            "running": running.as_ref().map(|e| serde_json::json!({"pid": e.pid, "port": e.port})),
+            "engineFound": missing.is_none(),
+        });
+        output::println(&done.to_string())?;
+        return Ok(EXIT_OK);
+    }
     let mut said = format!("wrote {} for instance {name}", path.display());
     if let Some(backup) = &backup {
         let how = if replaced {
@@ -154,19 +191,36 @@ pub fn run(args: &[String]) -> Result<i32, CommandError> {
         };
         said.push_str(&format!("\n{how}the old one is {}", backup.display()));
     }
-    match loopbus::running_instance(&root, &name) {
-        Ok(Some(entry)) => said.push_str(&format!(
+    if let Some(problem) = &missing {
+        said.push_str(&format!(
+            "\nwarning: {problem}: every turn fails until it is installed (or --engine \
+             names another command)"
+        ));
+    }
+    match running {
+        Some(entry) => said.push_str(&format!(
             "\n{name} is running (pid {}, port {}): it reloads config.json within a second; \
              port and secret changes take effect when it restarts",
             entry.pid, entry.port
         )),
-        _ => said.push_str(&format!(
-            "\nstart it with: loopbus serve --state-dir {}",
-            dir.display()
-        )),
+        None if args.switch("no-serve-hint") => {}
+        None => said.push_str(&format!("\nstart it with: {}", serve_command(&dir, &name))),
     }
-    output::println(&said)?;
+    output::println(&terminal::escape_for_terminal(&said))?;
     Ok(EXIT_OK)
+}
+
+/// The shortest `loopbus serve` line that serves `dir`: by name when it is under the
+/// default channel root.
+fn serve_command(dir: &Path, name: &InstanceName) -> String {
+    let default = loopbus::default_channel_root()
+        .map(|root| root.join(name.as_str()))
+        .and_then(|d| std::path::absolute(d).ok());
+    if default.is_some() && default == std::path::absolute(dir).ok() {
+        format!("loopbus serve {name}")
+    } else {
+        format!("loopbus serve --state-dir {}", dir.display())
+    }
 }
 
 /// The settings the options give.

@@ -12,9 +12,10 @@ pub const HELP: &str = "\
 loopbus list [--root DIR | --state-dir DIR] [--json]
 
 List the instances registered in the channel root DIR (--root), or in the parent
-of --state-dir / $LOOPBUS_STATE_DIR: name, port, pid, whether it is alive (its
-health check answered as that instance, status ok, an accepted kind, within
-500 ms; else why not), and the age of its registration. An alive instance whose
+of --state-dir / $LOOPBUS_STATE_DIR, else in $LOOPBUS_ROOT, else in ~/.loopbus:
+name, port, pid, whether it is alive (its health check answered as that
+instance, status ok, an accepted kind, within 500 ms; else why not), and the age
+of its registration. An alive instance whose
 bus is disabled in its config.json (it refuses every talk) is marked \"bus
 disabled\". Secrets are never shown. --json prints {\"instances\": [{\"name\",
 \"port\", \"pid\", \"alive\", \"problem\", \"updatedAt\", \"ageSecs\",
@@ -24,7 +25,8 @@ Exit status: 0, whether or not the instances are alive; 2 usage or local
 configuration error.
 
 Examples:
-  loopbus list --root ~/.loopbus
+  loopbus list
+  loopbus list --root /tmp/bus
   LOOPBUS_STATE_DIR=~/.loopbus/reviewer loopbus list --json
 ";
 

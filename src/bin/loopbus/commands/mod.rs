@@ -27,10 +27,53 @@ pub fn state_dir_from(flag: Option<&str>) -> Result<PathBuf, UsageError> {
         _ => match std::env::var_os("LOOPBUS_STATE_DIR") {
             Some(dir) if !dir.is_empty() => Ok(PathBuf::from(dir)),
             _ => Err(usage(
-                "no state directory: pass --state-dir DIR or set LOOPBUS_STATE_DIR",
+                "no instance: name one (`worker`), or pass --state-dir DIR or set \
+                 LOOPBUS_STATE_DIR",
             )),
         },
     }
+}
+
+/// The channel root when neither `--root` nor a state directory names one:
+/// `$LOOPBUS_ROOT`, else `~/.loopbus` ([`loopbus::default_channel_root`]).
+///
+/// # Errors
+/// Neither `$LOOPBUS_ROOT` nor `$HOME` is set.
+pub fn default_root() -> Result<PathBuf, UsageError> {
+    loopbus::default_channel_root()
+        .ok_or_else(|| usage("no channel root: pass --root DIR, or set LOOPBUS_ROOT or HOME"))
+}
+
+/// The state directory of the instance a command is about: the positional `named`
+/// (a bare name is `<root>/NAME`, the root `--root` or [`default_root`]; anything
+/// with a `/` is a path), else `--state-dir`, else `$LOOPBUS_STATE_DIR`.
+///
+/// # Errors
+/// Both `named` and `--state-dir` given, an invalid name, or none of them.
+pub fn instance_dir(
+    named: Option<&str>,
+    state_dir_flag: Option<&str>,
+    root_flag: Option<&str>,
+) -> Result<PathBuf, UsageError> {
+    match (named, state_dir_flag) {
+        (Some(_), Some(_)) => Err(usage("give an instance NAME or --state-dir DIR, not both")),
+        (Some(named), None) if is_path(named) => Ok(PathBuf::from(named)),
+        (Some(named), None) => {
+            let name = parse_name(named)?;
+            let root = match root_flag {
+                Some(root) if !root.is_empty() => PathBuf::from(root),
+                _ => default_root()?,
+            };
+            Ok(root.join(name.as_str()))
+        }
+        (None, flag) => state_dir_from(flag),
+    }
+}
+
+/// Whether a command-line word names a directory rather than an instance: it has a
+/// `/`, or is `.` or `..`.
+fn is_path(word: &str) -> bool {
+    word.contains('/') || word == "." || word == ".."
 }
 
 /// The instance name: `--name`, else the state directory's last component, parsed as
@@ -99,11 +142,11 @@ pub fn config_usage_error(state_dir: &Path, error: &ConfigError) -> CommandError
 }
 
 /// Where `health` and `list` find the registry: `--root DIR`, else the parent of
-/// `--state-dir` / `$LOOPBUS_STATE_DIR`. Also returns the state directory when one
-/// was given, whose config supplies `acceptKinds`.
+/// `--state-dir` / `$LOOPBUS_STATE_DIR`, else [`default_root`]. Also returns the state
+/// directory when one was given, whose config supplies `acceptKinds`.
 ///
 /// # Errors
-/// None of `--root`, `--state-dir` and `$LOOPBUS_STATE_DIR` is set.
+/// None of them is set, and neither `$LOOPBUS_ROOT` nor `$HOME`.
 pub fn registry_root(
     root_flag: Option<&str>,
     state_dir_flag: Option<&str>,
@@ -112,9 +155,7 @@ pub fn registry_root(
     match (root_flag, state_dir) {
         (Some(root), state_dir) if !root.is_empty() => Ok((PathBuf::from(root), state_dir)),
         (_, Some(state_dir)) => Ok((loopbus::channel_root(&state_dir), Some(state_dir))),
-        _ => Err(usage(
-            "no registry: pass --root DIR, or --state-dir DIR (or set LOOPBUS_STATE_DIR)",
-        )),
+        _ => Ok((default_root()?, None)),
     }
 }
 

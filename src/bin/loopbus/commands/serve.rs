@@ -10,10 +10,12 @@ use std::path::Path;
 
 /// Help text.
 pub const HELP: &str = "\
-loopbus serve [--state-dir DIR] [--name NAME] [--port N] [--bind ADDR] [--print-curl]
+loopbus serve [NAME | --state-dir DIR] [--name NAME] [--port N] [--bind ADDR]
+              [--print-curl]
 
-Run the instance whose state directory is DIR (default: $LOOPBUS_STATE_DIR) until
-SIGTERM or SIGINT. Reads DIR/config.json (create one with `loopbus init DIR`),
+Run the instance NAME (state directory $LOOPBUS_ROOT/NAME, else ~/.loopbus/NAME),
+or the one whose state directory is DIR (default: $LOOPBUS_STATE_DIR), until
+SIGTERM or SIGINT. Reads DIR/config.json (create one with `loopbus init NAME`),
 listens on ADDR:N (default 127.0.0.1 and bus.port; 0 lets the OS pick), and
 registers in the channel root's .bus-registry.json (the root is DIR's parent).
 The name defaults to DIR's last component. Only the loopback addresses 127.0.0.1
@@ -22,7 +24,8 @@ instance, its address, engine, peers and budget.
 --print-curl prints a ready-to-paste curl command once listening; the secret
 goes to curl on its stdin (from the shell builtin printf), never in its arguments.
 
-Example:
+Examples:
+  loopbus serve worker
   loopbus serve --state-dir ~/.loopbus/worker --port 7701
 ";
 
@@ -37,8 +40,9 @@ pub fn run(args: &[String]) -> Result<i32, CommandError> {
         &["state-dir", "name", "port", "bind"],
         &["print-curl"],
     )?;
-    args.at_most(0)?;
-    let state_dir = super::state_dir_from(args.value("state-dir"))?;
+    args.at_most(1)?;
+    let named = args.positionals.first().map(String::as_str);
+    let state_dir = super::instance_dir(named, args.value("state-dir"), None)?;
     let root = loopbus::channel_root(&std::path::absolute(&state_dir).unwrap_or(state_dir.clone()));
     let mut options = InstanceOptions::new(state_dir).handle_signals(true);
     if let Some(name) = args.value("name") {
@@ -116,7 +120,7 @@ fn curl_text(name: &str, addr: SocketAddr, secret: &Secret) -> String {
          Talk to it (the secret is in this text, keep it local; the shell builtin printf \
          hands it to curl on stdin, off every command line):\n  \
          printf 'Authorization: %s\\n' {} | curl -s http://{addr}/api/talk -H @- \\\n    \
-         -H 'Content-Type: application/json' -d '{{\"fromInstance\":\"me\",\"prompt\":\"hello\",\"depth\":0}}'\n\
+         -H 'Content-Type: application/json' -d '{{\"fromInstance\":\"operator\",\"prompt\":\"hello\",\"depth\":1}}'\n\
          Check its health:\n  curl -s http://{addr}/api/health\n",
         shell_quoted(&secret.bearer_header())
     )

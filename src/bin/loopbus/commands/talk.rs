@@ -3,35 +3,44 @@
 //! 8.1), and print the reply.
 
 use super::terminal;
+use crate::cli::closest;
 use crate::cli::{
     local, usage, Args, CommandError, UsageError, EXIT_FAILURE, EXIT_OK, EXIT_RETRYABLE,
 };
 use loopbus::{
-    DelegateError, DelegateOptions, Reply, UsageReport, DEFAULT_TIMEOUT, MAX_BODY_BYTES,
+    BusConfig, DelegateError, DelegateOptions, InstanceName, Reply, UsageReport, DEFAULT_TIMEOUT,
+    MAX_BODY_BYTES,
 };
 use std::io::{IsTerminal, Read, Write};
+use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 mod watch;
 
 /// Help text.
 pub const HELP: &str = "\
-loopbus talk TARGET [PROMPT] [--state-dir DIR] [--name NAME] [--root ROOT]
+loopbus talk TARGET [PROMPT] [--state-dir DIR [--name NAME] | --as NAME] [--root ROOT]
              [--depth N] [--timeout SECS] [--retries N] [--json | --raw]
 
 Send PROMPT (read from stdin when absent or `-`) to the instance TARGET and print
 its reply on stdout. Acts as the instance whose state directory is DIR (default:
 $LOOPBUS_STATE_DIR): its config.json decides whether it may call TARGET (bus
 enabled, TARGET among its peers, depth below its maxDepth) and which kinds of
-peer it accepts; TARGET is looked up in DIR's parent's .bus-registry.json (or
-ROOT's) and must pass a health check before the secret is sent.
+peer it accepts. Without either, talk acts as the operator of the channel root,
+from a plain shell: fromInstance is `operator` (or --as NAME), with no config of
+its own (bus enabled, every peer, maxDepth 3); TARGET's peers still decide.
+TARGET is looked up in the channel root's .bus-registry.json (ROOT, else DIR's
+parent, else $LOOPBUS_ROOT, else ~/.loopbus) and must pass a health check before
+the secret is sent.
 
 Options:
   --state-dir DIR   the calling instance's state directory
   --name NAME       the calling instance's name (default: $LOOPBUS_INSTANCE when
                     DIR comes from $LOOPBUS_STATE_DIR, else DIR's last component)
+  --as NAME         without a state directory: the fromInstance sent (default
+                    `operator`)
   --root ROOT       the channel root whose registry names TARGET (default: DIR's
-                    parent)
+                    parent, else $LOOPBUS_ROOT, else ~/.loopbus)
   --depth N         the current delegation depth (default: $LOOPBUS_DEPTH, else 0);
                     the request carries N + 1
   --timeout SECS    how long each attempt waits for the answer (default 1800)
@@ -66,9 +75,13 @@ by SIGTERM (after the cancel). The error goes to stderr as
 `loopbus: talk to TARGET: MESSAGE [CODE, retryable|not retryable]`.
 
 Examples:
+  loopbus talk worker 'Summarize README.md in one line'
   loopbus talk --state-dir ~/.loopbus/reviewer worker 'Please verify this answer'
   git diff | LOOPBUS_STATE_DIR=~/.loopbus/reviewer loopbus talk worker --json
 ";
+
+/// The `fromInstance` of a talk from a plain shell, without `--as`.
+pub const OPERATOR: &str = "operator";
 
 /// Most retries `--retries` accepts.
 pub const MAX_RETRIES: u32 = 100;
@@ -82,7 +95,15 @@ pub const MAX_RETRIES: u32 = 100;
 pub fn run(args: &[String]) -> Result<i32, CommandError> {
     let args = Args::parse(
         args,
-        &["state-dir", "name", "root", "depth", "timeout", "retries"],
+        &[
+            "state-dir",
+            "name",
+            "as",
+            "root",
+            "depth",
+            "timeout",
+            "retries",
+        ],
         &["json", "raw"],
     )?;
     if args.help {
@@ -98,17 +119,7 @@ pub fn run(args: &[String]) -> Result<i32, CommandError> {
         .first()
         .ok_or_else(|| usage("missing TARGET; usage: loopbus talk TARGET [PROMPT]"))
         .and_then(super::parse_name)?;
-    let state_dir = super::state_dir_from(args.value("state-dir"))?;
-    let name_flag = match args.value("name") {
-        Some(name) => Some(name.to_owned()),
-        // An engine gets both variables from its instance; they belong together.
-        None if args.value("state-dir").is_none() => std::env::var("LOOPBUS_INSTANCE")
-            .ok()
-            .filter(|n| !n.is_empty()),
-        None => None,
-    };
-    let caller = super::instance_name(&state_dir, name_flag.as_deref())?;
-    let config = super::own_config(&state_dir)?;
+    let (caller, bus, state_dir) = caller(&args)?;
     let depth = depth(args.value("depth"))?;
     let timeout = timeout(args.value("timeout"))?;
     let retries = retries(args.value("retries"))?;
@@ -121,23 +132,34 @@ pub fn run(args: &[String]) -> Result<i32, CommandError> {
             }
             read_prompt()?
         }
-        Some(prompt) => prompt.to_owned(),
+        Some(prompt) => Prompt::Whole(prompt.to_owned()),
     };
     let request_id =
         loopbus::new_request_id().map_err(|e| local(format!("cannot make a request id: {e}")))?;
 
-    let root = match args.value("root") {
-        Some(root) => std::path::PathBuf::from(root),
-        None => loopbus::channel_root(&state_dir),
+    let root = match (args.value("root"), &state_dir) {
+        (Some(root), _) => std::path::PathBuf::from(root),
+        (None, Some(state_dir)) => loopbus::channel_root(state_dir),
+        (None, None) => super::default_root()?,
     };
-    let options = DelegateOptions::new(root, caller.clone(), config.bus, target.clone(), prompt)
+    let (prompt, unread) = match prompt {
+        Prompt::Whole(prompt) => (prompt, 0),
+        Prompt::Cut { head, unread } => (head, unread),
+    };
+    let options = DelegateOptions::new(root.clone(), caller.clone(), bus, target.clone(), prompt)
         .with_depth(depth)
         .with_timeout(timeout)
         .with_retries(retries)
         .with_request_id(request_id);
     let started = Instant::now();
     let watch = watch::watch(&options, args.switch("json"))?;
-    let outcome = loopbus::delegate(&options);
+    let outcome = match loopbus::delegate(&options) {
+        // Refused on the part read: the request's real size counts the rest too.
+        Err(DelegateError::TooLarge { bytes }) => Err(DelegateError::TooLarge {
+            bytes: bytes.saturating_add(unread),
+        }),
+        outcome => outcome,
+    };
     watch.finish();
     // Given up for good on a turn that may still run there: cancel it (contract 8.1).
     if let Err(error) = &outcome {
@@ -162,8 +184,12 @@ pub fn run(args: &[String]) -> Result<i32, CommandError> {
                 false => ("not retryable", EXIT_FAILURE),
             };
             let code = error.code();
+            let message = match error.cause() {
+                DelegateError::NotRegistered { .. } => not_registered(&target, &root),
+                _ => error.to_string(),
+            };
             terminal::eprint_line(&format!(
-                "loopbus: talk to {target}: {error} [{code}, {flag}]"
+                "loopbus: talk to {target}: {message} [{code}, {flag}]"
             ));
             Ok(exit)
         }
@@ -295,20 +321,79 @@ fn timeout(flag: Option<&str>) -> Result<Duration, UsageError> {
         })
 }
 
-/// The prompt from stdin. Reading stops one byte past [`MAX_BODY_BYTES`]: a prompt
-/// that long can't be sent anyway, and `delegate` says so with `request_too_large`.
-fn read_prompt() -> Result<String, UsageError> {
+/// Who talks: the instance of `--state-dir` / `$LOOPBUS_STATE_DIR` with its own
+/// config's bus, else the operator of the channel root (`--as NAME` or
+/// [`OPERATOR`]) with [`BusConfig::open`] (contract section 5).
+fn caller(args: &Args) -> Result<(InstanceName, BusConfig, Option<PathBuf>), CommandError> {
+    let Ok(state_dir) = super::state_dir_from(args.value("state-dir")) else {
+        if args.value("name").is_some() {
+            return Err(usage(
+                "`--name` names the instance of --state-dir; from a shell, use --as NAME",
+            )
+            .into());
+        }
+        let name = super::parse_name(args.value("as").unwrap_or(OPERATOR))?;
+        return Ok((name, BusConfig::open(), None));
+    };
+    if args.value("as").is_some() {
+        return Err(usage("`--as` is for talking from a shell, without a state directory; an instance talks under its own name (--name)").into());
+    }
+    let name_flag = match args.value("name") {
+        Some(name) => Some(name.to_owned()),
+        // An engine gets both variables from its instance; they belong together.
+        None if args.value("state-dir").is_none() => std::env::var("LOOPBUS_INSTANCE")
+            .ok()
+            .filter(|n| !n.is_empty()),
+        None => None,
+    };
+    let caller = super::instance_name(&state_dir, name_flag.as_deref())?;
+    let config = super::own_config(&state_dir)?;
+    Ok((caller, config.bus, Some(state_dir)))
+}
+
+/// "not registered", with where it looked and the registered name probably meant.
+fn not_registered(target: &InstanceName, root: &Path) -> String {
+    let path = loopbus::registry_path(root);
+    let mut message = format!(
+        "instance {target} is not registered in {} (is it running?)",
+        path.display()
+    );
+    let names = loopbus::read_registry(root).unwrap_or_default();
+    if let Some(meant) = closest(target.as_str(), names.keys().map(|n| n.as_str())) {
+        message.push_str(&format!("; did you mean `{meant}`?"));
+    }
+    message
+}
+
+/// The prompt as read.
+enum Prompt {
+    /// All of it.
+    Whole(String),
+    /// Longer than [`MAX_BODY_BYTES`]: the part read, and how many bytes followed it.
+    Cut { head: String, unread: usize },
+}
+
+/// The prompt from stdin. Past [`MAX_BODY_BYTES`] the rest is only counted: a prompt
+/// that long can't be sent, and `request_too_large` names the size with all of it.
+fn read_prompt() -> Result<Prompt, UsageError> {
+    let cannot = |e: std::io::Error| usage(format!("cannot read the prompt from stdin: {e}"));
+    let mut stdin = std::io::stdin().lock();
     let mut bytes = Vec::new();
-    std::io::stdin()
-        .lock()
+    (&mut stdin)
         .take(MAX_BODY_BYTES + 1)
         .read_to_end(&mut bytes)
-        .map_err(|e| usage(format!("cannot read the prompt from stdin: {e}")))?;
+        .map_err(cannot)?;
     if bytes.len() as u64 > MAX_BODY_BYTES {
-        // Too long to send, and maybe cut inside a character: only its size matters now.
-        return Ok(String::from_utf8_lossy(&bytes).into_owned());
+        let rest = std::io::copy(&mut stdin, &mut std::io::sink()).map_err(cannot)?;
+        // Maybe cut inside a character: only its size matters now.
+        return Ok(Prompt::Cut {
+            head: String::from_utf8_lossy(&bytes).into_owned(),
+            unread: usize::try_from(rest).unwrap_or(usize::MAX),
+        });
     }
-    String::from_utf8(bytes).map_err(|_| usage("the prompt on stdin is not valid UTF-8"))
+    String::from_utf8(bytes)
+        .map(Prompt::Whole)
+        .map_err(|_| usage("the prompt on stdin is not valid UTF-8"))
 }
 
 #[cfg(test)]

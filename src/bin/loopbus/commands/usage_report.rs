@@ -12,7 +12,8 @@ pub const HELP: &str = "\
 loopbus usage [--state-dir DIR | --root DIR] [--json]
 
 Show usage and budget: with --state-dir, of that instance; else of every
-instance under the channel root (--root, or the parent of $LOOPBUS_STATE_DIR),
+instance under the channel root (--root, else the parent of $LOOPBUS_STATE_DIR,
+else $LOOPBUS_ROOT, else ~/.loopbus),
 that is every directory there with a config.json. For each: name, engine
 turns recorded, input, output and cached tokens, cost, budgetUsd and what is
 left of it. Costs are shown to 4 places (the budget to 2), as in the budget
@@ -22,12 +23,21 @@ refusal. --json prints {\"instances\": [{\"name\", \"stateDir\", \"requests\",
 null without a budget; problem null unless usage.json or config.json could not
 be read). Reads usage.json (or its backup) without changing it.
 
+Only turns an engine command ran are counted: the built-in echo engine's turns
+(they cost nothing) and turns refused before an engine ran are not; the table
+ends with a line on stderr that says so. `loopbus audit NAME` lists every turn.
+
 Exit status: 0; 2 usage error, or a channel root that can't be read.
 
 Examples:
-  loopbus usage --root ~/.loopbus
+  loopbus usage
   loopbus usage --state-dir ~/.loopbus/worker --json
 ";
+
+/// What the table does not count, said under it.
+pub const NOT_COUNTED: &str = "REQUESTS counts the turns an engine command ran: the \
+built-in echo engine's turns (free) and turns refused before an engine ran are not \
+counted; `loopbus audit NAME` lists every turn";
 
 /// Most instance directories shown from one channel root; the rest are counted.
 pub const MAX_INSTANCES_SHOWN: usize = 1024;
@@ -86,6 +96,7 @@ pub fn run(args: &[String]) -> Result<i32, CommandError> {
                 break;
             }
         }
+        terminal::eprint_line(NOT_COUNTED);
     }
     Ok(EXIT_OK)
 }

@@ -13,10 +13,11 @@ use std::path::{Path, PathBuf};
 
 /// Help text.
 pub const HELP: &str = "\
-loopbus doctor [--state-dir DIR] [--root DIR] [--name NAME]
+loopbus doctor [NAME | --state-dir DIR] [--root DIR] [--name NAME] [--json]
 
-Check the instance whose state directory is DIR (--state-dir, else
-$LOOPBUS_STATE_DIR) and print one line per check: `ok`, `warn` or `fail`,
+Check the instance NAME (under --root, else $LOOPBUS_ROOT, else ~/.loopbus), or
+the one whose state directory is DIR (--state-dir, else $LOOPBUS_STATE_DIR), and
+print one line per check: `ok`, `warn` or `fail`,
 what was checked, and for a problem what to do. Checked: the state directory,
 channel root, config.json and registry file (owner and mode), config.json
 itself (syntax, unknown or repeated keys, values), a weak or sample
@@ -26,12 +27,14 @@ registered port answers as this instance (with the secret's proof), stale
 registry entries, and port conflicts with other registered instances. The
 registry is the one of the channel root (--root, else the parent of DIR);
 the instance's name is DIR's last component, or NAME for an instance started
-with `loopbus serve --name NAME`. Nothing is changed.
+with `loopbus serve --name NAME`. Nothing is changed. --json prints
+{\"ok\": BOOL, \"checks\": [{\"level\", \"text\"}]} instead of the lines.
 
 Exit status: 1 if any check fails, else 0 (warnings included); 2 usage error.
 
 Examples:
-  loopbus doctor --state-dir ~/.loopbus/worker
+  loopbus doctor worker
+  loopbus doctor --state-dir ~/.loopbus/worker --json
   LOOPBUS_STATE_DIR=~/.loopbus/worker loopbus doctor
 ";
 
@@ -45,6 +48,17 @@ pub(super) enum Level {
     Ok,
     Warn,
     Fail,
+}
+
+impl Level {
+    /// `ok`, `warn` or `fail`.
+    fn word(self) -> &'static str {
+        match self {
+            Level::Ok => "ok",
+            Level::Warn => "warn",
+            Level::Fail => "fail",
+        }
+    }
 }
 
 /// The checks made so far, in order.
@@ -82,13 +96,14 @@ pub(super) struct Target<'a> {
 /// # Errors
 /// Bad arguments, or no state directory given.
 pub fn run(args: &[String]) -> Result<i32, CommandError> {
-    let args = Args::parse(args, &["state-dir", "root", "name"], &[])?;
+    let args = Args::parse(args, &["state-dir", "root", "name"], &["json"])?;
     if args.help {
         output::print(HELP)?;
         return Ok(EXIT_OK);
     }
-    args.at_most(0)?;
-    let state_dir = super::state_dir_from(args.value("state-dir"))?;
+    args.at_most(1)?;
+    let named = args.positionals.first().map(String::as_str);
+    let state_dir = super::instance_dir(named, args.value("state-dir"), args.value("root"))?;
     let root = match args.value("root") {
         Some(root) if !root.is_empty() => root.into(),
         _ => loopbus::channel_root(&state_dir),
@@ -118,12 +133,17 @@ pub fn run(args: &[String]) -> Result<i32, CommandError> {
         None => check_delegation(&mut report, loopbus::engine_findings(None).delegation),
     }
     registry_checks::check(&mut report, &target, config.as_ref());
-    for (level, text) in &report.checks {
-        let level = match level {
-            Level::Ok => "ok",
-            Level::Warn => "warn",
-            Level::Fail => "fail",
-        };
+    if args.switch("json") {
+        let checks: Vec<serde_json::Value> = report
+            .checks
+            .iter()
+            .map(|(level, text)| serde_json::json!({"level": level.word(), "text": text}))
+            .collect();
+        let json = serde_json::json!({"ok": !report.failed(), "checks": checks});
+        output::println(&terminal::escape_for_terminal(&json.to_string()))?;
+    }
+    for (level, text) in report.checks.iter().filter(|_| !args.switch("json")) {
+        let level = level.word();
         let shown = format!("{level:<4}  {}", terminal::escape_for_terminal(text));
         if output::println(&shown).is_err() {
             break;

@@ -169,7 +169,9 @@ pub(super) fn send_cancel(options: &DelegateOptions) -> Option<CancelOutcome> {
                 }
                 _ => "not sent",
             };
-            log::info!("cancel request to {target}: {answer}");
+            // Straight to stderr, like the final line after it: a log line would
+            // come through the log queue, before or after that line or not at all.
+            terminal::eprint_line(&format!("loopbus: cancel request to {target}: {answer}"));
             Some(outcome)
         }
         // Sent, and the answer (which comes once the engine is gone: SIGKILL follows
