@@ -1,9 +1,10 @@
 //! Duplicate keys in config.json: JSON parsers (serde_json among them) keep the last
 //! of two equal keys, so `{"bus":{"peers":["a"],"peers":"*"}}` would silently open the
-//! instance. This walks the document once, before it is parsed for use, and names the
-//! first key that appears twice in one object.
+//! instance. This reads the document before it is parsed for use, each object's members
+//! in order as raw text, and names the first key that appears twice in one object.
 
-use serde::de::{DeserializeSeed, Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
+use serde::de::{Deserialize, Deserializer, MapAccess, Visitor};
+use serde_json::value::RawValue;
 use std::collections::HashSet;
 use std::fmt;
 
@@ -11,98 +12,58 @@ use std::fmt;
 /// items as `[index]`), or `None` when every object's keys are distinct. Bytes that are
 /// not JSON give `None` too: the parse that follows reports them.
 pub(super) fn first_duplicate(bytes: &[u8]) -> Option<String> {
-    let mut deserializer = serde_json::Deserializer::from_slice(bytes);
-    let walk = Walk {
-        path: String::new(),
-    };
-    walk.deserialize(&mut deserializer).unwrap_or_default()
+    within(std::str::from_utf8(bytes).ok()?, "")
 }
 
-/// Walks one value at `path`; yields the first duplicate found under it.
-struct Walk {
-    path: String,
-}
-
-impl Walk {
-    fn child(&self, key: &str) -> Walk {
-        let path = if self.path.is_empty() {
-            key.to_owned()
-        } else {
-            format!("{}.{key}", self.path)
-        };
-        Walk { path }
+/// The first duplicate in the JSON value `text`, which stands at `path`. Each level
+/// reads its own text again (serde_json's nesting limit of 128 bounds how often).
+fn within(text: &str, path: &str) -> Option<String> {
+    match text.trim_start().as_bytes().first() {
+        Some(b'{') => {
+            let Members(members) = serde_json::from_str(text).ok()?;
+            let mut seen = HashSet::new();
+            members.into_iter().find_map(|(key, value)| {
+                let at = if path.is_empty() {
+                    key.clone()
+                } else {
+                    format!("{path}.{key}")
+                };
+                if seen.insert(key) {
+                    within(value.get(), &at)
+                } else {
+                    Some(at)
+                }
+            })
+        }
+        Some(b'[') => {
+            let items: Vec<&RawValue> = serde_json::from_str(text).ok()?;
+            let mut items = items.into_iter().enumerate();
+            items.find_map(|(i, item)| within(item.get(), &format!("{path}[{i}]")))
+        }
+        _ => None,
     }
 }
 
-impl<'de> DeserializeSeed<'de> for Walk {
-    type Value = Option<String>;
+/// An object's members in document order, a repeated key kept each time.
+struct Members<'a>(Vec<(String, &'a RawValue)>);
 
-    fn deserialize<D: Deserializer<'de>>(self, deserializer: D) -> Result<Self::Value, D::Error> {
-        deserializer.deserialize_any(self)
-    }
-}
-
-impl<'de> Visitor<'de> for Walk {
-    type Value = Option<String>;
-
-    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("any JSON value")
-    }
-
-    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
-        let mut seen = HashSet::new();
-        let mut found = None;
-        while let Some(key) = map.next_key::<String>()? {
-            if found.is_some() {
-                map.next_value::<IgnoredAny>()?;
-                continue;
+impl<'de> Deserialize<'de> for Members<'de> {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct Read;
+        impl<'de> Visitor<'de> for Read {
+            type Value = Members<'de>;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a JSON object")
             }
-            let child = self.child(&key);
-            if !seen.insert(key) {
-                found = Some(child.path);
-                map.next_value::<IgnoredAny>()?;
-            } else {
-                found = map.next_value_seed(child)?;
+            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Members<'de>, A::Error> {
+                let mut members = Vec::new();
+                while let Some(member) = map.next_entry()? {
+                    members.push(member);
+                }
+                Ok(Members(members))
             }
         }
-        Ok(found)
-    }
-
-    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
-        let mut found = None;
-        let mut index = 0usize;
-        while found.is_none() {
-            let item = Walk {
-                path: format!("{}[{index}]", self.path),
-            };
-            match seq.next_element_seed(item)? {
-                Some(inner) => found = inner,
-                None => return Ok(None),
-            }
-            index += 1;
-        }
-        // Found: the rest of the array is read past.
-        while seq.next_element::<IgnoredAny>()?.is_some() {}
-        Ok(found)
-    }
-
-    fn visit_bool<E>(self, _: bool) -> Result<Self::Value, E> {
-        Ok(None)
-    }
-    fn visit_i64<E>(self, _: i64) -> Result<Self::Value, E> {
-        Ok(None)
-    }
-    fn visit_u64<E>(self, _: u64) -> Result<Self::Value, E> {
-        Ok(None)
-    }
-    fn visit_f64<E>(self, _: f64) -> Result<Self::Value, E> {
-        Ok(None)
-    }
-    fn visit_str<E>(self, _: &str) -> Result<Self::Value, E> {
-        Ok(None)
-    }
-    fn visit_unit<E>(self) -> Result<Self::Value, E> {
-        Ok(None)
+        deserializer.deserialize_map(Read)
     }
 }
 
