@@ -17,7 +17,7 @@
 //! - a channel root's registry: where it is ([`channel_root`], [`registry_path`]), its
 //!   entries ([`read_registry`], [`RegistryEntry`]), and whether they answer
 //!   ([`list_instances`], [`probe_instance`], [`probe_port`], [`running_instance`],
-//!   [`Listed`], [`HealthAnswer`], [`ProbeError`], [`OwnerMismatch`], [`OwnerRefusal`]);
+//!   [`Listed`], [`HealthAnswer`], [`ProbeError`], [`OwnerRefusal`]);
 //! - an instance's records: its usage ([`read_usage`], [`Usage`], [`UsageFileError`]) and
 //!   its audit log ([`AUDIT_FILE`], one JSON object a line);
 //! - the file rules every state file follows: [`check_trusted`] (and [`Untrusted`]),
@@ -84,8 +84,7 @@ pub use secret::{Secret, Weakness, MIN_SECRET_CHARS, SAMPLE_SECRETS, SECRET_BYTE
 pub use registry::{
     channel_root, default_channel_root, default_name, list as list_instances, probe_instance,
     probe_port, read as read_registry, registry_path, running as running_instance, HealthAnswer,
-    Listed, OwnerMismatch, OwnerRefusal, ProbeError, RegistryEntry, DEFAULT_ROOT_DIR,
-    PROBE_TIMEOUT,
+    Listed, OwnerRefusal, ProbeError, RegistryEntry, DEFAULT_ROOT_DIR, PROBE_TIMEOUT,
 };
 
 // An instance's records, and the file rules of every state file.

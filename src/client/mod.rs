@@ -332,7 +332,7 @@ mod tests {
     use crate::http::client::{ClientError, ReceivedResponse};
     use crate::protocol::{ErrorCode, Failure, MAX_BODY_BYTES};
     use crate::registry::owner::OwnerRefusal;
-    use crate::registry::{OwnerMismatch, ProbeError};
+    use crate::registry::ProbeError;
 
     fn io(kind: std::io::ErrorKind) -> std::io::Error {
         std::io::Error::new(kind, "x")
@@ -452,10 +452,10 @@ mod tests {
             (
                 DelegateError::NotSameUser {
                     target: t(),
-                    refusal: OwnerRefusal::Foreign(OwnerMismatch {
+                    refusal: OwnerRefusal::Foreign {
                         port: 7701,
                         uid: 65534,
-                    }),
+                    },
                 },
                 "instance_unavailable",
                 false,

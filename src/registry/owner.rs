@@ -60,34 +60,17 @@ pub struct Socket {
     pub uid: u32,
 }
 
-/// A listener of another user holds the target address and port.
-#[derive(Debug, Clone, PartialEq, Eq)]
-#[non_exhaustive]
-pub struct OwnerMismatch {
-    /// The target port.
-    pub port: u16,
-    /// The uid holding it.
-    pub uid: u32,
-}
-
-impl fmt::Display for OwnerMismatch {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(
-            f,
-            "port {} is held by another user's process, uid {}; not sending the secret",
-            self.port, self.uid
-        )
-    }
-}
-
-impl std::error::Error for OwnerMismatch {}
-
 /// Why a connection's check refuses to send the secret.
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum OwnerRefusal {
     /// A socket of another user would receive, or holds, the connection.
-    Foreign(OwnerMismatch),
+    Foreign {
+        /// The target port.
+        port: u16,
+        /// The uid holding it.
+        uid: u32,
+    },
     /// The tables could be read but do not list the connection's other end (or did not
     /// within the check's time limit, 5 s): who holds the port cannot be told.
     Unknown {
@@ -105,7 +88,10 @@ pub enum OwnerRefusal {
 impl fmt::Display for OwnerRefusal {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            OwnerRefusal::Foreign(mismatch) => mismatch.fmt(f),
+            OwnerRefusal::Foreign { port, uid } => write!(
+                f,
+                "port {port} is held by another user's process, uid {uid}; not sending the secret"
+            ),
             OwnerRefusal::Unknown { port } => write!(
                 f,
                 "cannot tell who holds port {port}; not sending the secret"
@@ -368,9 +354,7 @@ fn check_tables<R: BufRead>(
         }
         match read_verdict(tables, target, ours, own_uid, deadline) {
             Ok(Some(Verdict::Own)) => return Ok(()),
-            Ok(Some(Verdict::Foreign(uid))) => {
-                return Err(OwnerRefusal::Foreign(OwnerMismatch { port, uid }))
-            }
+            Ok(Some(Verdict::Foreign(uid))) => return Err(OwnerRefusal::Foreign { port, uid }),
             Ok(Some(found)) => last = Some(found),
             Ok(None) => {
                 log::debug!(
@@ -820,7 +804,7 @@ mod tests {
 
     #[test]
     fn mismatch_message_names_port_and_uid() {
-        let shown = OwnerMismatch {
+        let shown = OwnerRefusal::Foreign {
             port: 7701,
             uid: 65534,
         }

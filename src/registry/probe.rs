@@ -114,7 +114,7 @@ impl ProbeError {
     pub fn is_failed_proof(&self) -> bool {
         matches!(
             self,
-            Self::NoProof | Self::WrongProof | Self::NotSameUser(OwnerRefusal::Foreign(_))
+            Self::NoProof | Self::WrongProof | Self::NotSameUser(OwnerRefusal::Foreign { .. })
         )
     }
 
@@ -132,7 +132,7 @@ impl ProbeError {
             | Self::OtherInstance(_)
             | Self::NoProof
             | Self::WrongProof
-            | Self::NotSameUser(OwnerRefusal::Foreign(_)) => true,
+            | Self::NotSameUser(OwnerRefusal::Foreign { .. }) => true,
             Self::Http(
                 ClientError::NotLoopback(_)
                 | ClientError::Timeout
@@ -319,24 +319,21 @@ fn probe_all(
     let mut listed = Vec::with_capacity(entries.len());
     for batch in entries.chunks(MAX_PARALLEL_PROBES) {
         std::thread::scope(|scope| {
-            let handles: Vec<_> = batch
+            let probes: Vec<_> = batch
                 .iter()
                 .map(|(name, entry)| {
-                    let spawned = std::thread::Builder::new()
-                        .name(format!("probe-{name}"))
-                        .spawn_scoped(scope, move || probe_instance(name, entry, accept_kinds));
-                    (name, entry, spawned)
+                    std::thread::Builder::new()
+                        .spawn_scoped(scope, move || probe_instance(name, entry, accept_kinds))
                 })
                 .collect();
-            for (name, entry, spawned) in handles {
-                let liveness = match spawned {
+            for ((name, entry), spawned) in batch.iter().zip(probes) {
+                let liveness = match spawned.map(|probe| probe.join()) {
+                    Ok(Ok(liveness)) => liveness,
                     // A probe never panics; if one did, the entry is not known to be
                     // alive, nor known to be stale.
-                    Ok(handle) => handle
-                        .join()
-                        .unwrap_or(Err(ProbeError::Http(ClientError::Io(io::Error::other(
-                            "the probe failed unexpectedly",
-                        ))))),
+                    Ok(Err(_)) => Err(ProbeError::Http(ClientError::Io(io::Error::other(
+                        "the probe failed unexpectedly",
+                    )))),
                     // No thread to spare: probe here instead.
                     Err(_) => probe_instance(name, entry, accept_kinds),
                 };
@@ -405,7 +402,7 @@ pub fn holds_name(name: &InstanceName, entry: &RegistryEntry) -> bool {
         Err(e) if e.is_failed_proof() => {
             // Who holds it, as far as the socket tables tell (Linux).
             let holder = match super::owner::check_listener_owner(entry.host, entry.port) {
-                Err(OwnerRefusal::Foreign(m)) => format!(" (another user's, uid {})", m.uid),
+                Err(OwnerRefusal::Foreign { uid, .. }) => format!(" (another user's, uid {uid})"),
                 _ => String::new(),
             };
             log::warn!(
