@@ -172,17 +172,16 @@ fn fill_temp(file: &mut File, bytes: &[u8], mode: u32) -> io::Result<()> {
 /// An error opening the lock file, `TimedOut` if the lock stayed taken for
 /// [`LOCK_TIMEOUT`], or whatever `f` returns.
 pub fn with_lock<T>(path: &Path, f: impl FnOnce() -> io::Result<T>) -> io::Result<T> {
-    match lock_within(path, LOCK_TIMEOUT, f)? {
-        Some(result) => result,
-        None => Err(io::Error::new(
+    lock_within(path, LOCK_TIMEOUT, f)?.unwrap_or_else(|| {
+        Err(io::Error::new(
             io::ErrorKind::TimedOut,
             format!(
                 "cannot lock {}.lock: another process has held it for {} s",
                 path.display(),
                 LOCK_TIMEOUT.as_secs()
             ),
-        )),
-    }
+        ))
+    })
 }
 
 /// How long [`with_lock`] waits for a lock another process holds.
@@ -196,28 +195,18 @@ fn lock_within<T>(
     patience: Duration,
     f: impl FnOnce() -> io::Result<T>,
 ) -> io::Result<Option<io::Result<T>>> {
-    let (dir, name) = split_path(path)?;
-    let mut lock_name = name;
-    lock_name.push(".lock");
-    let lock_file = open_lock_file(&dir.join(lock_name))?;
+    let mut lock_path = path.as_os_str().to_owned();
+    lock_path.push(".lock");
     let deadline = std::time::Instant::now() + patience;
-    loop {
-        match lock_file.try_lock() {
-            Ok(()) => break,
-            Err(fs::TryLockError::WouldBlock) => {
-                if std::time::Instant::now() >= deadline {
-                    return Ok(None);
-                }
-                std::thread::sleep(LOCK_RETRY);
-            }
-            Err(fs::TryLockError::Error(e)) => return Err(e),
+    // Closing the handle releases the lock.
+    let _held = loop {
+        match hold_lock(Path::new(&lock_path))? {
+            Some(file) => break file,
+            None if std::time::Instant::now() >= deadline => return Ok(None),
+            None => std::thread::sleep(LOCK_RETRY),
         }
-    }
-    let result = f();
-    // Closing the handle releases the lock; an explicit unlock could only fail in ways
-    // that closing fixes anyway.
-    drop(lock_file);
-    Ok(Some(result))
+    };
+    Ok(Some(f()))
 }
 
 /// Holds an exclusive lock on `path` (created 0600) for as long as the returned file
