@@ -89,10 +89,8 @@ impl Drop for Registration {
                 STOP_PATIENCE.as_secs()
             );
         }
-        let OwnEntry {
-            root, name, pid, ..
-        } = &*self.entry;
-        if let Err(e) = registry::deregister(root, name, *pid) {
+        let OwnEntry { root, name, .. } = &*self.entry;
+        if let Err(e) = registry::deregister(root, name, self.entry.pid) {
             log::warn!(
                 "cannot deregister from {}: {e}",
                 registry::registry_path(root).display()
@@ -113,14 +111,9 @@ fn run(entry: &OwnEntry, stop_asked: &Receiver<()>, stopped: &SyncSender<()>) {
 /// Writes the entry again if it went missing. An error is warned about when it differs
 /// from the last one, so a lasting problem is not repeated every interval.
 fn check(entry: &OwnEntry, last_error: &mut Option<String>) {
-    let OwnEntry {
-        root,
-        name,
-        addr,
-        pid,
-        secret,
-    } = entry;
-    match registry::ensure_registered(root, name, addr.ip(), addr.port(), *pid, secret) {
+    let OwnEntry { root, name, .. } = entry;
+    let (ip, port) = (entry.addr.ip(), entry.addr.port());
+    match registry::ensure_registered(root, name, ip, port, entry.pid, &entry.secret) {
         Ok(written) => {
             if written {
                 log::warn!(
