@@ -19,47 +19,35 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Instant;
 
-/// Everything `serve` decided before the loop starts.
-#[derive(Debug)]
-pub struct ServerSettings {
-    /// The instance's name.
-    pub name: InstanceName,
-    /// Path of config.json, re-read on change.
-    pub config_path: PathBuf,
-    /// The config loaded at startup.
-    pub config: Config,
-    /// The raw bytes it was loaded from (to notice edits).
-    pub config_bytes: Vec<u8>,
-    /// The engine that replaces config.json's, at startup and at every reload.
-    pub engine_override: Option<EngineOverride>,
-    /// The secret in force for the process's lifetime.
-    pub secret: Secret,
-    /// The bound port.
-    pub port: u16,
-    /// The bound address: the `host` of the health proof's message (contract 6.1).
-    pub host: IpAddr,
-    /// The audit log, its writer thread running.
-    pub audit: AuditLog,
-    /// The engines running now, killed if they outlive the shutdown grace.
-    pub running: RunningEngines,
-}
-
 /// The bus server state, driven by the HTTP loop.
 pub struct Bus {
+    /// The instance's name.
     pub(super) name: InstanceName,
+    /// The secret in force for the process's lifetime.
     pub(super) secret: Secret,
+    /// The config in force (the last good one read).
     pub(super) config: Arc<Config>,
+    /// Path of config.json, re-read on change.
     pub(super) config_path: PathBuf,
+    /// The raw bytes the config was loaded from (to notice edits); empty after a
+    /// refused read, so that the next good one counts as a change.
     pub(super) config_bytes: Vec<u8>,
+    /// The engine that replaces config.json's, at startup and at every reload.
     pub(super) engine_override: Option<EngineOverride>,
+    /// The turn workers and their queue.
     pub(super) pool: TurnPool<TurnId, Turn, TurnOutput>,
     /// The turns admitted and not answered yet, who waits on them, and the stored
     /// answers.
     pub(super) table: TurnTable<ConnId>,
+    /// When a shutdown began, if one did.
     pub(super) stopping_since: Option<Instant>,
+    /// When the shutdown killed the engines that outlived its grace, if it did.
     pub(super) engines_killed_at: Option<Instant>,
+    /// The `Host` values check 1 accepts ([`checks::allowed_hosts`]).
     pub(super) allowed_hosts: [String; 3],
+    /// The audit log, its writer thread running.
     pub(super) audit: AuditLog,
+    /// The engines running now, killed if they outlive the shutdown grace.
     pub(super) running: RunningEngines,
     /// This process's id, for health (asked once: it is a syscall).
     pub(super) pid: u32,
@@ -69,29 +57,6 @@ pub struct Bus {
 }
 
 impl Bus {
-    /// A server for `settings`, running turns on `pool`.
-    pub fn new(settings: ServerSettings, pool: TurnPool<TurnId, Turn, TurnOutput>) -> Bus {
-        let port = settings.port;
-        Bus {
-            pid: std::process::id(),
-            host: settings.host,
-            port,
-            audit: settings.audit,
-            running: settings.running,
-            engines_killed_at: None,
-            table: TurnTable::new(settings.name.clone()),
-            name: settings.name,
-            secret: settings.secret,
-            config: Arc::new(settings.config),
-            config_path: settings.config_path,
-            config_bytes: settings.config_bytes,
-            engine_override: settings.engine_override,
-            pool,
-            stopping_since: None,
-            allowed_hosts: checks::allowed_hosts(port),
-        }
-    }
-
     /// Refuses `head` (`None`: the HTTP layer failed before one was complete). A talk
     /// refused is a talk outcome: it is audited.
     fn refuse(&mut self, refusal: &Refusal, head: Option<&Head>) -> Response {

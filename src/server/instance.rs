@@ -9,7 +9,8 @@ use super::startup::{
     check_turns_fit, claim_name, interrupt_pair, prune_registry, read_config,
     remove_stale_temp_files, route_signals, warn_about_modes,
 };
-use super::{Bus, ServeError, ServerSettings};
+use super::turn_table::TurnTable;
+use super::{Bus, ServeError};
 use crate::audit::AuditLog;
 use crate::config::{Config, EngineConfig, CONFIG_FILE};
 use crate::engine::{Engine, Turn};
@@ -285,17 +286,23 @@ impl Instance {
         if !config.bus.enabled {
             super::upkeep::warn_bus_disabled(&config_path);
         }
-        let settings = ServerSettings {
+        let bus = Bus {
+            table: TurnTable::new(name.clone()),
             name: name.clone(),
+            secret: secret.clone(),
+            config: Arc::new(config),
             config_path,
-            config,
             config_bytes,
             engine_override: options.engine,
-            secret: secret.clone(),
-            port: addr.port(),
-            host: addr.ip(),
+            pool,
+            stopping_since: None,
+            engines_killed_at: None,
+            allowed_hosts: super::checks::allowed_hosts(addr.port()),
             audit,
             running,
+            pid,
+            host: addr.ip(),
+            port: addr.port(),
         };
         Ok(Instance {
             name,
@@ -304,7 +311,7 @@ impl Instance {
             secret,
             pid,
             event_loop,
-            bus: Bus::new(settings, pool),
+            bus,
             registration,
             shutdown: ShutdownHandle(Arc::new(shutdown)),
             _serving: serving,

@@ -20,7 +20,7 @@ mod talk;
 mod turn_table;
 mod upkeep;
 
-pub use bus::{Bus, ServerSettings};
+pub use bus::Bus;
 pub use error::ServeError;
 pub use instance::{EngineOverride, Instance, InstanceOptions, ShutdownHandle};
 pub use refusal::Refusal;
