@@ -7,6 +7,7 @@
 //! the job out of the queue. The caller never blocks on a job. The pool knows nothing of
 //! what a job or a key is.
 
+use crate::protocol::TurnLoad;
 use std::collections::VecDeque;
 use std::panic::{self, AssertUnwindSafe};
 use std::sync::mpsc::{self, Receiver, Sender};
@@ -38,17 +39,6 @@ pub struct Done<K, R> {
     pub key: K,
     /// What the runner produced.
     pub outcome: Outcome<R>,
-}
-
-/// Counters for `/api/health`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
-pub struct Load {
-    /// Jobs being run now.
-    pub running: usize,
-    /// Jobs waiting for a worker.
-    pub queued: usize,
-    /// Worker count.
-    pub max: usize,
 }
 
 struct Queue<K, J> {
@@ -186,10 +176,10 @@ where
         self.shared.lock().jobs.iter().any(|(k, _)| *k == key)
     }
 
-    /// Current counters.
-    pub fn load(&self) -> Load {
+    /// Current counters, as `/api/health` reports them.
+    pub fn load(&self) -> TurnLoad {
         let queue = self.shared.lock();
-        Load {
+        TurnLoad {
             running: queue.running,
             queued: queue.jobs.len(),
             max: self.max_concurrent,
@@ -354,7 +344,7 @@ mod tests {
         runner.wait_started(2);
         assert_eq!(
             pool.load(),
-            Load {
+            TurnLoad {
                 running: 2,
                 queued: 2,
                 max: 2

@@ -4,7 +4,7 @@
 use super::{Bus, Refusal};
 use crate::audit;
 use crate::http::{Head, Response};
-use crate::protocol::{proof, Envelope, Failure, Health, TurnLoad};
+use crate::protocol::{proof, Envelope, Failure, Health};
 use std::time::Instant;
 
 /// What the audit line of one talk outcome knows about the request.
@@ -112,18 +112,12 @@ impl Bus {
     /// The health answer, with a `proof` of the request's `X-Loopbus-Nonce` when it
     /// carries a well-formed one (contract 6.1).
     pub(super) fn health(&self, head: &Head) -> Response {
-        let load = self.pool.load();
         let status = match self.stopping_since {
             Some(_) => Health::STOPPING,
             None => Health::OK,
         };
-        let turns = TurnLoad {
-            running: load.running,
-            queued: load.queued,
-            max: load.max,
-        };
         let mut body = Health::new(&self.config.bus.kind, &self.name, status, self.pid)
-            .with_turns(turns)
+            .with_turns(self.pool.load())
             .with_bus_enabled(self.config.bus.enabled);
         // One nonce header exactly: two would leave open which one was answered.
         let mut nonces = head.header_values(crate::http::NONCE_HEADER);
