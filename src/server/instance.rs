@@ -148,11 +148,8 @@ impl ShutdownHandle {
 /// Dropping it without `run` closes its port, stops its turn workers, and removes its
 /// registry entry (the fields drop in this order).
 pub struct Instance {
-    name: InstanceName,
     root: PathBuf,
     addr: SocketAddr,
-    secret: Secret,
-    pid: u32,
     event_loop: EventLoop,
     bus: Bus,
     registration: Registration,
@@ -166,10 +163,10 @@ pub struct Instance {
 impl fmt::Debug for Instance {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Instance")
-            .field("name", &self.name)
+            .field("name", &self.bus.name)
             .field("root", &self.root)
             .field("addr", &self.addr)
-            .field("pid", &self.pid)
+            .field("pid", &self.bus.pid)
             .finish_non_exhaustive()
     }
 }
@@ -288,8 +285,8 @@ impl Instance {
         }
         let bus = Bus {
             table: TurnTable::new(name.clone()),
-            name: name.clone(),
-            secret: secret.clone(),
+            name,
+            secret,
             config: Arc::new(config),
             config_path,
             config_bytes,
@@ -305,11 +302,8 @@ impl Instance {
             port: addr.port(),
         };
         Ok(Instance {
-            name,
             root,
             addr,
-            secret,
-            pid,
             event_loop,
             bus,
             registration,
@@ -321,7 +315,7 @@ impl Instance {
 
     /// The instance's name.
     pub fn name(&self) -> &InstanceName {
-        &self.name
+        &self.bus.name
     }
 
     /// The address it listens on (with the port the OS picked, for port 0).
@@ -336,7 +330,7 @@ impl Instance {
 
     /// The bus secret in force (from config.json, or generated at this start).
     pub fn secret(&self) -> &Secret {
-        &self.secret
+        &self.bus.secret
     }
 
     /// A handle that stops [`run`](Instance::run) from any thread.
@@ -354,7 +348,6 @@ impl Instance {
     /// panicked; the instance is deregistered either way.
     pub fn run(self) -> Result<(), ServeError> {
         let Instance {
-            name,
             mut event_loop,
             mut bus,
             registration,
@@ -387,6 +380,7 @@ impl Instance {
             Err(_) => return Err(ServeError::Panicked),
         }
         // Dropping the bus writes what its audit log still queues and stops the workers.
+        let name = bus.name.clone();
         drop(bus);
         log::info!("stopped {name}");
         Ok(())
