@@ -240,14 +240,7 @@ impl Writer {
             self.file.path.display()
         );
         let detail = format!("{dropped} lines dropped");
-        #[derive(serde::Serialize)]
-        #[serde(rename_all = "camelCase")]
-        struct Dropped {
-            dropped_lines: u64,
-        }
-        let metadata = Dropped {
-            dropped_lines: dropped,
-        };
+        let metadata = serde_json::json!({ "droppedLines": dropped });
         let notice = to_line("audit", &self.instance, "dropped", &detail, &metadata);
         self.file.append(&notice, 1);
     }
