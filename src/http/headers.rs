@@ -29,7 +29,7 @@ pub enum LengthError {
 }
 
 impl LengthError {
-    /// What is wrong, in a few words (what `Display` shows).
+    /// What is wrong, in a few words (the client's `Malformed` reason).
     pub fn as_str(self) -> &'static str {
         match self {
             LengthError::Missing => "no Content-Length",
@@ -39,14 +39,6 @@ impl LengthError {
         }
     }
 }
-
-impl std::fmt::Display for LengthError {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
-
-impl std::error::Error for LengthError {}
 
 /// The body length a head declares, from its headers as `(name, value)` pairs in order
 /// (names case-insensitive, values as received).
