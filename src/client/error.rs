@@ -212,7 +212,7 @@ impl DelegateError {
     /// names `caller` (the instance that produced it) and took `duration_ms`.
     pub fn to_envelope(&self, caller: &str, duration_ms: u64) -> Envelope {
         match self {
-            Self::NotRetried { error, .. } if error.is_remote() => {
+            Self::NotRetried { error, .. } if matches!(**error, Self::Remote { .. }) => {
                 error.to_envelope(caller, duration_ms)
             }
             Self::Remote {
@@ -235,13 +235,6 @@ impl DelegateError {
                 duration_ms,
             ),
         }
-    }
-}
-
-impl DelegateError {
-    /// Whether the peer itself answered with this failure.
-    fn is_remote(&self) -> bool {
-        matches!(self, Self::Remote { .. })
     }
 }
 
