@@ -55,8 +55,7 @@ impl Health {
     pub const STOPPING: &'static str = "stopping";
 
     /// The answer of an instance of this build: `protocolVersion` and `capabilities`
-    /// are this build's, `turns` and `busEnabled` are left out until
-    /// [`Health::with_turns`] and [`Health::with_bus_enabled`].
+    /// are this build's; `turns`, `busEnabled` and `proof` are left out until set.
     pub fn new(kind: &str, instance: &str, status: &str, pid: u32) -> Health {
         Health {
             kind: kind.to_owned(),
@@ -69,24 +68,6 @@ impl Health {
             bus_enabled: None,
             proof: None,
         }
-    }
-
-    /// The same answer with a `proof` of the probe's nonce.
-    pub fn with_proof(mut self, proof: String) -> Health {
-        self.proof = Some(proof);
-        self
-    }
-
-    /// The same answer with turn counters.
-    pub fn with_turns(mut self, turns: TurnLoad) -> Health {
-        self.turns = Some(turns);
-        self
-    }
-
-    /// The same answer saying whether the bus is enabled.
-    pub fn with_bus_enabled(mut self, enabled: bool) -> Health {
-        self.bus_enabled = Some(enabled);
-        self
     }
 
     /// The answer as JSON, fields in the struct's order, those unset left out.

@@ -116,9 +116,9 @@ impl Bus {
             Some(_) => Health::STOPPING,
             None => Health::OK,
         };
-        let mut body = Health::new(&self.config.bus.kind, &self.name, status, self.pid)
-            .with_turns(self.pool.load())
-            .with_bus_enabled(self.config.bus.enabled);
+        let mut body = Health::new(&self.config.bus.kind, &self.name, status, self.pid);
+        body.turns = Some(self.pool.load());
+        body.bus_enabled = Some(self.config.bus.enabled);
         // One nonce header exactly: two would leave open which one was answered.
         let mut nonces = head.header_values(crate::http::NONCE_HEADER);
         if let (Some(nonce), None) = (nonces.next(), nonces.next()) {
@@ -127,7 +127,7 @@ impl Bus {
                 let nonce = String::from_utf8_lossy(nonce);
                 let message =
                     proof::proof_message(self.name.as_str(), self.host, self.port, &nonce);
-                body = body.with_proof(self.secret.proof(&message));
+                body.proof = Some(self.secret.proof(&message));
             }
         }
         json(200, body.to_json())
