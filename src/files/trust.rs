@@ -104,16 +104,20 @@ pub fn check_trusted_metadata(
     if owner_trusted(metadata.uid(), us) && mode & GROUP_OTHER_WRITE == 0 {
         return Ok(());
     }
-    Err(io::Error::new(
-        io::ErrorKind::PermissionDenied,
-        Untrusted {
-            path: path.to_path_buf(),
-            kind,
-            owner: metadata.uid(),
-            mode,
-            us,
-        },
-    ))
+    Err(refused(path, metadata, kind, us))
+}
+
+/// The `PermissionDenied` error wrapping the [`Untrusted`] of `path`.
+fn refused(path: &Path, metadata: &fs::Metadata, kind: TrustKind, us: u32) -> io::Error {
+    use std::os::unix::fs::MetadataExt;
+    let untrusted = Untrusted {
+        path: path.to_path_buf(),
+        kind,
+        owner: metadata.uid(),
+        mode: metadata.mode() & 0o7777,
+        us,
+    };
+    io::Error::new(io::ErrorKind::PermissionDenied, untrusted)
 }
 
 /// Checks that the file or directory at `path` is one no other user may have written:
@@ -134,16 +138,7 @@ pub fn check_trusted(path: &Path, kind: TrustKind) -> io::Result<()> {
     }
     let us = rustix::process::geteuid().as_raw();
     if !owner_trusted(link.uid(), us) {
-        return Err(io::Error::new(
-            io::ErrorKind::PermissionDenied,
-            Untrusted {
-                path: path.to_path_buf(),
-                kind,
-                owner: link.uid(),
-                mode: link.mode() & 0o7777,
-                us,
-            },
-        ));
+        return Err(refused(path, &link, kind, us));
     }
     check_trusted_metadata(path, &fs::metadata(path)?, kind)
 }
