@@ -110,15 +110,13 @@ impl Bus {
                 } else {
                     format!("changed {}", changed.join(", "))
                 };
-                log::info!(
-                    "{path} reloaded: {what} (bus {}, maxDepth {})",
-                    if new.bus.enabled {
-                        "enabled"
-                    } else {
-                        "disabled"
-                    },
-                    new.bus.max_depth
-                );
+                let bus = if new.bus.enabled {
+                    "enabled"
+                } else {
+                    "disabled"
+                };
+                let max_depth = new.bus.max_depth;
+                log::info!("{path} reloaded: {what} (bus {bus}, maxDepth {max_depth})");
                 if let Some(engine) = new
                     .engine
                     .as_ref()
