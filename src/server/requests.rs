@@ -191,18 +191,6 @@ impl<T: Copy, A> RequestStore<T, A> {
         }
     }
 
-    /// How many answers are stored, and their bytes as counted against the bounds.
-    #[cfg(test)]
-    pub fn stored(&self) -> (usize, usize) {
-        (self.answers, self.bytes)
-    }
-
-    /// Whether anything at all is known (running or stored).
-    #[cfg(test)]
-    pub fn is_empty(&self) -> bool {
-        self.entries.is_empty()
-    }
-
     /// When the oldest stored answer was stored, after dropping the stale elements in
     /// front of it, so that the queue's front is that answer.
     fn oldest(&mut self) -> Option<Instant> {
@@ -238,6 +226,18 @@ fn entry_bytes(key: &RequestKey, size: usize) -> usize {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    impl<T, A> RequestStore<T, A> {
+        /// How many answers are stored, and their bytes as counted against the bounds.
+        pub fn stored(&self) -> (usize, usize) {
+            (self.answers, self.bytes)
+        }
+
+        /// Whether anything at all is known (running or stored).
+        pub fn is_empty(&self) -> bool {
+            self.entries.is_empty()
+        }
+    }
 
     fn key(from: &str, n: u128) -> RequestKey {
         RequestKey {
