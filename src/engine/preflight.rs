@@ -131,21 +131,15 @@ fn find_delegation(path_var: &OsString) -> Result<PathBuf, String> {
 /// Reads the file system only; starts nothing.
 pub fn findings(engine: Option<&EngineConfig>) -> Findings {
     let path_var = engine_path(engine);
-    let Some(engine) = engine else {
-        return Findings {
-            cwd: None,
-            program: Ok(None),
-            delegation: find_delegation(&path_var),
-        };
-    };
-    let cwd = engine.cwd.as_deref().and_then(cwd_problem);
-    let program = match engine.command.first() {
+    let engine_cwd = engine.and_then(|engine| engine.cwd.as_deref());
+    let cwd = engine_cwd.and_then(cwd_problem);
+    let program = match engine.and_then(|engine| engine.command.first()) {
         // A relative program with a slash is found from `engine.cwd`: unknowable while
         // that is broken (reported as `cwd`).
         Some(program) if cwd.is_some() && program.contains('/') && !program.starts_with('/') => {
             Ok(None)
         }
-        Some(program) => find_program(program, &path_var, engine.cwd.as_deref())
+        Some(program) => find_program(program, &path_var, engine_cwd)
             .map(Some)
             .ok_or_else(|| {
                 format!(
@@ -157,7 +151,7 @@ pub fn findings(engine: Option<&EngineConfig>) -> Findings {
                     }
                 )
             }),
-        // The parser refuses an empty command.
+        // The echo engine has no command (and the parser refuses an empty one).
         None => Ok(None),
     };
     Findings {
