@@ -209,19 +209,14 @@ impl Writer {
     /// Writes lines until the queue is closed and empty, reporting dropped lines each
     /// time it has caught up, then says it is done.
     fn run(mut self) {
-        let mut batch = Vec::new();
-        while let Ok(line) = self.lines.recv() {
+        while let Ok(first) = self.lines.recv() {
             // Let the lines of a busy moment gather: one wake-up and one write for many
             // talks, instead of a thread switch per talk on the loop's cores.
             std::thread::sleep(AUDIT_BATCH_PAUSE);
-            batch.clear();
-            batch.extend_from_slice(&line);
-            let mut count = 1;
-            while let Ok(line) = self.lines.try_recv() {
-                batch.extend_from_slice(&line);
-                count += 1;
-            }
-            self.file.append(&batch, count);
+            let batch: Vec<Vec<u8>> = std::iter::once(first)
+                .chain(self.lines.try_iter())
+                .collect();
+            self.file.append(&batch.concat(), batch.len() as u64);
             self.report_dropped();
         }
         // The log was dropped: the loop records nothing more, so the count is final.
