@@ -206,21 +206,18 @@ impl UsageStore {
     /// # Errors
     /// The file is corrupt with no good copy, or can't be read or written.
     pub fn record(&self, turn: &TurnUsage) -> Result<Usage, UsageFileError> {
-        files::with_lock(&self.path, || {
-            let mut usage = match self.load() {
-                Ok(usage) => usage,
-                Err(e) => return Ok(Err(e)),
-            };
-            if let Err(e) = usage.add(turn) {
-                return Ok(Err(e));
-            }
+        let update = || {
+            let mut usage = self.load()?;
+            usage.add(turn)?;
             let bytes = usage.to_json();
-            files::write_atomic(&self.path, &bytes, files::PRIVATE_FILE_MODE)?;
-            files::write_atomic(&self.backup, &bytes, files::PRIVATE_FILE_MODE)?;
+            for path in [&self.path, &self.backup] {
+                files::write_atomic(path, &bytes, files::PRIVATE_FILE_MODE)
+                    .map_err(UsageFileError::Io)?;
+            }
             *self.cache() = Some(usage.clone());
-            Ok(Ok(usage))
-        })
-        .map_err(UsageFileError::Io)?
+            Ok(usage)
+        };
+        files::with_lock(&self.path, || Ok(update())).map_err(UsageFileError::Io)?
     }
 
     fn cache(&self) -> std::sync::MutexGuard<'_, Option<Usage>> {
