@@ -217,14 +217,10 @@ const STOP_SIGNALS: [i32; 10] = [
 
 /// Routes the [`STOP_SIGNALS`] to the stop pipe.
 pub(super) fn route_signals(write: &UnixStream) -> io::Result<Vec<signal_hook::SigId>> {
-    let mut guards = Vec::new();
-    for signal in STOP_SIGNALS {
-        guards.push(signal_hook::low_level::pipe::register(
-            signal,
-            write.try_clone()?,
-        )?);
-    }
-    Ok(guards)
+    STOP_SIGNALS
+        .into_iter()
+        .map(|signal| signal_hook::low_level::pipe::register(signal, write.try_clone()?))
+        .collect()
 }
 
 #[cfg(test)]
