@@ -75,22 +75,17 @@ pub fn write_atomic(path: &Path, bytes: &[u8], mode: u32) -> io::Result<()> {
 ///
 /// An error listing `dir`; files that cannot be removed are skipped.
 pub fn remove_stale_temp_files(dir: &Path) -> io::Result<Vec<PathBuf>> {
-    let mut removed = Vec::new();
-    for entry in fs::read_dir(dir)?.flatten() {
-        let name = entry.file_name();
-        let Some(pid) = name.to_str().and_then(temp_file_pid) else {
-            continue;
-        };
+    let ours_and_dead = |entry: &fs::DirEntry| {
+        let pid = entry.file_name().to_str().and_then(temp_file_pid);
         // Symlinks are not followed; only a regular file can be ours.
-        if !entry.file_type().is_ok_and(|t| t.is_file()) || !pid_is_gone(pid) {
-            continue;
-        }
-        let path = entry.path();
-        if fs::remove_file(&path).is_ok() {
-            removed.push(path);
-        }
-    }
-    Ok(removed)
+        entry.file_type().is_ok_and(|t| t.is_file()) && pid.is_some_and(pid_is_gone)
+    };
+    Ok(fs::read_dir(dir)?
+        .flatten()
+        .filter(ours_and_dead)
+        .map(|entry| entry.path())
+        .filter(|path| fs::remove_file(path).is_ok())
+        .collect())
 }
 
 /// The writer's pid in a temp file name of [`write_atomic`]: `.<name>.tmp.<pid>.<n>`.
