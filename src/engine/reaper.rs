@@ -88,10 +88,7 @@ fn reap(pid: u32) -> bool {
     let Some(raw) = i32::try_from(pid).ok().and_then(Pid::from_raw) else {
         return true;
     };
-    match rustix::process::waitpid(Some(raw), WaitOptions::NOHANG) {
-        Ok(Some(_)) => true,
-        Ok(None) => false,
-        Err(rustix::io::Errno::INTR) => false,
-        Err(_) => true,
-    }
+    // Still running, or interrupted: look again at the next pass.
+    let pending = rustix::process::waitpid(Some(raw), WaitOptions::NOHANG);
+    !matches!(pending, Ok(None) | Err(rustix::io::Errno::INTR))
 }
