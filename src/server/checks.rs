@@ -3,7 +3,7 @@
 //! body is never read and every rule is tested with plain values.
 
 use super::Refusal;
-use crate::http::{Head, LengthError};
+use crate::http::Head;
 use crate::protocol::MAX_BODY_BYTES;
 use crate::secret::Secret;
 
@@ -58,7 +58,7 @@ pub(crate) fn check_talk_head(
             return Err(Refusal::BrowserContentType);
         }
     }
-    let length = content_length(head)?;
+    let length = head.content_length().map_err(Refusal::Length)?;
     if length > MAX_BODY_BYTES {
         return Err(Refusal::TooLarge);
     }
@@ -73,21 +73,10 @@ pub(crate) fn check_talk_head(
     Ok(usize::try_from(length).unwrap_or(usize::MAX))
 }
 
-/// Check 3: the body length from `Content-Length`, refusing every other framing. The
-/// rule is the HTTP layer's one (`http::headers`); here each way it fails becomes its
-/// refusal.
-pub(crate) fn content_length(head: &Head) -> Result<u64, Refusal> {
-    head.content_length().map_err(|e| match e {
-        LengthError::Missing => Refusal::LengthMissing,
-        LengthError::Invalid => Refusal::LengthInvalid,
-        LengthError::Conflict => Refusal::LengthConflict,
-        LengthError::TransferEncoding => Refusal::TransferEncoding,
-    })
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::http::LengthError;
     use std::time::Instant;
 
     fn head(headers: &[(&str, &str)]) -> Head {
@@ -103,26 +92,39 @@ mod tests {
         }
     }
 
-    /// The rule itself is tabled in `http::headers`; here, that each way it fails
-    /// becomes its own refusal.
+    /// The framing rule itself is tabled in `http::headers`; here, that a talk head
+    /// failing it is refused with its reason, 411 when the length is missing and 400
+    /// otherwise.
     #[test]
     fn content_length_failures_map_to_their_refusals() {
-        type Row<'a> = (&'a [(&'a str, &'a str)], Result<u64, Refusal>);
+        let secret = Secret::new("s3cret").unwrap();
+        type Row<'a> = (&'a [(&'a str, &'a str)], Result<usize, (LengthError, u16)>);
         let cases: &[Row] = &[
             (&[("Content-Length", "10")], Ok(10)),
-            (&[], Err(Refusal::LengthMissing)),
-            (&[("Content-Length", "1 ")], Err(Refusal::LengthInvalid)),
+            (&[], Err((LengthError::Missing, 411))),
+            (
+                &[("Content-Length", "1 ")],
+                Err((LengthError::Invalid, 400)),
+            ),
             (
                 &[("Content-Length", "5"), ("Content-Length", "6")],
-                Err(Refusal::LengthConflict),
+                Err((LengthError::Conflict, 400)),
             ),
             (
                 &[("Transfer-Encoding", "identity"), ("Content-Length", "5")],
-                Err(Refusal::TransferEncoding),
+                Err((LengthError::TransferEncoding, 400)),
             ),
         ];
         for (headers, want) in cases {
-            assert_eq!(&content_length(&head(headers)), want, "{headers:?}");
+            let mut headers = headers.to_vec();
+            headers.push(("Authorization", "Bearer s3cret"));
+            let got = check_talk_head(&head(&headers), true, &secret).map_err(|refusal| {
+                let Refusal::Length(error) = refusal else {
+                    panic!("{headers:?}: {refusal:?}")
+                };
+                (error, Refusal::Length(error).status_and_code().0)
+            });
+            assert_eq!(&got, want, "{headers:?}");
         }
     }
 
@@ -189,7 +191,7 @@ mod tests {
             (
                 &[("Transfer-Encoding", "chunked")],
                 false,
-                Refusal::TransferEncoding,
+                Refusal::Length(LengthError::TransferEncoding),
             ),
             (
                 &[("Content-Length", too_long.as_str())],

@@ -1,7 +1,7 @@
 //! Refusals: every way a request is turned down before a turn answers it, with the
 //! one table that gives each its HTTP status and wire error code.
 
-use crate::http::HttpError;
+use crate::http::{HttpError, LengthError};
 use crate::protocol::{ErrorCode, RequestError, MAX_BODY_BYTES};
 
 /// Why a request was refused (or failed) before a turn produced an envelope.
@@ -13,14 +13,10 @@ pub enum Refusal {
     BrowserOrigin,
     /// `Content-Type` is a browser form type.
     BrowserContentType,
-    /// `Transfer-Encoding` is present; only `Content-Length` framing is accepted.
-    TransferEncoding,
-    /// `Content-Length` is missing.
-    LengthMissing,
-    /// `Content-Length` is not all digits.
-    LengthInvalid,
-    /// `Content-Length` is repeated with different values.
-    LengthConflict,
+    /// No usable `Content-Length` (check 3): missing (411), not all digits, repeated
+    /// with different values, or beside a `Transfer-Encoding` (400); the HTTP layer's
+    /// one framing rule (`http::headers`) says which.
+    Length(LengthError),
     /// The declared body is larger than [`MAX_BODY_BYTES`].
     TooLarge,
     /// The bus is disabled in config.json.
@@ -65,10 +61,8 @@ impl Refusal {
         match self {
             Refusal::BadHost | Refusal::BrowserOrigin => (403, ErrorCode::AuthFailed),
             Refusal::BrowserContentType => (415, ErrorCode::InvalidRequest),
-            Refusal::TransferEncoding | Refusal::LengthInvalid | Refusal::LengthConflict => {
-                (400, ErrorCode::InvalidRequest)
-            }
-            Refusal::LengthMissing => (411, ErrorCode::InvalidRequest),
+            Refusal::Length(LengthError::Missing) => (411, ErrorCode::InvalidRequest),
+            Refusal::Length(_) => (400, ErrorCode::InvalidRequest),
             Refusal::TooLarge => (413, ErrorCode::RequestTooLarge),
             Refusal::BusDisabled => (403, ErrorCode::BusDisabled),
             Refusal::Unauthorized => (401, ErrorCode::AuthFailed),
@@ -102,12 +96,14 @@ impl Refusal {
             Refusal::BrowserContentType => {
                 "Content-Type must be application/json (or absent)".into()
             }
-            Refusal::TransferEncoding => {
+            Refusal::Length(LengthError::TransferEncoding) => {
                 "Transfer-Encoding is not supported: send Content-Length".into()
             }
-            Refusal::LengthMissing => "Content-Length is required".into(),
-            Refusal::LengthInvalid => "Content-Length must be all digits".into(),
-            Refusal::LengthConflict => "Content-Length is repeated with different values".into(),
+            Refusal::Length(LengthError::Missing) => "Content-Length is required".into(),
+            Refusal::Length(LengthError::Invalid) => "Content-Length must be all digits".into(),
+            Refusal::Length(LengthError::Conflict) => {
+                "Content-Length is repeated with different values".into()
+            }
             Refusal::TooLarge => format!("request body is larger than {MAX_BODY_BYTES} bytes"),
             Refusal::BusDisabled => format!("the bus is disabled on {instance}"),
             Refusal::Unauthorized => "missing or wrong bearer secret".into(),
@@ -146,8 +142,26 @@ mod tests {
             (Refusal::BadHost, 403, "auth_failed"),
             (Refusal::BrowserOrigin, 403, "auth_failed"),
             (Refusal::BrowserContentType, 415, "invalid_request"),
-            (Refusal::TransferEncoding, 400, "invalid_request"),
-            (Refusal::LengthMissing, 411, "invalid_request"),
+            (
+                Refusal::Length(LengthError::TransferEncoding),
+                400,
+                "invalid_request",
+            ),
+            (
+                Refusal::Length(LengthError::Missing),
+                411,
+                "invalid_request",
+            ),
+            (
+                Refusal::Length(LengthError::Invalid),
+                400,
+                "invalid_request",
+            ),
+            (
+                Refusal::Length(LengthError::Conflict),
+                400,
+                "invalid_request",
+            ),
             (Refusal::TooLarge, 413, "request_too_large"),
             (Refusal::BusDisabled, 403, "bus_disabled"),
             (Refusal::Unauthorized, 401, "auth_failed"),
