@@ -4,7 +4,7 @@
 
 use std::collections::BTreeMap;
 use std::io;
-use std::net::{IpAddr, Ipv4Addr};
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::path::{Path, PathBuf};
 
 use serde_json::{Map, Value};
@@ -137,20 +137,19 @@ fn check_entry(port: u16, pid: u32) -> io::Result<()> {
 pub fn register_at(
     root: &Path,
     name: &InstanceName,
-    host: IpAddr,
-    port: u16,
+    addr: SocketAddr,
     pid: u32,
     secret: &Secret,
     taken: impl FnOnce(&RegistryEntry) -> bool,
 ) -> io::Result<Option<RegistryEntry>> {
-    check_entry(port, pid)?;
+    check_entry(addr.port(), pid)?;
     files::create_dir_private(root)?;
     lock::with_registry_lock(root, || {
         let holder = read(root)?.remove(name);
         if let Some(entry) = holder.filter(|entry| entry.pid != pid && taken(entry)) {
             return Ok(Some(entry));
         }
-        insert_locked(root, name, host, port, pid, secret).map(|()| None)
+        insert_locked(root, name, addr, pid, secret).map(|()| None)
     })
 }
 
@@ -158,8 +157,7 @@ pub fn register_at(
 fn insert_locked(
     root: &Path,
     name: &InstanceName,
-    host: IpAddr,
-    port: u16,
+    addr: SocketAddr,
     pid: u32,
     secret: &Secret,
 ) -> io::Result<()> {
@@ -170,14 +168,14 @@ fn insert_locked(
         Some(Value::Object(fields)) => fields,
         _ => Map::new(),
     };
-    fields.insert("port".into(), port.into());
+    fields.insert("port".into(), addr.port().into());
     fields.insert("pid".into(), pid.into());
     fields.insert("secret".into(), secret.expose().into());
     fields.insert("updatedAt".into(), time::now_iso8601().into());
-    if host == DEFAULT_HOST {
+    if addr.ip() == DEFAULT_HOST {
         fields.remove("host");
     } else {
-        fields.insert("host".into(), host.to_string().into());
+        fields.insert("host".into(), addr.ip().to_string().into());
     }
     fields.insert("proof".into(), true.into());
     instances.insert(name.to_string(), Value::Object(fields));
@@ -197,20 +195,19 @@ fn insert_locked(
 pub fn ensure_registered(
     root: &Path,
     name: &InstanceName,
-    host: IpAddr,
-    port: u16,
+    addr: SocketAddr,
     pid: u32,
     secret: &Secret,
 ) -> io::Result<bool> {
     if read(root)?.contains_key(name) {
         return Ok(false);
     }
-    check_entry(port, pid)?;
+    check_entry(addr.port(), pid)?;
     let written = lock::within(root, std::time::Duration::ZERO, || {
         if read(root)?.contains_key(name) {
             return Ok(false);
         }
-        insert_locked(root, name, host, port, pid, secret)?;
+        insert_locked(root, name, addr, pid, secret)?;
         Ok(true)
     })?;
     written.unwrap_or(Ok(false))
@@ -498,7 +495,8 @@ mod tests {
         pid: u32,
         secret: &Secret,
     ) -> io::Result<()> {
-        register_at(root, name, DEFAULT_HOST, port, pid, secret, |_| false).map(drop)
+        let addr = SocketAddr::new(DEFAULT_HOST, port);
+        register_at(root, name, addr, pid, secret, |_| false).map(drop)
     }
 
     /// The lock directory is named after the registry file, as the original names it.
@@ -668,7 +666,8 @@ mod tests {
 
         // A v6 registration then a v4 one: host comes and goes, unknown fields stay.
         let v6: IpAddr = "::1".parse().unwrap();
-        register_at(root, &name("mine"), v6, 4101, 20, &secret("m"), |_| false).unwrap();
+        let addr = SocketAddr::new(v6, 4101);
+        register_at(root, &name("mine"), addr, 20, &secret("m"), |_| false).unwrap();
         assert_eq!(reread()["instances"]["mine"]["host"], "::1");
         register(root, &name("mine"), 4102, 20, &secret("m")).unwrap();
         assert!(reread()["instances"]["mine"].get("host").is_none());
@@ -785,7 +784,8 @@ mod tests {
         let dir = TestDir::new("registry-host");
         let root = dir.path();
         let v6: IpAddr = "::1".parse().unwrap();
-        register_at(root, &name("six"), v6, 4300, 7, &secret("s6"), |_| false).unwrap();
+        let addr = SocketAddr::new(v6, 4300);
+        register_at(root, &name("six"), addr, 7, &secret("s6"), |_| false).unwrap();
         register(root, &name("four"), 4301, 8, &secret("s4")).unwrap();
         let entries = read(root).unwrap();
         assert_eq!((entries["six"].host, entries["six"].proof), (v6, true));

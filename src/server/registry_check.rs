@@ -112,8 +112,7 @@ fn run(entry: &OwnEntry, stop_asked: &Receiver<()>, stopped: &SyncSender<()>) {
 /// from the last one, so a lasting problem is not repeated every interval.
 fn check(entry: &OwnEntry, last_error: &mut Option<String>) {
     let OwnEntry { root, name, .. } = entry;
-    let (ip, port) = (entry.addr.ip(), entry.addr.port());
-    match registry::ensure_registered(root, name, ip, port, entry.pid, &entry.secret) {
+    match registry::ensure_registered(root, name, entry.addr, entry.pid, &entry.secret) {
         Ok(written) => {
             if written {
                 log::warn!(

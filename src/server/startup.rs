@@ -141,7 +141,7 @@ pub(super) fn claim_name(
     pid: u32,
     secret: &Secret,
 ) -> Result<(), ServeError> {
-    let holder = registry::register_at(root, name, addr.ip(), addr.port(), pid, secret, |entry| {
+    let holder = registry::register_at(root, name, addr, pid, secret, |entry| {
         registry::holds_name(name, entry)
     })
     .map_err(|source| ServeError::Register {
