@@ -453,11 +453,13 @@ fn a_config_readable_by_others_is_warned_about() {
     let path = root.write_config("worker", &open_config("s-0123456789abcdef"));
     std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o644)).unwrap();
     let w = Instance::spawn(&root, "worker", &[]);
-    let stderr = w.stderr();
-    let warned = stderr
-        .lines()
-        .any(|l| l.contains("WARN") && l.contains("config.json") && l.contains("644"));
-    assert!(warned, "no warning about mode 644:\n{stderr}");
+    // The log is written by the binary's logging thread: it may come after the entry.
+    let warned = eventually(Duration::from_secs(5), || {
+        w.stderr()
+            .lines()
+            .any(|l| l.contains("WARN") && l.contains("config.json") && l.contains("644"))
+    });
+    assert!(warned, "no warning about mode 644:\n{}", w.stderr());
 }
 
 /// Regression: two `serve` processes could serve one state directory (under different
