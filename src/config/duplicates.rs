@@ -12,11 +12,14 @@ use std::fmt;
 /// items as `[index]`), or `None` when every object's keys are distinct. Bytes that are
 /// not JSON give `None` too: the parse that follows reports them.
 pub(super) fn first_duplicate(bytes: &[u8]) -> Option<String> {
+    // Parsed whole first, so that serde_json's nesting limit (128) bounds the walk's
+    // depth: raw values are skipped over without one.
+    serde_json::from_slice::<serde_json::Value>(bytes).ok()?;
     within(std::str::from_utf8(bytes).ok()?, "")
 }
 
 /// The first duplicate in the JSON value `text`, which stands at `path`. Each level
-/// reads its own text again (serde_json's nesting limit of 128 bounds how often).
+/// reads its own text again: at most 128 levels ([`first_duplicate`] checked).
 fn within(text: &str, path: &str) -> Option<String> {
     match text.trim_start().as_bytes().first() {
         Some(b'{') => {
@@ -99,5 +102,20 @@ mod tests {
         for (text, want) in cases {
             assert_eq!(first_duplicate(text.as_bytes()).as_deref(), *want, "{text}");
         }
+    }
+
+    /// Regression: the walk over raw members recursed once per level of nesting, which
+    /// serde_json does not bound when it skips a raw value: a config of 100,000 nested
+    /// arrays overflowed the stack. Past serde_json's limit there is no duplicate to
+    /// name; the parse that follows reports the nesting.
+    #[test]
+    fn bug_a_deeply_nested_config_overflowed_the_stack() {
+        let deep = format!("{{\"a\":{}1{}}}", "[".repeat(100_000), "]".repeat(100_000));
+        assert_eq!(first_duplicate(deep.as_bytes()), None);
+        let nested = format!("{}{{\"k\":1,\"k\":2}}{}", "[".repeat(100), "]".repeat(100));
+        assert_eq!(
+            first_duplicate(nested.as_bytes()).as_deref(),
+            Some(&*format!("{}.k", "[0]".repeat(100)))
+        );
     }
 }
