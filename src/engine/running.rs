@@ -53,6 +53,15 @@ impl State {
     }
 }
 
+/// A spawned engine: its registration and its process.
+#[derive(Debug)]
+pub struct Spawned {
+    /// The engine's process (reaped by [`RunningEngines::reap`]).
+    pub child: Child,
+    /// Its pid, which is also its process group's id.
+    pub pid: u32,
+}
+
 impl RunningEngines {
     /// Records, for [`RunningEngines::wait_contained`], that the reaper finished a pass
     /// with `leftovers` leftovers still being killed.
@@ -97,18 +106,7 @@ impl RunningEngines {
                 .0;
         }
     }
-}
 
-/// A spawned engine: its registration and its process.
-#[derive(Debug)]
-pub struct Spawned {
-    /// The engine's process (reaped by [`RunningEngines::reap`]).
-    pub child: Child,
-    /// Its pid, which is also its process group's id.
-    pub pid: u32,
-}
-
-impl RunningEngines {
     pub(super) fn lock(&self) -> MutexGuard<'_, State> {
         // Nothing panics while holding this lock.
         self.shared
