@@ -41,6 +41,7 @@ Commands:
   doctor   check an instance's files, config, engine and registration
   usage    show usage and budget per instance
   audit    show an instance's audit log as a table (or follow it)
+  mcp      serve MCP on stdio, so that an agent CLI delegates with tools
 
 Run `loopbus help <command>` or `loopbus <command> --help` for a command's options
 and an example.
@@ -99,6 +100,11 @@ const COMMANDS: &[Command] = &[
         help: super::audit_log::HELP,
         run: super::audit_log::run,
     },
+    Command {
+        name: "mcp",
+        help: super::mcp::HELP,
+        run: super::mcp::run,
+    },
 ];
 
 /// The words besides the commands that `loopbus` takes first.
@@ -113,7 +119,7 @@ const OTHER_WORDS: [&str; 3] = ["help", "version", "--version"];
 pub fn run(args: impl IntoIterator<Item = OsString>) -> Result<i32, CommandError> {
     let args: Vec<OsString> = args.into_iter().collect();
     let style = match args.first().and_then(|a| a.to_str()) {
-        Some("serve") => LogStyle::Server,
+        Some("serve" | "mcp") => LogStyle::Server,
         _ => LogStyle::Client,
     };
     let logging = init_logging(style);

@@ -6,6 +6,7 @@ pub mod entry;
 pub mod health;
 pub mod init;
 pub mod list;
+pub mod mcp;
 pub mod output;
 pub mod serve;
 pub mod settings;

@@ -1,0 +1,295 @@
+//! `loopbus mcp`: a stdio MCP server through which an agent CLI (Claude Code, Codex,
+//! Gemini CLI) delegates to other instances with tools instead of shell commands
+//! (contract 10). It acts as the instance of `--state-dir` exactly as `loopbus talk`
+//! would: its peers, its depth, no secret of its own.
+//!
+//! - [`framing`]: one message a line, the line limit (all revisions);
+//! - [`rpc`]: JSON-RPC, and the lifecycle of 2025-06-18, 2025-11-25 and 2026-07-28;
+//! - [`tools`]: the tools' schemas, arguments and results;
+//! - [`calls`]: the work of a call, its wait, progress, pages and cancellation;
+//! - [`handles`]: the handles naming work that outlives its call.
+//!
+//! This file reads stdin on the main thread and answers what is quick there; each
+//! tool call runs on a thread of its own, up to [`MAX_CONCURRENT_CALLS`], and every
+//! thread writes whole lines through one writer. At the end of stdin the process
+//! cancels the work still running and exits.
+
+mod calls;
+mod framing;
+mod handles;
+mod rpc;
+mod tools;
+
+use crate::cli::{Args, CommandError, EXIT_OK};
+use calls::{CallCtl, Caller, Out, Progress, Shared};
+use rpc::{Incoming, Revision, Route, RpcError, Session};
+use serde_json::{json, Map, Value};
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+use tools::BadCall;
+
+/// Help text.
+pub const HELP: &str = "\
+loopbus mcp [--state-dir DIR [--name NAME] | --as NAME] [--root ROOT] [--depth N]
+
+Serve MCP (the Model Context Protocol) on stdin and stdout, so that an agent CLI
+delegates to other instances with tools: list_instances, talk, result and
+cancel (docs/agents.md has their schemas and each CLI's setup). Speaks protocol
+revisions 2025-06-18, 2025-11-25 (initialize) and 2026-07-28 (server/discover).
+Only JSON-RPC goes to stdout; logs go to stderr.
+
+It delegates as the instance whose state directory is DIR (default:
+$LOOPBUS_STATE_DIR), under that instance's config.json (read again at each
+call), or without either as the operator of the channel root, like
+`loopbus talk`. A call waits at most its waitSecs (default 45) and then
+returns a handle while the work goes on; `result` fetches the answer later.
+When stdin closes, the work still running is cancelled and the process exits.
+
+Options:
+  --state-dir DIR   the calling instance's state directory
+  --name NAME       the calling instance's name (default: $LOOPBUS_INSTANCE when
+                    DIR comes from $LOOPBUS_STATE_DIR, else DIR's last component)
+  --as NAME         without a state directory: the fromInstance sent (default
+                    `operator`)
+  --root ROOT       the channel root (default: DIR's parent, else $LOOPBUS_ROOT,
+                    else ~/.loopbus)
+  --depth N         the current delegation depth (default: $LOOPBUS_DEPTH, else 0);
+                    delegations carry N + 1
+
+Exit status: 0 when stdin closed; 2 usage or local configuration error.
+
+Example (Claude Code):
+  claude mcp add loopbus -- loopbus mcp --state-dir ~/.loopbus/reviewer
+";
+
+/// Most tool calls running at once; one more gets a tool error saying so.
+pub const MAX_CONCURRENT_CALLS: usize = 16;
+
+/// How long the process, at the end of stdin, waits for the work it cancels to end.
+pub const EXIT_CANCEL_WAIT: Duration =
+    loopbus::CANCEL_TIMEOUT.saturating_add(Duration::from_secs(1));
+
+/// Runs `mcp` until stdin closes.
+///
+/// # Errors
+/// Bad arguments, or no usable config.json for `--state-dir`.
+pub fn run(args: &[String]) -> Result<i32, CommandError> {
+    let args = Args::parse(args, &["state-dir", "name", "as", "root", "depth"], &[])?;
+    if args.help {
+        super::output::print(HELP)?;
+        return Ok(EXIT_OK);
+    }
+    args.at_most(0)?;
+    let (name, bus, state_dir) = super::talk::caller(&args)?;
+    let depth = super::talk::depth(args.value("depth"))?;
+    let root = match (args.value("root"), &state_dir) {
+        (Some(root), _) => std::path::PathBuf::from(root),
+        (None, Some(dir)) => loopbus::channel_root(dir),
+        (None, None) => super::default_root()?,
+    };
+    log::info!(
+        "mcp: serving on stdio as {name} (depth {depth}), channel root {}",
+        root.display()
+    );
+    let shared = Arc::new(Shared {
+        out: Out::stdout(),
+        caller: Caller {
+            root,
+            name,
+            state_dir,
+            bus,
+            depth,
+        },
+        handles: Mutex::new(handles::Handles::new()),
+    });
+    let mut server = Server {
+        shared: Arc::clone(&shared),
+        session: Session::default(),
+        calls: Arc::new(Mutex::new(HashMap::new())),
+    };
+    let mut input = std::io::stdin().lock();
+    loop {
+        match framing::read_line(&mut input) {
+            Ok(Some(framing::Line::Message(bytes))) => server.handle(&bytes),
+            Ok(Some(framing::Line::TooLong { bytes })) => {
+                let message = format!(
+                    "a message of {bytes} bytes is over the limit of {} bytes",
+                    framing::MAX_LINE_BYTES
+                );
+                let error = RpcError::new(&Value::Null, rpc::INVALID_REQUEST, message);
+                shared.out.send(&error.to_json());
+            }
+            Ok(None) => break,
+            Err(e) => {
+                log::warn!("mcp: cannot read stdin: {e}");
+                break;
+            }
+        }
+    }
+    log::info!("mcp: stdin closed; cancelling the work still running, then exiting");
+    shared.cancel_all(EXIT_CANCEL_WAIT);
+    Ok(EXIT_OK)
+}
+
+/// The calls in flight, by request id (as JSON text).
+type Calls = Arc<Mutex<HashMap<String, Arc<CallCtl>>>>;
+
+/// The reading side of the server.
+struct Server {
+    shared: Arc<Shared>,
+    session: Session,
+    calls: Calls,
+}
+
+impl Server {
+    /// Handles one line.
+    fn handle(&mut self, bytes: &[u8]) {
+        let answer = match rpc::parse(bytes) {
+            Err(error) => Some(error.to_json()),
+            Ok(Incoming::Response) => {
+                log::debug!("mcp: ignoring a response: this server sends no requests");
+                None
+            }
+            Ok(Incoming::Notification { method, params }) => {
+                self.notification(&method, &params);
+                None
+            }
+            Ok(Incoming::Request { id, method, params }) => self
+                .request(&id, &method, &params)
+                .unwrap_or_else(|error| Some(error.to_json())),
+        };
+        if let Some(answer) = answer {
+            self.shared.out.send(&answer);
+        }
+    }
+
+    fn notification(&self, method: &str, params: &Map<String, Value>) {
+        match method {
+            // Every revision: the request named is no longer wanted. Unknown or
+            // finished ones are ignored, as the spec allows.
+            "notifications/cancelled" => {
+                let Some(id) = params.get("requestId") else {
+                    return;
+                };
+                let ctl = lock(&self.calls).get(&id.to_string()).cloned();
+                if let Some(ctl) = ctl {
+                    log::info!("mcp: the client cancelled call {id}");
+                    ctl.cancel();
+                }
+            }
+            "notifications/initialized" => {}
+            other => log::debug!("mcp: ignoring notification {other}"),
+        }
+    }
+
+    /// The answer to a request, `None` when a thread answers it later.
+    fn request(
+        &mut self,
+        id: &Value,
+        method: &str,
+        params: &Map<String, Value>,
+    ) -> Result<Option<Value>, RpcError> {
+        let (revision, result) = match rpc::route(&mut self.session, id, method, params)? {
+            Route::Initialize(revision) => (None, rpc::initialize_result(revision)),
+            Route::Ping => (None, json!({})),
+            Route::Discover => (Some(Revision::V2026_07_28), rpc::discover_result()),
+            Route::Tools(revision) if method == "tools/list" => {
+                // One page: no cursor of ours exists to be given back.
+                if params.get("cursor").is_some_and(|c| !c.is_null()) {
+                    return Err(RpcError::new(id, rpc::INVALID_PARAMS, "invalid cursor"));
+                }
+                let mut result = json!({"tools": tools::definitions()});
+                if revision.is_modern() {
+                    result["ttlMs"] = json!(rpc::LIST_TTL_MS);
+                    result["cacheScope"] = json!("public");
+                }
+                (Some(revision), result)
+            }
+            Route::Tools(revision) => return self.call(id, revision, params),
+        };
+        Ok(Some(rpc::complete(id, revision, result)))
+    }
+
+    /// Starts a `tools/call` on a thread of its own.
+    fn call(
+        &self,
+        id: &Value,
+        revision: Revision,
+        params: &Map<String, Value>,
+    ) -> Result<Option<Value>, RpcError> {
+        let tool_error = |message: &str| {
+            rpc::complete(id, Some(revision), tools::tool_result(message, None, true))
+        };
+        let call = match tools::parse_call(params) {
+            Ok(call) => call,
+            Err(BadCall::Arguments(message)) if revision != Revision::V2025_06_18 => {
+                return Ok(Some(tool_error(&message)))
+            }
+            Err(BadCall::Arguments(message) | BadCall::Request(message)) => {
+                return Err(RpcError::new(id, rpc::INVALID_PARAMS, message))
+            }
+        };
+        let key = id.to_string();
+        let ctl = Arc::new(CallCtl::default());
+        {
+            let mut calls = lock(&self.calls);
+            if calls.contains_key(&key) {
+                return Err(RpcError::new(
+                    id,
+                    rpc::INVALID_REQUEST,
+                    "a call with this id is still in flight",
+                ));
+            }
+            if calls.len() >= MAX_CONCURRENT_CALLS {
+                return Ok(Some(tool_error(&format!(
+                    "loopbus mcp is running {MAX_CONCURRENT_CALLS} tool calls already (its \
+                     limit); try again when one has answered [server_busy, retryable]"
+                ))));
+            }
+            calls.insert(key.clone(), Arc::clone(&ctl));
+        }
+        let progress = params
+            .get("_meta")
+            .and_then(|meta| meta.get("progressToken"))
+            .filter(|t| t.is_string() || t.is_i64() || t.is_u64())
+            .map(|t| Progress::new(t.clone()));
+        let shared = Arc::clone(&self.shared);
+        let calls = Arc::clone(&self.calls);
+        let answer_id = id.clone();
+        let spawned = std::thread::Builder::new()
+            .name("mcp-call".to_owned())
+            .spawn(move || {
+                let ran = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                    shared.run(call, progress, &ctl)
+                }));
+                lock(&calls).remove(&key);
+                let answer = match ran {
+                    Ok(Some(result)) => rpc::complete(&answer_id, Some(revision), result),
+                    Ok(None) => return,
+                    Err(_) => {
+                        RpcError::new(&answer_id, rpc::INTERNAL_ERROR, "the call failed").to_json()
+                    }
+                };
+                if !ctl.cancelled() {
+                    shared.out.send(&answer);
+                }
+            });
+        match spawned {
+            Ok(_) => Ok(None),
+            Err(e) => {
+                lock(&self.calls).remove(&id.to_string());
+                Err(RpcError::new(
+                    id,
+                    rpc::INTERNAL_ERROR,
+                    format!("cannot start the call: {e}"),
+                ))
+            }
+        }
+    }
+}
+
+/// Locks `mutex`; the map stays valid whatever panicked while holding it.
+fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(PoisonError::into_inner)
+}
