@@ -11,6 +11,9 @@
 //! - delegate one prompt to a registered instance: [`delegate`], [`DelegateOptions`],
 //!   [`Reply`], [`DelegateError`]; cancel it: [`cancel`], [`new_request_id`],
 //!   [`CancelOutcome`];
+//! - delegate in workflows (contract 9): [`fan`], [`chain`], [`verify`] with
+//!   [`WorkflowOptions`], stopped by a [`StopHandle`], watched by an [`Observer`],
+//!   returning an [`Outcome`] of [`Stage`]s;
 //! - the configuration an instance and a caller read: [`Config`], [`BusConfig`],
 //!   [`Peers`], [`EngineConfig`], [`load_config`], [`parse_config`], [`ConfigError`];
 //!   the checks `serve` makes of an engine before its first turn: [`engine_findings`];
@@ -60,6 +63,7 @@ mod text;
 mod time;
 mod turns;
 mod usage;
+mod workflow;
 
 // Running an instance.
 pub use server::{EngineOverride, Instance, InstanceOptions, ServeError, ShutdownHandle};
@@ -70,6 +74,13 @@ pub use client::{
     Reply, CANCEL_TIMEOUT, DEFAULT_BACKOFF_BASE, DEFAULT_BACKOFF_CAP, DEFAULT_TIMEOUT,
 };
 pub use http::client::ClientError;
+
+// Workflows of delegations.
+pub use workflow::{
+    chain, chain_prompt, conclude, fan, parse_verdict, sum_usage, verify, verify_prompt,
+    Conclusion, Event, Observer, Outcome, Stage, StopHandle, Verdict, WorkflowError,
+    WorkflowOptions, FAN_THREADS, MAX_TARGETS,
+};
 
 // Configuration.
 pub use config::{
