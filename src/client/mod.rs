@@ -56,9 +56,9 @@ mod retry;
 mod trace;
 
 pub use cancel::{cancel, CancelOutcome, CANCEL_TIMEOUT};
-pub use trace::{TraceContext, TraceEnvWarning};
 pub use error::DelegateError;
 pub use retry::{DEFAULT_BACKOFF_BASE, DEFAULT_BACKOFF_CAP};
+pub use trace::{TraceContext, TraceEnvWarning};
 
 /// How long `loopbus talk` waits for an answer unless told otherwise (contract
 /// section 5).

@@ -46,8 +46,8 @@ impl TraceContext {
     /// The OS's randomness could not be read.
     pub fn new() -> std::io::Result<TraceContext> {
         // 32 hex digits of random bytes: all zeros has odds of 2^-128, and is refused.
-        let trace_id = TraceId::new(secret::random_hex(TRACE_ID_BYTES)?)
-            .map_err(std::io::Error::other)?;
+        let trace_id =
+            TraceId::new(secret::random_hex(TRACE_ID_BYTES)?).map_err(std::io::Error::other)?;
         Ok(TraceContext::joined(trace_id, None))
     }
 
@@ -100,11 +100,8 @@ fn from_vars(
     if let Some(value) = set(trace_id) {
         match TraceId::new(value) {
             Ok(trace_id) => {
-                let parent = set(request_id).and_then(|value| {
-                    RequestId::new(value)
-                        .map_err(|_| warn(REQUEST_ID_VAR))
-                        .ok()
-                });
+                let parent = set(request_id)
+                    .and_then(|value| RequestId::new(value).map_err(|_| warn(REQUEST_ID_VAR)).ok());
                 return (Some(TraceContext::joined(trace_id, parent)), warnings);
             }
             Err(_) => warn(TRACE_ID_VAR),
@@ -187,7 +184,10 @@ mod tests {
         assert_eq!(a.parent_request_id, None);
         for variable in [TRACE_ID_VAR, REQUEST_ID_VAR, TRACEPARENT_VAR] {
             let text = TraceEnvWarning { variable }.to_string();
-            assert!(text.starts_with(&format!("ignoring {variable}: ")), "{text}");
+            assert!(
+                text.starts_with(&format!("ignoring {variable}: ")),
+                "{text}"
+            );
         }
     }
 }

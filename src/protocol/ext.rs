@@ -135,7 +135,11 @@ pub fn parse_traceparent(value: &str) -> Option<TraceId> {
     let span_id = fields.next()?;
     let flags = fields.next()?;
     let more = fields.next().is_some();
-    let hex2 = |s: &str| s.len() == 2 && s.bytes().all(|b| b.is_ascii_hexdigit() && !b.is_ascii_uppercase());
+    let hex2 = |s: &str| {
+        s.len() == 2
+            && s.bytes()
+                .all(|b| b.is_ascii_hexdigit() && !b.is_ascii_uppercase())
+    };
     let form = hex2(version)
         && version != "ff"
         && !(version == "00" && more)
@@ -262,7 +266,10 @@ mod tests {
     #[test]
     fn trace_id_form() {
         assert!(TraceId::new("0".repeat(31) + "1").is_ok());
-        assert_eq!(TraceId::new("af".repeat(16)).unwrap().as_str(), "af".repeat(16));
+        assert_eq!(
+            TraceId::new("af".repeat(16)).unwrap().as_str(),
+            "af".repeat(16)
+        );
         for bad in [
             "0".repeat(32),
             "A".repeat(32),
@@ -286,7 +293,10 @@ mod tests {
             (format!("ff-{t}-00f067aa0ba902b7-01"), false),
             (format!("00-{t}-0000000000000000-01"), false),
             (format!("00-{}-00f067aa0ba902b7-01", "0".repeat(32)), false),
-            (format!("00-{}-00f067aa0ba902b7-01", t.to_uppercase()), false),
+            (
+                format!("00-{}-00f067aa0ba902b7-01", t.to_uppercase()),
+                false,
+            ),
             (format!("00-{t}-00F067AA0BA902B7-01"), false),
             (format!("00-{t}-00f067aa0ba902b7"), false),
             (format!("0-{t}-00f067aa0ba902b7-01"), false),
@@ -345,7 +355,10 @@ mod tests {
             (json!({"traceId": "ab"}), Err(ExtError::TraceId)),
             (json!({"traceId": "0".repeat(32)}), Err(ExtError::TraceId)),
             (json!({"traceId": 7}), Err(ExtError::TraceId)),
-            (json!({"parentRequestId": 7}), Err(ExtError::ParentRequestId)),
+            (
+                json!({"parentRequestId": 7}),
+                Err(ExtError::ParentRequestId),
+            ),
             (
                 json!({"parentRequestId": "x"}),
                 Err(ExtError::ParentRequestId),

@@ -20,9 +20,9 @@ pub use classify::{classify, legacy_failure_code};
 pub use codes::ErrorCode;
 pub use envelope::{Envelope, Failure, UsageReport};
 pub use ext::{
-    format_traceparent, parse_traceparent, ExtError, InvalidRequestId, InvalidTraceId,
-    RequestExt, RequestId, TraceId, MAX_REQUEST_ID_LEN, MIN_REQUEST_ID_LEN, REQUEST_ID_VAR,
-    SPAN_ID_LEN, TRACEPARENT_VAR, TRACE_ID_LEN, TRACE_ID_VAR,
+    format_traceparent, parse_traceparent, ExtError, InvalidRequestId, InvalidTraceId, RequestExt,
+    RequestId, TraceId, MAX_REQUEST_ID_LEN, MIN_REQUEST_ID_LEN, REQUEST_ID_VAR, SPAN_ID_LEN,
+    TRACEPARENT_VAR, TRACE_ID_LEN, TRACE_ID_VAR,
 };
 pub use health::{Health, TurnLoad};
 pub use name::{InstanceName, InvalidInstanceName, MAX_INSTANCE_NAME_LEN};

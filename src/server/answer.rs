@@ -116,7 +116,12 @@ impl Bus {
 
     /// Records one talk outcome in the audit log; `status` is `None` when nobody was
     /// answered.
-    pub(super) fn audit(&mut self, meta: &TalkMeta, outcome: &AuditOutcome<'_>, status: Option<u16>) {
+    pub(super) fn audit(
+        &mut self,
+        meta: &TalkMeta,
+        outcome: &AuditOutcome<'_>,
+        status: Option<u16>,
+    ) {
         let usage = outcome.usage.unwrap_or_default();
         let known = outcome.usage.map(|_| ());
         self.audit.record(&audit::Record {

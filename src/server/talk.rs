@@ -23,7 +23,11 @@ impl TalkMeta {
             prompt_chars: Some(request.prompt.chars().count()),
             request_id: request.ext.request_id.as_ref().map(|id| id.to_string()),
             trace_id: request.ext.trace_id.as_ref().map(|id| id.to_string()),
-            parent_request_id: request.ext.parent_request_id.as_ref().map(|id| id.to_string()),
+            parent_request_id: request
+                .ext
+                .parent_request_id
+                .as_ref()
+                .map(|id| id.to_string()),
         }
     }
 }
