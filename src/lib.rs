@@ -10,7 +10,12 @@
 //!   [`ShutdownHandle`], [`EngineOverride`];
 //! - delegate one prompt to a registered instance: [`delegate`], [`DelegateOptions`],
 //!   [`Reply`], [`DelegateError`]; cancel it: [`cancel`], [`new_request_id`],
-//!   [`CancelOutcome`];
+//!   [`CancelOutcome`]; the tree of delegations it belongs to (contract 8.4):
+//!   [`TraceContext`] (fresh, or from the environment an instance gives its engine,
+//!   with [`TraceEnvWarning`]s), [`TraceId`];
+//! - delegate in workflows (contract 9): [`fan`], [`chain`], [`verify`] with
+//!   [`WorkflowOptions`], stopped by a [`StopHandle`], watched by an [`Observer`],
+//!   returning an [`Outcome`] of [`Stage`]s;
 //! - the configuration an instance and a caller read: [`Config`], [`BusConfig`],
 //!   [`Peers`], [`EngineConfig`], [`load_config`], [`parse_config`], [`ConfigError`];
 //!   the checks `serve` makes of an engine before its first turn: [`engine_findings`];
@@ -60,6 +65,7 @@ mod text;
 mod time;
 mod turns;
 mod usage;
+mod workflow;
 
 // Running an instance.
 pub use server::{EngineOverride, Instance, InstanceOptions, ServeError, ShutdownHandle};
@@ -67,9 +73,17 @@ pub use server::{EngineOverride, Instance, InstanceOptions, ServeError, Shutdown
 // Delegating to one.
 pub use client::{
     cancel, delegate, new_request_id, CancelOutcome, DelegateError, DelegateOptions, PeerProtocol,
-    Reply, CANCEL_TIMEOUT, DEFAULT_BACKOFF_BASE, DEFAULT_BACKOFF_CAP, DEFAULT_TIMEOUT,
+    Reply, TraceContext, TraceEnvWarning, CANCEL_TIMEOUT, DEFAULT_BACKOFF_BASE,
+    DEFAULT_BACKOFF_CAP, DEFAULT_TIMEOUT,
 };
 pub use http::client::ClientError;
+
+// Workflows of delegations.
+pub use workflow::{
+    chain, chain_prompt, conclude, fan, parse_verdict, sum_usage, verify, verify_prompt,
+    Conclusion, Event, Observer, Outcome, Stage, StopHandle, Verdict, WorkflowError,
+    WorkflowOptions, FAN_THREADS, MAX_TARGETS,
+};
 
 // Configuration.
 pub use config::{
@@ -100,10 +114,11 @@ pub use usage::{peek as read_usage, round_cost, Usage, UsageFileError};
 // The wire protocol.
 pub use protocol::{
     encode_talk_request, parse_response, parse_talk_request, Envelope, ErrorCode, ExtError,
-    Failure, Health, InstanceName, InvalidInstanceName, InvalidRequestId, RequestError, RequestExt,
-    RequestId, ResponseError, TalkRequest, TurnLoad, UsageReport, CAPABILITIES, MAX_BODY_BYTES,
-    MAX_FROM_INSTANCE_BYTES, MAX_INSTANCE_NAME_LEN, MAX_REQUEST_ID_LEN, MIN_REQUEST_ID_LEN,
-    PROTOCOL_VERSION,
+    Failure, Health, InstanceName, InvalidInstanceName, InvalidRequestId, InvalidTraceId,
+    RequestError, RequestExt, RequestId, ResponseError, TalkRequest, TraceId, TurnLoad,
+    UsageReport, CAPABILITIES, MAX_BODY_BYTES, MAX_FROM_INSTANCE_BYTES, MAX_INSTANCE_NAME_LEN,
+    MAX_REQUEST_ID_LEN, MIN_REQUEST_ID_LEN, PROTOCOL_VERSION, REQUEST_ID_VAR, TRACEPARENT_VAR,
+    TRACE_ID_LEN, TRACE_ID_VAR,
 };
 
 // Outside text on a terminal or in a log.

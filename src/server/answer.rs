@@ -4,7 +4,7 @@
 use super::{Bus, Refusal};
 use crate::audit;
 use crate::http::{Head, Response};
-use crate::protocol::{proof, Envelope, Failure, Health, TurnLoad};
+use crate::protocol::{proof, Envelope, Failure, Health, TurnLoad, UsageReport};
 use std::time::Instant;
 
 /// What the audit line of one talk outcome knows about the request.
@@ -15,7 +15,11 @@ pub(super) struct TalkMeta {
     pub(super) from_instance: Option<String>,
     pub(super) depth: Option<u64>,
     pub(super) prompt_chars: Option<usize>,
+    /// The request's `ext.requestId`, or the one the server made for its turn.
     pub(super) request_id: Option<String>,
+    /// The request's `ext.traceId`, or the one the server made for its turn.
+    pub(super) trace_id: Option<String>,
+    pub(super) parent_request_id: Option<String>,
 }
 
 impl TalkMeta {
@@ -27,6 +31,8 @@ impl TalkMeta {
             depth: None,
             prompt_chars: None,
             request_id: None,
+            trace_id: None,
+            parent_request_id: None,
         }
     }
 
@@ -42,6 +48,27 @@ impl TalkMeta {
                 .map(|chars| format!("prompt {chars} chars")),
         );
         parts.join(", ")
+    }
+}
+
+/// What an audit line says happened: its outcome, detail and code, and the turn's
+/// usage when its engine reported one.
+pub(super) struct AuditOutcome<'a> {
+    pub(super) outcome: &'a str,
+    pub(super) detail: &'a str,
+    pub(super) error_code: Option<&'a str>,
+    pub(super) usage: Option<UsageReport>,
+}
+
+impl<'a> AuditOutcome<'a> {
+    /// An outcome without usage.
+    pub(super) fn new(outcome: &'a str, detail: &'a str, error_code: Option<&'a str>) -> Self {
+        AuditOutcome {
+            outcome,
+            detail,
+            error_code,
+            usage: None,
+        }
     }
 }
 
@@ -82,7 +109,8 @@ impl Bus {
         let (status, code) = refusal.status_and_code();
         log::debug!("talk refused: {status} {code} ({})", meta.describe());
         let message = refusal.message(self.name.as_str());
-        self.audit(meta, "refused", &message, Some(code.as_str()), Some(status));
+        let outcome = AuditOutcome::new("refused", &message, Some(code.as_str()));
+        self.audit(meta, &outcome, Some(status));
         self.refusal_response(refusal, meta.received_at)
     }
 
@@ -91,21 +119,27 @@ impl Bus {
     pub(super) fn audit(
         &mut self,
         meta: &TalkMeta,
-        outcome: &str,
-        detail: &str,
-        error_code: Option<&str>,
+        outcome: &AuditOutcome<'_>,
         status: Option<u16>,
     ) {
+        let usage = outcome.usage.unwrap_or_default();
+        let known = outcome.usage.map(|_| ());
         self.audit.record(&audit::Record {
-            outcome,
-            detail,
+            outcome: outcome.outcome,
+            detail: outcome.detail,
             from_instance: meta.from_instance.as_deref(),
             depth: meta.depth,
             duration_ms: elapsed_ms(meta.received_at),
-            error_code,
+            error_code: outcome.error_code,
             prompt_chars: meta.prompt_chars,
             status,
             request_id: meta.request_id.as_deref(),
+            trace_id: meta.trace_id.as_deref(),
+            parent_request_id: meta.parent_request_id.as_deref(),
+            cost_usd: usage.cost_usd,
+            input_tokens: known.map(|()| usage.input_tokens),
+            output_tokens: known.map(|()| usage.output_tokens),
+            cached_tokens: known.map(|()| usage.cached_tokens),
         });
     }
 

@@ -36,6 +36,9 @@ Commands:
   serve    run an instance (see `loopbus serve --help`)
   init     write a ready config.json for a new instance
   talk     delegate a prompt to another instance and print its reply
+  fan      send one prompt to several instances at once
+  chain    pass a prompt through instances in order, each reply to the next
+  verify   have one instance answer and another check the answer
   health   check whether an instance is alive (--wait SECS waits for it)
   list     list the registered instances, alive or not
   doctor   check an instance's files, config, engine and registration
@@ -74,6 +77,21 @@ const COMMANDS: &[Command] = &[
         name: "talk",
         help: super::talk::HELP,
         run: super::talk::run,
+    },
+    Command {
+        name: "fan",
+        help: super::workflow::FAN_HELP,
+        run: super::workflow::run_fan,
+    },
+    Command {
+        name: "chain",
+        help: super::workflow::CHAIN_HELP,
+        run: super::workflow::run_chain,
+    },
+    Command {
+        name: "verify",
+        help: super::workflow::VERIFY_HELP,
+        run: super::workflow::run_verify,
     },
     Command {
         name: "health",

@@ -13,6 +13,7 @@ pub mod settings;
 pub mod talk;
 pub mod terminal;
 pub mod usage_report;
+pub mod workflow;
 
 use crate::cli::{local, usage, CommandError, UsageError};
 use loopbus::{Config, ConfigError, InstanceName, TrustKind, CONFIG_FILE, DEFAULT_ACCEPT_KINDS};

@@ -93,19 +93,7 @@ pub const MAX_RETRIES: u32 = 100;
 /// prompt on stdin that is not UTF-8. Delegation failures are not errors: they map
 /// to exit statuses 1 and 75 (and 130/143 for a signal).
 pub fn run(args: &[String]) -> Result<i32, CommandError> {
-    let args = Args::parse(
-        args,
-        &[
-            "state-dir",
-            "name",
-            "as",
-            "root",
-            "depth",
-            "timeout",
-            "retries",
-        ],
-        &["json", "raw"],
-    )?;
+    let args = Args::parse(args, &CALLER_OPTIONS, &["json", "raw"])?;
     if args.help {
         super::output::print(HELP)?;
         return Ok(EXIT_OK);
@@ -119,29 +107,18 @@ pub fn run(args: &[String]) -> Result<i32, CommandError> {
         .first()
         .ok_or_else(|| usage("missing TARGET; usage: loopbus talk TARGET [PROMPT]"))
         .and_then(super::parse_name)?;
-    let (caller, bus, state_dir) = caller(&args)?;
-    let depth = depth(args.value("depth"))?;
-    let timeout = timeout(args.value("timeout"))?;
-    let retries = retries(args.value("retries"))?;
-    let prompt = match args.positionals.get(1).map(String::as_str) {
-        None | Some("-") => {
-            if std::io::stdin().is_terminal() {
-                terminal::eprint_line(&format!(
-                    "loopbus: reading the prompt for {target} from stdin; end it with Ctrl-D"
-                ));
-            }
-            read_prompt()?
-        }
-        Some(prompt) => Prompt::Whole(prompt.to_owned()),
-    };
+    let settings = Settings::from_args(&args)?;
+    let prompt = prompt(args.positionals.get(1), target.as_str())?;
     let request_id =
         loopbus::new_request_id().map_err(|e| local(format!("cannot make a request id: {e}")))?;
-
-    let root = match (args.value("root"), &state_dir) {
-        (Some(root), _) => std::path::PathBuf::from(root),
-        (None, Some(state_dir)) => loopbus::channel_root(state_dir),
-        (None, None) => super::default_root()?,
-    };
+    let Settings {
+        caller,
+        bus,
+        root,
+        depth,
+        timeout,
+        retries,
+    } = settings;
     let (prompt, unread) = match prompt {
         Prompt::Whole(prompt) => (prompt, 0),
         Prompt::Cut { head, unread } => (head, unread),
@@ -196,8 +173,80 @@ pub fn run(args: &[String]) -> Result<i32, CommandError> {
     }
 }
 
+/// The options of every command that delegates as the caller, `talk`'s own.
+pub const CALLER_OPTIONS: [&str; 7] = [
+    "state-dir",
+    "name",
+    "as",
+    "root",
+    "depth",
+    "timeout",
+    "retries",
+];
+
+/// Who delegates, where, and how: what [`CALLER_OPTIONS`] and the environment say.
+pub struct Settings {
+    /// The calling instance.
+    pub caller: InstanceName,
+    /// Its own bus config ([`BusConfig::open`] for the operator).
+    pub bus: BusConfig,
+    /// The channel root.
+    pub root: PathBuf,
+    /// The current depth.
+    pub depth: u64,
+    /// Each attempt's wait for the answer.
+    pub timeout: Duration,
+    /// Retries of a retryable failure.
+    pub retries: u32,
+}
+
+impl Settings {
+    /// The settings from `--state-dir`/`--name`/`--as`/`--root`/`--depth`/`--timeout`/
+    /// `--retries` and the environment, as `talk` takes them (contract section 5).
+    ///
+    /// # Errors
+    /// A bad option, no channel root, an untrusted, missing or invalid config.json.
+    pub fn from_args(args: &Args) -> Result<Settings, CommandError> {
+        let (caller, bus, state_dir) = caller(args)?;
+        let depth = depth(args.value("depth"))?;
+        let timeout = timeout(args.value("timeout"))?;
+        let retries = retries(args.value("retries"))?;
+        let root = match (args.value("root"), &state_dir) {
+            (Some(root), _) => PathBuf::from(root),
+            (None, Some(state_dir)) => loopbus::channel_root(state_dir),
+            (None, None) => super::default_root()?,
+        };
+        Ok(Settings {
+            caller,
+            bus,
+            root,
+            depth,
+            timeout,
+            retries,
+        })
+    }
+}
+
+/// The prompt: `given`, or stdin when it is absent or `-` (saying so on a terminal).
+///
+/// # Errors
+/// stdin cannot be read or is not UTF-8.
+pub fn prompt(given: Option<&String>, for_whom: &str) -> Result<Prompt, UsageError> {
+    match given.map(String::as_str) {
+        None | Some("-") => {
+            if std::io::stdin().is_terminal() {
+                terminal::eprint_line(&format!(
+                    "loopbus: reading the prompt for {for_whom} from stdin; end it with Ctrl-D"
+                ));
+            }
+            read_prompt()
+        }
+        Some(prompt) => Ok(Prompt::Whole(prompt.to_owned())),
+    }
+}
+
 /// The one-line cost summary: `worker: $0.0123, 1,200 in / 340 out tokens, 3.2 s`.
-fn cost_line(from: &str, usage: &UsageReport, duration_ms: u64) -> String {
+pub fn cost_line(from: &str, usage: &UsageReport, duration_ms: u64) -> String {
     let cost = usage
         .cost_usd
         .map_or_else(|| "cost unknown".to_owned(), |c| format!("${c:.4}"));
@@ -210,7 +259,7 @@ fn cost_line(from: &str, usage: &UsageReport, duration_ms: u64) -> String {
 }
 
 /// `n` with commas between thousands: `1,200`.
-fn thousands(n: u64) -> String {
+pub fn thousands(n: u64) -> String {
     let digits = n.to_string();
     let mut out = String::with_capacity(digits.len() + digits.len() / 3);
     for (i, digit) in digits.chars().enumerate() {
@@ -368,7 +417,7 @@ fn not_registered(target: &InstanceName, root: &Path) -> String {
 }
 
 /// The prompt as read.
-enum Prompt {
+pub enum Prompt {
     /// All of it.
     Whole(String),
     /// Longer than [`MAX_BODY_BYTES`]: the part read, and how many bytes followed it.
