@@ -611,3 +611,81 @@ fn closing_stdin_ends_the_process_and_cancels_its_work() {
     assert!(eventually(BOUND, || gone(pid)), "engine {pid} still runs");
     assert!(eventually(BOUND, || children(worker.pid()).is_empty()));
 }
+
+#[test]
+fn fan_chain_and_verify_against_real_instances() {
+    let root = TestRoot::new("mcp-workflows");
+    let mut boss = open_config("boss-secret-0123456789");
+    boss["bus"]["parallel"] = json!(["a", "b"]);
+    boss["bus"]["chain"] = json!(["a", "b"]);
+    boss["bus"]["verifier"] = json!("judge");
+    root.write_config("boss", &boss);
+    let echo = |name: &str| root.start(name, &open_config(&format!("{name}-secret-0123456789")));
+    let (_a, _b) = (echo("a"), echo("b"));
+    let mut judge = open_config("judge-secret-0123456789");
+    judge["engine"] =
+        json!({"command": ["sh", "-c", "cat > /dev/null; echo 'VERDICT: PASS'; echo looks right"]});
+    let _judge = root.start("judge", &judge);
+    let mut gated_config = open_config("slow-secret-0123456789");
+    gated_config["engine"] = gated(&root.path);
+    let _slow = root.start("slow", &gated_config);
+    let mut client = Client::start(&root, &root.state_dir("boss"));
+    client.initialize("2025-11-25");
+
+    // fan: the config's list, one section per target in its order.
+    let fan = client.call("fan", json!({"prompt": "q"}));
+    assert_eq!(fan["isError"], false, "{fan}");
+    assert_eq!(text(&fan), "--- a (1 of 2) ---\nq\n\n--- b (2 of 2) ---\nq");
+    let replies = fan["structuredContent"]["replies"].as_array().unwrap();
+    assert_eq!(replies.len(), 2);
+    assert!(
+        replies.iter().all(|r| r["envelope"]["success"] == true),
+        "{fan}"
+    );
+
+    // chain: stage 2 gets the prompt and stage 1's reply.
+    let chain = client.call("chain", json!({"prompt": "q", "targets": ["b", "a"]}));
+    assert_eq!(
+        text(&chain),
+        "--- b (stage 1 of 2) ---\nq\n\n--- a (stage 2 of 2) ---\nq\n\n--- output of b (stage 1 of 2) ---\nq"
+    );
+
+    // verify: the config's verifier; the verdict first and in structuredContent.
+    let verify = client.call("verify", json!({"prompt": "2+2?", "answerer": "a"}));
+    assert_eq!(verify["structuredContent"]["verdict"], "PASS", "{verify}");
+    assert!(text(&verify).starts_with("VERDICT: PASS\n\n--- answer from a ---\n2+2?"));
+    assert!(text(&verify).ends_with("--- check by judge ---\nVERDICT: PASS\nlooks right"));
+
+    // One target failing: an error with its code, the other reply kept.
+    let partial = client.call("fan", json!({"prompt": "q", "targets": ["a", "ghost"]}));
+    assert_eq!(partial["isError"], true, "{partial}");
+    let s = &partial["structuredContent"];
+    assert_eq!(s["errorCode"], "instance_unavailable");
+    assert_eq!(s["retryable"], true);
+    assert_eq!(s["replies"][0]["envelope"]["success"], true);
+    // A list naming the caller is refused before anything is sent.
+    let refused = client.call("fan", json!({"prompt": "q", "targets": ["boss"]}));
+    assert_eq!(refused["isError"], true, "{refused}");
+    assert!(text(&refused).contains("the caller itself"), "{refused}");
+
+    // Progress counts the targets that answered.
+    let id = client.send_request(
+        "tools/call",
+        json!({"name": "fan", "arguments": {"prompt": "p", "targets": ["a", "slow"], "waitSecs": 30},
+            "_meta": {"progressToken": 7}}),
+    );
+    let note = client.recv(BOUND).expect("a progress notification");
+    assert_eq!(note["params"]["progressToken"], 7, "{note}");
+    assert_eq!(note["params"]["total"], 2);
+    assert!(
+        note["params"]["progress"].as_f64().unwrap() >= 1.0,
+        "{note}"
+    );
+    assert!(note["params"]["message"]
+        .as_str()
+        .unwrap()
+        .contains("1 of 2 answered"));
+    open_gate(&root);
+    let answer = client.response(&id);
+    assert_eq!(answer["result"]["isError"], false, "{answer}");
+}

@@ -7,10 +7,11 @@
 //! starts waiting, then at least every [`PROGRESS_INTERVAL`] and whenever one more
 //! target answers, until its answer is sent.
 
+use super::answers::{self, Answer, Kind};
 use super::handles::{Handles, Refused};
 use super::tools::{self, Call, View};
-use loopbus::{BusConfig, DelegateError, DelegateOptions, InstanceName};
-use serde_json::{json, Map, Value};
+use loopbus::{BusConfig, Event, InstanceName, StopHandle, WorkflowOptions};
+use serde_json::{json, Value};
 use std::io::Write;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -86,22 +87,17 @@ impl Caller {
     }
 }
 
-/// A finished job's answer.
+/// A finished job's answer, and how long its work took.
 pub struct Done {
-    /// The text, paged by `maxChars`.
-    text: String,
-    /// Whether the work failed.
-    is_error: bool,
-    /// `structuredContent` fields besides the status and paging ones.
-    fields: Map<String, Value>,
-    /// How long the work took.
+    answer: Answer,
     elapsed: Duration,
 }
 
 impl Done {
     /// Roughly what keeping the answer costs, for the handles' byte bound.
     fn bytes(&self) -> usize {
-        self.text.len() + Value::Object(self.fields.clone()).to_string().len()
+        let fields = Value::Object(self.answer.fields.clone());
+        self.answer.text.len() + fields.to_string().len()
     }
 }
 
@@ -124,8 +120,8 @@ pub struct Job {
     started: Instant,
     state: Mutex<JobState>,
     changed: Condvar,
-    /// Sends the cancel requests of its delegations.
-    cancel: Box<dyn Fn() + Send + Sync>,
+    /// Stops its workflow: cancels every delegation in flight, sends no new one.
+    stop: StopHandle,
 }
 
 impl Job {
@@ -150,7 +146,7 @@ impl Job {
             }
             state.cancelling = true;
         }
-        (self.cancel)();
+        self.stop.stop();
     }
 
     /// Wakes whoever waits on the job (its call was cancelled).
@@ -263,12 +259,14 @@ impl Shared {
     ) -> Option<Value> {
         let (job, offset, view, first) = match call {
             Call::ListInstances => return Some(self.list_instances()),
-            Call::Talk {
-                target,
+            Call::Delegate {
+                kind,
+                targets,
+                verifier,
                 prompt,
                 timeout,
                 view,
-            } => match self.start_talk(target, prompt, timeout) {
+            } => match self.start(kind, targets, verifier, prompt, timeout) {
                 Ok(job) => (job, 0, view, true),
                 Err(message) => return Some(tools::tool_result(&message, None, true)),
             },
@@ -298,7 +296,7 @@ impl Shared {
             Waited::Running => return Some(running(&job)),
             Waited::Done(done) => done,
         };
-        let page = tools::page(&done.text, offset, view.max_chars);
+        let page = tools::page(&done.answer.text, offset, view.max_chars);
         // A whole answer on the first try needs no handle.
         let handle = if first && page.next.is_none() {
             lock(&self.handles).remove(&job.handle);
@@ -391,74 +389,84 @@ impl Shared {
         }));
     }
 
-    /// Starts the delegation of `talk`, under a new handle.
-    fn start_talk(
+    /// Starts the workflow of a delegating tool under a new handle: `talk` is a fan
+    /// to one target. A list not given is the caller's config's.
+    fn start(
         self: &Arc<Self>,
-        target: InstanceName,
+        kind: Kind,
+        targets: Option<Vec<InstanceName>>,
+        verifier: Option<InstanceName>,
         prompt: String,
         timeout: Duration,
     ) -> Result<Arc<Job>, String> {
         let caller = &self.caller;
         let bus = caller.bus()?;
-        let request_id =
-            loopbus::new_request_id().map_err(|e| format!("cannot make a request id: {e}"))?;
-        let options = DelegateOptions::new(
-            caller.root.clone(),
-            caller.name.clone(),
-            bus,
-            target.clone(),
-            prompt,
-        )
-        .with_depth(caller.depth)
-        .with_timeout(timeout)
-        .with_request_id(request_id.clone());
-        let cancel_options = options.clone();
-        let job = self.add_job(
-            format!("talk to {target}"),
-            1,
-            Box::new(move || send_cancel(&cancel_options)),
-        )?;
-        let work = Arc::clone(&job);
-        self.spawn_work(&job, move || {
-            let started = Instant::now();
-            let outcome = loopbus::delegate(&options);
-            if let Err(error) = &outcome {
-                // Given up for good on a turn that may still run there (contract 8.1).
-                if matches!(error.cause(), DelegateError::Timeout { .. }) {
-                    send_cancel(&options);
-                }
+        let (targets, key) = match (targets, kind) {
+            (Some(targets), _) => (targets, ""),
+            (None, Kind::Chain) => (bus.chain.clone(), "bus.chain"),
+            (None, _) => (bus.parallel.clone(), "bus.parallel"),
+        };
+        if targets.is_empty() {
+            return Err(format!(
+                "no instances to ask: give `targets`, or list them in {key} of {}'s config.json",
+                caller.name
+            ));
+        }
+        let verifier = match (kind, verifier.or_else(|| bus.verifier.clone())) {
+            (Kind::Verify, None) => {
+                return Err(format!(
+                    "no verifier: give `verifier`, or set bus.verifier in {}'s config.json",
+                    caller.name
+                ))
             }
-            work.answered();
-            let took = u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX);
-            let item = tools::reply_item(
-                target.as_str(),
-                request_id.as_str(),
-                &outcome,
-                options.caller.as_str(),
-                took,
-            );
-            let mut fields = Map::new();
-            let (text, is_error) = match &outcome {
-                Ok(reply) => (reply.text.clone(), false),
-                Err(error) => {
-                    fields.insert("errorCode".to_owned(), json!(error.code().as_str()));
-                    fields.insert("retryable".to_owned(), json!(error.retryable()));
-                    (tools::failure_text(target.as_str(), error), true)
+            (_, verifier) => verifier,
+        };
+        let names: Vec<&str> = targets.iter().map(InstanceName::as_str).collect();
+        let label = match (kind, &verifier) {
+            (Kind::Verify, Some(verifier)) => format!("verify by {} and {verifier}", names[0]),
+            (Kind::Talk, _) => format!("talk to {}", names.join(", ")),
+            (Kind::Chain, _) => format!("chain through {}", names.join(", ")),
+            _ => format!("fan to {}", names.join(", ")),
+        };
+        let total = targets.len() + usize::from(kind == Kind::Verify);
+        let stop = StopHandle::new();
+        let job = self.add_job(label, total, stop.clone())?;
+        let seen = Arc::clone(&job);
+        let options = WorkflowOptions::new(caller.root.clone(), caller.name.clone(), bus)
+            .with_depth(caller.depth)
+            .with_timeout(timeout)
+            .with_stop(stop)
+            .with_observer(Arc::new(move |event: Event<'_>| {
+                if let Event::Finished { .. } = event {
+                    seen.answered();
                 }
+            }));
+        let caller_name = caller.name.to_string();
+        self.spawn_work(&job, move || {
+            let ran = match (kind, &verifier) {
+                (Kind::Chain, _) => loopbus::chain(&options, &targets, &prompt),
+                (Kind::Verify, Some(verifier)) => {
+                    loopbus::verify(&options, &targets[0], verifier, &prompt)
+                }
+                _ => loopbus::fan(&options, &targets, &prompt),
             };
-            fields.insert("replies".to_owned(), json!([item]));
-            (text, is_error, fields)
+            match ran {
+                Ok(outcome) => match (kind, outcome.stages.first()) {
+                    (Kind::Talk, Some(stage)) => answers::talk(stage, &caller_name),
+                    _ => answers::workflow(kind, &outcome, &caller_name),
+                },
+                Err(error) => Answer {
+                    text: error.to_string(),
+                    is_error: true,
+                    ..Answer::default()
+                },
+            }
         })?;
         Ok(job)
     }
 
     /// A new job under a fresh handle.
-    fn add_job(
-        &self,
-        label: String,
-        total: usize,
-        cancel: Box<dyn Fn() + Send + Sync>,
-    ) -> Result<Arc<Job>, String> {
+    fn add_job(&self, label: String, total: usize, stop: StopHandle) -> Result<Arc<Job>, String> {
         let handle = loopbus::new_request_id()
             .map_err(|e| format!("cannot make a handle: {e}"))?
             .to_string();
@@ -469,7 +477,7 @@ impl Shared {
             started: Instant::now(),
             state: Mutex::new(JobState::default()),
             changed: Condvar::new(),
-            cancel,
+            stop,
         });
         match lock(&self.handles).add(&handle, Arc::clone(&job)) {
             Ok(()) => Ok(job),
@@ -486,7 +494,7 @@ impl Shared {
     fn spawn_work(
         self: &Arc<Self>,
         job: &Arc<Job>,
-        work: impl FnOnce() -> (String, bool, Map<String, Value>) + Send + 'static,
+        work: impl FnOnce() -> Answer + Send + 'static,
     ) -> Result<(), String> {
         let shared = Arc::clone(self);
         let job = Arc::clone(job);
@@ -494,11 +502,8 @@ impl Shared {
         let spawned = std::thread::Builder::new()
             .name("mcp-work".to_owned())
             .spawn(move || {
-                let (text, is_error, fields) = work();
                 let done = Done {
-                    text,
-                    is_error,
-                    fields,
+                    answer: work(),
                     elapsed: job.started.elapsed(),
                 };
                 let bytes = done.bytes();
@@ -578,14 +583,6 @@ impl Shared {
     }
 }
 
-/// Sends the cancel request of one delegation and logs what became of it.
-fn send_cancel(options: &DelegateOptions) {
-    match loopbus::cancel(options) {
-        Ok(outcome) => log::info!("cancel request to {}: {outcome:?}", options.target),
-        Err(e) => log::warn!("cannot cancel the turn of {}: {e}", options.target),
-    }
-}
-
 /// The tool result of work still running.
 fn running(job: &Job) -> Value {
     let state = lock(&job.state);
@@ -611,7 +608,7 @@ fn running(job: &Job) -> Value {
 
 /// The tool result of a finished job's page.
 fn answer(done: &Done, handle: Option<&str>, offset: usize, page: &tools::Page<'_>) -> Value {
-    let mut fields = done.fields.clone();
+    let mut fields = done.answer.fields.clone();
     fields.insert("status".to_owned(), json!("done"));
     fields.insert("elapsedSecs".to_owned(), json!(secs(done.elapsed)));
     fields.insert("offset".to_owned(), json!(offset));
@@ -628,7 +625,7 @@ fn answer(done: &Done, handle: Option<&str>, offset: usize, page: &tools::Page<'
             ));
         }
     }
-    tools::tool_result(&text, Some(Value::Object(fields)), done.is_error)
+    tools::tool_result(&text, Some(Value::Object(fields)), done.answer.is_error)
 }
 
 /// Seconds, to the millisecond.
@@ -656,12 +653,13 @@ mod tests {
     #[test]
     fn a_cut_page_tells_how_to_get_the_rest() {
         let done = Done {
-            text: "abcdef".to_owned(),
-            is_error: false,
-            fields: Map::new(),
+            answer: Answer {
+                text: "abcdef".to_owned(),
+                ..Answer::default()
+            },
             elapsed: Duration::from_millis(1500),
         };
-        let page = tools::page(&done.text, 0, 4);
+        let page = tools::page(&done.answer.text, 0, 4);
         let result = answer(&done, Some("h1"), 0, &page);
         let text = result["content"][0]["text"].as_str().unwrap();
         assert!(
@@ -674,7 +672,7 @@ mod tests {
         assert_eq!(s["totalChars"], 6);
         assert_eq!(s["elapsedSecs"], 1.5);
         assert_eq!(s["handle"], "h1");
-        let last = answer(&done, Some("h1"), 4, &tools::page(&done.text, 4, 4));
+        let last = answer(&done, Some("h1"), 4, &tools::page(&done.answer.text, 4, 4));
         assert_eq!(last["content"][0]["text"], "ef");
         assert_eq!(last["structuredContent"]["nextOffset"], Value::Null);
     }

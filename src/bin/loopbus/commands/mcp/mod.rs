@@ -5,7 +5,8 @@
 //!
 //! - [`framing`]: one message a line, the line limit (all revisions);
 //! - [`rpc`]: JSON-RPC, and the lifecycle of 2025-06-18, 2025-11-25 and 2026-07-28;
-//! - [`tools`]: the tools' schemas, arguments and results;
+//! - [`tools`]: the tools' schemas, arguments and results; [`answers`]: what a
+//!   finished delegation answers;
 //! - [`calls`]: the work of a call, its wait, progress, pages and cancellation;
 //! - [`handles`]: the handles naming work that outlives its call.
 //!
@@ -14,6 +15,7 @@
 //! thread writes whole lines through one writer. At the end of stdin the process
 //! cancels the work still running and exits.
 
+mod answers;
 mod calls;
 mod framing;
 mod handles;
@@ -34,8 +36,8 @@ pub const HELP: &str = "\
 loopbus mcp [--state-dir DIR [--name NAME] | --as NAME] [--root ROOT] [--depth N]
 
 Serve MCP (the Model Context Protocol) on stdin and stdout, so that an agent CLI
-delegates to other instances with tools: list_instances, talk, result and
-cancel (docs/agents.md has their schemas and each CLI's setup). Speaks protocol
+delegates to other instances with tools: list_instances, talk, fan, chain,
+verify, result and cancel (docs/agents.md has their schemas and each CLI's setup). Speaks protocol
 revisions 2025-06-18, 2025-11-25 (initialize) and 2026-07-28 (server/discover).
 Only JSON-RPC goes to stdout; logs go to stderr.
 

@@ -3,7 +3,8 @@
 //! results. Pure. Tool results follow 2025-06-18 and later: `content` (one text item),
 //! `structuredContent` matching the tool's `outputSchema`, `isError`.
 
-use loopbus::{DelegateError, InstanceName, Reply, DEFAULT_TIMEOUT};
+use super::answers::Kind;
+use loopbus::{InstanceName, DEFAULT_TIMEOUT, MAX_TARGETS};
 use serde_json::{json, Map, Value};
 use std::time::Duration;
 
@@ -25,13 +26,17 @@ pub const MAX_TIMEOUT_SECS: f64 = 30.0 * 24.0 * 3600.0;
 pub enum Call {
     /// `list_instances`.
     ListInstances,
-    /// `talk`: one delegation.
-    Talk {
-        /// Who answers.
-        target: InstanceName,
+    /// `talk`, `fan`, `chain` or `verify`.
+    Delegate {
+        /// Which.
+        kind: Kind,
+        /// The targets given (`None`: the config's list); verify: the answerer.
+        targets: Option<Vec<InstanceName>>,
+        /// verify: the verifier given (`None`: the config's).
+        verifier: Option<InstanceName>,
         /// The prompt.
         prompt: String,
-        /// The delegation's timeout.
+        /// Each delegation's timeout.
         timeout: Duration,
         /// How to wait and show the answer.
         view: View,
@@ -90,6 +95,8 @@ fn outcome_schema() -> Value {
             "offset": integer,
             "nextOffset": {"type": ["integer", "null"], "minimum": 0},
             "totalChars": integer,
+            "verdict": {"enum": ["PASS", "FAIL"]},
+            "usage": {"type": "object", "description": "Summed over the replies that reported it."},
             "replies": {"type": "array", "items": {
                 "type": "object",
                 "properties": {
@@ -132,6 +139,8 @@ pub fn definitions() -> Vec<Value> {
     let timeout = json!({"type": "number", "exclusiveMinimum": 0, "maximum": MAX_TIMEOUT_SECS,
         "description": "Seconds the delegation may take in all (default 1800)."});
     let handle = json!({"type": "string", "description": "A handle returned by an earlier call."});
+    let targets = json!({"type": "array", "items": {"type": "string"}, "minItems": 1,
+        "maxItems": MAX_TARGETS, "description": "The instances, in order."});
     let instance = json!({
         "type": "object",
         "properties": {
@@ -161,6 +170,38 @@ pub fn definitions() -> Vec<Value> {
             json!({"target": name("The instance to ask."), "prompt": prompt,
                 "timeoutSecs": timeout, "waitSecs": wait_schema(), "maxChars": max_chars_schema()}),
             &["target", "prompt"],
+            outcome_schema(),
+        ),
+        tool(
+            "fan",
+            "Send one prompt to several instances at once and return every reply, in the \
+             list's order. `targets` defaults to bus.parallel in the caller's config.json. \
+             Waits and returns a handle as `talk` does.",
+            json!({"targets": targets.clone(), "prompt": prompt,
+                "timeoutSecs": timeout, "waitSecs": wait_schema(), "maxChars": max_chars_schema()}),
+            &["prompt"],
+            outcome_schema(),
+        ),
+        tool(
+            "chain",
+            "Pass a prompt through instances in order: each stage gets the prompt and the \
+             previous stage's reply; the first failure ends the chain. `targets` defaults \
+             to bus.chain in the caller's config.json. Waits and returns a handle as `talk` \
+             does.",
+            json!({"targets": targets, "prompt": prompt,
+                "timeoutSecs": timeout, "waitSecs": wait_schema(), "maxChars": max_chars_schema()}),
+            &["prompt"],
+            outcome_schema(),
+        ),
+        tool(
+            "verify",
+            "Ask `answerer` the prompt, then `verifier` to check the answer; returns the \
+             verdict (PASS or FAIL) with both replies. `verifier` defaults to bus.verifier \
+             in the caller's config.json. Waits and returns a handle as `talk` does.",
+            json!({"answerer": name("The instance that answers."),
+                "verifier": name("The instance that checks the answer."), "prompt": prompt,
+                "timeoutSecs": timeout, "waitSecs": wait_schema(), "maxChars": max_chars_schema()}),
+            &["answerer", "prompt"],
             outcome_schema(),
         ),
         tool(
@@ -214,6 +255,27 @@ impl<'a> Arguments<'a> {
 
     fn name(&self, key: &str) -> Result<InstanceName, String> {
         InstanceName::new(self.required(key)?).map_err(|e| format!("`{key}`: {e}"))
+    }
+
+    /// A list of instance names, if given.
+    fn names(&self, key: &str) -> Result<Option<Vec<InstanceName>>, String> {
+        let list = match self.values.get(key) {
+            None | Some(Value::Null) => return Ok(None),
+            Some(Value::Array(list)) if (1..=MAX_TARGETS).contains(&list.len()) => list,
+            Some(_) => {
+                return Err(format!(
+                    "`{key}` must be a list of 1 to {MAX_TARGETS} instance names"
+                ))
+            }
+        };
+        list.iter()
+            .map(|name| {
+                name.as_str()
+                    .ok_or_else(|| format!("`{key}` must hold strings"))
+                    .and_then(|n| InstanceName::new(n).map_err(|e| format!("`{key}`: {e}")))
+            })
+            .collect::<Result<_, _>>()
+            .map(Some)
     }
 
     /// A number in `[min, max]` (`min` itself excluded when `open`), if given.
@@ -286,21 +348,35 @@ pub fn parse_call(params: &Map<String, Value>) -> Result<Call, BadCall> {
         Some(Value::Object(values)) => values,
         Some(_) => return Err(BadCall::Request("`arguments` must be an object".to_owned())),
     };
+    let common = ["prompt", "timeoutSecs", "waitSecs", "maxChars"];
     let view = ["waitSecs", "maxChars"];
+    let delegate = |kind, extra: &[&str], values| -> Result<Call, String> {
+        let a = Arguments::new(values, &[extra, &common].concat())?;
+        let (targets, verifier) = match kind {
+            Kind::Talk => (Some(vec![a.name("target")?]), None),
+            Kind::Fan | Kind::Chain => (a.names("targets")?, None),
+            Kind::Verify => (
+                Some(vec![a.name("answerer")?]),
+                a.string("verifier")?
+                    .map(|_| a.name("verifier"))
+                    .transpose()?,
+            ),
+        };
+        Ok(Call::Delegate {
+            kind,
+            targets,
+            verifier,
+            prompt: a.required("prompt")?.to_owned(),
+            timeout: a.timeout()?,
+            view: a.view()?,
+        })
+    };
     let parsed = match name {
         "list_instances" => Arguments::new(values, &[]).map(|_| Call::ListInstances),
-        "talk" => Arguments::new(
-            values,
-            &[&["target", "prompt", "timeoutSecs"][..], &view].concat(),
-        )
-        .and_then(|a| {
-            Ok(Call::Talk {
-                target: a.name("target")?,
-                prompt: a.required("prompt")?.to_owned(),
-                timeout: a.timeout()?,
-                view: a.view()?,
-            })
-        }),
+        "talk" => delegate(Kind::Talk, &["target"], values),
+        "fan" => delegate(Kind::Fan, &["targets"], values),
+        "chain" => delegate(Kind::Chain, &["targets"], values),
+        "verify" => delegate(Kind::Verify, &["answerer", "verifier"], values),
         "result" => {
             Arguments::new(values, &[&["handle", "offset"][..], &view].concat()).and_then(|a| {
                 Ok(Call::Result {
@@ -366,41 +442,6 @@ pub fn page(text: &str, offset: usize, max_chars: usize) -> Page<'_> {
     }
 }
 
-/// One delegation's outcome as a `replies` item of `structuredContent`: the target,
-/// the request id, and the envelope without its text (the text is the content,
-/// paged), with the text's length as `textChars`.
-pub fn reply_item(
-    target: &str,
-    request_id: &str,
-    outcome: &Result<Reply, DelegateError>,
-    caller: &str,
-    took_ms: u64,
-) -> Value {
-    let (envelope, chars) = match outcome {
-        Ok(reply) => (reply.to_envelope(), reply.text.chars().count()),
-        Err(error) => (error.to_envelope(caller, took_ms), 0),
-    };
-    let mut envelope: Value = serde_json::from_slice(&envelope.to_json()).unwrap_or_default();
-    if let Some(fields) = envelope.as_object_mut() {
-        fields.remove("text");
-        fields.insert("textChars".to_owned(), json!(chars));
-    }
-    json!({"target": target, "requestId": request_id, "envelope": envelope})
-}
-
-/// The text shown for a failed delegation.
-pub fn failure_text(target: &str, error: &DelegateError) -> String {
-    let flag = if error.retryable() {
-        "retryable"
-    } else {
-        "not retryable"
-    };
-    format!(
-        "talk to {target} failed: {error} [{}, {flag}]",
-        error.code()
-    )
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -415,10 +456,13 @@ mod tests {
             json!({"name": "talk", "arguments": {"target": "w", "prompt": "hi",
             "waitSecs": 1.5, "maxChars": 10, "timeoutSecs": 3}}),
         );
+        let w = || InstanceName::new("w").unwrap();
         assert_eq!(
             talk,
-            Ok(Call::Talk {
-                target: InstanceName::new("w").unwrap(),
+            Ok(Call::Delegate {
+                kind: Kind::Talk,
+                targets: Some(vec![w()]),
+                verifier: None,
                 prompt: "hi".into(),
                 timeout: Duration::from_secs(3),
                 view: View {
@@ -453,6 +497,11 @@ mod tests {
             json!({"name": "talk", "arguments": {"target": "w", "prompt": "p", "maxChars": 0}}),
             json!({"name": "talk", "arguments": {"target": "w", "prompt": "p", "extra": 1}}),
             json!({"name": "result", "arguments": {"handle": "h", "offset": -1}}),
+            json!({"name": "fan", "arguments": {"prompt": "p", "targets": []}}),
+            json!({"name": "fan", "arguments": {"prompt": "p", "targets": ["ok", 3]}}),
+            json!({"name": "chain", "arguments": {"prompt": "p", "targets": "a,b"}}),
+            json!({"name": "verify", "arguments": {"prompt": "p"}}),
+            json!({"name": "verify", "arguments": {"prompt": "p", "answerer": "a", "verifier": "!"}}),
         ];
         for value in bad {
             assert!(
@@ -501,7 +550,18 @@ mod tests {
     fn every_tool_has_schemas_and_a_fixed_order() {
         let tools = definitions();
         let names: Vec<&str> = tools.iter().map(|t| t["name"].as_str().unwrap()).collect();
-        assert_eq!(names, ["list_instances", "talk", "result", "cancel"]);
+        assert_eq!(
+            names,
+            [
+                "list_instances",
+                "talk",
+                "fan",
+                "chain",
+                "verify",
+                "result",
+                "cancel"
+            ]
+        );
         for tool in &tools {
             assert_eq!(tool["inputSchema"]["type"], "object", "{tool}");
             assert_eq!(tool["outputSchema"]["type"], "object", "{tool}");
