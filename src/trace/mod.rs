@@ -41,7 +41,8 @@ pub struct Trace {
     /// The trace.
     pub trace_id: TraceId,
     /// Its turns in pre-order: each followed by its subtree, roots and siblings in
-    /// start order; [`TraceNode::level`] gives the indentation.
+    /// start order; [`TraceNode::level`] gives the indentation (`turns` in JSON).
+    #[serde(rename = "turns")]
     pub nodes: Vec<TraceNode>,
     /// Every turn of the trace, summed.
     pub total: TraceTotals,

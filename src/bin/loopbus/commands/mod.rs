@@ -11,6 +11,7 @@ pub mod serve;
 pub mod settings;
 pub mod talk;
 pub mod terminal;
+pub mod trace;
 pub mod usage_report;
 
 use crate::cli::{local, usage, CommandError, UsageError};
