@@ -24,7 +24,9 @@
 //!   ([`list_instances`], [`probe_instance`], [`probe_port`], [`running_instance`],
 //!   [`Listed`], [`HealthAnswer`], [`ProbeError`], [`OwnerMismatch`], [`OwnerRefusal`]);
 //! - an instance's records: its usage ([`read_usage`], [`Usage`], [`UsageFileError`]) and
-//!   its audit log ([`AUDIT_FILE`], one JSON object a line);
+//!   its audit log ([`AUDIT_FILE`], one JSON object a line); the tree of delegations
+//!   of one trace read back from every instance's audit log ([`read_trace`],
+//!   [`last_trace`], [`Trace`], [`TraceNode`], [`TraceTurn`], [`TraceTotals`]);
 //! - the file rules every state file follows: [`check_trusted`] (and [`Untrusted`]),
 //!   [`write_atomic`], [`create_dir_private`], [`open_regular_file`];
 //! - the wire protocol's types: [`TalkRequest`], [`Envelope`], [`Failure`],
@@ -63,6 +65,7 @@ mod secret;
 mod server;
 mod text;
 mod time;
+mod trace;
 mod turns;
 mod usage;
 mod workflow;
@@ -109,6 +112,10 @@ pub use files::{
     write_atomic, TrustKind, Untrusted, PRIVATE_FILE_MODE,
 };
 pub use time::{now_iso8601, parse_iso8601};
+pub use trace::{
+    last_trace, read_trace, Trace, TraceNode, TraceTotals, TraceTurn, MAX_AUDIT_LINE_BYTES,
+    MAX_TRACE_TURNS,
+};
 pub use usage::{peek as read_usage, round_cost, Usage, UsageFileError};
 
 // The wire protocol.

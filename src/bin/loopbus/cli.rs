@@ -95,7 +95,8 @@ pub struct Args {
 
 impl Args {
     /// Parses `args` (without the command name). `valued` lists options that take a
-    /// value (`--opt V` or `--opt=V`), `switches` those that don't.
+    /// value (`--opt V` or `--opt=V`), `switches` those that don't (`-v` is
+    /// `--verbose` where that is one).
     ///
     /// # Errors
     /// An unknown option, a missing value, or a value given to a switch.
@@ -113,6 +114,10 @@ impl Args {
             }
             if arg == "-h" || arg == "--help" {
                 parsed.help = true;
+                continue;
+            }
+            if arg == "-v" && switches.contains(&"verbose") {
+                parsed.switches.push("verbose");
                 continue;
             }
             let Some(option) = arg.strip_prefix("--") else {

@@ -44,6 +44,7 @@ Commands:
   doctor   check an instance's files, config, engine and registration
   usage    show usage and budget per instance
   audit    show an instance's audit log as a table (or follow it)
+  trace    show the tree of delegations of one trace, with what each part cost
   mcp      serve MCP on stdio, so that an agent CLI delegates with tools
 
 Run `loopbus help <command>` or `loopbus <command> --help` for a command's options
@@ -117,6 +118,11 @@ const COMMANDS: &[Command] = &[
         name: "audit",
         help: super::audit_log::HELP,
         run: super::audit_log::run,
+    },
+    Command {
+        name: "trace",
+        help: super::trace::HELP,
+        run: super::trace::run,
     },
     Command {
         name: "mcp",

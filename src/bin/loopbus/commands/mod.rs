@@ -12,6 +12,7 @@ pub mod serve;
 pub mod settings;
 pub mod talk;
 pub mod terminal;
+pub mod trace;
 pub mod usage_report;
 pub mod workflow;
 
