@@ -115,12 +115,17 @@ impl Args {
                 parsed.help = true;
                 continue;
             }
+            // `-v` is the one short option: `--verbose`, where a command takes it.
+            let arg = match arg.as_str() {
+                "-v" if switches.contains(&"verbose") => "--verbose",
+                other => other,
+            };
             let Some(option) = arg.strip_prefix("--") else {
                 if arg.starts_with('-') && arg.len() > 1 {
                     let name = arg.trim_start_matches('-');
                     return Err(unknown_option(arg, name, valued, switches));
                 }
-                parsed.positionals.push(arg.clone());
+                parsed.positionals.push(arg.to_owned());
                 continue;
             };
             let (name, inline) = match option.split_once('=') {
