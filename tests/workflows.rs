@@ -58,6 +58,7 @@ impl Bus {
                 "PID_FILE": file("pid"),
                 "PROMPT_FILE": file("prompt"),
                 "CALLS_FILE": file("calls"),
+                "TRACE_FILE": file("trace"),
                 "REPLY": engine.reply,
             });
             if let Some(fail) = engine.fail {
@@ -94,10 +95,21 @@ impl Bus {
 
     /// `loopbus WORKFLOW ARGS` as `lead`.
     fn run(&self, args: &[&str]) -> Output {
+        self.run_with(args, &[])
+    }
+
+    fn run_with(&self, args: &[&str], env: &[(&str, &str)]) -> Output {
         let lead = self.root.state_dir("lead");
         let mut all = args.to_vec();
         all.extend(["--state-dir", lead.to_str().unwrap(), "--timeout", "30"]);
-        run(&all, &[], None)
+        run(&all, env, None)
+    }
+
+    /// The trace id and request id `name`'s engine last ran under.
+    fn trace_of(&self, name: &str) -> (String, String) {
+        let ids = std::fs::read_to_string(self.file(name, "trace")).unwrap();
+        let (trace, request) = ids.trim().split_once(' ').unwrap();
+        (trace.to_owned(), request.to_owned())
     }
 
     fn describe(&self) -> String {
@@ -185,12 +197,30 @@ fn fan_over_three_where_one_fails_shows_all_three_and_sums_the_cost() {
     assert_eq!(summary["succeeded"], 2);
     assert_eq!(summary["failed"], 2);
     assert_eq!(summary["conclusion"], "failure");
+    // One tree for the whole fan, one request id per delegation.
+    let trace = value["traceId"].as_str().unwrap();
+    assert_eq!(trace.len(), 32, "{context}");
+    for (i, name) in ["a", "b", "c"].iter().enumerate() {
+        let (engine_trace, request) = bus.trace_of(name);
+        assert_eq!(engine_trace, trace, "{name}\n{context}");
+        assert_eq!(request, results[i]["requestId"].as_str().unwrap(), "{name}");
+    }
+    assert_ne!(bus.trace_of("a").1, bus.trace_of("c").1);
 
-    // Only retryable failures: 75.
-    let args = ["fan", "third", "--to", "a,ghost"];
-    let out = bus.run(&args);
-    assert_eq!(out.status.code(), Some(75), "{}", describe(&args, &out));
+    // Only retryable failures: 75. Run by an engine, the fan joins its tree: -v says
+    // which.
+    let args = ["fan", "third", "--to", "a,ghost", "-v"];
+    let tree = "4bf92f3577b34da6a3ce929d0e0e4736";
+    let out = bus.run_with(&args, &[("LOOPBUS_TRACE_ID", tree)]);
+    let context = describe(&args, &out);
+    assert_eq!(out.status.code(), Some(75), "{context}");
     assert!(stdout(&out).contains("[instance_unavailable, retryable]"));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains(&format!("loopbus: fan: trace {tree}")),
+        "{context}"
+    );
+    assert_eq!(bus.trace_of("a").0, tree);
     // Every engine ran once per fan: no turn twice.
     assert_eq!((bus.runs("a"), bus.runs("b"), bus.runs("c")), (3, 2, 2));
 }

@@ -26,9 +26,9 @@
 //! # }
 //! ```
 
-use crate::client::{self, delegate, new_request_id, DelegateError, DelegateOptions};
+use crate::client::{self, delegate, new_request_id, DelegateError, DelegateOptions, TraceContext};
 use crate::config::BusConfig;
-use crate::protocol::{InstanceName, RequestId};
+use crate::protocol::{InstanceName, RequestId, TraceId};
 use std::fmt;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -70,6 +70,9 @@ pub struct WorkflowOptions {
     pub stop: StopHandle,
     /// Told of each delegation's start and end.
     pub observer: Option<Arc<dyn Observer>>,
+    /// The tree every delegation of the workflow joins (contract 8.4), each with its
+    /// own request id; `None`: a new tree per workflow.
+    pub trace: Option<TraceContext>,
 }
 
 impl WorkflowOptions {
@@ -86,6 +89,7 @@ impl WorkflowOptions {
             retries: 0,
             stop: StopHandle::new(),
             observer: None,
+            trace: None,
         }
     }
 
@@ -117,9 +121,18 @@ impl WorkflowOptions {
         }
     }
 
+    /// The tree the workflow's delegations join, as [`TraceContext::from_env`] finds
+    /// it in an engine's environment, or a given one.
+    pub fn with_trace(self, trace: TraceContext) -> WorkflowOptions {
+        WorkflowOptions {
+            trace: Some(trace),
+            ..self
+        }
+    }
+
     /// The one delegation to `target`: every setting a workflow's delegations share.
     fn delegation(&self, target: &InstanceName, prompt: String, id: &RequestId) -> DelegateOptions {
-        DelegateOptions::new(
+        let delegation = DelegateOptions::new(
             &self.root,
             self.caller.clone(),
             self.bus.clone(),
@@ -129,7 +142,11 @@ impl WorkflowOptions {
         .with_depth(self.depth)
         .with_timeout(self.timeout)
         .with_retries(self.retries)
-        .with_request_id(id.clone())
+        .with_request_id(id.clone());
+        match &self.trace {
+            Some(trace) => delegation.with_trace(trace.clone()),
+            None => delegation,
+        }
     }
 
     fn tell(&self, event: Event<'_>) {
@@ -246,12 +263,16 @@ impl fmt::Display for WorkflowError {
 
 impl std::error::Error for WorkflowError {}
 
-/// Checks a workflow's list before anything is sent, and makes each delegation's
-/// request id.
-fn prepare(
-    options: &WorkflowOptions,
-    targets: &[InstanceName],
-) -> Result<Vec<RequestId>, WorkflowError> {
+/// A workflow about to run: its options with the tree its delegations join, and a
+/// request id for each delegation.
+struct Plan {
+    options: WorkflowOptions,
+    trace_id: TraceId,
+    ids: Vec<RequestId>,
+}
+
+/// Checks a workflow's list before anything is sent, and makes the [`Plan`].
+fn prepare(options: &WorkflowOptions, targets: &[InstanceName]) -> Result<Plan, WorkflowError> {
     if targets.is_empty() {
         return Err(WorkflowError::NoTargets);
     }
@@ -274,10 +295,20 @@ fn prepare(
             });
         }
     }
-    targets
+    let random = |error| WorkflowError::NoRandomness { error };
+    let trace = match &options.trace {
+        Some(trace) => trace.clone(),
+        None => TraceContext::new().map_err(random)?,
+    };
+    let ids = targets
         .iter()
-        .map(|_| new_request_id().map_err(|error| WorkflowError::NoRandomness { error }))
-        .collect()
+        .map(|_| new_request_id().map_err(random))
+        .collect::<Result<_, _>>()?;
+    Ok(Plan {
+        trace_id: trace.trace_id.clone(),
+        options: options.clone().with_trace(trace),
+        ids,
+    })
 }
 
 /// Runs delegation `index` unless the workflow was stopped, telling the observer.
@@ -326,7 +357,7 @@ fn run(
 }
 
 /// The outcome of `stages` out of `planned`, with their summed usage.
-fn finish(stages: Vec<Stage>, planned: usize, started: Instant) -> Outcome {
+fn finish(stages: Vec<Stage>, planned: usize, trace_id: TraceId, started: Instant) -> Outcome {
     let usage = sum_usage(
         stages
             .iter()
@@ -337,6 +368,7 @@ fn finish(stages: Vec<Stage>, planned: usize, started: Instant) -> Outcome {
         planned,
         usage,
         verdict: None,
+        trace_id,
         elapsed: started.elapsed(),
     }
 }
@@ -355,7 +387,12 @@ pub fn fan(
     targets: &[InstanceName],
     prompt: &str,
 ) -> Result<Outcome, WorkflowError> {
-    let ids = prepare(options, targets)?;
+    let Plan {
+        options,
+        trace_id,
+        ids,
+    } = prepare(options, targets)?;
+    let options = &options;
     let started = Instant::now();
     let next = AtomicUsize::new(0);
     let done: Mutex<Vec<Option<Stage>>> = Mutex::new(targets.iter().map(|_| None).collect());
@@ -378,7 +415,7 @@ pub fn fan(
         .into_iter()
         .flatten()
         .collect();
-    Ok(finish(stages, targets.len(), started))
+    Ok(finish(stages, targets.len(), trace_id, started))
 }
 
 /// Sends `prompt` to the first target, then to each next one the prompt with the
@@ -392,7 +429,12 @@ pub fn chain(
     targets: &[InstanceName],
     prompt: &str,
 ) -> Result<Outcome, WorkflowError> {
-    let ids = prepare(options, targets)?;
+    let Plan {
+        options,
+        trace_id,
+        ids,
+    } = prepare(options, targets)?;
+    let options = &options;
     let started = Instant::now();
     let mut stages: Vec<Stage> = Vec::new();
     for (index, (target, id)) in targets.iter().zip(&ids).enumerate() {
@@ -411,7 +453,7 @@ pub fn chain(
         };
         stages.push(run(options, index, target, id, stage_prompt));
     }
-    Ok(finish(stages, targets.len(), started))
+    Ok(finish(stages, targets.len(), trace_id, started))
 }
 
 /// Asks `answerer` the prompt, then `verifier` to check the answer
@@ -426,7 +468,12 @@ pub fn verify(
     verifier: &InstanceName,
     prompt: &str,
 ) -> Result<Outcome, WorkflowError> {
-    let ids = prepare(options, &[answerer.clone(), verifier.clone()])?;
+    let Plan {
+        options,
+        trace_id,
+        ids,
+    } = prepare(options, &[answerer.clone(), verifier.clone()])?;
+    let options = &options;
     let started = Instant::now();
     // `prepare` made one id per name.
     let (answer_id, check_id) = (&ids[0], &ids[1]);
@@ -445,6 +492,6 @@ pub fn verify(
     let stages = std::iter::once(answer).chain(check).collect();
     Ok(Outcome {
         verdict,
-        ..finish(stages, 2, started)
+        ..finish(stages, 2, trace_id, started)
     })
 }

@@ -4,7 +4,7 @@
 
 use super::templates::Verdict;
 use crate::client::{DelegateError, Reply};
-use crate::protocol::{Failure, InstanceName, RequestId, UsageReport};
+use crate::protocol::{Failure, InstanceName, RequestId, TraceId, UsageReport};
 use std::time::Duration;
 
 /// One delegation of a workflow.
@@ -36,6 +36,8 @@ pub struct Outcome {
     pub usage: Option<UsageReport>,
     /// verify only: the verdict, or the failure to read one, once the verifier replied.
     pub verdict: Option<Result<Verdict, Failure>>,
+    /// The tree every delegation of the workflow joined (contract 8.4).
+    pub trace_id: TraceId,
     /// The whole workflow's wall time.
     pub elapsed: Duration,
 }

@@ -1,9 +1,11 @@
 #!/bin/sh
 # Engine for the workflow tests (engine.output "json"): writes the prompt it got to
-# $PROMPT_FILE, appends a line per run to $CALLS_FILE, then its pid to $PID_FILE, waits
+# $PROMPT_FILE and its trace and request ids to $TRACE_FILE, appends a line per run
+# to $CALLS_FILE, then writes its pid to $PID_FILE, waits
 # for the file $GATE when set (bounded, about 60 s), then fails with $FAIL on stderr
 # (exit 3) when set, else answers $REPLY costing $0.25.
 cat > "$PROMPT_FILE"
+echo "$LOOPBUS_TRACE_ID $LOOPBUS_REQUEST_ID" > "$TRACE_FILE"
 echo call >> "$CALLS_FILE"
 echo $$ > "$PID_FILE"
 i=0

@@ -125,7 +125,7 @@ impl Args {
                     let name = arg.trim_start_matches('-');
                     return Err(unknown_option(arg, name, valued, switches));
                 }
-                parsed.positionals.push(arg.clone());
+                parsed.positionals.push(arg.to_owned());
                 continue;
             };
             let (name, inline) = match option.split_once('=') {

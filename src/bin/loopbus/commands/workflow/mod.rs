@@ -3,10 +3,11 @@
 //! sections and a summary, or as JSON.
 
 use super::talk::{self, Prompt, Settings, CALLER_OPTIONS};
-use super::terminal::escape_for_terminal;
+use super::terminal::{self, escape_for_terminal};
 use crate::cli::{local, usage, Args, CommandError, EXIT_FAILURE, EXIT_OK, EXIT_RETRYABLE};
 use loopbus::{
-    Conclusion, InstanceName, Outcome, Stage, StopHandle, Verdict, WorkflowError, WorkflowOptions,
+    Conclusion, InstanceName, Outcome, Stage, StopHandle, TraceContext, Verdict, WorkflowError,
+    WorkflowOptions,
 };
 use serde_json::{json, Value};
 use std::io::IsTerminal;
@@ -23,6 +24,9 @@ Caller options, as `loopbus talk --help` describes them:
   --state-dir DIR, --name NAME, --as NAME, --root ROOT, --depth N,
   --timeout SECS (per delegation), --retries N (per delegation, same request id:
   a turn never runs twice), --json
+  -v, --verbose: print the trace id (contract 8.4) on stderr. Every delegation of
+  the workflow joins that one tree, each with its own request id; a workflow run
+  by an engine joins the engine's tree.
 
 Each delegation is an ordinary talk: its own request id, retries, a cancel request
 when it times out for good. SIGINT or SIGTERM cancels every delegation in flight
@@ -49,11 +53,12 @@ successes, failures, total cost when reported, wall time. On a terminal, stderr
 shows one live status line per instance while they run. The list is --to (names
 separated by commas), else bus.parallel in the caller's config.json.
 
---json prints {\"results\": [ITEM...], \"summary\": SUMMARY}; each ITEM is
-{\"target\", \"requestId\", \"elapsedMs\", \"envelope\"} (the peer's envelope, or a
-failure envelope decided here), SUMMARY {\"succeeded\", \"failed\", \"costUsd\" (null
-when none reported), \"inputTokens\", \"outputTokens\", \"cachedTokens\", \"wallMs\",
-\"conclusion\" (\"success\", \"failure\" or \"retryable\")}.
+--json prints {\"results\": [ITEM...], \"summary\": SUMMARY, \"traceId\"}; each
+ITEM is {\"target\", \"requestId\", \"elapsedMs\", \"envelope\"} (the peer's
+envelope, or a failure envelope decided here), SUMMARY {\"succeeded\",
+\"failed\", \"costUsd\" (null when none reported), \"inputTokens\", \"outputTokens\",
+\"cachedTokens\", \"wallMs\", \"conclusion\" (\"success\", \"failure\" or
+\"retryable\")}.
 ",
     common_help!()
 );
@@ -73,7 +78,8 @@ after a blank line. The first failure ends the chain. Prints one section per sta
 run (its reply, or its error with code) and a summary. The list is --to, else
 bus.chain in the caller's config.json.
 
---json prints {\"stages\": [ITEM...], \"planned\": N, \"summary\": SUMMARY}, with ITEM
+--json prints {\"stages\": [ITEM...], \"planned\": N, \"summary\": SUMMARY,
+\"traceId\"}, with ITEM
 and SUMMARY as in `loopbus fan --help`.
 ",
     common_help!()
@@ -105,7 +111,7 @@ config key names one, and the caller never asks itself.
 
 --json prints {\"answer\": ITEM, \"verifier\": ITEM or null, \"verdict\": \"pass\",
 \"fail\" or null, \"verdictError\": {\"error\", \"errorCode\", \"retryable\"} or null,
-\"summary\": SUMMARY}, with ITEM and SUMMARY as in `loopbus fan --help`.
+\"summary\": SUMMARY, \"traceId\"}, with ITEM and SUMMARY as in `loopbus fan --help`.
 ",
     common_help!()
 );
@@ -159,7 +165,7 @@ fn run(kind: Kind, args: &[String]) -> Result<i32, CommandError> {
         Kind::Verify => &["answerer", "verifier"],
     };
     let valued: Vec<&'static str> = CALLER_OPTIONS.iter().chain(own).copied().collect();
-    let args = Args::parse(args, &valued, &["json"])?;
+    let args = Args::parse(args, &valued, &["json", "verbose"])?;
     if args.help {
         let help = match kind {
             Kind::Fan => FAN_HELP,
@@ -182,6 +188,18 @@ fn run(kind: Kind, args: &[String]) -> Result<i32, CommandError> {
             .into())
         }
     };
+    let (trace, warnings) =
+        TraceContext::from_env().map_err(|e| local(format!("cannot make a trace id: {e}")))?;
+    for warning in warnings {
+        terminal::eprint_line(&format!("loopbus: {}: {warning}", kind.name()));
+    }
+    if args.switch("verbose") {
+        terminal::eprint_line(&format!(
+            "loopbus: {}: trace {}",
+            kind.name(),
+            trace.trace_id
+        ));
+    }
     let stop = StopHandle::new();
     let live = Arc::new(live::Live::new(&names));
     let caller = settings.caller.clone();
@@ -189,6 +207,7 @@ fn run(kind: Kind, args: &[String]) -> Result<i32, CommandError> {
         .with_depth(settings.depth)
         .with_timeout(settings.timeout)
         .with_retries(settings.retries)
+        .with_trace(trace)
         .with_stop(stop.clone())
         .with_observer(live.clone());
     let watch = live::watch(stop, live.clone(), kind.name())?;
@@ -392,9 +411,15 @@ fn to_json(kind: Kind, outcome: &Outcome, caller: &str) -> Value {
         },
     });
     let items: Vec<Value> = outcome.stages.iter().map(|s| item(s, caller)).collect();
+    let trace_id = outcome.trace_id.as_str();
     match kind {
-        Kind::Fan => json!({"results": items, "summary": summary}),
-        Kind::Chain => json!({"stages": items, "planned": outcome.planned, "summary": summary}),
+        Kind::Fan => json!({"results": items, "summary": summary, "traceId": trace_id}),
+        Kind::Chain => json!({
+            "stages": items,
+            "planned": outcome.planned,
+            "summary": summary,
+            "traceId": trace_id,
+        }),
         Kind::Verify => {
             let (verdict, error) = match &outcome.verdict {
                 Some(Ok(Verdict::Pass)) => (json!("pass"), Value::Null),
@@ -412,6 +437,7 @@ fn to_json(kind: Kind, outcome: &Outcome, caller: &str) -> Value {
                 "verdict": verdict,
                 "verdictError": error,
                 "summary": summary,
+                "traceId": trace_id,
             })
         }
     }
