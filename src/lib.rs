@@ -120,12 +120,12 @@ pub use usage::{peek as read_usage, round_cost, Usage, UsageFileError};
 
 // The wire protocol.
 pub use protocol::{
-    encode_talk_request, parse_response, parse_talk_request, Envelope, ErrorCode, ExtError,
-    Failure, Health, InstanceName, InvalidInstanceName, InvalidRequestId, InvalidTraceId,
-    RequestError, RequestExt, RequestId, ResponseError, TalkRequest, TraceId, TurnLoad,
-    UsageReport, CAPABILITIES, MAX_BODY_BYTES, MAX_FROM_INSTANCE_BYTES, MAX_INSTANCE_NAME_LEN,
-    MAX_REQUEST_ID_LEN, MIN_REQUEST_ID_LEN, PROTOCOL_VERSION, REQUEST_ID_VAR, TRACEPARENT_VAR,
-    TRACE_ID_LEN, TRACE_ID_VAR,
+    encode_talk_request, parse_response, parse_talk_request, parse_traceparent, Envelope,
+    ErrorCode, ExtError, Failure, Health, InstanceName, InvalidInstanceName, InvalidRequestId,
+    InvalidTraceId, RequestError, RequestExt, RequestId, ResponseError, TalkRequest, TraceId,
+    TurnLoad, UsageReport, CAPABILITIES, MAX_BODY_BYTES, MAX_FROM_INSTANCE_BYTES,
+    MAX_INSTANCE_NAME_LEN, MAX_REQUEST_ID_LEN, MIN_REQUEST_ID_LEN, PROTOCOL_VERSION,
+    REQUEST_ID_VAR, TRACEPARENT_VAR, TRACE_ID_LEN, TRACE_ID_VAR,
 };
 
 // Outside text on a terminal or in a log.

@@ -689,3 +689,57 @@ fn fan_chain_and_verify_against_real_instances() {
     let answer = client.response(&id);
     assert_eq!(answer["result"]["isError"], false, "{answer}");
 }
+
+#[test]
+fn a_traceparent_joins_its_trace_and_the_trace_tool_shows_its_tree() {
+    let (_root, _worker, mut client) = setup("mcp-trace", no_engine);
+    let trace_id = "4bf92f3577b34da6a3ce929d0e0e4736";
+    let answer = client.request(
+        "tools/call",
+        json!({"name": "talk", "arguments": {"target": "worker", "prompt": "traced"},
+            "_meta": {"traceparent": format!("00-{trace_id}-00f067aa0ba902b7-01")}}),
+    );
+    assert_eq!(
+        answer["result"]["structuredContent"]["traceId"], trace_id,
+        "{answer}"
+    );
+    // Without one, each call starts its own trace, and says which.
+    let other = client.call("talk", json!({"target": "worker", "prompt": "untraced"}));
+    let other_id = other["structuredContent"]["traceId"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    assert_eq!(other_id.len(), 32);
+    assert_ne!(other_id, trace_id);
+
+    // The audit line is written by a thread of its own: poll for it.
+    let mut shown = Value::Null;
+    assert!(
+        eventually(BOUND, || {
+            shown = client.call("trace", json!({"traceId": trace_id}));
+            shown["isError"] == false
+        }),
+        "{shown}"
+    );
+    let turns = shown["structuredContent"]["turns"].as_array().unwrap();
+    assert_eq!(turns.len(), 1, "{shown}");
+    assert_eq!(turns[0]["instance"], "worker");
+    assert_eq!(turns[0]["fromInstance"], "boss");
+    assert_eq!(turns[0]["outcome"], "success");
+    assert!(text(&shown).contains("boss -> worker  success"), "{shown}");
+    assert!(
+        !text(&shown).contains("traced"),
+        "no prompt in a trace: {shown}"
+    );
+    // No traceId: the caller's last trace.
+    let mut last = Value::Null;
+    assert!(eventually(BOUND, || {
+        last = client.call("trace", json!({}));
+        last["structuredContent"]["traceId"] == other_id.as_str()
+    }));
+    let unknown = client.call(
+        "trace",
+        json!({"traceId": "0123456789abcdef0123456789abcdef"}),
+    );
+    assert_eq!(unknown["isError"], true, "{unknown}");
+}

@@ -137,7 +137,7 @@ fn unreadable(root: &std::path::Path, e: &std::io::Error) -> CommandError {
 /// The tree as text: a header with the totals, then one line a turn, indented by its
 /// level, `caller -> instance`, outcome and code, duration, its own cost, and its
 /// subtree's when it has children.
-fn render(trace: &Trace) -> String {
+pub(crate) fn render(trace: &Trace) -> String {
     let mut out = format!("trace {}: {}\n", trace.trace_id, totals(&trace.total));
     for (at, node) in trace.nodes.iter().enumerate() {
         out.push_str(&node_line(node, trace.nodes.get(at + 1)));

@@ -10,7 +10,7 @@
 use super::answers::{self, Answer, Kind};
 use super::handles::{Handles, Refused};
 use super::tools::{self, Call, View};
-use loopbus::{BusConfig, Event, InstanceName, StopHandle, WorkflowOptions};
+use loopbus::{BusConfig, Event, InstanceName, StopHandle, TraceContext, TraceId, WorkflowOptions};
 use serde_json::{json, Value};
 use std::io::Write;
 use std::path::PathBuf;
@@ -87,10 +87,12 @@ impl Caller {
     }
 }
 
-/// A finished job's answer, and how long its work took.
+/// A finished job's answer, how long its work took, and the trace of its
+/// delegations.
 pub struct Done {
     answer: Answer,
     elapsed: Duration,
+    trace_id: String,
 }
 
 impl Done {
@@ -117,6 +119,8 @@ pub struct Job {
     label: String,
     /// How many targets answer in all.
     total: usize,
+    /// The trace every delegation of the job joins.
+    trace_id: String,
     started: Instant,
     state: Mutex<JobState>,
     changed: Condvar,
@@ -255,10 +259,12 @@ impl Shared {
         self: &Arc<Self>,
         call: Call,
         mut progress: Option<Progress>,
+        parent: Option<TraceId>,
         ctl: &CallCtl,
     ) -> Option<Value> {
         let (job, offset, view, first) = match call {
             Call::ListInstances => return Some(self.list_instances()),
+            Call::Trace { trace_id } => return Some(self.trace(trace_id)),
             Call::Delegate {
                 kind,
                 targets,
@@ -266,7 +272,7 @@ impl Shared {
                 prompt,
                 timeout,
                 view,
-            } => match self.start(kind, targets, verifier, prompt, timeout) {
+            } => match self.start(kind, targets, verifier, prompt, timeout, parent) {
                 Ok(job) => (job, 0, view, true),
                 Err(message) => return Some(tools::tool_result(&message, None, true)),
             },
@@ -398,9 +404,23 @@ impl Shared {
         verifier: Option<InstanceName>,
         prompt: String,
         timeout: Duration,
+        parent: Option<TraceId>,
     ) -> Result<Arc<Job>, String> {
         let caller = &self.caller;
         let bus = caller.bus()?;
+        // A trace the client names (`_meta.traceparent`), else the environment's
+        // (this process runs inside an instance's turn), else a new one (contract 8.4).
+        let trace = match parent {
+            Some(trace_id) => TraceContext::joined(trace_id, None),
+            None => {
+                let (trace, warnings) =
+                    TraceContext::from_env().map_err(|e| format!("cannot make a trace id: {e}"))?;
+                for warning in warnings {
+                    log::warn!("mcp: {warning}");
+                }
+                trace
+            }
+        };
         let (targets, key) = match (targets, kind) {
             (Some(targets), _) => (targets, ""),
             (None, Kind::Chain) => (bus.chain.clone(), "bus.chain"),
@@ -430,11 +450,12 @@ impl Shared {
         };
         let total = targets.len() + usize::from(kind == Kind::Verify);
         let stop = StopHandle::new();
-        let job = self.add_job(label, total, stop.clone())?;
+        let job = self.add_job(label, total, trace.trace_id.to_string(), stop.clone())?;
         let seen = Arc::clone(&job);
         let options = WorkflowOptions::new(caller.root.clone(), caller.name.clone(), bus)
             .with_depth(caller.depth)
             .with_timeout(timeout)
+            .with_trace(trace)
             .with_stop(stop)
             .with_observer(Arc::new(move |event: Event<'_>| {
                 if let Event::Finished { .. } = event {
@@ -466,7 +487,13 @@ impl Shared {
     }
 
     /// A new job under a fresh handle.
-    fn add_job(&self, label: String, total: usize, stop: StopHandle) -> Result<Arc<Job>, String> {
+    fn add_job(
+        &self,
+        label: String,
+        total: usize,
+        trace_id: String,
+        stop: StopHandle,
+    ) -> Result<Arc<Job>, String> {
         let handle = loopbus::new_request_id()
             .map_err(|e| format!("cannot make a handle: {e}"))?
             .to_string();
@@ -474,6 +501,7 @@ impl Shared {
             handle: handle.clone(),
             label,
             total,
+            trace_id,
             started: Instant::now(),
             state: Mutex::new(JobState::default()),
             changed: Condvar::new(),
@@ -505,6 +533,7 @@ impl Shared {
                 let done = Done {
                     answer: work(),
                     elapsed: job.started.elapsed(),
+                    trace_id: job.trace_id.clone(),
                 };
                 let bytes = done.bytes();
                 job.finish(done);
@@ -566,6 +595,45 @@ impl Shared {
         )
     }
 
+    /// The `trace` result: the tree of `trace_id`, else of the caller's last trace.
+    fn trace(&self, trace_id: Option<TraceId>) -> Value {
+        let root = &self.caller.root;
+        let cannot = |e: std::io::Error| {
+            let message = format!("cannot read the channel root {}: {e}", root.display());
+            tools::tool_result(&message, None, true)
+        };
+        let trace_id = match trace_id {
+            Some(trace_id) => trace_id,
+            None => match loopbus::last_trace(root, self.caller.name.as_str()) {
+                Ok(Some(trace_id)) => trace_id,
+                Ok(None) => {
+                    let message = format!(
+                        "no trace started by {} in the audit logs under {}",
+                        self.caller.name,
+                        root.display()
+                    );
+                    return tools::tool_result(&message, None, true);
+                }
+                Err(e) => return cannot(e),
+            },
+        };
+        let trace = match loopbus::read_trace(root, &trace_id) {
+            Ok(trace) => trace,
+            Err(e) => return cannot(e),
+        };
+        if trace.nodes.is_empty() {
+            let message = format!(
+                "no turn of trace {trace_id} in the audit logs under {}",
+                root.display()
+            );
+            return tools::tool_result(&message, None, true);
+        }
+        // Strings, numbers and options always serialize.
+        let structured = serde_json::to_value(&trace).unwrap_or_default();
+        let text = super::super::trace::render(&trace);
+        tools::tool_result(text.trim_end(), Some(structured), false)
+    }
+
     /// Cancels every job still running, and waits (at most `limit`) for them to end:
     /// the process is about to exit.
     pub fn cancel_all(&self, limit: Duration) {
@@ -602,6 +670,7 @@ fn running(job: &Job) -> Value {
         "elapsedSecs": secs(elapsed),
         "answered": state.answered,
         "total": job.total,
+        "traceId": job.trace_id,
     });
     tools::tool_result(&text, Some(structured), false)
 }
@@ -614,6 +683,7 @@ fn answer(done: &Done, handle: Option<&str>, offset: usize, page: &tools::Page<'
     fields.insert("offset".to_owned(), json!(offset));
     fields.insert("nextOffset".to_owned(), json!(page.next));
     fields.insert("totalChars".to_owned(), json!(page.total));
+    fields.insert("traceId".to_owned(), json!(done.trace_id));
     let mut text = page.text.to_owned();
     if let Some(handle) = handle {
         fields.insert("handle".to_owned(), json!(handle));
@@ -658,6 +728,7 @@ mod tests {
                 ..Answer::default()
             },
             elapsed: Duration::from_millis(1500),
+            trace_id: "t".to_owned(),
         };
         let page = tools::page(&done.answer.text, 0, 4);
         let result = answer(&done, Some("h1"), 0, &page);

@@ -37,7 +37,7 @@ loopbus mcp [--state-dir DIR [--name NAME] | --as NAME] [--root ROOT] [--depth N
 
 Serve MCP (the Model Context Protocol) on stdin and stdout, so that an agent CLI
 delegates to other instances with tools: list_instances, talk, fan, chain,
-verify, result and cancel (docs/agents.md has their schemas and each CLI's setup). Speaks protocol
+verify, result, cancel and trace (docs/agents.md has their schemas and each CLI's setup). Speaks protocol
 revisions 2025-06-18, 2025-11-25 (initialize) and 2026-07-28 (server/discover).
 Only JSON-RPC goes to stdout; logs go to stderr.
 
@@ -256,6 +256,18 @@ impl Server {
             .and_then(|meta| meta.get("progressToken"))
             .filter(|t| t.is_string() || t.is_i64() || t.is_u64())
             .map(|t| Progress::new(t.clone()));
+        // Every revision's `_meta` may carry W3C trace context (named in 2026-07-28).
+        let parent = params
+            .get("_meta")
+            .and_then(|meta| meta.get("traceparent"))
+            .and_then(Value::as_str)
+            .and_then(|value| {
+                let parsed = loopbus::parse_traceparent(value);
+                if parsed.is_none() {
+                    log::warn!("mcp: ignoring a malformed _meta.traceparent");
+                }
+                parsed
+            });
         let shared = Arc::clone(&self.shared);
         let calls = Arc::clone(&self.calls);
         let answer_id = id.clone();
@@ -263,7 +275,7 @@ impl Server {
             .name("mcp-call".to_owned())
             .spawn(move || {
                 let ran = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                    shared.run(call, progress, &ctl)
+                    shared.run(call, progress, parent, &ctl)
                 }));
                 lock(&calls).remove(&key);
                 let answer = match ran {

@@ -4,7 +4,7 @@
 //! `structuredContent` matching the tool's `outputSchema`, `isError`.
 
 use super::answers::Kind;
-use loopbus::{InstanceName, DEFAULT_TIMEOUT, MAX_TARGETS};
+use loopbus::{InstanceName, TraceId, DEFAULT_TIMEOUT, MAX_TARGETS};
 use serde_json::{json, Map, Value};
 use std::time::Duration;
 
@@ -55,6 +55,11 @@ pub enum Call {
         /// The handle.
         handle: String,
     },
+    /// `trace`: the tree of a trace (`None`: the caller's last one).
+    Trace {
+        /// The trace id given.
+        trace_id: Option<TraceId>,
+    },
 }
 
 /// How a call waits for its work and how much of the answer it shows.
@@ -89,7 +94,7 @@ fn outcome_schema() -> Value {
             "handle": {"type": "string"},
             "elapsedSecs": {"type": "number"},
             "answered": integer, "total": integer,
-            "traceId": {"type": "string"},
+            "traceId": {"type": "string", "description": "The trace of the delegations: see the `trace` tool."},
             "errorCode": {"type": "string"},
             "retryable": {"type": "boolean"},
             "offset": integer,
@@ -220,6 +225,25 @@ pub fn definitions() -> Vec<Value> {
             json!({"handle": handle}),
             &["handle"],
             outcome_schema(),
+        ),
+        tool(
+            "trace",
+            "Show the tree of delegations of a trace (the traceId of an earlier result; \
+             default: the last one this caller started), from every instance's audit \
+             log: who asked whom, outcomes, durations, costs and tokens. Never prompts.",
+            json!({"traceId": {"type": "string", "description": "32 lowercase hex digits."}}),
+            &[],
+            json!({
+                "type": "object",
+                "properties": {
+                    "traceId": {"type": "string"},
+                    "turns": {"type": "array", "items": {"type": "object"}},
+                    "total": {"type": "object"},
+                    "skippedLines": {"type": "integer", "minimum": 0},
+                    "droppedTurns": {"type": "integer", "minimum": 0},
+                },
+                "required": ["traceId", "turns", "total"],
+            }),
         ),
     ]
 }
@@ -391,6 +415,12 @@ pub fn parse_call(params: &Map<String, Value>) -> Result<Call, BadCall> {
                 handle: a.required("handle")?.to_owned(),
             })
         }),
+        "trace" => Arguments::new(values, &["traceId"]).and_then(|a| {
+            let trace_id = a.string("traceId")?.map(TraceId::new).transpose();
+            Ok(Call::Trace {
+                trace_id: trace_id.map_err(|e| format!("`traceId`: {e}"))?,
+            })
+        }),
         other => return Err(BadCall::Request(format!("unknown tool `{other}`"))),
     };
     parsed.map_err(|message| BadCall::Arguments(format!("{name}: {message}")))
@@ -501,6 +531,7 @@ mod tests {
             json!({"name": "fan", "arguments": {"prompt": "p", "targets": ["ok", 3]}}),
             json!({"name": "chain", "arguments": {"prompt": "p", "targets": "a,b"}}),
             json!({"name": "verify", "arguments": {"prompt": "p"}}),
+            json!({"name": "trace", "arguments": {"traceId": "not hex"}}),
             json!({"name": "verify", "arguments": {"prompt": "p", "answerer": "a", "verifier": "!"}}),
         ];
         for value in bad {
