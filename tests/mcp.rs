@@ -743,3 +743,77 @@ fn a_traceparent_joins_its_trace_and_the_trace_tool_shows_its_tree() {
     );
     assert_eq!(unknown["isError"], true, "{unknown}");
 }
+
+/// The cells of the rows of the table that starts with `header` in docs/agents.md
+/// whose first cell is code.
+fn doc_rows(header: &str) -> Vec<Vec<String>> {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("docs/agents.md");
+    let doc = std::fs::read_to_string(path).unwrap();
+    let start = doc
+        .find(header)
+        .unwrap_or_else(|| panic!("no table {header}"));
+    doc[start..]
+        .lines()
+        .take_while(|l| l.starts_with('|'))
+        .map(|line| {
+            line.split('|')
+                .map(|c| c.trim().to_owned())
+                .collect::<Vec<_>>()
+        })
+        .filter(|cells| cells.get(1).is_some_and(|c| c.starts_with('`')))
+        .map(|cells| cells[1..].to_vec())
+        .collect()
+}
+
+/// The code spans of `cell`, and those of them in bold.
+fn spans(cell: &str) -> (Vec<String>, Vec<String>) {
+    let names: Vec<String> = cell
+        .split('`')
+        .skip(1)
+        .step_by(2)
+        .map(str::to_owned)
+        .collect();
+    let bold = names
+        .iter()
+        .filter(|n| cell.contains(&format!("**`{n}`**")))
+        .cloned()
+        .collect();
+    (names, bold)
+}
+
+fn sorted_keys(value: &Value) -> Vec<String> {
+    let mut keys: Vec<String> = value.as_object().unwrap().keys().cloned().collect();
+    keys.sort();
+    keys
+}
+
+#[test]
+fn the_documented_tools_and_fields_are_the_served_ones() {
+    let root = TestRoot::new("mcp-docs");
+    root.write_config("boss", &open_config("boss-secret-0123456789"));
+    let mut client = Client::start(&root, &root.state_dir("boss"));
+    client.initialize("2025-11-25");
+    let list = client.request("tools/list", json!({}));
+    let tools = list["result"]["tools"].as_array().unwrap();
+    let rows = doc_rows("| tool | arguments |");
+    let documented: Vec<String> = rows.iter().map(|r| spans(&r[0]).0[0].clone()).collect();
+    let served: Vec<&str> = tools.iter().map(|t| t["name"].as_str().unwrap()).collect();
+    assert_eq!(documented, served, "the tools, in tools/list's order");
+    for (tool, row) in tools.iter().zip(&rows) {
+        let (mut arguments, mut required) = spans(&row[1]);
+        arguments.sort();
+        required.sort();
+        let schema = &tool["inputSchema"];
+        assert_eq!(arguments, sorted_keys(&schema["properties"]), "{row:?}");
+        let mut want: Vec<String> = serde_json::from_value(schema["required"].clone()).unwrap();
+        want.sort();
+        assert_eq!(required, want, "{row:?}: the bold ones are required");
+    }
+    // A row of the fields' table may name several: `answered`, `total`.
+    let mut fields: Vec<String> = doc_rows("| field | what |")
+        .iter()
+        .flat_map(|row| spans(&row[0]).0)
+        .collect();
+    fields.sort();
+    assert_eq!(fields, sorted_keys(&tools[1]["outputSchema"]["properties"]));
+}
