@@ -274,19 +274,13 @@ impl Server {
         let spawned = std::thread::Builder::new()
             .name("mcp-call".to_owned())
             .spawn(move || {
-                let ran = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                let answer = answer_call(&answer_id, revision, || {
                     shared.run(call, progress, parent, &ctl)
-                }));
+                });
                 lock(&calls).remove(&key);
-                let answer = match ran {
-                    Ok(Some(result)) => rpc::complete(&answer_id, Some(revision), result),
-                    Ok(None) => return,
-                    Err(_) => {
-                        RpcError::new(&answer_id, rpc::INTERNAL_ERROR, "the call failed").to_json()
-                    }
-                };
-                if !ctl.cancelled() {
-                    shared.out.send(&answer);
+                match answer {
+                    Some(answer) if !ctl.cancelled() => shared.out.send(&answer),
+                    _ => {}
                 }
             });
         match spawned {
@@ -303,7 +297,37 @@ impl Server {
     }
 }
 
+/// Runs a call and makes its answer: its result, -32603 when it panicked (the process
+/// goes on), `None` when the client cancelled it.
+fn answer_call(
+    id: &Value,
+    revision: Revision,
+    call: impl FnOnce() -> Option<Value>,
+) -> Option<Value> {
+    match std::panic::catch_unwind(std::panic::AssertUnwindSafe(call)) {
+        Ok(result) => result.map(|result| rpc::complete(id, Some(revision), result)),
+        Err(_) => Some(RpcError::new(id, rpc::INTERNAL_ERROR, "the call failed").to_json()),
+    }
+}
+
 /// Locks `mutex`; the map stays valid whatever panicked while holding it.
 fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     mutex.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_call_that_panics_is_answered_with_an_internal_error() {
+        let id = json!(7);
+        let answer = answer_call(&id, Revision::V2025_11_25, || panic!("a bug"));
+        let answer = answer.unwrap();
+        assert_eq!(answer["error"]["code"], rpc::INTERNAL_ERROR);
+        assert_eq!(answer["id"], 7);
+        let fine = answer_call(&id, Revision::V2026_07_28, || Some(json!({})));
+        assert_eq!(fine.unwrap()["result"]["resultType"], "complete");
+        assert_eq!(answer_call(&id, Revision::V2025_06_18, || None), None);
+    }
 }

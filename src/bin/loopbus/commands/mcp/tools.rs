@@ -590,7 +590,8 @@ mod tests {
                 "chain",
                 "verify",
                 "result",
-                "cancel"
+                "cancel",
+                "trace"
             ]
         );
         for tool in &tools {
