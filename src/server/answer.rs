@@ -51,27 +51,6 @@ impl TalkMeta {
     }
 }
 
-/// What an audit line says happened: its outcome, detail and code, and the turn's
-/// usage when its engine reported one.
-pub(super) struct AuditOutcome<'a> {
-    pub(super) outcome: &'a str,
-    pub(super) detail: &'a str,
-    pub(super) error_code: Option<&'a str>,
-    pub(super) usage: Option<UsageReport>,
-}
-
-impl<'a> AuditOutcome<'a> {
-    /// An outcome without usage.
-    pub(super) fn new(outcome: &'a str, detail: &'a str, error_code: Option<&'a str>) -> Self {
-        AuditOutcome {
-            outcome,
-            detail,
-            error_code,
-            usage: None,
-        }
-    }
-}
-
 /// A JSON response with the headers every answer carries.
 pub(super) fn json(status: u16, body: Vec<u8>) -> Response {
     Response {
@@ -109,28 +88,35 @@ impl Bus {
         let (status, code) = refusal.status_and_code();
         log::debug!("talk refused: {status} {code} ({})", meta.describe());
         let message = refusal.message(self.name.as_str());
-        let outcome = AuditOutcome::new("refused", &message, Some(code.as_str()));
-        self.audit(meta, &outcome, Some(status));
+        self.audit(
+            meta,
+            ("refused", &message),
+            Some(code.as_str()),
+            Some(status),
+            None,
+        );
         self.refusal_response(refusal, meta.received_at)
     }
 
     /// Records one talk outcome in the audit log; `status` is `None` when nobody was
-    /// answered.
+    /// answered; `usage` is the turn's, when its engine reported one.
     pub(super) fn audit(
         &mut self,
         meta: &TalkMeta,
-        outcome: &AuditOutcome<'_>,
+        (outcome, detail): (&str, &str),
+        error_code: Option<&str>,
         status: Option<u16>,
+        usage: Option<UsageReport>,
     ) {
-        let usage = outcome.usage.unwrap_or_default();
-        let known = outcome.usage.map(|_| ());
+        let known = usage.map(|_| ());
+        let usage = usage.unwrap_or_default();
         self.audit.record(&audit::Record {
-            outcome: outcome.outcome,
-            detail: outcome.detail,
+            outcome,
+            detail,
             from_instance: meta.from_instance.as_deref(),
             depth: meta.depth,
             duration_ms: elapsed_ms(meta.received_at),
-            error_code: outcome.error_code,
+            error_code,
             prompt_chars: meta.prompt_chars,
             status,
             request_id: meta.request_id.as_deref(),

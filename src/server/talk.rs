@@ -2,7 +2,7 @@
 //! and what the pool's reports and a caller's hang-up come to (the answers written, the
 //! audit lines). Nothing here runs for a request without the secret.
 
-use super::answer::{json, AuditOutcome, TalkMeta};
+use super::answer::{json, TalkMeta};
 use super::turn_table::{caller, Admit, Ended, HangUp, TurnId};
 use super::{Bus, Refusal};
 use crate::engine::{Turn, TurnTrace};
@@ -150,7 +150,7 @@ impl Bus {
             ),
         };
         let status = answer.as_ref().map(|_| 200);
-        self.audit(&meta, &AuditOutcome::new(outcome, detail, None), status);
+        self.audit(&meta, (outcome, detail), None, status, None);
         answer
     }
 
@@ -196,7 +196,7 @@ impl Bus {
                     "the caller went away while its turn ran; the answer is dropped"
                 };
                 log::info!("caller {}: {detail}", caller(&meta));
-                self.audit(&meta, &AuditOutcome::new("abandoned", detail, None), None);
+                self.audit(&meta, ("abandoned", detail), None, None, None);
             }
         }
     }
@@ -230,11 +230,7 @@ impl Bus {
                 log::info!("{}", failed_turn_line(failure, &ended.meta));
             }
             let status = (!ended.waiters.is_empty()).then_some(200);
-            let outcome = AuditOutcome {
-                usage: envelope.usage,
-                ..AuditOutcome::new(outcome, detail, code)
-            };
-            self.audit(&ended.meta, &outcome, status);
+            self.audit(&ended.meta, (outcome, detail), code, status, envelope.usage);
         }
         for waiter in &ended.waiters {
             control.respond(waiter.conn, json(200, waiter.negotiate(envelope).to_json()));
