@@ -7,7 +7,8 @@
 //! - [`rpc`]: JSON-RPC, and the lifecycle of 2025-06-18, 2025-11-25 and 2026-07-28;
 //! - [`tools`]: the tools' schemas, arguments and results; [`answers`]: what a
 //!   finished delegation answers;
-//! - [`calls`]: the work of a call, its wait, progress, pages and cancellation;
+//! - [`calls`]: who delegates, stdout, and each tool's call; [`job`]: the work of a
+//!   delegating call, its wait, progress, pages and cancellation;
 //! - [`handles`]: the handles naming work that outlives its call.
 //!
 //! This file reads stdin on the main thread and answers what is quick there; each
@@ -19,11 +20,13 @@ mod answers;
 mod calls;
 mod framing;
 mod handles;
+mod job;
 mod rpc;
 mod tools;
 
 use crate::cli::{Args, CommandError, EXIT_OK};
-use calls::{CallCtl, Caller, Out, Progress, Shared};
+use calls::{Caller, Out, Shared};
+use job::{CallCtl, Progress};
 use rpc::{Incoming, Revision, Route, RpcError, Session};
 use serde_json::{json, Map, Value};
 use std::collections::HashMap;
