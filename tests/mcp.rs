@@ -193,11 +193,14 @@ impl Drop for Client {
 
 /// A channel root with the calling instance `boss` (not running: `mcp` acts as it)
 /// and a running `worker` with the engine `engine` makes for the root (`Null`: the
-/// echo engine), after the legacy handshake.
+/// echo engine) and a reattach window longer than any test, after the legacy
+/// handshake.
 fn setup(label: &str, engine: impl FnOnce(&Path) -> Value) -> (TestRoot, Instance, Client) {
     let root = TestRoot::new(label);
     root.write_config("boss", &open_config("boss-secret-0123456789"));
     let mut config = open_config("worker-secret-0123456789");
+    // A hung-up delegation is kept this long: an engine gone sooner was cancelled.
+    config["bus"]["reattachSecs"] = json!(600);
     let engine = engine(&root.path);
     if !engine.is_null() {
         config["engine"] = engine;
@@ -613,6 +616,33 @@ fn closing_stdin_ends_the_process_and_cancels_its_work() {
     let pid = engine_pid(&root);
     let status = client.close(BOUND).expect("mcp exits when stdin closes");
     assert_eq!(status.code(), Some(0), "{}", client.stderr());
+    assert!(eventually(BOUND, || gone(pid)), "engine {pid} still runs");
+    assert!(eventually(BOUND, || children(worker.pid()).is_empty()));
+}
+
+#[test]
+fn sigterm_cancels_the_work_then_ends_the_process() {
+    let (root, worker, mut client) = setup("mcp-sigterm", stuck);
+    let first = client.call(
+        "talk",
+        json!({"target": "worker", "prompt": "p", "waitSecs": 0.2}),
+    );
+    assert_eq!(first["structuredContent"]["status"], "running", "{first}");
+    let pid = engine_pid(&root);
+    signal(client.child.id(), "TERM");
+    let deadline = Instant::now() + BOUND;
+    let status = loop {
+        if let Some(status) = client.child.try_wait().unwrap() {
+            break status;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "mcp still runs\n{}",
+            client.stderr()
+        );
+        std::thread::sleep(POLL_INTERVAL);
+    };
+    assert_eq!(status.code(), Some(143), "{}", client.stderr());
     assert!(eventually(BOUND, || gone(pid)), "engine {pid} still runs");
     assert!(eventually(BOUND, || children(worker.pid()).is_empty()));
 }

@@ -24,12 +24,16 @@ mod job;
 mod rpc;
 mod tools;
 
-use crate::cli::{Args, CommandError, EXIT_OK};
+use crate::cli::{local, Args, CommandError, EXIT_OK, EXIT_SIGINT, EXIT_SIGTERM};
 use calls::{Caller, Out, Shared};
 use job::{CallCtl, Progress};
 use rpc::{Incoming, Revision, Route, RpcError, Session};
 use serde_json::{json, Map, Value};
+use signal_hook::consts::{SIGINT, SIGTERM};
 use std::collections::HashMap;
+use std::io::Read;
+use std::os::unix::net::UnixStream;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 use tools::BadCall;
@@ -49,7 +53,8 @@ $LOOPBUS_STATE_DIR), under that instance's config.json (read again at each
 call), or without either as the operator of the channel root, like
 `loopbus talk`. A call waits at most its waitSecs (default 45) and then
 returns a handle while the work goes on; `result` fetches the answer later.
-When stdin closes, the work still running is cancelled and the process exits.
+When stdin closes, the work still running is cancelled and the process exits;
+SIGINT and SIGTERM do the same, exiting 130 and 143.
 
 Options:
   --state-dir DIR   the calling instance's state directory
@@ -62,7 +67,8 @@ Options:
   --depth N         the current delegation depth (default: $LOOPBUS_DEPTH, else 0);
                     delegations carry N + 1
 
-Exit status: 0 when stdin closed; 2 usage or local configuration error.
+Exit status: 0 when stdin closed; 130 and 143 on SIGINT and SIGTERM; 2 usage or
+local configuration error.
 
 Example (Claude Code):
   claude mcp add loopbus -- loopbus mcp --state-dir ~/.loopbus/reviewer
@@ -108,6 +114,7 @@ pub fn run(args: &[String]) -> Result<i32, CommandError> {
         },
         handles: Mutex::new(handles::Handles::new()),
     });
+    stop_on_signals(&shared)?;
     let mut server = Server {
         shared: Arc::clone(&shared),
         session: Session::default(),
@@ -135,6 +142,44 @@ pub fn run(args: &[String]) -> Result<i32, CommandError> {
     log::info!("mcp: stdin closed; cancelling the work still running, then exiting");
     shared.cancel_all(EXIT_CANCEL_WAIT);
     Ok(EXIT_OK)
+}
+
+/// Makes SIGINT and SIGTERM end the process as the end of stdin does, the work still
+/// running cancelled first (a delegation with a request id that merely hangs up runs
+/// on for its target's `reattachSecs`), then exit 130 or 143.
+///
+/// # Errors
+/// The handlers, their wake-up pair or their thread could not be set up.
+fn stop_on_signals(shared: &Arc<Shared>) -> Result<(), CommandError> {
+    let setup = |e: std::io::Error| local(format!("cannot set up the signal handlers: {e}"));
+    let (wake_read, wake_write) = UnixStream::pair().map_err(setup)?;
+    wake_write.set_nonblocking(true).map_err(setup)?;
+    let caught = Arc::new(AtomicUsize::new(0));
+    for signal in [SIGINT, SIGTERM] {
+        // Registered in this order, so the flag is set before the wake-up is written.
+        signal_hook::flag::register_usize(signal, Arc::clone(&caught), signal as usize)
+            .map_err(setup)?;
+        signal_hook::low_level::pipe::register(signal, wake_write.try_clone().map_err(setup)?)
+            .map_err(setup)?;
+    }
+    let shared = Arc::clone(shared);
+    std::thread::Builder::new()
+        .name("mcp-signals".to_owned())
+        .spawn(move || {
+            let mut drain = [0u8; 16];
+            while caught.load(Ordering::SeqCst) == 0 {
+                let _ = (&wake_read).read(&mut drain);
+            }
+            let exit = match caught.load(Ordering::SeqCst) {
+                n if n == SIGINT as usize => EXIT_SIGINT,
+                _ => EXIT_SIGTERM,
+            };
+            log::info!("mcp: stopped by a signal; cancelling the work still running");
+            shared.cancel_all(EXIT_CANCEL_WAIT);
+            std::process::exit(exit);
+        })
+        .map_err(setup)?;
+    Ok(())
 }
 
 /// The calls in flight, by request id (as JSON text).
