@@ -130,8 +130,14 @@ mod tests {
         // (list, the refusal's message, or None: accepted)
         let cases: [(&[InstanceName], Option<&str>); 6] = [
             (&[], Some("the list of instances is empty")),
-            (&[name("a"), name("me")], Some("names the caller itself, me")),
-            (&[name("a"), name("c")], Some("c is not among me's own peers")),
+            (
+                &[name("a"), name("me")],
+                Some("names the caller itself, me"),
+            ),
+            (
+                &[name("a"), name("c")],
+                Some("c is not among me's own peers"),
+            ),
             (&many, Some("names 33 instances, more than 32")),
             (&[name("a")], None),
             (&[name("a"), name("b"), name("a")], None),
