@@ -47,7 +47,7 @@ impl StopHandle {
     /// `DelegateError::Stopped`), and every one in flight gets its cancel request, all
     /// at once; those then end with the peer's `cancelled` failure. A cancel the peer
     /// answers with `invalid_request` (no turn of that id yet: the request is still on
-    /// its way) is sent again every [`CANCEL_AGAIN_AFTER`] while the delegation is in
+    /// its way) is sent again every 100 ms while the delegation is in
     /// flight, within [`CANCEL_TIMEOUT`]. Returns each cancel's target and last outcome.
     pub fn stop(&self) -> Vec<(InstanceName, Result<CancelOutcome, DelegateError>)> {
         let in_flight = {
