@@ -26,7 +26,7 @@
 //! # }
 //! ```
 
-use crate::client::{self, delegate, new_request_id, DelegateError, DelegateOptions, TraceContext};
+use crate::client::{self, delegate, DelegateError, DelegateOptions, TraceContext};
 use crate::config::BusConfig;
 use crate::protocol::{InstanceName, RequestId, TraceId};
 use std::fmt;
@@ -36,10 +36,13 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 mod outcome;
+mod plan;
 mod stop;
 mod templates;
 
 pub use outcome::{conclude, sum_usage, Conclusion, Outcome, Stage};
+pub use plan::WorkflowError;
+use plan::{prepare, Plan};
 pub use stop::StopHandle;
 pub use templates::{chain_prompt, parse_verdict, verify_prompt, Verdict};
 
@@ -203,112 +206,6 @@ impl<F: Fn(Event<'_>) + Send + Sync> Observer for F {
     fn event(&self, event: Event<'_>) {
         self(event)
     }
-}
-
-/// Why a workflow sent nothing.
-#[derive(Debug)]
-#[non_exhaustive]
-pub enum WorkflowError {
-    /// The list of targets is empty.
-    NoTargets,
-    /// The list names more than [`MAX_TARGETS`].
-    TooManyTargets {
-        /// How many it names.
-        count: usize,
-    },
-    /// The list names the caller itself.
-    CallerInList {
-        /// The caller.
-        caller: InstanceName,
-    },
-    /// The list names an instance the caller's `peers` does not allow.
-    PeerNotAllowed {
-        /// The caller.
-        caller: InstanceName,
-        /// The instance named.
-        target: InstanceName,
-    },
-    /// No request id could be made from the OS's randomness.
-    NoRandomness {
-        /// Why not.
-        error: std::io::Error,
-    },
-}
-
-impl fmt::Display for WorkflowError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            Self::NoTargets => f.write_str("the list of instances is empty"),
-            Self::TooManyTargets { count } => {
-                write!(
-                    f,
-                    "the list names {count} instances, more than {MAX_TARGETS}"
-                )
-            }
-            Self::CallerInList { caller } => {
-                write!(f, "the list names the caller itself, {caller}")
-            }
-            Self::PeerNotAllowed { caller, target } => {
-                write!(f, "{target} is not among {caller}'s own peers")
-            }
-            Self::NoRandomness { error } => {
-                write!(
-                    f,
-                    "cannot make a request id from the OS's randomness: {error}"
-                )
-            }
-        }
-    }
-}
-
-impl std::error::Error for WorkflowError {}
-
-/// A workflow about to run: its options with the tree its delegations join, and a
-/// request id for each delegation.
-struct Plan {
-    options: WorkflowOptions,
-    trace_id: TraceId,
-    ids: Vec<RequestId>,
-}
-
-/// Checks a workflow's list before anything is sent, and makes the [`Plan`].
-fn prepare(options: &WorkflowOptions, targets: &[InstanceName]) -> Result<Plan, WorkflowError> {
-    if targets.is_empty() {
-        return Err(WorkflowError::NoTargets);
-    }
-    if targets.len() > MAX_TARGETS {
-        return Err(WorkflowError::TooManyTargets {
-            count: targets.len(),
-        });
-    }
-    let caller = &options.caller;
-    for target in targets {
-        if target == caller {
-            return Err(WorkflowError::CallerInList {
-                caller: caller.clone(),
-            });
-        }
-        if !options.bus.peers.allows(target.as_str()) {
-            return Err(WorkflowError::PeerNotAllowed {
-                caller: caller.clone(),
-                target: target.clone(),
-            });
-        }
-    }
-    let random = |error| WorkflowError::NoRandomness { error };
-    let trace = match &options.trace {
-        Some(trace) => trace.clone(),
-        None => TraceContext::new().map_err(random)?,
-    };
-    let ids = targets
-        .iter()
-        .map(|_| new_request_id().map_err(random))
-        .collect::<Result<_, _>>()?;
-    Ok(Plan {
-        trace_id: trace.trace_id.clone(),
-        options: options.clone().with_trace(trace),
-        ids,
-    })
 }
 
 /// Runs delegation `index` unless the workflow was stopped, telling the observer.

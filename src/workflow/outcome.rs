@@ -117,8 +117,10 @@ mod tests {
     #[test]
     fn conclusion_table() {
         use Conclusion::*;
-        // (failures' retryable flags, verdict, conclusion)
-        let cases: [(&[bool], Option<Result<Verdict, bool>>, Conclusion); 11] = [
+        /// Failures' retryable flags, the verdict (`Err`: none readable, retryable or
+        /// not), the conclusion.
+        type Case = (&'static [bool], Option<Result<Verdict, bool>>, Conclusion);
+        let cases: [Case; 11] = [
             (&[], None, Success),
             (&[true], None, Retryable),
             (&[true, true], None, Retryable),

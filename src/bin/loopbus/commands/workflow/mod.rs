@@ -59,6 +59,9 @@ envelope, or a failure envelope decided here), SUMMARY {\"succeeded\",
 \"failed\", \"costUsd\" (null when none reported), \"inputTokens\", \"outputTokens\",
 \"cachedTokens\", \"wallMs\", \"conclusion\" (\"success\", \"failure\" or
 \"retryable\")}.
+
+Example:
+  loopbus fan 'Name one risk in this plan' --to reviewer,tester
 ",
     common_help!()
 );
@@ -81,6 +84,9 @@ bus.chain in the caller's config.json.
 --json prints {\"stages\": [ITEM...], \"planned\": N, \"summary\": SUMMARY,
 \"traceId\"}, with ITEM
 and SUMMARY as in `loopbus fan --help`.
+
+Example:
+  git diff | loopbus chain --to writer,editor --state-dir ~/.loopbus/lead
 ",
     common_help!()
 );
@@ -112,6 +118,9 @@ config key names one, and the caller never asks itself.
 --json prints {\"answer\": ITEM, \"verifier\": ITEM or null, \"verdict\": \"pass\",
 \"fail\" or null, \"verdictError\": {\"error\", \"errorCode\", \"retryable\"} or null,
 \"summary\": SUMMARY, \"traceId\"}, with ITEM and SUMMARY as in `loopbus fan --help`.
+
+Example:
+  loopbus verify 'What is 17 * 23?' --answerer worker --verifier checker
 ",
     common_help!()
 );
