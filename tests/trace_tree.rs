@@ -318,3 +318,60 @@ fn a_malformed_trace_variable_is_ignored_with_a_warning() {
     assert_eq!(tree["turns"][0]["instance"], "w");
     assert_eq!(tree["turns"][0]["parentRequestId"], Value::Null);
 }
+
+#[test]
+fn the_engine_gets_its_turns_trace_and_a_request_without_one_gets_a_new_trace() {
+    let root = TestRoot::new("trace-engine-env");
+    let show = r#"cat > /dev/null; printf '%s|%s|%s' "$LOOPBUS_TRACE_ID" "$LOOPBUS_REQUEST_ID" "$TRACEPARENT""#;
+    let w = root.start(
+        "w",
+        &json!({"bus": {"peers": "*", "secret": "s-trace-env-0123456789abcdef"},
+            "engine": {"command": ["sh", "-c", show]}}),
+    );
+    let hex = |s: &str, len| {
+        s.len() == len
+            && s.bytes()
+                .all(|b| b.is_ascii_hexdigit() && !b.is_ascii_uppercase())
+    };
+    let env_of = |reply: &Value| -> Vec<String> {
+        reply["text"]
+            .as_str()
+            .unwrap()
+            .split('|')
+            .map(str::to_owned)
+            .collect()
+    };
+    // With the caller's trace: the engine gets it, this turn's request id, and a
+    // TRACEPARENT of the same trace with a fresh span id.
+    let id = "r".repeat(20);
+    let reply = w
+        .talk_body(
+            &json!({"fromInstance": "alice", "prompt": MARKER, "depth": 1,
+            "ext": {"requestId": id, "traceId": T, "parentRequestId": "p".repeat(16)}}),
+        )
+        .json();
+    let env = env_of(&reply);
+    assert_eq!(
+        (env[0].as_str(), env[1].as_str()),
+        (T, id.as_str()),
+        "{reply}"
+    );
+    let parts: Vec<&str> = env[2].split('-').collect();
+    assert_eq!((parts[0], parts[1], parts[3]), ("00", T, "01"), "{reply}");
+    assert!(hex(parts[2], 16) && parts[2] != "0".repeat(16), "{reply}");
+    // A legacy request (no ext): the server starts a trace and makes a request id.
+    let reply = w.talk("alice", MARKER, 1).json();
+    let env = env_of(&reply);
+    assert!(
+        hex(&env[0], 32) && hex(&env[1], 32) && env[0] != T,
+        "{reply}"
+    );
+    assert!(env[2].starts_with(&format!("00-{}-", env[0])), "{reply}");
+    // Both turns are audited with those ids, the first under its parent.
+    let fresh = trace_of(&root, &env[0], 1);
+    assert_eq!(fresh["turns"][0]["requestId"], env[1].as_str());
+    let given = trace_of(&root, T, 1);
+    assert_eq!(given["turns"][0]["requestId"], id.as_str());
+    assert_eq!(given["turns"][0]["parentRequestId"], "p".repeat(16));
+    assert_eq!(given["turns"][0]["depth"], 1);
+}

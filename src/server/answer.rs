@@ -90,7 +90,8 @@ impl Bus {
         let message = refusal.message(self.name.as_str());
         self.audit(
             meta,
-            ("refused", &message),
+            "refused",
+            &message,
             Some(code.as_str()),
             Some(status),
             None,
@@ -103,7 +104,8 @@ impl Bus {
     pub(super) fn audit(
         &mut self,
         meta: &TalkMeta,
-        (outcome, detail): (&str, &str),
+        outcome: &str,
+        detail: &str,
         error_code: Option<&str>,
         status: Option<u16>,
         usage: Option<UsageReport>,

@@ -150,7 +150,7 @@ impl Bus {
             ),
         };
         let status = answer.as_ref().map(|_| 200);
-        self.audit(&meta, (outcome, detail), None, status, None);
+        self.audit(&meta, outcome, detail, None, status, None);
         answer
     }
 
@@ -196,7 +196,7 @@ impl Bus {
                     "the caller went away while its turn ran; the answer is dropped"
                 };
                 log::info!("caller {}: {detail}", caller(&meta));
-                self.audit(&meta, ("abandoned", detail), None, None, None);
+                self.audit(&meta, "abandoned", detail, None, None, None);
             }
         }
     }
@@ -230,7 +230,7 @@ impl Bus {
                 log::info!("{}", failed_turn_line(failure, &ended.meta));
             }
             let status = (!ended.waiters.is_empty()).then_some(200);
-            self.audit(&ended.meta, (outcome, detail), code, status, envelope.usage);
+            self.audit(&ended.meta, outcome, detail, code, status, envelope.usage);
         }
         for waiter in &ended.waiters {
             control.respond(waiter.conn, json(200, waiter.negotiate(envelope).to_json()));

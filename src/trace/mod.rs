@@ -110,7 +110,7 @@ fn scan(root: &Path, mut each: impl FnMut(TraceId, TraceTurn)) -> io::Result<u64
     for path in audit_logs(root)? {
         let read = crate::files::open_regular(&path).and_then(|file| {
             read::for_each_line(file, |line| match read::parse_line(line) {
-                Parsed::Turn(id, turn) => each(id, turn),
+                Parsed::Turn(id, turn) => each(id, *turn),
                 Parsed::Other => {}
                 Parsed::Skipped => skipped += 1,
             })

@@ -69,7 +69,7 @@ fn finish(
 #[derive(Debug, PartialEq)]
 pub enum Parsed {
     /// A talk outcome of a turn in a trace.
-    Turn(TraceId, TraceTurn),
+    Turn(TraceId, Box<TraceTurn>),
     /// A line of the log's shape that is no turn of a trace: a retry attached to a
     /// turn, a stored answer, a cancel request, the writer's own notice, or a line
     /// without a trace id (written before trace context, or refused before its body).
@@ -145,7 +145,7 @@ pub fn parse_line(line: &[u8]) -> Parsed {
         depth: m.depth,
         own,
     };
-    Parsed::Turn(trace_id, turn)
+    Parsed::Turn(trace_id, Box::new(turn))
 }
 
 #[cfg(test)]
@@ -169,7 +169,8 @@ mod tests {
         long_last.extend_from_slice(&long);
         let mut exact = max.clone();
         exact.push(b'\n');
-        let cases: Vec<(Vec<u8>, Vec<&[u8]>, u64)> = vec![
+        type Case<'a> = (Vec<u8>, Vec<&'a [u8]>, u64);
+        let cases: Vec<Case<'_>> = vec![
             (b"".to_vec(), vec![], 0),
             (b"a\nb\n".to_vec(), vec![b"a", b"b"], 0),
             (b"a\n\nb".to_vec(), vec![b"a", b"", b"b"], 0),

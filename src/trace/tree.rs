@@ -190,8 +190,11 @@ mod tests {
         }
     }
 
-    /// (instance, level, subtree turns, subtree cost) of each node, in order.
-    fn shape(nodes: &[TraceNode]) -> Vec<(String, usize, u64, Option<f64>)> {
+    /// (instance, level, subtree turns, subtree cost) of a node.
+    type Shape = (String, usize, u64, Option<f64>);
+
+    /// The shape of each node, in order.
+    fn shape(nodes: &[TraceNode]) -> Vec<Shape> {
         nodes
             .iter()
             .map(|n| {
@@ -212,7 +215,7 @@ mod tests {
                 .map(|(i, l, t, c)| ((*i).to_owned(), *l, *t, Some(*c)))
                 .collect::<Vec<_>>()
         };
-        let cases: Vec<(Vec<TraceTurn>, Vec<(String, usize, u64, Option<f64>)>)> = vec![
+        let cases: Vec<(Vec<TraceTurn>, Vec<Shape>)> = vec![
             (vec![], vec![]),
             // a -> b -> c, and a -> d; given in any order, shown in start order.
             (
