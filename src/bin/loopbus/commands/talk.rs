@@ -370,7 +370,7 @@ fn retries(flag: Option<&str>) -> Result<u32, UsageError> {
 }
 
 /// `--depth`, else `$LOOPBUS_DEPTH`, else 0.
-pub(crate) fn depth(flag: Option<&str>) -> Result<u64, UsageError> {
+fn depth(flag: Option<&str>) -> Result<u64, UsageError> {
     let (text, source) = match flag {
         Some(text) => (text.to_owned(), "--depth"),
         None => match std::env::var("LOOPBUS_DEPTH") {
@@ -405,9 +405,7 @@ fn timeout(flag: Option<&str>) -> Result<Duration, UsageError> {
 /// Who talks: the instance of `--state-dir` / `$LOOPBUS_STATE_DIR` with its own
 /// config's bus, else the operator of the channel root (`--as NAME` or
 /// [`OPERATOR`]) with [`BusConfig::open`] (contract section 5).
-pub(crate) fn caller(
-    args: &Args,
-) -> Result<(InstanceName, BusConfig, Option<PathBuf>), CommandError> {
+fn caller(args: &Args) -> Result<(InstanceName, BusConfig, Option<PathBuf>), CommandError> {
     let Ok(state_dir) = super::state_dir_from(args.value("state-dir")) else {
         if args.value("name").is_some() {
             return Err(usage(

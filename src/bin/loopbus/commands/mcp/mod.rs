@@ -92,13 +92,15 @@ pub fn run(args: &[String]) -> Result<i32, CommandError> {
         return Ok(EXIT_OK);
     }
     args.at_most(0)?;
-    let (name, bus, state_dir) = super::talk::caller(&args)?;
-    let depth = super::talk::depth(args.value("depth"))?;
-    let root = match (args.value("root"), &state_dir) {
-        (Some(root), _) => std::path::PathBuf::from(root),
-        (None, Some(dir)) => loopbus::channel_root(dir),
-        (None, None) => super::default_root()?,
-    };
+    let super::talk::Settings {
+        caller: name,
+        bus,
+        root,
+        depth,
+        ..
+    } = super::talk::Settings::from_args(&args)?;
+    // The instance's config.json, read again at each call; `None`: the operator.
+    let state_dir = super::state_dir_from(args.value("state-dir")).ok();
     log::info!(
         "mcp: serving on stdio as {name} (depth {depth}), channel root {}",
         root.display()
