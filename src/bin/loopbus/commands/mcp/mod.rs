@@ -31,7 +31,7 @@ use rpc::{Incoming, Revision, Route, RpcError, Session};
 use serde_json::{json, Map, Value};
 use signal_hook::consts::{SIGINT, SIGTERM};
 use std::collections::HashMap;
-use std::io::Read;
+use std::io::{IsTerminal, Read};
 use std::os::unix::net::UnixStream;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
@@ -117,6 +117,12 @@ pub fn run(args: &[String]) -> Result<i32, CommandError> {
         handles: Mutex::new(handles::Handles::new()),
     });
     stop_on_signals(&shared)?;
+    if std::io::stdin().is_terminal() {
+        super::terminal::eprint_line(
+            "loopbus: mcp speaks JSON-RPC on stdin and stdout, for an agent CLI to start \
+             (docs/agents.md); Ctrl-D ends it",
+        );
+    }
     let mut server = Server {
         shared: Arc::clone(&shared),
         session: Session::default(),
