@@ -142,7 +142,7 @@ pub fn definitions() -> Vec<Value> {
     let name = |what: &str| json!({"type": "string", "description": what});
     let prompt = json!({"type": "string", "description": "The prompt to send."});
     let timeout = json!({"type": "number", "exclusiveMinimum": 0, "maximum": MAX_TIMEOUT_SECS,
-        "description": "Seconds the delegation may take in all (default 1800)."});
+        "description": "Seconds each delegation waits for its answer (default 1800)."});
     let handle = json!({"type": "string", "description": "A handle returned by an earlier call."});
     let targets = json!({"type": "array", "items": {"type": "string"}, "minItems": 1,
         "maxItems": MAX_TARGETS, "description": "The instances, in order."});
