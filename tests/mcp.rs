@@ -309,6 +309,11 @@ fn the_handshake_of_every_revision_and_discover_then_initialize() {
     assert_eq!(list["result"]["resultType"], "complete", "{list}");
     assert_eq!(list["result"]["cacheScope"], "public");
     assert!(list["result"]["ttlMs"].as_u64().is_some());
+    let mut call = json!({"name": "list_instances", "arguments": {}});
+    call["_meta"] = modern_meta();
+    let listed = client.request("tools/call", call);
+    assert_eq!(listed["result"]["resultType"], "complete", "{listed}");
+    assert_eq!(listed["result"]["structuredContent"]["instances"], json!([]));
     // ping is not part of 2026-07-28; an unknown revision is -32022 with ours.
     let ping = client.request("ping", json!({"_meta": modern_meta()}));
     assert_eq!(ping["error"]["code"], -32601, "{ping}");
