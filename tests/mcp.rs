@@ -313,7 +313,10 @@ fn the_handshake_of_every_revision_and_discover_then_initialize() {
     call["_meta"] = modern_meta();
     let listed = client.request("tools/call", call);
     assert_eq!(listed["result"]["resultType"], "complete", "{listed}");
-    assert_eq!(listed["result"]["structuredContent"]["instances"], json!([]));
+    assert_eq!(
+        listed["result"]["structuredContent"]["instances"],
+        json!([])
+    );
     // ping is not part of 2026-07-28; an unknown revision is -32022 with ours.
     let ping = client.request("ping", json!({"_meta": modern_meta()}));
     assert_eq!(ping["error"]["code"], -32601, "{ping}");
