@@ -44,9 +44,9 @@ loopbus mcp [--state-dir DIR [--name NAME] | --as NAME] [--root ROOT] [--depth N
 
 Serve MCP (the Model Context Protocol) on stdin and stdout, so that an agent CLI
 delegates to other instances with tools: list_instances, talk, fan, chain,
-verify, result, cancel and trace (docs/agents.md has their schemas and each CLI's setup). Speaks protocol
-revisions 2025-06-18, 2025-11-25 (initialize) and 2026-07-28 (server/discover).
-Only JSON-RPC goes to stdout; logs go to stderr.
+verify, result, cancel and trace (docs/agents.md has their schemas and each
+CLI's setup). Speaks protocol revisions 2025-06-18, 2025-11-25 (initialize) and
+2026-07-28 (server/discover). Only JSON-RPC goes to stdout; logs go to stderr.
 
 It delegates as the instance whose state directory is DIR (default:
 $LOOPBUS_STATE_DIR), under that instance's config.json (read again at each
