@@ -375,3 +375,66 @@ fn the_engine_gets_its_turns_trace_and_a_request_without_one_gets_a_new_trace() 
     assert_eq!(given["turns"][0]["parentRequestId"], "p".repeat(16));
     assert_eq!(given["turns"][0]["depth"], 1);
 }
+
+/// The tree: `a` fans out to `b` and `d` (`loopbus fan`), and `b`'s engine
+/// delegates on to `c`: two roots from `a`, the subtree under `b`, one trace.
+#[test]
+fn a_fan_from_a_and_a_nested_delegation_under_it_are_one_tree() {
+    let root = TestRoot::new("trace-fan");
+    let failing = json!({"bus": {"peers": "*", "maxDepth": 5},
+        "engine": {"command": ["sh", "-c", "cat > /dev/null; echo boom >&2; exit 1"]}});
+    let _c = root.start("c", &leaf());
+    let _d = root.start("d", &failing);
+    let _b = root.start("b", &relay("c", "0.02", false));
+    let root_path = root_arg(&root);
+    let prompt = format!("fan out {MARKER}");
+    let args = [
+        "fan", &prompt, "--to", "b,d", "--as", "a", "--root", &root_path, "--json",
+    ];
+    let out = run(&args, &[("LOOPBUS_TRACE_ID", T)], None);
+    // d's engine_cli failure is retryable: every failure retryable is 75.
+    assert_eq!(out.status.code(), Some(75), "{}", describe(&args, &out));
+    let fan: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(fan["traceId"], T, "{fan}");
+
+    let tree = trace_of(&root, T, 3);
+    let got: Vec<_> = shape(&tree)
+        .into_iter()
+        .map(|(level, hop, outcome, code, _, sub)| (level, hop, outcome, code, cents(&sub)))
+        .collect();
+    assert_eq!(
+        got,
+        vec![
+            (
+                0,
+                "a -> b".to_owned(),
+                "success".to_owned(),
+                Value::Null,
+                json!(42)
+            ),
+            (
+                1,
+                "b -> c".to_owned(),
+                "success".to_owned(),
+                Value::Null,
+                json!(40)
+            ),
+            (
+                0,
+                "a -> d".to_owned(),
+                "failure".to_owned(),
+                json!("engine_cli"),
+                Value::Null
+            ),
+        ],
+        "{tree}"
+    );
+    assert_eq!(cents(&tree["total"]["costUsd"]), json!(42));
+    // The fan's two delegations: distinct request ids, neither with a parent.
+    let turns = tree["turns"].as_array().unwrap();
+    assert_ne!(turns[0]["requestId"], turns[2]["requestId"]);
+    assert_eq!(turns[2]["parentRequestId"], Value::Null);
+    let last: Value =
+        serde_json::from_slice(&trace(&root, &["--last", "--as", "a", "--json"]).stdout).unwrap();
+    assert_eq!(last["traceId"], T);
+}
