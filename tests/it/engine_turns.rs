@@ -5,7 +5,7 @@
     clippy::expect_used,
     reason = "tests fail loudly on the first broken expectation"
 )]
-mod common;
+use crate::common;
 use common::*;
 use serde_json::{json, Value};
 use std::path::PathBuf;

@@ -11,7 +11,7 @@
     reason = "tests fail loudly on the first broken expectation"
 )]
 
-mod common;
+use crate::common;
 
 use common::*;
 use serde_json::{json, Value};

@@ -4,7 +4,7 @@
 //! message changes, this fails and names the line to quote instead.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod common;
+use crate::common;
 
 use common::{open_config, run, Instance, Req, TestRoot};
 use serde_json::json;

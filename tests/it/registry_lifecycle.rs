@@ -5,8 +5,8 @@
     clippy::expect_used,
     reason = "tests fail loudly on purpose"
 )]
-mod client_support;
-mod common;
+use crate::client_support;
+use crate::common;
 use client_support::*;
 use common::*;
 use serde_json::{json, Value};
@@ -273,7 +273,7 @@ fn init_then_serve_needs_no_hand_editing() {
     // A channel root that does not exist yet: loopbus creates it.
     let channel = root.path.join("fresh-root");
     let dir = channel.join("inst");
-    // A fixed secret (`--fixed-secret`; a plain init writes none: tests/secret_proof.rs).
+    // A fixed secret (`--fixed-secret`; a plain init writes none: tests/it/secret_proof.rs).
     let output = init(&dir, &["--fixed-secret"]);
     assert!(output.status.success(), "{}", describe(&["init"], &output));
     let config_path = dir.join("config.json");
@@ -310,7 +310,7 @@ fn init_then_serve_needs_no_hand_editing() {
     std::mem::forget(instance_root); // `root` removes the whole tree
 
     // A second init refuses to overwrite; --force --rotate-secret writes a fresh secret
-    // (--force alone keeps it: tests/first_hour.rs).
+    // (--force alone keeps it: tests/it/first_hour.rs).
     let output = init(&dir, &[]);
     assert_eq!(
         output.status.code(),

@@ -7,7 +7,7 @@
     reason = "tests fail loudly on purpose"
 )]
 
-mod common;
+use crate::common;
 
 use common::{describe, eventually, run, Instance, TestRoot};
 use serde_json::{json, Value};

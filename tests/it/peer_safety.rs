@@ -3,7 +3,7 @@
 //! or its engine says reaches stderr escaped.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod common;
+use crate::common;
 
 use common::{describe, open_config, run, TestRoot};
 use serde_json::{json, Value};

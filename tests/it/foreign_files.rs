@@ -4,7 +4,7 @@
 //! file to `nobody`) and are skipped with a message otherwise.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod common;
+use crate::common;
 
 use common::{bin, describe, open_config, run, TestRoot, POLL_INTERVAL};
 use serde_json::json;

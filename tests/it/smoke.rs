@@ -4,7 +4,7 @@
     clippy::expect_used,
     reason = "tests fail loudly on the first broken expectation"
 )]
-mod common;
+use crate::common;
 use common::*;
 use std::time::Duration;
 

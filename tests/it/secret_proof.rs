@@ -7,7 +7,7 @@
     reason = "tests fail loudly on purpose"
 )]
 
-mod common;
+use crate::common;
 
 use common::*;
 use serde_json::{json, Value};

@@ -8,8 +8,8 @@
     reason = "tests fail loudly on purpose"
 )]
 
-mod client_support;
-mod common;
+use crate::client_support;
+use crate::common;
 
 use client_support::*;
 use common::*;

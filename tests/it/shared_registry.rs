@@ -10,7 +10,7 @@
 //! lock and without a rename.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod common;
+use crate::common;
 
 use common::*;
 use serde_json::{json, Map, Value};

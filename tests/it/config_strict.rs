@@ -7,7 +7,7 @@
     clippy::expect_used,
     reason = "tests fail loudly on purpose"
 )]
-mod common;
+use crate::common;
 use common::*;
 use serde_json::{json, Value};
 use std::process::{Command, Output, Stdio};

@@ -5,7 +5,7 @@
 //! answers written during a shutdown say that the connection closes.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod common;
+use crate::common;
 
 use common::*;
 use serde_json::json;

@@ -6,7 +6,7 @@
 //! original client's strict check of a response envelope.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod common;
+use crate::common;
 
 use common::*;
 use serde_json::{json, Value};

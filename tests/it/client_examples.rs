@@ -3,7 +3,7 @@
 //! with a message, when its interpreter (`python3`, `node`) is not on PATH.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod common;
+use crate::common;
 
 use common::TestRoot;
 use hmac::{Hmac, KeyInit, Mac};
