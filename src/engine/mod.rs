@@ -12,6 +12,7 @@
 mod budget;
 mod cancel;
 mod outcome;
+mod parsers;
 mod preflight;
 mod process;
 mod reaper;
@@ -156,16 +157,18 @@ impl Engine {
                 status,
                 stdout,
                 stderr,
-            } => TurnOutput {
-                result: TurnResult::Failed(cancelled()),
+            } => {
                 // An engine that ran counts as a turn, with the usage it reported
                 // before it stopped.
-                usage: status.map(|status| {
+                let ran = status.map(|status| {
                     outcome::interpret(engine.output, Exit::from(status), &stdout, &stderr)
-                        .usage
-                        .unwrap_or_default()
-                }),
-            },
+                });
+                TurnOutput {
+                    result: TurnResult::Failed(cancelled()),
+                    usage: ran.as_ref().map(|ran| ran.usage.unwrap_or_default()),
+                    session_id: ran.and_then(|ran| ran.session_id),
+                }
+            }
             Ended::Lost => {
                 TurnOutput::failed(ErrorCode::EngineCli, "lost track of the engine process")
             }
