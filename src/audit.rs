@@ -84,6 +84,9 @@ pub struct Record<'a> {
     /// The request's `ext.requestId`, when it carried one.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub request_id: Option<&'a str>,
+    /// The agent CLI's session id for the turn, when its engine reported one.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub session_id: Option<&'a str>,
 }
 
 /// The audit log of one instance: the event loop's end of the queue to the writer

@@ -16,6 +16,8 @@ pub(super) struct TalkMeta {
     pub(super) depth: Option<u64>,
     pub(super) prompt_chars: Option<usize>,
     pub(super) request_id: Option<String>,
+    /// The engine's session id, once its turn reported one.
+    pub(super) session_id: Option<String>,
 }
 
 impl TalkMeta {
@@ -27,6 +29,7 @@ impl TalkMeta {
             depth: None,
             prompt_chars: None,
             request_id: None,
+            session_id: None,
         }
     }
 
@@ -106,6 +109,7 @@ impl Bus {
             prompt_chars: meta.prompt_chars,
             status,
             request_id: meta.request_id.as_deref(),
+            session_id: meta.session_id.as_deref(),
         });
     }
 

@@ -21,6 +21,7 @@ impl TalkMeta {
             depth: Some(request.depth),
             prompt_chars: Some(request.prompt.chars().count()),
             request_id: request.ext.request_id.as_ref().map(|id| id.to_string()),
+            session_id: None,
         }
     }
 }
