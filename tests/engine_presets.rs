@@ -75,7 +75,10 @@ fn init_writes_a_preset_and_the_path_of_its_cli() {
                "command": [codex.to_str().unwrap(), "exec", "--json", "--skip-git-repo-check", "-"]})
     );
     // Issue 21: a path to claude with its arguments silently lost the JSON parser.
-    let claude = format!("{} -p --output-format json", fakes.bin.join("claude").display());
+    let claude = format!(
+        "{} -p --output-format json",
+        fakes.bin.join("claude").display()
+    );
     let args = ["init", d, "--force", "--engine", &claude];
     let out = run(&args, &[], None);
     assert_eq!(out.status.code(), Some(0), "{}", describe(&args, &out));
@@ -89,13 +92,25 @@ fn init_writes_a_preset_and_the_path_of_its_cli() {
 fn a_preset_cli_missing_from_the_engine_path_is_reported_by_init_and_serve() {
     let root = TestRoot::new("preset-missing");
     let dir = root.path.join("gem");
-    let args = ["init", dir.to_str().unwrap(), "--engine", "gemini", "--json"];
+    let args = [
+        "init",
+        dir.to_str().unwrap(),
+        "--engine",
+        "gemini",
+        "--json",
+    ];
     // The binary runs by its full path; a PATH without gemini.
     let out = run(&args, &[("PATH", "/nonexistent")], None);
     assert_eq!(out.status.code(), Some(0), "{}", describe(&args, &out));
     let done: Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(done["engineFound"], false, "{done}");
-    let args = ["init", dir.to_str().unwrap(), "--force", "--engine", "gemini"];
+    let args = [
+        "init",
+        dir.to_str().unwrap(),
+        "--force",
+        "--engine",
+        "gemini",
+    ];
     let out = run(&args, &[("PATH", "/nonexistent")], None);
     let said = String::from_utf8_lossy(&out.stdout);
     assert!(
@@ -185,7 +200,12 @@ fn each_preset_runs_real_turns_and_a_logged_out_cli_is_auth() {
                 describe(&args, &out)
             );
         };
-        probe(0, &format!("ok    engine probe: the engine replied: {preset} says: Reply with the word OK."));
+        probe(
+            0,
+            &format!(
+                "ok    engine probe: the engine replied: {preset} says: Reply with the word OK."
+            ),
+        );
 
         fakes.set("logged_out");
         let args = ["talk", "--root", r, preset, "hello again", "--json"];

@@ -327,7 +327,9 @@ mod tests {
         (answer, report.session_id.as_deref())
     }
 
-    fn check(parser: fn(&str) -> Result<Report, Unreadable>, rows: &[(&str, Want)]) {
+    type Parser = fn(&str) -> Result<Report, Unreadable>;
+
+    fn check(parser: Parser, rows: &[(&str, Want)]) {
         for (stdout, want) in rows {
             let report = parser(stdout).unwrap_or_else(|e| panic!("{e:?}: {stdout}"));
             assert_eq!(outcome(&report), *want, "{stdout}");
@@ -497,7 +499,7 @@ mod tests {
 
     #[test]
     fn bad_usage_is_unreadable_in_every_parser() {
-        let rows: &[(fn(&str) -> Result<Report, Unreadable>, &str, &str)] = &[
+        let rows: &[(Parser, &str, &str)] = &[
             (
                 claude,
                 r#"{"result":"x","total_cost_usd":-1}"#,

@@ -315,7 +315,13 @@ mod tests {
                 "codex=/opt/my codex/codex",
                 preset(
                     Preset::Codex,
-                    Some(&["/opt/my codex/codex", "exec", "--json", "--skip-git-repo-check", "-"]),
+                    Some(&[
+                        "/opt/my codex/codex",
+                        "exec",
+                        "--json",
+                        "--skip-git-repo-check",
+                        "-",
+                    ]),
                 ),
             ),
             (
@@ -337,10 +343,7 @@ mod tests {
                 " my-engine  --fast ",
                 EngineChoice::Command(vec!["my-engine".into(), "--fast".into()]),
             ),
-            (
-                "other=/x",
-                EngineChoice::Command(vec!["other=/x".into()]),
-            ),
+            ("other=/x", EngineChoice::Command(vec!["other=/x".into()])),
         ];
         for (text, want) in rows {
             assert_eq!(EngineChoice::parse(text).unwrap(), *want, "{text}");
