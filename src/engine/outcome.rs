@@ -433,6 +433,135 @@ mod tests {
         }
     }
 
+    /// Each preset CLI's failures through the one classification: "not logged in" in
+    /// each one's shape is `auth`, not retryable; bad output is `engine_cli`.
+    #[test]
+    fn preset_failures_table() {
+        // (mode, exit, stdout, stderr, code, retryable, words of the message)
+        type Row = (
+            OutputMode,
+            Exit,
+            &'static str,
+            &'static str,
+            &'static str,
+            bool,
+            &'static str,
+        );
+        let rows: &[Row] = &[
+            (
+                OutputMode::Json,
+                Exit::Code(1),
+                r#"{"type":"result","subtype":"success","is_error":true,"result":"Not logged in · Please run /login"}"#,
+                "",
+                "auth",
+                false,
+                "engine exited with status 1: Not logged in",
+            ),
+            (
+                OutputMode::Json,
+                Exit::Code(0),
+                r#"{"type":"result","subtype":"error_max_turns","is_error":true,"num_turns":8}"#,
+                "",
+                "engine_cli",
+                true,
+                "claude stopped: error_max_turns",
+            ),
+            (
+                OutputMode::CodexJsonl,
+                Exit::Code(1),
+                "{\"type\":\"thread.started\",\"thread_id\":\"t\"}\n{\"type\":\"turn.failed\",\"error\":{\"message\":\"unexpected status 401 Unauthorized\"}}\n",
+                "Reading prompt from stdin...",
+                "auth",
+                false,
+                "401 Unauthorized",
+            ),
+            (
+                OutputMode::CodexJsonl,
+                Exit::Code(0),
+                r#"{"type":"error","message":"Not logged in"}"#,
+                "",
+                "auth",
+                false,
+                "Not logged in",
+            ),
+            // A tool's output that says "permission denied" is not the CLI's failure.
+            (
+                OutputMode::CodexJsonl,
+                Exit::Code(1),
+                "{\"type\":\"item.completed\",\"item\":{\"type\":\"command_execution\",\"aggregated_output\":\"permission denied\"}}\n{\"type\":\"turn.failed\",\"error\":{\"message\":\"stream disconnected\"}}",
+                "",
+                "engine_cli",
+                true,
+                "stream disconnected",
+            ),
+            (
+                OutputMode::CodexJsonl,
+                Exit::Code(0),
+                r#"{"type":"turn.completed","usage":{"input_tokens":1}}"#,
+                "",
+                "engine_cli",
+                true,
+                "no reply",
+            ),
+            (
+                OutputMode::GeminiJson,
+                Exit::Code(41),
+                r#"{"session_id":"g","error":{"type":"Error","message":"Please set an Auth method","code":41}}"#,
+                "",
+                "auth",
+                false,
+                "status 41 (Gemini CLI: authentication error): Please set an Auth method",
+            ),
+            (
+                OutputMode::GeminiJson,
+                Exit::Code(55),
+                "",
+                "folder is not trusted",
+                "engine_cli",
+                false,
+                "untrusted workspace",
+            ),
+            (
+                OutputMode::GeminiJson,
+                Exit::Code(130),
+                "",
+                "",
+                "engine_cli",
+                true,
+                "interrupted",
+            ),
+            (
+                OutputMode::GeminiJson,
+                Exit::Code(0),
+                "plain text",
+                "",
+                "engine_cli",
+                true,
+                "engine.output \"gemini-json\"",
+            ),
+        ];
+        for (mode, exit, out, err, code, retryable, words) in rows {
+            let run = interpret(*mode, *exit, out.as_bytes(), err.as_bytes());
+            let TurnResult::Failed(f) = &run.result else {
+                panic!("not a failure: {out}")
+            };
+            assert_eq!(
+                (f.code.as_str(), f.retryable),
+                (*code, *retryable),
+                "{mode:?} {exit:?} {out}"
+            );
+            assert!(f.error.contains(words), "{f:?}");
+        }
+        // The session id comes through a failure too.
+        let run = interpret(
+            OutputMode::GeminiJson,
+            Exit::Code(41),
+            br#"{"session_id":"g-1","error":{"message":"x"}}"#,
+            b"",
+        );
+        assert_eq!(run.session_id.as_deref(), Some("g-1"));
+    }
+
     #[test]
     fn failure_message_table() {
         // (mode, exit, stdout, stderr, the envelope's `error`)
