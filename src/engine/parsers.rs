@@ -119,7 +119,7 @@ pub fn claude(stdout: &str) -> Result<Report, Unreadable> {
 /// `item.completed` whose item `type` is `agent_message`; tokens from the last
 /// `turn.completed`'s `usage` (`input_tokens`, `cached_input_tokens`,
 /// `output_tokens`), no cost; `turn.failed` (its `error.message`) or `error` (its
-/// `message`) is a failure; the session id is `thread.started`'s `thread_id`. Lines
+/// `message`) not followed by a `turn.completed` is a failure; the session id is `thread.started`'s `thread_id`. Lines
 /// that are not JSON objects (a warning) are skipped; no event at all is unreadable.
 pub fn codex(stdout: &str) -> Result<Report, Unreadable> {
     let mut report = Report {
@@ -147,7 +147,11 @@ pub fn codex(stdout: &str) -> Result<Report, Unreadable> {
                     report.reply = text(item.and_then(|i| i.get("text"))).or(report.reply);
                 }
             }
-            Some("turn.completed") => last_usage = event.get("usage").cloned(),
+            Some("turn.completed") => {
+                last_usage = event.get("usage").cloned();
+                // An `error` event the turn went on from (a reconnection) failed nothing.
+                report.error = None;
+            }
             Some("turn.failed") => {
                 let message = text(event.get("error").and_then(|e| e.get("message")));
                 report.error = Some(message.unwrap_or_else(|| "codex: the turn failed".into()));
@@ -437,6 +441,17 @@ mod tests {
                 (
                     r#"{"type":"turn.failed","error":{}}"#,
                     (Err("codex: the turn failed"), None),
+                ),
+                // A stream error the turn recovered from is no failure.
+                (
+                    concat!(
+                        r#"{"type":"error","message":"Reconnecting... 1/5"}"#,
+                        "\n",
+                        r#"{"type":"item.completed","item":{"id":"i","type":"agent_message","text":"done"}}"#,
+                        "\n",
+                        r#"{"type":"turn.completed","usage":{"input_tokens":1,"output_tokens":1}}"#,
+                    ),
+                    (Ok("done"), None),
                 ),
                 // A warning line among the events; no agent message at all.
                 (
