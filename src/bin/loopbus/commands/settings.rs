@@ -75,6 +75,10 @@ impl EngineChoice {
             .file_name()
             .and_then(|n| n.to_str());
         match file_name.and_then(Preset::from_name) {
+            Some(preset) if command.iter().eq(preset.command()) => Ok(EngineChoice::Preset {
+                preset,
+                command: None,
+            }),
             Some(preset) if command.len() == 1 => Ok(with_path(preset, program)),
             Some(preset) => Ok(EngineChoice::Preset {
                 preset,
@@ -338,6 +342,10 @@ mod tests {
                     Preset::Claude,
                     Some(&["/opt/claude", "-p", "--output-format", "json"]),
                 ),
+            ),
+            (
+                "codex exec --json --skip-git-repo-check -",
+                preset(Preset::Codex, None),
             ),
             (
                 " my-engine  --fast ",
