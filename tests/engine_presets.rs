@@ -89,7 +89,7 @@ fn init_writes_a_preset_and_the_path_of_its_cli() {
 }
 
 #[test]
-fn a_preset_cli_missing_from_the_engine_path_is_reported_by_init_and_serve() {
+fn a_preset_cli_missing_from_the_engine_path_is_reported_by_init_start_up_and_reload() {
     let root = TestRoot::new("preset-missing");
     let dir = root.path.join("gem");
     let args = [
@@ -127,6 +127,14 @@ fn a_preset_cli_missing_from_the_engine_path_is_reported_by_init_and_serve() {
     let said = |needle: &str| eventually(WAIT, || instance.stderr().contains(needle));
     assert!(
         said("engine command `gemini` is not an executable file on the engine's PATH (engine.preset \"gemini\""),
+        "{}",
+        instance.describe()
+    );
+    // And at a reload that changes the engine.
+    config["engine"]["preset"] = json!("codex");
+    root.write_config("gem", &config);
+    assert!(
+        said("engine command `codex` is not an executable file on the engine's PATH (engine.preset \"codex\""),
         "{}",
         instance.describe()
     );
