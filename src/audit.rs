@@ -81,9 +81,29 @@ pub struct Record<'a> {
     pub prompt_chars: Option<usize>,
     /// The HTTP status answered; `None` when no answer went out (the caller left).
     pub status: Option<u16>,
-    /// The request's `ext.requestId`, when it carried one.
+    /// The turn's request id: the request's `ext.requestId`, or the one the server
+    /// made for a turn of a request without (contract 8.4).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub request_id: Option<&'a str>,
+    /// The turn's trace id: the request's `ext.traceId`, or the one the server made
+    /// for a turn of a request without (contract 8.4).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub trace_id: Option<&'a str>,
+    /// The request's `ext.parentRequestId`, when it carried one.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub parent_request_id: Option<&'a str>,
+    /// The turn's cost in US dollars, when its engine reported one.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cost_usd: Option<f64>,
+    /// The turn's input tokens, when its engine reported usage.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub input_tokens: Option<u64>,
+    /// The turn's output tokens, when its engine reported usage.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub output_tokens: Option<u64>,
+    /// The turn's cache-read input tokens, when its engine reported usage.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cached_tokens: Option<u64>,
     /// The agent CLI's session id for the turn, when its engine reported one.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub session_id: Option<&'a str>,

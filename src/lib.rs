@@ -10,7 +10,12 @@
 //!   [`ShutdownHandle`], [`EngineOverride`];
 //! - delegate one prompt to a registered instance: [`delegate`], [`DelegateOptions`],
 //!   [`Reply`], [`DelegateError`]; cancel it: [`cancel`], [`new_request_id`],
-//!   [`CancelOutcome`];
+//!   [`CancelOutcome`]; the tree of delegations it belongs to (contract 8.4):
+//!   [`TraceContext`] (fresh, or from the environment an instance gives its engine,
+//!   with [`TraceEnvWarning`]s), [`TraceId`];
+//! - delegate in workflows (contract 9): [`fan`], [`chain`], [`verify`] with
+//!   [`WorkflowOptions`], stopped by a [`StopHandle`], watched by an [`Observer`],
+//!   returning an [`Outcome`] of [`Stage`]s;
 //! - the configuration an instance and a caller read: [`Config`], [`BusConfig`],
 //!   [`Peers`], [`EngineConfig`], [`Preset`], [`load_config`], [`parse_config`],
 //!   [`ConfigError`]; the checks `serve` makes of an engine before its first turn:
@@ -21,7 +26,9 @@
 //!   ([`list_instances`], [`probe_instance`], [`probe_port`], [`running_instance`],
 //!   [`Listed`], [`HealthAnswer`], [`ProbeError`], [`OwnerMismatch`], [`OwnerRefusal`]);
 //! - an instance's records: its usage ([`read_usage`], [`Usage`], [`UsageFileError`]) and
-//!   its audit log ([`AUDIT_FILE`], one JSON object a line);
+//!   its audit log ([`AUDIT_FILE`], one JSON object a line); the tree of delegations
+//!   of one trace read back from every instance's audit log ([`read_trace`],
+//!   [`last_trace`], [`Trace`], [`TraceNode`], [`TraceTurn`], [`TraceTotals`]);
 //! - the file rules every state file follows: [`check_trusted`] (and [`Untrusted`]),
 //!   [`write_atomic`], [`create_dir_private`], [`open_regular_file`];
 //! - the wire protocol's types: [`TalkRequest`], [`Envelope`], [`Failure`],
@@ -60,8 +67,10 @@ mod secret;
 mod server;
 mod text;
 mod time;
+mod trace;
 mod turns;
 mod usage;
+mod workflow;
 
 // Running an instance.
 pub use server::{EngineOverride, Instance, InstanceOptions, ServeError, ShutdownHandle};
@@ -69,9 +78,17 @@ pub use server::{EngineOverride, Instance, InstanceOptions, ServeError, Shutdown
 // Delegating to one.
 pub use client::{
     cancel, delegate, new_request_id, CancelOutcome, DelegateError, DelegateOptions, PeerProtocol,
-    Reply, CANCEL_TIMEOUT, DEFAULT_BACKOFF_BASE, DEFAULT_BACKOFF_CAP, DEFAULT_TIMEOUT,
+    Reply, TraceContext, TraceEnvWarning, CANCEL_TIMEOUT, DEFAULT_BACKOFF_BASE,
+    DEFAULT_BACKOFF_CAP, DEFAULT_TIMEOUT,
 };
 pub use http::client::ClientError;
+
+// Workflows of delegations.
+pub use workflow::{
+    chain, chain_prompt, conclude, fan, parse_verdict, sum_usage, verify, verify_prompt,
+    Conclusion, Event, Observer, Outcome, Stage, StopHandle, Verdict, WorkflowError,
+    WorkflowOptions, FAN_THREADS, MAX_TARGETS,
+};
 
 // Configuration.
 pub use config::{
@@ -99,15 +116,20 @@ pub use files::{
     write_atomic, TrustKind, Untrusted, PRIVATE_FILE_MODE,
 };
 pub use time::{now_iso8601, parse_iso8601};
+pub use trace::{
+    last_trace, read_trace, Trace, TraceNode, TraceTotals, TraceTurn, MAX_AUDIT_LINE_BYTES,
+    MAX_TRACE_TURNS,
+};
 pub use usage::{peek as read_usage, round_cost, Usage, UsageFileError};
 
 // The wire protocol.
 pub use protocol::{
-    encode_talk_request, parse_response, parse_talk_request, Envelope, ErrorCode, ExtError,
-    Failure, Health, InstanceName, InvalidInstanceName, InvalidRequestId, RequestError, RequestExt,
-    RequestId, ResponseError, TalkRequest, TurnLoad, UsageReport, CAPABILITIES, MAX_BODY_BYTES,
-    MAX_FROM_INSTANCE_BYTES, MAX_INSTANCE_NAME_LEN, MAX_REQUEST_ID_LEN, MIN_REQUEST_ID_LEN,
-    PROTOCOL_VERSION,
+    encode_talk_request, parse_response, parse_talk_request, parse_traceparent, Envelope,
+    ErrorCode, ExtError, Failure, Health, InstanceName, InvalidInstanceName, InvalidRequestId,
+    InvalidTraceId, RequestError, RequestExt, RequestId, ResponseError, TalkRequest, TraceId,
+    TurnLoad, UsageReport, CAPABILITIES, MAX_BODY_BYTES, MAX_FROM_INSTANCE_BYTES,
+    MAX_INSTANCE_NAME_LEN, MAX_REQUEST_ID_LEN, MIN_REQUEST_ID_LEN, PROTOCOL_VERSION,
+    REQUEST_ID_VAR, TRACEPARENT_VAR, TRACE_ID_LEN, TRACE_ID_VAR,
 };
 
 // Outside text on a terminal or in a log.

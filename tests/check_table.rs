@@ -419,7 +419,7 @@ fn health_answer() {
     assert_eq!(v["pid"], u64::from(w.pid()), "{v}");
     assert_eq!(v["protocolVersion"], 1, "{v}");
     // Health lists every capability this build implements (contract 4.1): envelopes'
-    // base two, the talk extensions (8.1-8.3) and `secret-proof` (6.1).
+    // base two, the talk extensions (8.1-8.4) and `secret-proof` (6.1).
     assert_eq!(
         v["capabilities"],
         json!([
@@ -428,6 +428,7 @@ fn health_answer() {
             "idempotent-requests",
             "cancel-on-hangup",
             "usage-report",
+            "trace-context",
             "secret-proof"
         ]),
         "{v}"

@@ -715,7 +715,9 @@ fn peer_that_never_answers_times_out() {
 
 #[test]
 fn every_command_has_help_with_an_example() {
-    for command in ["talk", "health", "list", "serve", "init"] {
+    for command in [
+        "talk", "health", "list", "serve", "init", "fan", "chain", "verify",
+    ] {
         let args = [command, "--help"];
         let out = run(&args, &[], None);
         assert_eq!(out.status.code(), Some(0), "{}", describe(&args, &out));
@@ -729,7 +731,7 @@ fn every_command_has_help_with_an_example() {
     }
     let out = run(&["--help"], &[], None);
     let text = String::from_utf8_lossy(&out.stdout);
-    for command in ["talk", "health", "list"] {
+    for command in ["talk", "health", "list", "fan", "chain", "verify"] {
         assert!(text.contains(command), "{text}");
     }
 }

@@ -419,6 +419,44 @@ fn bug_talk_retries_reran_a_turn_the_peer_answered_timeout() {
     assert!(peer.rejected.lock().unwrap().is_empty());
 }
 
+/// Trace context (contract 8.4) goes only to a peer whose health listed
+/// `trace-context`: the original gets no trace id, even from a caller inside a trace.
+#[test]
+fn the_original_gets_no_trace_context() {
+    let root = TestRoot::new("original-trace");
+    root.write_config("caller", &json!({"bus": {"peers": "*"}}));
+    let peer = StandIn::start("orig", "the-secret");
+    peer.register_by_hand(&root, &peer.secret);
+    let state_dir = root.state_dir("caller");
+    let args = [
+        "talk",
+        "--state-dir",
+        state_dir.to_str().unwrap(),
+        "orig",
+        "hi",
+        "--json",
+    ];
+    let trace = [
+        ("LOOPBUS_TRACE_ID", "4bf92f3577b34da6a3ce929d0e0e4736"),
+        ("LOOPBUS_REQUEST_ID", "0123456789abcdef"),
+    ];
+    let output = run(&args, &trace, None);
+    assert_eq!(
+        output.status.code(),
+        Some(0),
+        "{}",
+        describe(&args, &output)
+    );
+    let received = peer.received.lock().unwrap();
+    assert_eq!(received.len(), 1);
+    let ext = &received[0]["ext"];
+    assert!(ext["requestId"].is_string(), "{ext}");
+    assert!(
+        ext.get("traceId").is_none() && ext.get("parentRequestId").is_none(),
+        "{ext}"
+    );
+}
+
 /// The stand-in itself: its strict schema rejects what the original rejects, with a
 /// legacy 400, and it answers unknown paths with the original's 404.
 #[test]

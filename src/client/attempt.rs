@@ -7,7 +7,8 @@
 use super::{DelegateError, DelegateOptions, PeerProtocol, Reply};
 use crate::http::client::{ClientError, Connection, ReceivedResponse};
 use crate::protocol::{
-    self, encode_talk_request_with, InstanceName, RequestExt, TalkRequest, MAX_BODY_BYTES,
+    self, encode_talk_request_with, InstanceName, RequestExt, RequestId, TalkRequest, TraceId,
+    MAX_BODY_BYTES, TRACE_CONTEXT,
 };
 use crate::registry::owner::OwnerRefusal;
 use crate::registry::{self, ProbeError, Target};
@@ -91,7 +92,12 @@ pub(super) fn exchange(
     {
         return Ok(Sent::NotListed);
     }
-    let request = request(options, what);
+    let mut request = request(options, what);
+    // Trace context goes only to a peer that said it reads it (contract 8.4).
+    if !capabilities.iter().any(|c| c == TRACE_CONTEXT) {
+        request.ext.trace_id = None;
+        request.ext.parent_request_id = None;
+    }
     // The request lists the base two plus the extensions the target's health listed
     // that this build implements (contract 4.1): the original accepts no other string.
     let body = encode_talk_request_with(&request, &protocol::negotiate(&capabilities));
@@ -245,7 +251,12 @@ pub(super) fn transport_error(
 
 /// Turns a complete answer into a reply or an error. Any status may carry a failure
 /// envelope (refusals come as 4xx/5xx); a success envelope counts only with 200.
-pub(super) fn interpret(target: &str, response: ReceivedResponse) -> Result<Reply, DelegateError> {
+pub(super) fn interpret(
+    target: &str,
+    response: ReceivedResponse,
+    request_id: &RequestId,
+    trace_id: &TraceId,
+) -> Result<Reply, DelegateError> {
     let envelope = protocol::parse_answer(response.status, &response.body).map_err(|e| {
         DelegateError::InvalidResponse {
             target: target.to_owned(),
@@ -275,6 +286,8 @@ pub(super) fn interpret(target: &str, response: ReceivedResponse) -> Result<Repl
             duration_ms: envelope.duration_ms,
             peer,
             usage: envelope.usage,
+            request_id: request_id.clone(),
+            trace_id: trace_id.clone(),
         }),
         None => Err(DelegateError::InvalidResponse {
             target: target.to_owned(),

@@ -88,6 +88,7 @@ pub fn cancel(options: &DelegateOptions) -> Result<CancelOutcome, DelegateError>
         ext: RequestExt {
             request_id: Some(request_id),
             cancel: true,
+            ..RequestExt::default()
         },
         // The probe takes at most PROBE_TIMEOUT; the answer gets the rest.
         timeout: CANCEL_TIMEOUT.saturating_sub(PROBE_TIMEOUT),

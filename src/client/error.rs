@@ -126,6 +126,12 @@ pub enum DelegateError {
         /// The failure.
         error: Box<DelegateError>,
     },
+    /// The delegation was stopped (a workflow's stop handle) before it was sent:
+    /// nothing reached the target. Code `cancelled`.
+    Stopped {
+        /// The target it was meant for.
+        target: String,
+    },
     /// The peer answered with a failure envelope; its code is kept as it is.
     Remote {
         /// The answering instance.
@@ -158,6 +164,7 @@ impl DelegateError {
             Self::Timeout { .. } => ErrorCode::Timeout,
             Self::InvalidResponse { .. } => ErrorCode::InvalidResponse,
             Self::NoRandomness { .. } => ErrorCode::InternalError,
+            Self::Stopped { .. } => ErrorCode::Cancelled,
             Self::NotRetried { error, .. } => error.code(),
             Self::Remote { failure, .. } => failure.code.clone(),
         }
@@ -304,6 +311,12 @@ impl fmt::Display for DelegateError {
             ),
             Self::InvalidResponse { target, reason } => {
                 write!(f, "instance {target} gave an invalid answer: {reason}")
+            }
+            Self::Stopped { target } => {
+                write!(
+                    f,
+                    "the delegation to {target} was stopped before it was sent"
+                )
             }
             Self::Remote {
                 from_instance,

@@ -11,7 +11,10 @@
 //!
 //! Every delegation carries `ext.requestId` (128 random bits, contract 8.2), the same
 //! across its retries ([`DelegateOptions::with_retries`]); [`cancel`] cancels it by
-//! that id. Each attempt reads the registry, probes and talks on a fresh connection.
+//! that id. It also belongs to a tree of delegations, a [`TraceContext`] (contract
+//! 8.4), sent as `ext.traceId` and `ext.parentRequestId` to a peer whose health lists
+//! `trace-context`. Each attempt reads the registry, probes and talks on a fresh
+//! connection.
 //!
 //! ```no_run
 //! use loopbus::{delegate, BusConfig, DelegateOptions, InstanceName};
@@ -38,7 +41,7 @@
 
 use crate::config::BusConfig;
 use crate::protocol::{
-    encode_talk_request, Envelope, InstanceName, RequestExt, RequestId, UsageReport,
+    encode_talk_request, Envelope, InstanceName, RequestExt, RequestId, TraceId, UsageReport,
     IDEMPOTENT_REQUESTS,
 };
 use crate::secret;
@@ -50,10 +53,12 @@ mod attempt;
 mod cancel;
 mod error;
 mod retry;
+mod trace;
 
 pub use cancel::{cancel, CancelOutcome, CANCEL_TIMEOUT};
 pub use error::DelegateError;
 pub use retry::{DEFAULT_BACKOFF_BASE, DEFAULT_BACKOFF_CAP};
+pub use trace::{TraceContext, TraceEnvWarning};
 
 /// How long `loopbus talk` waits for an answer unless told otherwise (contract
 /// section 5).
@@ -81,6 +86,9 @@ pub struct DelegateOptions {
     /// The delegation's `ext.requestId`; `None`: [`delegate`] makes a fresh one per
     /// call (and [`cancel`] cannot name it).
     pub request_id: Option<RequestId>,
+    /// The tree of delegations this one belongs to (contract 8.4); `None`: [`delegate`]
+    /// starts a new tree per call ([`TraceContext::new`]).
+    pub trace: Option<TraceContext>,
     /// How many times a retryable failure is tried again (0: never).
     pub retries: u32,
     /// The first retry's backoff ceiling ([`DEFAULT_BACKOFF_BASE`]).
@@ -110,6 +118,7 @@ impl DelegateOptions {
             depth: 0,
             timeout: DEFAULT_TIMEOUT,
             request_id: None,
+            trace: None,
             retries: 0,
             backoff_base: DEFAULT_BACKOFF_BASE,
             backoff_cap: DEFAULT_BACKOFF_CAP,
@@ -132,6 +141,20 @@ impl DelegateOptions {
     pub fn with_request_id(self, request_id: RequestId) -> DelegateOptions {
         DelegateOptions {
             request_id: Some(request_id),
+            ..self
+        }
+    }
+
+    /// The tree of delegations this one joins (contract 8.4): its trace id, and the
+    /// request id of the turn making it as `parentRequestId`. Give every delegation of
+    /// one workflow the same context (each keeps its own request id); take it from
+    /// [`TraceContext::from_env`] inside an engine, so that the delegation hangs under
+    /// the turn that runs it. To know the ids of a delegation that fails, set both this
+    /// and [`DelegateOptions::with_request_id`] before [`delegate`]; a [`Reply`] names
+    /// them too.
+    pub fn with_trace(self, trace: TraceContext) -> DelegateOptions {
+        DelegateOptions {
+            trace: Some(trace),
             ..self
         }
     }
@@ -160,6 +183,7 @@ impl fmt::Debug for DelegateOptions {
             .field("depth", &self.depth)
             .field("timeout", &self.timeout)
             .field("request_id", &self.request_id)
+            .field("trace", &self.trace)
             .field("retries", &self.retries)
             .field("backoff_base", &self.backoff_base)
             .field("backoff_cap", &self.backoff_cap)
@@ -181,6 +205,11 @@ pub struct Reply {
     pub peer: PeerProtocol,
     /// What the turn cost, when the peer reported it (`usage-report`, contract 8.3).
     pub usage: Option<UsageReport>,
+    /// The delegation's request id (contract 8.2).
+    pub request_id: RequestId,
+    /// The tree the delegation belongs to (contract 8.4): `loopbus trace` shows it. The
+    /// peer got it only if its health listed `trace-context`.
+    pub trace_id: TraceId,
 }
 
 /// What a peer's envelope said of its protocol, kept so that `loopbus talk --json`
@@ -238,9 +267,14 @@ const REQUEST_ID_BYTES: usize = 16;
 /// run the turn twice.
 pub fn delegate(options: &DelegateOptions) -> Result<Reply, DelegateError> {
     attempt::local_checks(options)?;
+    let no_randomness = |error| DelegateError::NoRandomness { error };
     let request_id = match &options.request_id {
         Some(id) => id.clone(),
-        None => new_request_id().map_err(|error| DelegateError::NoRandomness { error })?,
+        None => new_request_id().map_err(no_randomness)?,
+    };
+    let trace = match &options.trace {
+        Some(trace) => trace.clone(),
+        None => TraceContext::new().map_err(no_randomness)?,
     };
     let backoff = retry::Backoff {
         base: options.backoff_base,
@@ -249,7 +283,9 @@ pub fn delegate(options: &DelegateOptions) -> Result<Reply, DelegateError> {
     let what = attempt::Exchange {
         prompt: &options.prompt,
         ext: RequestExt {
-            request_id: Some(request_id),
+            request_id: Some(request_id.clone()),
+            trace_id: Some(trace.trace_id.clone()),
+            parent_request_id: trace.parent_request_id,
             cancel: false,
         },
         timeout: options.timeout,
@@ -264,7 +300,9 @@ pub fn delegate(options: &DelegateOptions) -> Result<Reply, DelegateError> {
     loop {
         let mut listed = None;
         let outcome = attempt::exchange(options, &what, &mut listed).and_then(|sent| match sent {
-            attempt::Sent::Answer(response) => attempt::interpret(&options.target, response),
+            attempt::Sent::Answer(response) => {
+                attempt::interpret(&options.target, response, &request_id, &trace.trace_id)
+            }
             // Nothing is required of a delegation's peer.
             attempt::Sent::NotListed => Err(DelegateError::NotRegistered {
                 target: options.target.to_string(),
@@ -703,6 +741,8 @@ mod tests {
                     status: *status,
                     body: body.as_bytes().to_vec(),
                 },
+                &RequestId::new("r".repeat(16)).unwrap(),
+                &TraceId::new("7".repeat(32)).unwrap(),
             );
             match (got, want) {
                 (Ok(reply), Ok(text)) => {

@@ -15,6 +15,7 @@ use std::collections::BTreeMap;
 use std::fmt;
 use std::path::PathBuf;
 
+use crate::protocol::InstanceName;
 use crate::secret::Secret;
 
 mod duplicates;
@@ -105,12 +106,12 @@ pub struct BusConfig {
     /// `reattachSecs`: how long a hung-up turn with an `ext.requestId` is kept, 0 to
     /// 600 (`config::MAX_REATTACH_SECS`).
     pub reattach_secs: u64,
-    /// `parallel`: instance names (kept as given).
-    pub parallel: Vec<String>,
-    /// `chain`: instance names (kept as given).
-    pub chain: Vec<String>,
-    /// `verifier`: an instance name, or `None`.
-    pub verifier: Option<String>,
+    /// `parallel`: the targets of `fan` when none are given (contract 9).
+    pub parallel: Vec<InstanceName>,
+    /// `chain`: the stages of `chain` when none are given.
+    pub chain: Vec<InstanceName>,
+    /// `verifier`: the verifier of `verify` when none is given.
+    pub verifier: Option<InstanceName>,
 }
 
 impl Default for BusConfig {

@@ -11,7 +11,7 @@ use super::{
     DEFAULT_ENGINE_MAX_OUTPUT_BYTES, DEFAULT_ENGINE_TIMEOUT_SECS, MAX_CONCURRENT_TURNS_LIMIT,
     MAX_QUEUED_TURNS_LIMIT, MAX_REATTACH_SECS,
 };
-use crate::protocol::non_negative_integer;
+use crate::protocol::{non_negative_integer, InstanceName};
 use crate::secret::Secret;
 
 /// Parses and validates the bytes of a `config.json`. No I/O.
@@ -190,6 +190,23 @@ impl Section<'_> {
     }
 }
 
+impl Section<'_> {
+    /// Field `key` as a list of instance names (empty when absent), naming the first
+    /// bad item by index.
+    fn names(&self, key: &str) -> Result<Vec<InstanceName>, ConfigError> {
+        let path = self.path_of(key);
+        self.strings(key, Vec::new(), false)?
+            .into_iter()
+            .enumerate()
+            .map(|(i, name)| {
+                InstanceName::new(name).map_err(|_| {
+                    ConfigError::field_error(format!("{path}[{i}]"), "must be an instance name")
+                })
+            })
+            .collect()
+    }
+}
+
 fn parse_bus(fields: &Map<String, Value>) -> Result<BusConfig, ConfigError> {
     let bus = Section::new(fields, &BUS)?;
     let defaults = BusConfig::default();
@@ -233,17 +250,17 @@ fn parse_bus(fields: &Map<String, Value>) -> Result<BusConfig, ConfigError> {
             "must be true or false",
         )?,
         reattach_secs: bus.int("reattachSecs", defaults.reattach_secs, 0, MAX_REATTACH_SECS)?,
-        parallel: bus.strings("parallel", Vec::new(), false)?,
-        chain: bus.strings("chain", Vec::new(), false)?,
+        parallel: bus.names("parallel")?,
+        chain: bus.names("chain")?,
         verifier: bus.get(
             "verifier",
             None,
             |v| match v {
                 Value::Null => Some(None),
-                Value::String(s) => Some(Some(s.clone())),
+                Value::String(s) => InstanceName::new(s.as_str()).ok().map(Some),
                 _ => None,
             },
-            "must be a string or null",
+            "must be an instance name or null",
         )?,
     })
 }
@@ -513,7 +530,7 @@ mod tests {
                 "peers": ["reviewer"], "maxDepth": 5.0, "port": 65535, "secret": "s3cret",
                 "kind": "other", "acceptKinds": ["x"], "maxConcurrentTurns": 64,
                 "maxQueuedTurns": 0, "cancelOnHangup": false, "reattachSecs": 600,
-                "parallel": ["a", ""], "chain": ["b"], "verifier": "v",
+                "parallel": ["a", "b.2"], "chain": ["b"], "verifier": "v",
                 "crew": {"written": ["by the original implementation"]}
               },
               "budgetUsd": 1.5,
@@ -537,9 +554,10 @@ mod tests {
         assert_eq!(bus.max_queued_turns, 0);
         assert!(!bus.cancel_on_hangup);
         assert_eq!(bus.reattach_secs, MAX_REATTACH_SECS);
-        assert_eq!(bus.parallel, ["a", ""]);
-        assert_eq!(bus.chain, ["b"]);
-        assert_eq!(bus.verifier.as_deref(), Some("v"));
+        let names = |list: &[InstanceName]| list.iter().map(|n| n.to_string()).collect::<Vec<_>>();
+        assert_eq!(names(&bus.parallel), ["a", "b.2"]);
+        assert_eq!(names(&bus.chain), ["b"]);
+        assert_eq!(bus.verifier.as_ref().map(InstanceName::as_str), Some("v"));
         assert_eq!(full.budget_usd, Some(1.5));
         let engine = full.engine.unwrap();
         assert_eq!(engine.command, ["claude", "-p"]);
@@ -683,7 +701,22 @@ mod tests {
             (r#"{"reattachSecs": "15"}"#, "bus.reattachSecs", "0 to 600"),
             (r#"{"parallel": "a"}"#, "bus.parallel", "array of strings"),
             (r#"{"chain": [null]}"#, "bus.chain[0]", "must be a string"),
-            (r#"{"verifier": 1}"#, "bus.verifier", "string or null"),
+            (
+                r#"{"verifier": 1}"#,
+                "bus.verifier",
+                "instance name or null",
+            ),
+            (
+                r#"{"verifier": "a b"}"#,
+                "bus.verifier",
+                "instance name or null",
+            ),
+            (
+                r#"{"parallel": ["a", ""]}"#,
+                "bus.parallel[1]",
+                "instance name",
+            ),
+            (r#"{"chain": ["-x"]}"#, "bus.chain[0]", "instance name"),
             // An invalid field is an error even when the bus is off.
             (r#"{"peers": false, "port": -1}"#, "bus.port", "0 to 65535"),
         ];

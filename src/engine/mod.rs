@@ -26,7 +26,10 @@ pub use reaper::contain_leftovers;
 pub use running::RunningEngines;
 
 use crate::config::{Config, EngineConfig};
-use crate::protocol::{ErrorCode, Failure, TalkRequest};
+use crate::protocol::{
+    format_traceparent, ErrorCode, Failure, RequestId, TalkRequest, TraceId, REQUEST_ID_VAR,
+    TRACEPARENT_VAR, TRACE_ID_VAR,
+};
 use crate::usage::UsageStore;
 use outcome::Exit;
 use process::{Ended, Launch};
@@ -43,6 +46,39 @@ pub struct Turn {
     pub config: Arc<Config>,
     /// Cancelled when the turn's caller gives up (contract 8.1).
     pub cancel: CancelToken,
+    /// The tree the turn belongs to, given to its engine (contract 8.4).
+    pub trace: Option<TurnTrace>,
+}
+
+/// A turn's place in its tree of delegations (contract 8.4), as its engine gets it:
+/// `LOOPBUS_TRACE_ID`, `LOOPBUS_REQUEST_ID` and `TRACEPARENT`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TurnTrace {
+    /// The request's `ext.traceId`, or one the server made for a request without.
+    pub trace_id: TraceId,
+    /// The request's `ext.requestId`, or one the server made for a request without.
+    pub request_id: RequestId,
+    /// `TRACEPARENT`'s span id: [`crate::protocol::SPAN_ID_LEN`] lowercase hex digits,
+    /// not all zeros, fresh for the turn.
+    pub span_id: String,
+}
+
+/// The trace variables an engine gets: empty ones (which a client reads as unset)
+/// for a turn without a trace, so that none is inherited from the server's own
+/// environment.
+fn trace_env(trace: Option<&TurnTrace>) -> [(&'static str, std::ffi::OsString); 3] {
+    let (trace_id, request_id, traceparent) = trace.map_or_else(Default::default, |t| {
+        (
+            t.trace_id.to_string(),
+            t.request_id.to_string(),
+            format_traceparent(&t.trace_id, &t.span_id),
+        )
+    });
+    [
+        (TRACE_ID_VAR, trace_id.into()),
+        (REQUEST_ID_VAR, request_id.into()),
+        (TRACEPARENT_VAR, traceparent.into()),
+    ]
 }
 
 /// The failure of a cancelled turn (contract 8.1: `cancelled`, not retryable).
@@ -83,6 +119,8 @@ pub fn run_once(
         request: TalkRequest::new("operator", prompt, 0),
         config: Arc::new(config),
         cancel: CancelToken::new(),
+        // No tree: a delegation the probe's engine makes starts its own.
+        trace: None,
     };
     match Engine::new(instance, state_dir.to_path_buf())
         .run(&turn)
@@ -154,16 +192,18 @@ impl Engine {
     /// Runs the engine command for `turn` and interprets how it ended.
     fn run_command(&self, engine: &EngineConfig, turn: &Turn) -> TurnOutput {
         let request = &turn.request;
+        let mut env = vec![
+            ("LOOPBUS_INSTANCE", self.instance.clone().into()),
+            ("LOOPBUS_STATE_DIR", self.state_dir.clone().into()),
+            ("LOOPBUS_FROM", request.from_instance.clone().into()),
+            ("LOOPBUS_DEPTH", request.depth.to_string().into()),
+        ];
+        env.extend(trace_env(turn.trace.as_ref()));
         let launch = Launch {
             cancel: &turn.cancel,
             engine,
             prompt: &request.prompt,
-            env: vec![
-                ("LOOPBUS_INSTANCE", self.instance.clone().into()),
-                ("LOOPBUS_STATE_DIR", self.state_dir.clone().into()),
-                ("LOOPBUS_FROM", request.from_instance.clone().into()),
-                ("LOOPBUS_DEPTH", request.depth.to_string().into()),
-            ],
+            env,
         };
         if let Some(refusal) = preflight::refusal(engine, &request.prompt) {
             return TurnOutput::without_usage(TurnResult::Failed(refusal));
@@ -230,6 +270,7 @@ mod tests {
             request: TalkRequest::new("caller", prompt, 1),
             cancel: CancelToken::new(),
             config: Arc::new(crate::config::parse(config.as_bytes()).unwrap()),
+            trace: None,
         }
     }
 

@@ -1,6 +1,6 @@
 //! What a request carries under `ext` (contract 4.1): the request id that makes a
-//! delegation idempotent (8.2), the cancel flag (8.1), and the trace fields whose form
-//! is checked though trace context is not built yet (8.4).
+//! delegation idempotent (8.2), the cancel flag (8.1), and the trace context that links
+//! the turns of one tree of delegations (8.4).
 
 use serde_json::Value;
 use std::fmt;
@@ -62,8 +62,107 @@ impl fmt::Display for RequestId {
     }
 }
 
+/// A trace id: 32 lowercase hex digits, not all zeros (the W3C trace-id form, contract
+/// 8.4). It names one tree of delegations.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize)]
+#[serde(transparent)]
+pub struct TraceId(String);
+
+/// A string that is not a trace id.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct InvalidTraceId;
+
+impl fmt::Display for InvalidTraceId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "a trace id is {TRACE_ID_LEN} lowercase hex digits, not all zeros"
+        )
+    }
+}
+
+impl std::error::Error for InvalidTraceId {}
+
+impl TraceId {
+    /// Checks the form of `id`.
+    ///
+    /// # Errors
+    /// [`InvalidTraceId`] when it is not 32 lowercase hex digits, or all zeros.
+    pub fn new(id: impl Into<String>) -> Result<TraceId, InvalidTraceId> {
+        let id = id.into();
+        if is_lower_hex(&id, TRACE_ID_LEN) {
+            Ok(TraceId(id))
+        } else {
+            Err(InvalidTraceId)
+        }
+    }
+
+    /// The id as sent.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Display for TraceId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+/// The engine's environment variable that names its turn's trace (contract 8.4).
+pub const TRACE_ID_VAR: &str = "LOOPBUS_TRACE_ID";
+/// The engine's environment variable that names its turn's request id (contract 8.4).
+pub const REQUEST_ID_VAR: &str = "LOOPBUS_REQUEST_ID";
+/// The W3C trace context in the environment, the OpenTelemetry convention (8.4).
+pub const TRACEPARENT_VAR: &str = "TRACEPARENT";
+/// Length of a W3C parent (span) id in `TRACEPARENT`: 16 lowercase hex digits.
+pub const SPAN_ID_LEN: usize = 16;
+
+/// `TRACEPARENT`'s value for `trace_id` and a span id of [`SPAN_ID_LEN`] lowercase hex
+/// digits: `00-<traceId>-<spanId>-01` (version 0, sampled).
+pub fn format_traceparent(trace_id: &TraceId, span_id: &str) -> String {
+    format!("00-{trace_id}-{span_id}-01")
+}
+
+/// The trace id of a W3C `traceparent` value: `<version>-<traceId>-<spanId>-<flags>`,
+/// two lowercase hex digits of version (not `ff`; version `00` has exactly these four
+/// fields, a later one may add more), a trace id and a span id not all zeros, two hex
+/// digits of flags. `None` for anything else.
+pub fn parse_traceparent(value: &str) -> Option<TraceId> {
+    let mut fields = value.split('-');
+    let version = fields.next()?;
+    let trace_id = fields.next()?;
+    let span_id = fields.next()?;
+    let flags = fields.next()?;
+    let more = fields.next().is_some();
+    let hex2 = |s: &str| {
+        s.len() == 2
+            && s.bytes()
+                .all(|b| b.is_ascii_hexdigit() && !b.is_ascii_uppercase())
+    };
+    let form = hex2(version)
+        && version != "ff"
+        && !(version == "00" && more)
+        && is_lower_hex(span_id, SPAN_ID_LEN)
+        && hex2(flags);
+    if form {
+        TraceId::new(trace_id).ok()
+    } else {
+        None
+    }
+}
+
+/// Whether `s` is `len` lowercase hex digits, not all zeros (the W3C rule for trace
+/// and span ids).
+fn is_lower_hex(s: &str, len: usize) -> bool {
+    s.len() == len
+        && s.bytes()
+            .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+        && s.bytes().any(|b| b != b'0')
+}
+
 /// The `ext` fields of a request that this build reads. It serializes as the client
-/// sends it: `cancel` only when true, `requestId` only when set, in that order.
+/// sends it: `cancel` only when true, the others only when set, in this order.
 #[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize)]
 #[serde(rename_all = "camelCase")]
 #[non_exhaustive]
@@ -74,6 +173,12 @@ pub struct RequestExt {
     /// `ext.requestId`: the delegation's id, the same across its retries.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub request_id: Option<RequestId>,
+    /// `ext.traceId`: the tree of delegations this one belongs to (contract 8.4).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub trace_id: Option<TraceId>,
+    /// `ext.parentRequestId`: the request id of the turn that made this delegation.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub parent_request_id: Option<RequestId>,
 }
 
 /// Why `ext` was refused (contract 3, check 7).
@@ -86,7 +191,7 @@ pub enum ExtError {
     RequestId,
     /// `ext.cancel` is not a boolean, or is true without a request id.
     Cancel,
-    /// `ext.traceId` is not 32 lowercase hex digits.
+    /// `ext.traceId` is not 32 lowercase hex digits, or is all zeros.
     TraceId,
     /// `ext.parentRequestId` is not a request id.
     ParentRequestId,
@@ -115,25 +220,24 @@ pub fn parse_ext(ext: Option<&Value>) -> Result<RequestExt, ExtError> {
         Some(Value::Bool(true)) if request_id.is_some() => true,
         Some(_) => return Err(ExtError::Cancel),
     };
-    match ext.get("traceId") {
-        None => {}
-        Some(Value::String(id)) if is_trace_id(id) => {}
+    let trace_id = match ext.get("traceId") {
+        None => None,
+        Some(Value::String(id)) => Some(TraceId::new(id.as_str()).map_err(|_| ExtError::TraceId)?),
         Some(_) => return Err(ExtError::TraceId),
-    }
-    match ext.get("parentRequestId") {
-        None => {}
-        Some(Value::String(id)) if RequestId::new(id.as_str()).is_ok() => {}
+    };
+    let parent_request_id = match ext.get("parentRequestId") {
+        None => None,
+        Some(Value::String(id)) => {
+            Some(RequestId::new(id.as_str()).map_err(|_| ExtError::ParentRequestId)?)
+        }
         Some(_) => return Err(ExtError::ParentRequestId),
-    }
-    Ok(RequestExt { request_id, cancel })
-}
-
-/// Whether `id` is 32 lowercase hex digits.
-fn is_trace_id(id: &str) -> bool {
-    id.len() == TRACE_ID_LEN
-        && id
-            .bytes()
-            .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+    };
+    Ok(RequestExt {
+        cancel,
+        request_id,
+        trace_id,
+        parent_request_id,
+    })
 }
 
 #[cfg(test)]
@@ -160,12 +264,64 @@ mod tests {
     }
 
     #[test]
+    fn trace_id_form() {
+        assert!(TraceId::new("0".repeat(31) + "1").is_ok());
+        assert_eq!(
+            TraceId::new("af".repeat(16)).unwrap().as_str(),
+            "af".repeat(16)
+        );
+        for bad in [
+            "0".repeat(32),
+            "A".repeat(32),
+            "a".repeat(31),
+            "a".repeat(33),
+            "g".repeat(32),
+            String::new(),
+        ] {
+            assert_eq!(TraceId::new(bad.clone()), Err(InvalidTraceId), "{bad}");
+        }
+    }
+
+    #[test]
+    fn traceparent_table() {
+        let t = "4bf92f3577b34da6a3ce929d0e0e4736";
+        let cases = [
+            (format!("00-{t}-00f067aa0ba902b7-01"), true),
+            (format!("00-{t}-00f067aa0ba902b7-00"), true),
+            (format!("01-{t}-00f067aa0ba902b7-01-future"), true),
+            (format!("00-{t}-00f067aa0ba902b7-01-extra"), false),
+            (format!("ff-{t}-00f067aa0ba902b7-01"), false),
+            (format!("00-{t}-0000000000000000-01"), false),
+            (format!("00-{}-00f067aa0ba902b7-01", "0".repeat(32)), false),
+            (
+                format!("00-{}-00f067aa0ba902b7-01", t.to_uppercase()),
+                false,
+            ),
+            (format!("00-{t}-00F067AA0BA902B7-01"), false),
+            (format!("00-{t}-00f067aa0ba902b7"), false),
+            (format!("0-{t}-00f067aa0ba902b7-01"), false),
+            (format!("00-{t}-00f067aa0ba902b7-1"), false),
+            (format!(" 00-{t}-00f067aa0ba902b7-01"), false),
+            (String::new(), false),
+        ];
+        for (value, ok) in cases {
+            let want = ok.then(|| TraceId::new(t).unwrap());
+            assert_eq!(parse_traceparent(&value), want, "{value}");
+        }
+        let id = TraceId::new(t).unwrap();
+        let made = format_traceparent(&id, "00f067aa0ba902b7");
+        assert_eq!(made, format!("00-{t}-00f067aa0ba902b7-01"));
+        assert_eq!(parse_traceparent(&made), Some(id));
+    }
+
+    #[test]
     fn ext_table() {
         let id = "0123456789abcdef0123456789abcdef";
         let ok = |cancel| {
             Ok(RequestExt {
                 request_id: Some(RequestId::new(id).unwrap()),
                 cancel,
+                ..RequestExt::default()
             })
         };
         let cases = [
@@ -175,8 +331,13 @@ mod tests {
             (json!({"requestId": id, "cancel": false}), ok(false)),
             (json!({"requestId": id, "cancel": true}), ok(true)),
             (
-                json!({"requestId": id, "traceId": id, "parentRequestId": id}),
-                ok(false),
+                json!({"requestId": id, "traceId": id, "parentRequestId": "p".repeat(16)}),
+                Ok(RequestExt {
+                    request_id: Some(RequestId::new(id).unwrap()),
+                    trace_id: Some(TraceId::new(id).unwrap()),
+                    parent_request_id: Some(RequestId::new("p".repeat(16)).unwrap()),
+                    cancel: false,
+                }),
             ),
             (json!([]), Err(ExtError::NotObject)),
             (json!("x"), Err(ExtError::NotObject)),
@@ -192,6 +353,12 @@ mod tests {
                 Err(ExtError::TraceId),
             ),
             (json!({"traceId": "ab"}), Err(ExtError::TraceId)),
+            (json!({"traceId": "0".repeat(32)}), Err(ExtError::TraceId)),
+            (json!({"traceId": 7}), Err(ExtError::TraceId)),
+            (
+                json!({"parentRequestId": 7}),
+                Err(ExtError::ParentRequestId),
+            ),
             (
                 json!({"parentRequestId": "x"}),
                 Err(ExtError::ParentRequestId),
@@ -210,11 +377,18 @@ mod tests {
         let ext = RequestExt {
             request_id: Some(RequestId::new("07".repeat(16)).unwrap()),
             cancel: true,
+            trace_id: Some(TraceId::new("0a".repeat(16)).unwrap()),
+            parent_request_id: Some(RequestId::new("p".repeat(16)).unwrap()),
         };
         let text = serde_json::to_string(&ext).unwrap();
         assert_eq!(
             text,
-            format!(r#"{{"cancel":true,"requestId":"{}"}}"#, "07".repeat(16))
+            format!(
+                r#"{{"cancel":true,"requestId":"{}","traceId":"{}","parentRequestId":"{}"}}"#,
+                "07".repeat(16),
+                "0a".repeat(16),
+                "p".repeat(16)
+            )
         );
         let value = serde_json::from_str(&text).unwrap();
         assert_eq!(parse_ext(Some(&value)), Ok(ext));

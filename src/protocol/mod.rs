@@ -20,7 +20,9 @@ pub use classify::{classify, legacy_failure_code};
 pub use codes::ErrorCode;
 pub use envelope::{Envelope, Failure, UsageReport};
 pub use ext::{
-    ExtError, InvalidRequestId, RequestExt, RequestId, MAX_REQUEST_ID_LEN, MIN_REQUEST_ID_LEN,
+    format_traceparent, parse_traceparent, ExtError, InvalidRequestId, InvalidTraceId, RequestExt,
+    RequestId, TraceId, MAX_REQUEST_ID_LEN, MIN_REQUEST_ID_LEN, REQUEST_ID_VAR, SPAN_ID_LEN,
+    TRACEPARENT_VAR, TRACE_ID_LEN, TRACE_ID_VAR,
 };
 pub use health::{Health, TurnLoad};
 pub use name::{InstanceName, InvalidInstanceName, MAX_INSTANCE_NAME_LEN};
@@ -43,23 +45,31 @@ pub const IDEMPOTENT_REQUESTS: &str = "idempotent-requests";
 pub const CANCEL_ON_HANGUP: &str = "cancel-on-hangup";
 /// Envelopes carry the turn's `usage` (contract 8.3).
 pub const USAGE_REPORT: &str = "usage-report";
+/// Requests carry `ext.traceId` and `ext.parentRequestId` (contract 8.4).
+pub const TRACE_CONTEXT: &str = "trace-context";
 
 /// Every capability this build implements, as health lists them (contract 4.1): the
 /// base two, the `/api/talk` extensions, and `secret-proof` (6.1), which lives on
 /// health alone.
-pub const CAPABILITIES: [&str; 6] = [
+pub const CAPABILITIES: [&str; 7] = [
     "structured-errors",
     "retryable-errors",
     IDEMPOTENT_REQUESTS,
     CANCEL_ON_HANGUP,
     USAGE_REPORT,
+    TRACE_CONTEXT,
     SECRET_PROOF,
 ];
 
 /// The extended capabilities this build implements on `/api/talk` itself, in requests
 /// and envelopes (contract 4.1). `secret-proof` is not one: it is about health alone,
 /// so a request never lists it, nor an envelope.
-pub const TALK_EXTENSIONS: [&str; 3] = [IDEMPOTENT_REQUESTS, CANCEL_ON_HANGUP, USAGE_REPORT];
+pub const TALK_EXTENSIONS: [&str; 4] = [
+    IDEMPOTENT_REQUESTS,
+    CANCEL_ON_HANGUP,
+    USAGE_REPORT,
+    TRACE_CONTEXT,
+];
 
 /// The capabilities of one exchange (contract 4.1): the base two plus those of
 /// `listed` (the target's health, for a request; the request's, for an envelope) that

@@ -277,6 +277,7 @@ mod tests {
         request.ext = RequestExt {
             request_id: Some(crate::protocol::RequestId::new("r".repeat(16)).unwrap()),
             cancel: true,
+            ..RequestExt::default()
         };
         let with_ext = String::from_utf8(encode_talk_request_with(&request, &caps)).unwrap();
         let ext = format!(

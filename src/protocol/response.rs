@@ -374,13 +374,13 @@ mod tests {
         });
         assert_eq!(
             String::from_utf8(health.to_json()).unwrap(),
-            r#"{"kind":"loopbus","instance":"w","status":"ok","pid":42,"protocolVersion":1,"capabilities":["structured-errors","retryable-errors","idempotent-requests","cancel-on-hangup","usage-report","secret-proof"],"turns":{"running":1,"queued":2,"max":4}}"#
+            r#"{"kind":"loopbus","instance":"w","status":"ok","pid":42,"protocolVersion":1,"capabilities":["structured-errors","retryable-errors","idempotent-requests","cancel-on-hangup","usage-report","trace-context","secret-proof"],"turns":{"running":1,"queued":2,"max":4}}"#
         );
         assert_eq!(parse_health(&health.to_json()).unwrap(), health);
         let health = health.with_bus_enabled(false);
         assert_eq!(
             String::from_utf8(health.to_json()).unwrap(),
-            r#"{"kind":"loopbus","instance":"w","status":"ok","pid":42,"protocolVersion":1,"capabilities":["structured-errors","retryable-errors","idempotent-requests","cancel-on-hangup","usage-report","secret-proof"],"turns":{"running":1,"queued":2,"max":4},"busEnabled":false}"#
+            r#"{"kind":"loopbus","instance":"w","status":"ok","pid":42,"protocolVersion":1,"capabilities":["structured-errors","retryable-errors","idempotent-requests","cancel-on-hangup","usage-report","trace-context","secret-proof"],"turns":{"running":1,"queued":2,"max":4},"busEnabled":false}"#
         );
         assert_eq!(parse_health(&health.to_json()).unwrap(), health);
         let health = health.with_proof("ab".to_owned());

@@ -4,7 +4,7 @@
 use super::{Bus, Refusal};
 use crate::audit;
 use crate::http::{Head, Response};
-use crate::protocol::{proof, Envelope, Failure, Health, TurnLoad};
+use crate::protocol::{proof, Envelope, Failure, Health, TurnLoad, UsageReport};
 use std::time::Instant;
 
 /// What the audit line of one talk outcome knows about the request.
@@ -15,7 +15,11 @@ pub(super) struct TalkMeta {
     pub(super) from_instance: Option<String>,
     pub(super) depth: Option<u64>,
     pub(super) prompt_chars: Option<usize>,
+    /// The request's `ext.requestId`, or the one the server made for its turn.
     pub(super) request_id: Option<String>,
+    /// The request's `ext.traceId`, or the one the server made for its turn.
+    pub(super) trace_id: Option<String>,
+    pub(super) parent_request_id: Option<String>,
     /// The engine's session id, once its turn reported one.
     pub(super) session_id: Option<String>,
 }
@@ -29,6 +33,8 @@ impl TalkMeta {
             depth: None,
             prompt_chars: None,
             request_id: None,
+            trace_id: None,
+            parent_request_id: None,
             session_id: None,
         }
     }
@@ -85,12 +91,19 @@ impl Bus {
         let (status, code) = refusal.status_and_code();
         log::debug!("talk refused: {status} {code} ({})", meta.describe());
         let message = refusal.message(self.name.as_str());
-        self.audit(meta, "refused", &message, Some(code.as_str()), Some(status));
+        self.audit(
+            meta,
+            "refused",
+            &message,
+            Some(code.as_str()),
+            Some(status),
+            None,
+        );
         self.refusal_response(refusal, meta.received_at)
     }
 
     /// Records one talk outcome in the audit log; `status` is `None` when nobody was
-    /// answered.
+    /// answered; `usage` is the turn's, when its engine reported one.
     pub(super) fn audit(
         &mut self,
         meta: &TalkMeta,
@@ -98,7 +111,10 @@ impl Bus {
         detail: &str,
         error_code: Option<&str>,
         status: Option<u16>,
+        usage: Option<UsageReport>,
     ) {
+        let known = usage.map(|_| ());
+        let usage = usage.unwrap_or_default();
         self.audit.record(&audit::Record {
             outcome,
             detail,
@@ -109,6 +125,12 @@ impl Bus {
             prompt_chars: meta.prompt_chars,
             status,
             request_id: meta.request_id.as_deref(),
+            trace_id: meta.trace_id.as_deref(),
+            parent_request_id: meta.parent_request_id.as_deref(),
+            cost_usd: usage.cost_usd,
+            input_tokens: known.map(|()| usage.input_tokens),
+            output_tokens: known.map(|()| usage.output_tokens),
+            cached_tokens: known.map(|()| usage.cached_tokens),
             session_id: meta.session_id.as_deref(),
         });
     }

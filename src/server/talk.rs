@@ -5,9 +5,10 @@
 use super::answer::{json, TalkMeta};
 use super::turn_table::{caller, Admit, Ended, HangUp, TurnId};
 use super::{Bus, Refusal};
-use crate::engine::Turn;
+use crate::engine::{Turn, TurnTrace};
 use crate::http::{ConnId, Control, Response};
-use crate::protocol::{self, ErrorCode, Failure, TalkRequest};
+use crate::protocol::{self, ErrorCode, Failure, RequestId, TalkRequest, TraceId, SPAN_ID_LEN};
+use crate::secret;
 use crate::turns::{Busy, Outcome};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -21,9 +22,44 @@ impl TalkMeta {
             depth: Some(request.depth),
             prompt_chars: Some(request.prompt.chars().count()),
             request_id: request.ext.request_id.as_ref().map(|id| id.to_string()),
+            trace_id: request.ext.trace_id.as_ref().map(|id| id.to_string()),
+            parent_request_id: request
+                .ext
+                .parent_request_id
+                .as_ref()
+                .map(|id| id.to_string()),
             session_id: None,
         }
     }
+}
+
+/// A new turn's place in its tree (contract 8.4): the request's trace and request ids,
+/// or fresh ones where it had none (so that the server starts a tree for a caller
+/// without trace context, and its engine's delegations still hang under this turn),
+/// and a fresh span id for `TRACEPARENT`. An error when the OS's randomness fails.
+fn turn_trace(request: &TalkRequest) -> std::io::Result<TurnTrace> {
+    /// Random bytes in an id the server makes: 128 bits, as a client's.
+    const ID_BYTES: usize = 16;
+    let fresh = || secret::random_hex(ID_BYTES);
+    // 32 hex digits of random bytes are a request id, and a trace id unless all zeros.
+    let trace_id = match &request.ext.trace_id {
+        Some(id) => id.clone(),
+        None => TraceId::new(fresh()?).map_err(std::io::Error::other)?,
+    };
+    let request_id = match &request.ext.request_id {
+        Some(id) => id.clone(),
+        None => RequestId::new(fresh()?).map_err(std::io::Error::other)?,
+    };
+    let mut span_id = secret::random_hex(SPAN_ID_LEN / 2)?;
+    if span_id.bytes().all(|b| b == b'0') {
+        // W3C forbids an all-zero span id; the odds are 2^-64.
+        span_id.replace_range(..1, "1");
+    }
+    Ok(TurnTrace {
+        trace_id,
+        request_id,
+        span_id,
+    })
 }
 
 impl Bus {
@@ -67,12 +103,21 @@ impl Bus {
         let now = Instant::now();
         let admitted = self.table.admit(conn, &request, meta.clone(), timeout, now);
         let (outcome, detail, answer) = match admitted {
-            Admit::New(new) => {
+            Admit::New(mut new) => {
                 let cancel = new.cancel_token();
+                let trace = turn_trace(&request)
+                    .map_err(|e| log::warn!("cannot make the turn's trace ids: {e}"))
+                    .ok();
+                if let Some(trace) = &trace {
+                    let meta = new.meta_mut();
+                    meta.trace_id = Some(trace.trace_id.to_string());
+                    meta.request_id = Some(trace.request_id.to_string());
+                }
                 let turn = Turn {
                     request,
                     config: Arc::clone(&self.config),
                     cancel,
+                    trace,
                 };
                 if let Err(Busy(_)) = self.pool.submit(new.id, turn) {
                     return Some(self.refuse_talk(&Refusal::Busy, &meta));
@@ -106,7 +151,7 @@ impl Bus {
             ),
         };
         let status = answer.as_ref().map(|_| 200);
-        self.audit(&meta, outcome, detail, None, status);
+        self.audit(&meta, outcome, detail, None, status, None);
         answer
     }
 
@@ -152,7 +197,7 @@ impl Bus {
                     "the caller went away while its turn ran; the answer is dropped"
                 };
                 log::info!("caller {}: {detail}", caller(&meta));
-                self.audit(&meta, "abandoned", detail, None, None);
+                self.audit(&meta, "abandoned", detail, None, None, None);
             }
         }
     }
@@ -186,7 +231,7 @@ impl Bus {
                 log::info!("{}", failed_turn_line(failure, &ended.meta));
             }
             let status = (!ended.waiters.is_empty()).then_some(200);
-            self.audit(&ended.meta, outcome, detail, code, status);
+            self.audit(&ended.meta, outcome, detail, code, status, envelope.usage);
         }
         for waiter in &ended.waiters {
             control.respond(waiter.conn, json(200, waiter.negotiate(envelope).to_json()));

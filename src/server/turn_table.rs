@@ -135,6 +135,11 @@ impl<C> NewTurn<C> {
     pub(super) fn cancel_token(&self) -> CancelToken {
         self.state.cancel.clone()
     }
+
+    /// What its audit line will say of the request (the ids the server made for it).
+    pub(super) fn meta_mut(&mut self) -> &mut TalkMeta {
+        &mut self.state.meta
+    }
 }
 
 /// What admitting a request that passed checks 1-9 comes to.

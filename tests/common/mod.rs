@@ -452,7 +452,10 @@ pub fn run(args: &[&str], env: &[(&str, &str)], stdin: Option<&str>) -> Output {
         .env("HOME", no_home())
         .env_remove("LOOPBUS_ROOT")
         .env_remove("LOOPBUS_STATE_DIR")
-        .env_remove("LOOPBUS_DEPTH");
+        .env_remove("LOOPBUS_DEPTH")
+        .env_remove("LOOPBUS_TRACE_ID")
+        .env_remove("LOOPBUS_REQUEST_ID")
+        .env_remove("TRACEPARENT");
     for (k, v) in env {
         command.env(k, v);
     }

@@ -95,7 +95,8 @@ pub struct Args {
 
 impl Args {
     /// Parses `args` (without the command name). `valued` lists options that take a
-    /// value (`--opt V` or `--opt=V`), `switches` those that don't.
+    /// value (`--opt V` or `--opt=V`), `switches` those that don't (`-v` is
+    /// `--verbose` where that is one).
     ///
     /// # Errors
     /// An unknown option, a missing value, or a value given to a switch.
@@ -115,12 +116,16 @@ impl Args {
                 parsed.help = true;
                 continue;
             }
+            if arg == "-v" && switches.contains(&"verbose") {
+                parsed.switches.push("verbose");
+                continue;
+            }
             let Some(option) = arg.strip_prefix("--") else {
                 if arg.starts_with('-') && arg.len() > 1 {
                     let name = arg.trim_start_matches('-');
                     return Err(unknown_option(arg, name, valued, switches));
                 }
-                parsed.positionals.push(arg.clone());
+                parsed.positionals.push(arg.to_owned());
                 continue;
             };
             let (name, inline) = match option.split_once('=') {

@@ -36,11 +36,16 @@ Commands:
   serve    run an instance (see `loopbus serve --help`)
   init     write a ready config.json for a new instance
   talk     delegate a prompt to another instance and print its reply
+  fan      send one prompt to several instances at once
+  chain    pass a prompt through instances in order, each reply to the next
+  verify   have one instance answer and another check the answer
   health   check whether an instance is alive (--wait SECS waits for it)
   list     list the registered instances, alive or not
   doctor   check an instance's files, config, engine and registration
   usage    show usage and budget per instance
   audit    show an instance's audit log as a table (or follow it)
+  trace    show the tree of delegations of one trace, with what each part cost
+  mcp      serve MCP on stdio, so that an agent CLI delegates with tools
 
 Run `loopbus help <command>` or `loopbus <command> --help` for a command's options
 and an example.
@@ -75,6 +80,21 @@ const COMMANDS: &[Command] = &[
         run: super::talk::run,
     },
     Command {
+        name: "fan",
+        help: super::workflow::FAN_HELP,
+        run: super::workflow::run_fan,
+    },
+    Command {
+        name: "chain",
+        help: super::workflow::CHAIN_HELP,
+        run: super::workflow::run_chain,
+    },
+    Command {
+        name: "verify",
+        help: super::workflow::VERIFY_HELP,
+        run: super::workflow::run_verify,
+    },
+    Command {
         name: "health",
         help: super::health::HELP,
         run: super::health::run,
@@ -99,6 +119,16 @@ const COMMANDS: &[Command] = &[
         help: super::audit_log::HELP,
         run: super::audit_log::run,
     },
+    Command {
+        name: "trace",
+        help: super::trace::HELP,
+        run: super::trace::run,
+    },
+    Command {
+        name: "mcp",
+        help: super::mcp::HELP,
+        run: super::mcp::run,
+    },
 ];
 
 /// The words besides the commands that `loopbus` takes first.
@@ -113,7 +143,7 @@ const OTHER_WORDS: [&str; 3] = ["help", "version", "--version"];
 pub fn run(args: impl IntoIterator<Item = OsString>) -> Result<i32, CommandError> {
     let args: Vec<OsString> = args.into_iter().collect();
     let style = match args.first().and_then(|a| a.to_str()) {
-        Some("serve") => LogStyle::Server,
+        Some("serve" | "mcp") => LogStyle::Server,
         _ => LogStyle::Client,
     };
     let logging = init_logging(style);

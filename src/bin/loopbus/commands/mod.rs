@@ -6,12 +6,15 @@ pub mod entry;
 pub mod health;
 pub mod init;
 pub mod list;
+pub mod mcp;
 pub mod output;
 pub mod serve;
 pub mod settings;
 pub mod talk;
 pub mod terminal;
+pub mod trace;
 pub mod usage_report;
+pub mod workflow;
 
 use crate::cli::{local, usage, CommandError, UsageError};
 use loopbus::{Config, ConfigError, InstanceName, TrustKind, CONFIG_FILE, DEFAULT_ACCEPT_KINDS};

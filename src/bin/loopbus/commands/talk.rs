@@ -8,8 +8,8 @@ use crate::cli::{
     local, usage, Args, CommandError, UsageError, EXIT_FAILURE, EXIT_OK, EXIT_RETRYABLE,
 };
 use loopbus::{
-    BusConfig, DelegateError, DelegateOptions, InstanceName, Reply, UsageReport, DEFAULT_TIMEOUT,
-    MAX_BODY_BYTES,
+    BusConfig, DelegateError, DelegateOptions, InstanceName, Reply, TraceContext, TraceId,
+    UsageReport, DEFAULT_TIMEOUT, MAX_BODY_BYTES,
 };
 use std::io::{IsTerminal, Read, Write};
 use std::path::{Path, PathBuf};
@@ -20,7 +20,7 @@ mod watch;
 /// Help text.
 pub const HELP: &str = "\
 loopbus talk TARGET [PROMPT] [--state-dir DIR [--name NAME] | --as NAME] [--root ROOT]
-             [--depth N] [--timeout SECS] [--retries N] [--json | --raw]
+             [--depth N] [--timeout SECS] [--retries N] [--json | --raw] [-v]
 
 Send PROMPT (read from stdin when absent or `-`) to the instance TARGET and print
 its reply on stdout. Acts as the instance whose state directory is DIR (default:
@@ -54,6 +54,7 @@ Options:
                     or a v1 one for a failure decided here; with the turn's usage
                     when the peer reported it
   --raw             print the reply's exact bytes: no escaping, no added newline
+  -v, --verbose     say on stderr which trace the delegation belongs to
 
 The reply is printed followed by a newline when it does not end with one. When
 stdout is not a terminal it is printed as it came; on a terminal, control
@@ -62,6 +63,12 @@ write the clipboard or move the cursor) are shown escaped, as `\\u001b`; the err
 on stderr is always escaped that way. When stderr is a terminal, a turn that
 takes more than 2 s shows the time waited, and the turn's cost is summed up
 at the end when the peer reported it.
+
+Every delegation belongs to a tree of delegations, its trace: the one of
+$LOOPBUS_TRACE_ID (with $LOOPBUS_REQUEST_ID as the turn that makes it), as an
+instance gives its engine, else the trace id of $TRACEPARENT, else a new one; a
+malformed value is ignored with a warning. With --json the printed envelope gets
+a top-level `traceId`; `loopbus trace ID` shows the tree.
 
 Every delegation carries a request id. On SIGINT or SIGTERM, and after its
 final timeout, talk sends TARGET a cancel request for the turn when TARGET
@@ -93,19 +100,7 @@ pub const MAX_RETRIES: u32 = 100;
 /// prompt on stdin that is not UTF-8. Delegation failures are not errors: they map
 /// to exit statuses 1 and 75 (and 130/143 for a signal).
 pub fn run(args: &[String]) -> Result<i32, CommandError> {
-    let args = Args::parse(
-        args,
-        &[
-            "state-dir",
-            "name",
-            "as",
-            "root",
-            "depth",
-            "timeout",
-            "retries",
-        ],
-        &["json", "raw"],
-    )?;
+    let args = Args::parse(args, &CALLER_OPTIONS, &["json", "raw", "verbose"])?;
     if args.help {
         super::output::print(HELP)?;
         return Ok(EXIT_OK);
@@ -119,29 +114,29 @@ pub fn run(args: &[String]) -> Result<i32, CommandError> {
         .first()
         .ok_or_else(|| usage("missing TARGET; usage: loopbus talk TARGET [PROMPT]"))
         .and_then(super::parse_name)?;
-    let (caller, bus, state_dir) = caller(&args)?;
-    let depth = depth(args.value("depth"))?;
-    let timeout = timeout(args.value("timeout"))?;
-    let retries = retries(args.value("retries"))?;
-    let prompt = match args.positionals.get(1).map(String::as_str) {
-        None | Some("-") => {
-            if std::io::stdin().is_terminal() {
-                terminal::eprint_line(&format!(
-                    "loopbus: reading the prompt for {target} from stdin; end it with Ctrl-D"
-                ));
-            }
-            read_prompt()?
-        }
-        Some(prompt) => Prompt::Whole(prompt.to_owned()),
-    };
+    let settings = Settings::from_args(&args)?;
+    let prompt = prompt(args.positionals.get(1), target.as_str())?;
     let request_id =
         loopbus::new_request_id().map_err(|e| local(format!("cannot make a request id: {e}")))?;
-
-    let root = match (args.value("root"), &state_dir) {
-        (Some(root), _) => std::path::PathBuf::from(root),
-        (None, Some(state_dir)) => loopbus::channel_root(state_dir),
-        (None, None) => super::default_root()?,
-    };
+    let Settings {
+        caller,
+        bus,
+        root,
+        depth,
+        timeout,
+        retries,
+    } = settings;
+    let (trace, warnings) =
+        TraceContext::from_env().map_err(|e| local(format!("cannot make a trace id: {e}")))?;
+    for warning in warnings {
+        terminal::eprint_line(&format!("loopbus: {warning}"));
+    }
+    if args.switch("verbose") {
+        terminal::eprint_line(&format!(
+            "loopbus: trace {} (request {request_id}); see `loopbus trace {}`",
+            trace.trace_id, trace.trace_id
+        ));
+    }
     let (prompt, unread) = match prompt {
         Prompt::Whole(prompt) => (prompt, 0),
         Prompt::Cut { head, unread } => (head, unread),
@@ -150,7 +145,8 @@ pub fn run(args: &[String]) -> Result<i32, CommandError> {
         .with_depth(depth)
         .with_timeout(timeout)
         .with_retries(retries)
-        .with_request_id(request_id);
+        .with_request_id(request_id)
+        .with_trace(trace);
     let started = Instant::now();
     let watch = watch::watch(&options, args.switch("json"))?;
     let outcome = match loopbus::delegate(&options) {
@@ -167,7 +163,8 @@ pub fn run(args: &[String]) -> Result<i32, CommandError> {
             watch::send_cancel(&options);
         }
     }
-    print_outcome(&outcome, caller.as_str(), &args, started);
+    let trace_id = options.trace.as_ref().map(|t| &t.trace_id);
+    print_outcome(&outcome, caller.as_str(), trace_id, &args, started);
     match outcome {
         Ok(reply) => {
             match &reply.usage {
@@ -196,8 +193,80 @@ pub fn run(args: &[String]) -> Result<i32, CommandError> {
     }
 }
 
+/// The options of every command that delegates as the caller, `talk`'s own.
+pub const CALLER_OPTIONS: [&str; 7] = [
+    "state-dir",
+    "name",
+    "as",
+    "root",
+    "depth",
+    "timeout",
+    "retries",
+];
+
+/// Who delegates, where, and how: what [`CALLER_OPTIONS`] and the environment say.
+pub struct Settings {
+    /// The calling instance.
+    pub caller: InstanceName,
+    /// Its own bus config ([`BusConfig::open`] for the operator).
+    pub bus: BusConfig,
+    /// The channel root.
+    pub root: PathBuf,
+    /// The current depth.
+    pub depth: u64,
+    /// Each attempt's wait for the answer.
+    pub timeout: Duration,
+    /// Retries of a retryable failure.
+    pub retries: u32,
+}
+
+impl Settings {
+    /// The settings from `--state-dir`/`--name`/`--as`/`--root`/`--depth`/`--timeout`/
+    /// `--retries` and the environment, as `talk` takes them (contract section 5).
+    ///
+    /// # Errors
+    /// A bad option, no channel root, an untrusted, missing or invalid config.json.
+    pub fn from_args(args: &Args) -> Result<Settings, CommandError> {
+        let (caller, bus, state_dir) = caller(args)?;
+        let depth = depth(args.value("depth"))?;
+        let timeout = timeout(args.value("timeout"))?;
+        let retries = retries(args.value("retries"))?;
+        let root = match (args.value("root"), &state_dir) {
+            (Some(root), _) => PathBuf::from(root),
+            (None, Some(state_dir)) => loopbus::channel_root(state_dir),
+            (None, None) => super::default_root()?,
+        };
+        Ok(Settings {
+            caller,
+            bus,
+            root,
+            depth,
+            timeout,
+            retries,
+        })
+    }
+}
+
+/// The prompt: `given`, or stdin when it is absent or `-` (saying so on a terminal).
+///
+/// # Errors
+/// stdin cannot be read or is not UTF-8.
+pub fn prompt(given: Option<&String>, for_whom: &str) -> Result<Prompt, UsageError> {
+    match given.map(String::as_str) {
+        None | Some("-") => {
+            if std::io::stdin().is_terminal() {
+                terminal::eprint_line(&format!(
+                    "loopbus: reading the prompt for {for_whom} from stdin; end it with Ctrl-D"
+                ));
+            }
+            read_prompt()
+        }
+        Some(prompt) => Ok(Prompt::Whole(prompt.to_owned())),
+    }
+}
+
 /// The one-line cost summary: `worker: $0.0123, 1,200 in / 340 out tokens, 3.2 s`.
-fn cost_line(from: &str, usage: &UsageReport, duration_ms: u64) -> String {
+pub fn cost_line(from: &str, usage: &UsageReport, duration_ms: u64) -> String {
     let cost = usage
         .cost_usd
         .map_or_else(|| "cost unknown".to_owned(), |c| format!("${c:.4}"));
@@ -210,7 +279,7 @@ fn cost_line(from: &str, usage: &UsageReport, duration_ms: u64) -> String {
 }
 
 /// `n` with commas between thousands: `1,200`.
-fn thousands(n: u64) -> String {
+pub fn thousands(n: u64) -> String {
     let digits = n.to_string();
     let mut out = String::with_capacity(digits.len() + digits.len() / 3);
     for (i, digit) in digits.chars().enumerate() {
@@ -222,17 +291,19 @@ fn thousands(n: u64) -> String {
     out
 }
 
-/// Prints the reply or, with `--json`, the envelope, on stdout.
+/// Prints the reply or, with `--json`, the envelope with the delegation's `traceId`
+/// added, on stdout.
 fn print_outcome(
     outcome: &Result<Reply, DelegateError>,
     caller: &str,
+    trace_id: Option<&TraceId>,
     args: &Args,
     started: Instant,
 ) {
     let mut stdout = std::io::stdout().lock();
     let terminal = stdout.is_terminal();
     let json = |bytes: Vec<u8>| {
-        let text = String::from_utf8_lossy(&bytes).into_owned();
+        let text = String::from_utf8_lossy(&with_trace_id(bytes, trace_id)).into_owned();
         if terminal {
             terminal::escape_for_terminal(&text).into_owned()
         } else {
@@ -261,6 +332,16 @@ fn print_outcome(
         Err(_) => Ok(()),
     };
     let _ = stdout.flush();
+}
+
+/// The envelope's JSON object with a last member `"traceId"` (32 hex digits: nothing
+/// to escape), so that its other members keep their order.
+fn with_trace_id(mut json: Vec<u8>, trace_id: Option<&TraceId>) -> Vec<u8> {
+    if let (Some(id), Some(b'}')) = (trace_id, json.last()) {
+        json.pop();
+        json.extend_from_slice(format!(r#","traceId":"{id}"}}"#).as_bytes());
+    }
+    json
 }
 
 /// `text` ending with a newline: as it is when it does, with one added when not.
@@ -366,7 +447,7 @@ fn not_registered(target: &InstanceName, root: &Path) -> String {
 }
 
 /// The prompt as read.
-enum Prompt {
+pub enum Prompt {
     /// All of it.
     Whole(String),
     /// Longer than [`MAX_BODY_BYTES`]: the part read, and how many bytes followed it.
@@ -399,6 +480,15 @@ fn read_prompt() -> Result<Prompt, UsageError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_trace_id_is_the_envelopes_last_member() {
+        let id = TraceId::new("ab".repeat(16)).unwrap();
+        let json = with_trace_id(br#"{"success":true,"text":"}"}"#.to_vec(), Some(&id));
+        let want = format!(r#"{{"success":true,"text":"}}","traceId":"{id}"}}"#);
+        assert_eq!(String::from_utf8(json).unwrap(), want);
+        assert_eq!(with_trace_id(b"{}".to_vec(), None), b"{}");
+    }
 
     #[test]
     fn the_output_gets_one_final_newline() {

@@ -1,0 +1,394 @@
+//! The delegation workflows of contract 9, client-side compositions of [`delegate`]:
+//! [`fan`] (one prompt to several instances at once), [`chain`] (each stage's reply
+//! passed on to the next) and [`verify`] (an answer, then a verifier's verdict on it).
+//!
+//! Each acts as the caller, like `loopbus talk`: every delegation is an ordinary one,
+//! with its own request id from the start, the caller's retries (never running a turn
+//! twice) and timeout, and a cancel request when it gives up for good on a timeout.
+//! Nothing new goes on the wire. The list is checked before anything is sent
+//! ([`WorkflowError`]). A [`StopHandle`] stops a workflow from another thread; an
+//! [`Observer`] sees each delegation start and end, from the thread that ran it.
+//!
+//! ```no_run
+//! use loopbus::{fan, BusConfig, InstanceName, WorkflowOptions};
+//!
+//! # fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! let options = WorkflowOptions::new("/home/me/.loopbus", InstanceName::new("lead")?, BusConfig::open());
+//! let targets = [InstanceName::new("a")?, InstanceName::new("b")?];
+//! let outcome = fan(&options, &targets, "Name one risk in this plan")?;
+//! for stage in &outcome.stages {
+//!     match &stage.outcome {
+//!         Ok(reply) => println!("{}: {}", stage.target, reply.text),
+//!         Err(e) => println!("{}: {e} [{}]", stage.target, e.code()),
+//!     }
+//! }
+//! # Ok(())
+//! # }
+//! ```
+
+use crate::client::{self, delegate, DelegateError, DelegateOptions, TraceContext};
+use crate::config::BusConfig;
+use crate::protocol::{InstanceName, RequestId, TraceId};
+use std::fmt;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+mod outcome;
+mod plan;
+mod stop;
+mod templates;
+
+pub use outcome::{conclude, sum_usage, Conclusion, Outcome, Stage};
+pub use plan::WorkflowError;
+use plan::{prepare, Plan};
+pub use stop::StopHandle;
+pub use templates::{chain_prompt, parse_verdict, verify_prompt, Verdict};
+
+/// Most delegations `fan` runs at once; further targets wait for a thread.
+pub const FAN_THREADS: usize = 8;
+
+/// Most targets a workflow's list may name.
+pub const MAX_TARGETS: usize = 32;
+
+/// The caller's delegation settings that every delegation of a workflow shares,
+/// built with [`WorkflowOptions::new`] and the `with_` setters.
+#[derive(Clone)]
+#[non_exhaustive]
+pub struct WorkflowOptions {
+    /// The channel root whose registry names the targets.
+    pub root: PathBuf,
+    /// The calling instance, sent as `fromInstance`.
+    pub caller: InstanceName,
+    /// The caller's own `bus` config: its `peers` decide which targets are allowed.
+    pub bus: BusConfig,
+    /// The caller's current depth; each request carries `depth + 1`.
+    pub depth: u64,
+    /// How long each attempt of each delegation waits for its answer.
+    pub timeout: Duration,
+    /// How many times each delegation retries a retryable failure.
+    pub retries: u32,
+    /// Stops the workflow from another thread.
+    pub stop: StopHandle,
+    /// Told of each delegation's start and end.
+    pub observer: Option<Arc<dyn Observer>>,
+    /// The tree every delegation of the workflow joins (contract 8.4), each with its
+    /// own request id; `None`: a new tree per workflow.
+    pub trace: Option<TraceContext>,
+}
+
+impl WorkflowOptions {
+    /// Delegations from `caller`, under its own `bus` config, to instances of the
+    /// channel root `root`: at depth 0, with [`client::DEFAULT_TIMEOUT`], no retries, a
+    /// fresh [`StopHandle`] and no observer until set otherwise.
+    pub fn new(root: impl Into<PathBuf>, caller: InstanceName, bus: BusConfig) -> WorkflowOptions {
+        WorkflowOptions {
+            root: root.into(),
+            caller,
+            bus,
+            depth: 0,
+            timeout: client::DEFAULT_TIMEOUT,
+            retries: 0,
+            stop: StopHandle::new(),
+            observer: None,
+            trace: None,
+        }
+    }
+
+    /// The caller's current delegation depth.
+    pub fn with_depth(self, depth: u64) -> WorkflowOptions {
+        WorkflowOptions { depth, ..self }
+    }
+
+    /// How long each attempt of each delegation waits for its answer.
+    pub fn with_timeout(self, timeout: Duration) -> WorkflowOptions {
+        WorkflowOptions { timeout, ..self }
+    }
+
+    /// Retries of each delegation, as [`DelegateOptions::with_retries`].
+    pub fn with_retries(self, retries: u32) -> WorkflowOptions {
+        WorkflowOptions { retries, ..self }
+    }
+
+    /// The handle that stops this workflow; keep a clone to call it.
+    pub fn with_stop(self, stop: StopHandle) -> WorkflowOptions {
+        WorkflowOptions { stop, ..self }
+    }
+
+    /// The observer told of each delegation's start and end.
+    pub fn with_observer(self, observer: Arc<dyn Observer>) -> WorkflowOptions {
+        WorkflowOptions {
+            observer: Some(observer),
+            ..self
+        }
+    }
+
+    /// The tree the workflow's delegations join, as [`TraceContext::from_env`] finds
+    /// it in an engine's environment, or a given one.
+    pub fn with_trace(self, trace: TraceContext) -> WorkflowOptions {
+        WorkflowOptions {
+            trace: Some(trace),
+            ..self
+        }
+    }
+
+    /// The one delegation to `target`: every setting a workflow's delegations share.
+    fn delegation(&self, target: &InstanceName, prompt: String, id: &RequestId) -> DelegateOptions {
+        let delegation = DelegateOptions::new(
+            &self.root,
+            self.caller.clone(),
+            self.bus.clone(),
+            target.clone(),
+            prompt,
+        )
+        .with_depth(self.depth)
+        .with_timeout(self.timeout)
+        .with_retries(self.retries)
+        .with_request_id(id.clone());
+        match &self.trace {
+            Some(trace) => delegation.with_trace(trace.clone()),
+            None => delegation,
+        }
+    }
+
+    fn tell(&self, event: Event<'_>) {
+        if let Some(observer) = &self.observer {
+            observer.event(event);
+        }
+    }
+}
+
+impl fmt::Debug for WorkflowOptions {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("WorkflowOptions")
+            .field("root", &self.root)
+            .field("caller", &self.caller)
+            .field("depth", &self.depth)
+            .field("timeout", &self.timeout)
+            .field("retries", &self.retries)
+            .field("stopped", &self.stop.is_stopped())
+            .finish_non_exhaustive()
+    }
+}
+
+/// Something that happened to one delegation of a workflow.
+#[derive(Debug)]
+#[non_exhaustive]
+pub enum Event<'a> {
+    /// Delegation `index` is being sent (its place in the list; verify: 0 the
+    /// answerer, 1 the verifier).
+    Started {
+        /// Its place.
+        index: usize,
+        /// The instance asked.
+        target: &'a InstanceName,
+        /// Its request id.
+        request_id: &'a RequestId,
+    },
+    /// Delegation `index` ended: answered or failed.
+    Finished {
+        /// Its place.
+        index: usize,
+        /// The delegation and its outcome.
+        stage: &'a Stage,
+    },
+}
+
+/// Told of each [`Event`], on the thread that ran the delegation (fan's run on
+/// several at once): keep `event` short, it holds up that delegation's result.
+pub trait Observer: Send + Sync {
+    /// One event.
+    fn event(&self, event: Event<'_>);
+}
+
+impl<F: Fn(Event<'_>) + Send + Sync> Observer for F {
+    fn event(&self, event: Event<'_>) {
+        self(event)
+    }
+}
+
+/// Runs delegation `index` unless the workflow was stopped, telling the observer.
+fn run(
+    options: &WorkflowOptions,
+    index: usize,
+    target: &InstanceName,
+    request_id: &RequestId,
+    prompt: String,
+) -> Stage {
+    let delegation = options.delegation(target, prompt, request_id);
+    let started = Instant::now();
+    let outcome = if options.stop.enter(&delegation) {
+        options.tell(Event::Started {
+            index,
+            target,
+            request_id,
+        });
+        let outcome = delegate(&delegation);
+        options.stop.leave(&delegation);
+        // Given up for good on a turn that may still run there: cancel it (contract
+        // 8.1), as `talk` does.
+        if outcome
+            .as_ref()
+            .is_err_and(|e| matches!(e.cause(), DelegateError::Timeout { .. }))
+        {
+            let _ = client::cancel(&delegation);
+        }
+        outcome
+    } else {
+        Err(DelegateError::Stopped {
+            target: target.to_string(),
+        })
+    };
+    let stage = Stage {
+        target: target.clone(),
+        request_id: request_id.clone(),
+        outcome,
+        elapsed: started.elapsed(),
+    };
+    options.tell(Event::Finished {
+        index,
+        stage: &stage,
+    });
+    stage
+}
+
+/// The outcome of `stages` out of `planned`, with their summed usage.
+fn finish(stages: Vec<Stage>, planned: usize, trace_id: TraceId, started: Instant) -> Outcome {
+    let usage = sum_usage(
+        stages
+            .iter()
+            .filter_map(|s| s.outcome.as_ref().ok()?.usage.as_ref()),
+    );
+    Outcome {
+        stages,
+        planned,
+        usage,
+        verdict: None,
+        trace_id,
+        elapsed: started.elapsed(),
+    }
+}
+
+/// Sends `prompt` to every target at once (at most [`FAN_THREADS`] at a time), each at
+/// the same depth; the outcome keeps the list's order, whatever the order of the
+/// answers. One target's slowness or failure holds up no other's: the observer hears
+/// of each as it ends.
+///
+/// # Errors
+/// A [`WorkflowError`] when the list is empty, too long, names the caller or a target
+/// the caller's `peers` does not allow; nothing is sent then. Every delegation's own
+/// failure is in its [`Stage`].
+pub fn fan(
+    options: &WorkflowOptions,
+    targets: &[InstanceName],
+    prompt: &str,
+) -> Result<Outcome, WorkflowError> {
+    let Plan {
+        options,
+        trace_id,
+        ids,
+    } = prepare(options, targets)?;
+    let options = &options;
+    let started = Instant::now();
+    let next = AtomicUsize::new(0);
+    let done: Mutex<Vec<Option<Stage>>> = Mutex::new(targets.iter().map(|_| None).collect());
+    std::thread::scope(|scope| {
+        for _ in 0..targets.len().min(FAN_THREADS) {
+            scope.spawn(|| loop {
+                let index = next.fetch_add(1, Ordering::SeqCst);
+                let (Some(target), Some(id)) = (targets.get(index), ids.get(index)) else {
+                    return;
+                };
+                let stage = run(options, index, target, id, prompt.to_owned());
+                // Each slot is written once; a panic elsewhere left the others valid.
+                done.lock().unwrap_or_else(|p| p.into_inner())[index] = Some(stage);
+            });
+        }
+    });
+    let stages = done
+        .into_inner()
+        .unwrap_or_else(|p| p.into_inner())
+        .into_iter()
+        .flatten()
+        .collect();
+    Ok(finish(stages, targets.len(), trace_id, started))
+}
+
+/// Sends `prompt` to the first target, then to each next one the prompt with the
+/// previous stage's reply ([`chain_prompt`]), one after the other. The first failure
+/// ends the chain; the completed stages and the failed one are in the outcome.
+///
+/// # Errors
+/// As [`fan`]'s.
+pub fn chain(
+    options: &WorkflowOptions,
+    targets: &[InstanceName],
+    prompt: &str,
+) -> Result<Outcome, WorkflowError> {
+    let Plan {
+        options,
+        trace_id,
+        ids,
+    } = prepare(options, targets)?;
+    let options = &options;
+    let started = Instant::now();
+    let mut stages: Vec<Stage> = Vec::new();
+    for (index, (target, id)) in targets.iter().zip(&ids).enumerate() {
+        let stage_prompt = match stages.last() {
+            None => prompt.to_owned(),
+            Some(previous) => match &previous.outcome {
+                Ok(reply) => chain_prompt(
+                    prompt,
+                    previous.target.as_str(),
+                    index + 1,
+                    targets.len(),
+                    &reply.text,
+                ),
+                Err(_) => break,
+            },
+        };
+        stages.push(run(options, index, target, id, stage_prompt));
+    }
+    Ok(finish(stages, targets.len(), trace_id, started))
+}
+
+/// Asks `answerer` the prompt, then `verifier` to check the answer
+/// ([`verify_prompt`]), and reads the verdict from its reply ([`parse_verdict`]). If
+/// the answerer fails, the verifier is not asked.
+///
+/// # Errors
+/// As [`fan`]'s, for the list of the answerer and the verifier.
+pub fn verify(
+    options: &WorkflowOptions,
+    answerer: &InstanceName,
+    verifier: &InstanceName,
+    prompt: &str,
+) -> Result<Outcome, WorkflowError> {
+    let Plan {
+        options,
+        trace_id,
+        ids,
+    } = prepare(options, &[answerer.clone(), verifier.clone()])?;
+    let options = &options;
+    let started = Instant::now();
+    // `prepare` made one id per name.
+    let (answer_id, check_id) = (&ids[0], &ids[1]);
+    let answer = run(options, 0, answerer, answer_id, prompt.to_owned());
+    let check = match &answer.outcome {
+        Ok(reply) => {
+            let check_prompt = verify_prompt(prompt, answerer.as_str(), &reply.text);
+            Some(run(options, 1, verifier, check_id, check_prompt))
+        }
+        Err(_) => None,
+    };
+    let verdict = match check.as_ref().map(|c| &c.outcome) {
+        Some(Ok(reply)) => Some(parse_verdict(&reply.text)),
+        _ => None,
+    };
+    let stages = std::iter::once(answer).chain(check).collect();
+    Ok(Outcome {
+        verdict,
+        ..finish(stages, 2, trace_id, started)
+    })
+}
