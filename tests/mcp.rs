@@ -471,6 +471,35 @@ fn notifications_cancelled_stops_the_call_and_its_engine() {
     assert!(client.recv(Duration::from_millis(300)).is_none());
 }
 
+/// Regression: a cancel read right after its call, before the call's thread had started
+/// the delegation, stopped only the wait, and the delegation ran on.
+#[test]
+fn a_cancel_sent_with_its_call_stops_the_delegation() {
+    let (root, worker, mut client) = setup("mcp-cancel-race", stuck);
+    for i in 0..3 {
+        let call = json!({"jsonrpc": "2.0", "id": format!("r{i}"), "method": "tools/call",
+            "params": {"name": "talk", "arguments": {"target": "worker", "prompt": "p"}}});
+        let cancel = json!({"jsonrpc": "2.0", "method": "notifications/cancelled",
+            "params": {"requestId": format!("r{i}")}});
+        client.send_raw(format!("{call}\n{cancel}").as_bytes());
+    }
+    // A later call whose turn has started: the cancelled calls' work started before it.
+    let later = client.call(
+        "talk",
+        json!({"target": "worker", "prompt": "later", "waitSecs": 0.2}),
+    );
+    let handle = later["structuredContent"]["handle"].as_str().unwrap();
+    let pid = engine_pid(&root);
+    let cancelled = client.call("cancel", json!({"handle": handle}));
+    assert_eq!(cancelled["structuredContent"]["errorCode"], "cancelled");
+    assert!(eventually(BOUND, || gone(pid)), "engine {pid} still runs");
+    assert!(
+        eventually(BOUND, || children(worker.pid()).is_empty()),
+        "an engine of a cancelled call still runs"
+    );
+    assert!(client.early.is_empty(), "{:?}", client.early);
+}
+
 #[test]
 fn cancel_of_a_handle_stops_its_engine() {
     let (root, worker, mut client) = setup("mcp-cancel", stuck);

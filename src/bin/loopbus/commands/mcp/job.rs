@@ -306,9 +306,13 @@ impl CallCtl {
         }
     }
 
-    /// The call waits on `job`; `owned`: it started it.
+    /// The call waits on `job`; `owned`: it started it. A cancel that came first
+    /// (before the job existed) applies to it now.
     pub fn watch(&self, job: &Arc<Job>, owned: bool) {
         *lock(&self.watching) = Some((Arc::clone(job), owned));
+        if self.cancelled() {
+            self.cancel();
+        }
     }
 }
 
@@ -362,6 +366,31 @@ mod tests {
         );
         assert!(at(1, 0) > at(0, 1_000_000));
         assert_eq!(at(2, 60), 2.5);
+    }
+
+    #[test]
+    fn a_cancel_before_the_call_started_its_job_still_stops_the_job() {
+        let job = |stop: &StopHandle| {
+            let stop = stop.clone();
+            Arc::new(Job::new("h".into(), "talk".into(), 1, "t".into(), stop))
+        };
+        let (owned, other) = (StopHandle::new(), StopHandle::new());
+        let ctl = CallCtl::default();
+        ctl.cancel();
+        ctl.watch(&job(&owned), true);
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !owned.is_stopped() && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        assert!(
+            owned.is_stopped(),
+            "the job the cancelled call started runs on"
+        );
+        // A job the call only waits on (`result`) is not its to stop.
+        let waiting = CallCtl::default();
+        waiting.cancel();
+        waiting.watch(&job(&other), false);
+        assert!(!other.is_stopped());
     }
 
     #[test]
