@@ -630,6 +630,7 @@ fn malformed_messages_get_their_errors_and_the_next_call_works() {
     assert!(text(&bad).contains("missing `prompt`"), "{bad}");
     // A notification, known or not, is never answered; nor is a response.
     client.send(&json!({"jsonrpc": "2.0", "method": "notifications/whatever"}));
+    client.send(&json!({"jsonrpc": "2.0", "method": "notifications/cancelled", "params": [1]}));
     client.send(&json!({"jsonrpc": "2.0", "id": 77, "result": {}}));
     let ping = client.request("ping", json!({}));
     assert_eq!(ping["result"], json!({}));

@@ -51,6 +51,16 @@ fn failure_text(target: &str, error: &DelegateError) -> String {
     )
 }
 
+/// The answer of `work`, or a failure when it panicked: a job always ends, so no
+/// handle stays running for good.
+pub fn caught(work: impl FnOnce() -> Answer) -> Answer {
+    std::panic::catch_unwind(std::panic::AssertUnwindSafe(work)).unwrap_or_else(|_| Answer {
+        text: "the delegation failed: loopbus mcp hit a bug (its log has the details)".into(),
+        is_error: true,
+        ..Answer::default()
+    })
+}
+
 fn millis(elapsed: std::time::Duration) -> u64 {
     u64::try_from(elapsed.as_millis()).unwrap_or(u64::MAX)
 }
@@ -175,4 +185,19 @@ pub fn workflow(kind: Kind, outcome: &Outcome, caller: &str) -> Answer {
         answer.fields.insert("verdict".to_owned(), json!(verdict));
     }
     answer
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn work_that_panics_still_ends_its_job_with_a_failure() {
+        let answer = caught(|| panic!("a bug"));
+        assert!(
+            answer.is_error && answer.text.contains("a bug"),
+            "{answer:?}"
+        );
+        assert_eq!(caught(Answer::default).text, "");
+    }
 }

@@ -279,7 +279,7 @@ impl Shared {
         let spawned = std::thread::Builder::new()
             .name("mcp-work".to_owned())
             .spawn(move || {
-                let bytes = job.finish(work());
+                let bytes = job.finish(answers::caught(work));
                 lock(&shared.handles).finish(&job.handle, bytes, Instant::now());
             });
         spawned.map(drop).map_err(|e| {

@@ -227,11 +227,12 @@ impl Job {
     }
 
     /// The progress notification of the work with `answered` targets done, unless
-    /// its value would not be above the last one sent.
+    /// its value would not be above the last one sent, or past the total (all answered:
+    /// the answer follows).
     fn notification(&self, answered: usize, progress: &mut Progress) -> Option<Value> {
         let elapsed = self.started.elapsed();
         let value = progress_value(answered, elapsed);
-        if value <= progress.last {
+        if value <= progress.last || answered >= self.total {
             return None;
         }
         progress.last = value;
@@ -366,6 +367,15 @@ mod tests {
         );
         assert!(at(1, 0) > at(0, 1_000_000));
         assert_eq!(at(2, 60), 2.5);
+    }
+
+    #[test]
+    fn progress_never_passes_the_total() {
+        let job = Job::new("h".into(), "fan".into(), 2, "t".into(), StopHandle::new());
+        let mut progress = Progress::new(json!("tok"));
+        let note = job.notification(1, &mut progress).unwrap();
+        assert!(note["params"]["progress"].as_f64().unwrap() < 2.0, "{note}");
+        assert_eq!(job.notification(2, &mut progress), None);
     }
 
     #[test]
