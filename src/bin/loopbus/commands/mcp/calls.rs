@@ -264,6 +264,7 @@ impl Shared {
                 super::handles::MAX_PENDING
             )),
             Err(Refused::Taken) => Err("a handle was minted twice; try again".to_owned()),
+            Err(Refused::Closed) => Err("loopbus mcp is exiting".to_owned()),
         }
     }
 
@@ -378,10 +379,14 @@ impl Shared {
     }
 
     /// Cancels every job still running, and waits (at most `limit`) for them to end:
-    /// the process is about to exit.
+    /// the process is about to exit, and starts no job any more.
     pub fn cancel_all(&self, limit: Duration) {
         let deadline = Instant::now() + limit;
-        let jobs: Vec<Arc<Job>> = lock(&self.handles).pending_values().cloned().collect();
+        let jobs: Vec<Arc<Job>> = {
+            let mut handles = lock(&self.handles);
+            handles.close();
+            handles.pending_values().cloned().collect()
+        };
         for job in &jobs {
             let job = Arc::clone(job);
             let _ = std::thread::Builder::new()
