@@ -1,7 +1,9 @@
 //! What a finished delegation or workflow answers: the text (the tool result's
 //! content, paged by `maxChars`) and the `structuredContent` fields beside it. Pure.
 
-use loopbus::{Conclusion, DelegateError, Outcome, Reply, Stage, Verdict};
+use loopbus::{
+    Conclusion, DelegateError, ErrorCode, Outcome, Reply, Stage, Verdict, WorkflowError,
+};
 use serde_json::{json, Map, Value};
 
 /// A finished job's answer.
@@ -49,6 +51,29 @@ fn failure_text(target: &str, error: &DelegateError) -> String {
         "talk to {target} failed: {error} [{}, {flag}]",
         error.code()
     )
+}
+
+/// The answer of a list the library refused before sending anything: with a code, as
+/// every failure, and not retryable (the same list is refused again).
+pub fn refused(error: &WorkflowError) -> Answer {
+    let code = match error {
+        WorkflowError::PeerNotAllowed { .. } => ErrorCode::PeerNotAllowed,
+        WorkflowError::NoRandomness { .. } => ErrorCode::InternalError,
+        _ => ErrorCode::InvalidRequest,
+    };
+    let mut answer = Answer {
+        text: format!(
+            "{error}; nothing was sent [{}, not retryable]",
+            code.as_str()
+        ),
+        is_error: true,
+        ..Answer::default()
+    };
+    answer
+        .fields
+        .insert("errorCode".to_owned(), json!(code.as_str()));
+    answer.fields.insert("retryable".to_owned(), json!(false));
+    answer
 }
 
 /// The answer of `work`, or a failure when it panicked: a job always ends, so no
@@ -190,6 +215,33 @@ pub fn workflow(kind: Kind, outcome: &Outcome, caller: &str) -> Answer {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_refused_list_has_a_code_and_is_not_retryable() {
+        let name = |n: &str| loopbus::InstanceName::new(n).unwrap();
+        let cases = [
+            (
+                WorkflowError::PeerNotAllowed {
+                    caller: name("boss"),
+                    target: name("w"),
+                },
+                "peer_not_allowed",
+            ),
+            (
+                WorkflowError::CallerInList {
+                    caller: name("boss"),
+                },
+                "invalid_request",
+            ),
+        ];
+        for (error, code) in cases {
+            let answer = refused(&error);
+            assert!(answer.is_error);
+            assert_eq!(answer.fields["errorCode"], code);
+            assert_eq!(answer.fields["retryable"], false);
+            assert!(answer.text.ends_with(&format!("[{code}, not retryable]")));
+        }
+    }
 
     #[test]
     fn work_that_panics_still_ends_its_job_with_a_failure() {

@@ -234,11 +234,7 @@ impl Shared {
                     (Kind::Talk, Some(stage)) => answers::talk(stage, &caller_name),
                     _ => answers::workflow(kind, &outcome, &caller_name),
                 },
-                Err(error) => Answer {
-                    text: error.to_string(),
-                    is_error: true,
-                    ..Answer::default()
-                },
+                Err(error) => answers::refused(&error),
             }
         })?;
         Ok(job)
