@@ -41,6 +41,8 @@ struct Client {
     notes: Vec<Value>,
     /// Responses read while looking for another.
     early: Vec<Value>,
+    /// The tools as `tools/list` gave them, once asked.
+    tools: Option<Vec<Value>>,
 }
 
 impl Client {
@@ -83,6 +85,7 @@ impl Client {
             next_id: 0,
             notes: Vec::new(),
             early: Vec::new(),
+            tools: None,
         }
     }
 
@@ -159,7 +162,8 @@ impl Client {
         answer["result"].clone()
     }
 
-    /// `tools/call` (legacy session), returning the result.
+    /// `tools/call` (legacy session), returning the result, whose `structuredContent`
+    /// must fit the tool's `outputSchema`.
     fn call(&mut self, tool: &str, arguments: Value) -> Value {
         let answer = self.request("tools/call", json!({"name": tool, "arguments": arguments}));
         assert!(
@@ -167,6 +171,16 @@ impl Client {
             "{answer}\n{}",
             self.stderr()
         );
+        if let Some(structured) = answer["result"].get("structuredContent") {
+            if self.tools.is_none() {
+                let listed = self.request("tools/list", json!({}));
+                self.tools = Some(listed["result"]["tools"].as_array().unwrap().clone());
+            }
+            let tools = self.tools.as_ref().unwrap();
+            let schema = &tools.iter().find(|t| t["name"] == tool).unwrap()["outputSchema"];
+            let problems = schema_problems(schema, structured, tool);
+            assert!(problems.is_empty(), "{problems:?}\n{answer}");
+        }
         answer["result"].clone()
     }
 
@@ -189,6 +203,70 @@ impl Drop for Client {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
+}
+
+/// Where `value` breaks `schema`, for the JSON Schema keywords the tools' output
+/// schemas use; any other keyword is a problem too (it would go unchecked).
+fn schema_problems(schema: &Value, value: &Value, at: &str) -> Vec<String> {
+    let known = [
+        "type",
+        "properties",
+        "required",
+        "items",
+        "enum",
+        "minimum",
+        "description",
+    ];
+    let mut problems: Vec<String> = schema
+        .as_object()
+        .unwrap()
+        .keys()
+        .filter(|k| !known.contains(&k.as_str()))
+        .map(|k| format!("{at}: keyword {k} is not checked here"))
+        .collect();
+    let is = |t: &Value| match t.as_str().unwrap() {
+        "object" => value.is_object(),
+        "array" => value.is_array(),
+        "string" => value.is_string(),
+        "integer" => value.is_i64() || value.is_u64(),
+        "number" => value.is_number(),
+        "boolean" => value.is_boolean(),
+        "null" => value.is_null(),
+        other => panic!("type {other}"),
+    };
+    let typed = match &schema["type"] {
+        Value::Null => true,
+        Value::Array(types) => types.iter().any(is),
+        t => is(t),
+    };
+    let listed = schema["enum"]
+        .as_array()
+        .is_none_or(|allowed| allowed.contains(value));
+    let above = schema["minimum"]
+        .as_f64()
+        .is_none_or(|min| value.as_f64().is_none_or(|n| n >= min));
+    if !(typed && listed && above) {
+        problems.push(format!("{at}: {value} does not fit {schema}"));
+    }
+    for key in schema["required"].as_array().into_iter().flatten() {
+        if value.get(key.as_str().unwrap()).is_none() {
+            problems.push(format!("{at}: no {key}"));
+        }
+    }
+    if let (Some(properties), Some(fields)) = (schema["properties"].as_object(), value.as_object())
+    {
+        for (key, field) in fields {
+            if let Some(property) = properties.get(key) {
+                problems.extend(schema_problems(property, field, &format!("{at}.{key}")));
+            }
+        }
+    }
+    if let (Some(items), Some(list)) = (schema.get("items"), value.as_array()) {
+        for (i, item) in list.iter().enumerate() {
+            problems.extend(schema_problems(items, item, &format!("{at}[{i}]")));
+        }
+    }
+    problems
 }
 
 /// A channel root with the calling instance `boss` (not running: `mcp` acts as it)
@@ -498,6 +576,26 @@ fn a_cancel_sent_with_its_call_stops_the_delegation() {
         "an engine of a cancelled call still runs"
     );
     assert!(client.early.is_empty(), "{:?}", client.early);
+}
+
+/// Regression: a list the library refused before sending (the caller itself, a target
+/// not among its peers) was a failure without `errorCode` and `retryable`.
+#[test]
+fn a_list_the_library_refuses_is_a_failure_with_a_code() {
+    let (root, _worker, mut client) = setup("mcp-refused", no_engine);
+    let itself = client.call("fan", json!({"targets": ["worker", "boss"], "prompt": "p"}));
+    assert_eq!(itself["isError"], true, "{itself}");
+    assert_eq!(itself["structuredContent"]["errorCode"], "invalid_request");
+    assert_eq!(itself["structuredContent"]["retryable"], false);
+    let mut config = open_config("boss-secret-0123456789");
+    config["bus"]["peers"] = json!(["someone"]);
+    root.write_config("boss", &config);
+    let stranger = client.call("talk", json!({"target": "worker", "prompt": "p"}));
+    assert_eq!(
+        stranger["structuredContent"]["errorCode"],
+        "peer_not_allowed"
+    );
+    assert!(text(&stranger).ends_with("[peer_not_allowed, not retryable]"));
 }
 
 #[test]
