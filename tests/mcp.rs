@@ -759,6 +759,49 @@ fn closing_stdin_ends_the_process_and_cancels_its_work() {
     assert!(eventually(BOUND, || children(worker.pid()).is_empty()));
 }
 
+/// Regression: with a call's answer blocked on a client that does not read stdout, the
+/// end of stdin cancelled the work but the process never exited (it waited on stdout).
+#[test]
+fn closing_stdin_ends_the_process_even_while_an_answer_waits_for_the_reader() {
+    use std::io::Read;
+    let root = TestRoot::new("mcp-unread");
+    root.write_config("boss", &open_config("boss-secret-0123456789"));
+    let mut child = Command::new(bin())
+        .args(["mcp", "--state-dir"])
+        .arg(root.state_dir("boss"))
+        .env("HOME", no_home())
+        .env_remove("LOOPBUS_ROOT")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut stdin = child.stdin.take().unwrap();
+    let mut stdout = BufReader::new(child.stdout.take().unwrap());
+    let init = json!({"jsonrpc": "2.0", "id": 1, "method": "initialize",
+        "params": {"protocolVersion": "2025-11-25", "capabilities": {}}});
+    writeln!(stdin, "{init}").unwrap();
+    stdout.read_line(&mut String::new()).unwrap();
+    // The unknown handle is quoted in the answer: 200 KB, more than a pipe holds.
+    let call = json!({"jsonrpc": "2.0", "id": 2, "method": "tools/call",
+        "params": {"name": "result", "arguments": {"handle": "h".repeat(200_000)}}});
+    writeln!(stdin, "{call}").unwrap();
+    stdout.read_exact(&mut [0; 100]).unwrap();
+    drop(stdin);
+    let deadline = Instant::now() + BOUND;
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break Some(status);
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            break None;
+        }
+        std::thread::sleep(POLL_INTERVAL);
+    };
+    assert_eq!(status.and_then(|s| s.code()), Some(0), "no exit");
+}
+
 #[test]
 fn sigterm_cancels_the_work_then_ends_the_process() {
     let (root, worker, mut client) = setup("mcp-sigterm", stuck);

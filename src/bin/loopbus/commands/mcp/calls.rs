@@ -18,15 +18,22 @@ pub const CANCEL_WAIT: Duration = Duration::from_secs(2);
 
 /// stdout, written one whole message a line at a time by every thread.
 pub struct Out {
-    stdout: Mutex<std::io::Stdout>,
+    stdout: Mutex<std::fs::File>,
 }
 
 impl Out {
-    /// The process's stdout.
-    pub fn stdout() -> Out {
-        Out {
-            stdout: Mutex::new(std::io::stdout()),
-        }
+    /// The process's stdout, through a descriptor of its own: a write blocked on a
+    /// client that does not read holds no lock of std's `Stdout`, whose flush at the
+    /// end of the process would otherwise wait for it.
+    ///
+    /// # Errors
+    /// No descriptor left.
+    pub fn stdout() -> std::io::Result<Out> {
+        use std::os::fd::AsFd;
+        let fd = std::io::stdout().as_fd().try_clone_to_owned()?;
+        Ok(Out {
+            stdout: Mutex::new(fd.into()),
+        })
     }
 
     /// Writes `message` as one line. A failure (the client is gone) is logged: the

@@ -106,7 +106,7 @@ pub fn run(args: &[String]) -> Result<i32, CommandError> {
         root.display()
     );
     let shared = Arc::new(Shared {
-        out: Out::stdout(),
+        out: Out::stdout().map_err(|e| local(format!("cannot use stdout: {e}")))?,
         caller: Caller {
             root,
             name,
