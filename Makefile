@@ -74,7 +74,7 @@ build-offline:
 		$(CARGO) build --release --offline --locked
 
 # Non-test lines and lines of code per file, library and binary apart, and the pre-auth
-# surface SECURITY.md's reading guide lists in Part 1 (tests/security_guide.rs holds the
+# surface SECURITY.md's reading guide lists in Part 1 (tests/it/security_guide.rs holds the
 # guide's figures against these).
 footprint:
 	@sh scripts/footprint

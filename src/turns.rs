@@ -2,13 +2,17 @@
 //!
 //! The caller submits a job under a key (the server uses the turn's own id) and moves
 //! on. Every job submitted ends in exactly one [`Done`] sent back through a channel,
-//! followed by a call of the wake-up callback (the server's wakes its event loop): a
-//! worker sends it when the job ran (or panicked), [`TurnPool::cancel`] when it takes
-//! the job out of the queue. The caller never blocks on a job. The pool knows nothing of
-//! what a job or a key is.
+//! then announced by the wake-up callback (the server's wakes its event loop): a worker
+//! sends it when the job ran (or panicked), [`TurnPool::cancel`] when it takes the job
+//! out of the queue. Wake-ups are coalesced: none is made while one made since the last
+//! [`TurnPool::finished`] is pending, since that call's next one takes every [`Done`]
+//! sent before. Likewise a worker is signalled only if one is waiting for work (a busy
+//! one looks at the queue before it waits). The caller never blocks on a job. The pool
+//! knows nothing of what a job or a key is.
 
 use std::collections::VecDeque;
 use std::panic::{self, AssertUnwindSafe};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{self, Receiver, Sender};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 use std::thread::{self, JoinHandle};
@@ -17,7 +21,8 @@ use std::thread::{self, JoinHandle};
 /// [`Outcome::Panicked`].
 type Runner<J, R> = Arc<dyn Fn(&J) -> R + Send + Sync>;
 
-/// Called by a worker after each [`Done`] is sent, so the receiver knows to look.
+/// Called after a [`Done`] is sent (unless a call is pending), so the receiver knows to
+/// look.
 type Wake = Arc<dyn Fn() + Send + Sync>;
 
 /// How a job ended.
@@ -54,12 +59,16 @@ pub struct Load {
 struct Queue<K, J> {
     jobs: VecDeque<(K, J)>,
     running: usize,
+    /// Workers waiting on `ready` for a job.
+    idle: usize,
     closed: bool,
 }
 
 struct Shared<K, J> {
     queue: Mutex<Queue<K, J>>,
     ready: Condvar,
+    /// A wake-up was made that no [`TurnPool::finished`] has answered yet.
+    wake_pending: AtomicBool,
 }
 
 impl<K, J> Shared<K, J> {
@@ -93,7 +102,7 @@ where
     R: Send + 'static,
 {
     /// Starts `max_concurrent` workers (at least one) that run jobs with `runner` and
-    /// call `wake` after each job's [`Done`] is sent. `max_queued` jobs may wait
+    /// announce each job's [`Done`] with `wake` (coalesced). `max_queued` jobs may wait
     /// beyond those running. A panicking `runner` is caught and its job reported as
     /// [`Outcome::Panicked`]; the worker goes on.
     ///
@@ -112,9 +121,11 @@ where
             queue: Mutex::new(Queue {
                 jobs: VecDeque::new(),
                 running: 0,
+                idle: 0,
                 closed: false,
             }),
             ready: Condvar::new(),
+            wake_pending: AtomicBool::new(false),
         });
         let (done_tx, done_rx) = mpsc::channel();
         let mut workers = Vec::with_capacity(max_concurrent);
@@ -151,13 +162,20 @@ where
             return Err(Busy(job));
         }
         queue.jobs.push_back((key, job));
+        let idle = queue.idle > 0;
         drop(queue);
-        self.shared.ready.notify_one();
+        if idle {
+            self.shared.ready.notify_one();
+        }
         Ok(())
     }
 
-    /// Finished jobs, without blocking.
+    /// Finished jobs, without blocking. A [`Done`] sent after this call is announced by
+    /// a new wake-up.
     pub fn finished(&self) -> impl Iterator<Item = Done<K, R>> + '_ {
+        // Cleared before the channel is read: a Done sent before a wake-up that found
+        // it set is read here (it was sent before that wake-up, so before this call).
+        self.shared.wake_pending.store(false, Ordering::SeqCst);
         self.done_rx.try_iter()
     }
 
@@ -177,7 +195,7 @@ where
             key,
             outcome: Outcome::Withdrawn,
         });
-        (self.wake)();
+        wake_once(&self.shared, self.wake.as_ref());
         true
     }
 
@@ -251,10 +269,12 @@ fn worker<K, J, R>(
             if queue.closed {
                 return;
             }
+            queue.idle += 1;
             queue = shared
                 .ready
                 .wait(queue)
                 .unwrap_or_else(PoisonError::into_inner);
+            queue.idle -= 1;
         };
         queue.running += 1;
         drop(queue);
@@ -267,10 +287,17 @@ fn worker<K, J, R>(
         // result already sees the pool idle if this was the last job.
         let sent = done_tx.send(Done { key, outcome });
         shared.lock().running -= 1;
-        wake();
+        wake_once(shared, wake);
         if sent.is_err() {
             return; // the pool is gone
         }
+    }
+}
+
+/// Calls `wake` unless a wake-up is already pending (see [`TurnPool::finished`]).
+fn wake_once<K, J>(shared: &Shared<K, J>, wake: &(dyn Fn() + Send + Sync)) {
+    if !shared.wake_pending.swap(true, Ordering::SeqCst) {
+        wake();
     }
 }
 
@@ -363,7 +390,7 @@ mod tests {
         runner.open();
         let mut done = Vec::new();
         while done.len() < 4 {
-            // Every result is announced by a wake-up.
+            // Every result is announced by a wake-up (one for all sent before it).
             wakes.recv_timeout(Duration::from_secs(10)).unwrap();
             done.extend(pool.finished());
         }
@@ -429,6 +456,27 @@ mod tests {
             .collect();
         assert_eq!(done, vec![(7, true)]);
         assert!(pool.close().is_empty());
+    }
+
+    /// Results sent while a wake-up is pending share it; the next `finished` takes them
+    /// all, and a result after that call is announced by a wake-up of its own.
+    #[test]
+    fn wake_ups_are_coalesced_and_none_is_lost() {
+        let (pool, runner, wakes) = pool(1, 3);
+        for key in 0..3 {
+            pool.submit(key, 1).unwrap();
+        }
+        runner.open();
+        wakes.recv_timeout(Duration::from_secs(10)).unwrap();
+        while !pool.is_idle() {
+            thread::sleep(Duration::from_millis(5));
+        }
+        assert!(wakes.try_recv().is_err(), "one wake-up for three results");
+        assert_eq!(pool.finished().count(), 3);
+        pool.submit(3, 1).unwrap();
+        wakes.recv_timeout(Duration::from_secs(10)).unwrap();
+        let done: Vec<u64> = pool.finished().map(|d| d.key).collect();
+        assert_eq!(done, vec![3]);
     }
 
     /// An idle pool dropped without `close` (an `Instance` dropped without `run`)

@@ -565,7 +565,7 @@ mod tests {
             .map(|_| {
                 let store = store.clone();
                 std::thread::spawn(move || {
-                    for _ in 0..10 {
+                    for _ in 0..5 {
                         store.record(&turn(0.01)).unwrap();
                     }
                 })
@@ -576,7 +576,7 @@ mod tests {
         }
         assert_eq!(
             UsageStore::new(dir.path()).current().unwrap().request_count,
-            80
+            40
         );
     }
 }

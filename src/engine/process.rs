@@ -569,8 +569,11 @@ mod tests {
         let dir = crate::files::test_support::TestDir::new("cancel-group");
         let ready = dir.path().join("ready");
         let mark = dir.path().join("mark");
-        let script = "(trap '' TERM; sleep 0.3; echo passed > \"$MARK\") & \
-                      trap 'exit 0' TERM; touch \"$READY\"; wait";
+        // READY once both traps are set: the child's own, so that the cancel's SIGTERM
+        // to the group cannot reach it before it ignores SIGTERM.
+        let script = "trap 'exit 0' TERM; \
+                      (trap '' TERM; touch \"$READY\"; sleep 0.3; echo passed > \"$MARK\") & \
+                      wait";
         let mut e = engine(&["sh", "-c", script], PromptMode::Stdin);
         e.env.insert("READY".into(), ready.display().to_string());
         e.env.insert("MARK".into(), mark.display().to_string());

@@ -496,7 +496,7 @@ mod tests {
     #[test]
     fn with_lock_serializes_threads() {
         const THREADS: usize = 8;
-        const ROUNDS: usize = 25;
+        const ROUNDS: usize = 10;
         let dir = TestDir::new("lock");
         let counter = Arc::new(dir.path().join("counter"));
         write_atomic(&counter, b"0", 0o600).unwrap();

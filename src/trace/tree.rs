@@ -80,7 +80,9 @@ pub struct TraceNode {
 }
 
 /// The turns as a tree, flattened in pre-order (each node followed by its subtree,
-/// siblings and roots in start order), so that no walk of it recurses. A turn whose
+/// siblings and roots in start order), so that no walk of it recurses. A turn without
+/// a parent request id hangs under its caller's turn that was running when it started
+/// (an engine that passed on only `TRACEPARENT`), if there is one. A turn whose
 /// parent is not among `turns` is a root; so is the earliest turn of a cycle of
 /// parents (only a forged log has one). When one request id names several turns (a
 /// retry after a retryable failure ran it again), a child hangs under the last of
@@ -99,7 +101,10 @@ pub fn build(mut turns: Vec<TraceTurn>) -> Vec<TraceNode> {
         .iter()
         .enumerate()
         .map(|(i, turn)| {
-            let candidates = by_id.get(turn.parent_request_id.as_deref()?)?;
+            let Some(parent_id) = turn.parent_request_id.as_deref() else {
+                return enclosing_turn_of_caller(&turns, i);
+            };
+            let candidates = by_id.get(parent_id)?;
             let earlier = candidates
                 .iter()
                 .rev()
@@ -166,6 +171,21 @@ pub fn build(mut turns: Vec<TraceTurn>) -> Vec<TraceNode> {
             })
         })
         .collect()
+}
+
+/// The parent of turn `i` that came without a parent request id (its caller's engine
+/// passed on only `TRACEPARENT`, contract 8.4): the latest-starting turn of the same
+/// trace run by its caller that was running when it started, if any.
+fn enclosing_turn_of_caller(turns: &[TraceTurn], i: usize) -> Option<usize> {
+    let turn = &turns[i];
+    (0..turns.len())
+        .filter(|&j| j != i && turns[j].instance == turn.from_instance)
+        .filter(|&j| {
+            let caller = &turns[j];
+            caller.started_ms <= turn.started_ms
+                && turn.started_ms <= caller.started_ms.saturating_add(caller.duration_ms)
+        })
+        .max_by_key(|&j| turns[j].started_ms)
 }
 
 #[cfg(test)]
@@ -258,6 +278,25 @@ mod tests {
                     turn("b", "rb", Some("ra"), 12, 4.0),
                 ],
                 s(&[("a", 0, 1, 1.0), ("a", 0, 2, 6.0), ("b", 1, 1, 4.0)]),
+            ),
+            // Joined by TRACEPARENT alone (no parent id): under its caller's turn that
+            // was running when it started; after that turn ended, a root.
+            (
+                vec![
+                    TraceTurn {
+                        duration_ms: 100,
+                        ..turn("p", "rp", None, 0, 1.0)
+                    },
+                    TraceTurn {
+                        from_instance: "p".to_owned(),
+                        ..turn("c", "rc", None, 50, 2.0)
+                    },
+                    TraceTurn {
+                        from_instance: "p".to_owned(),
+                        ..turn("c", "rl", None, 150, 4.0)
+                    },
+                ],
+                s(&[("p", 0, 2, 3.0), ("c", 1, 1, 2.0), ("c", 0, 1, 4.0)]),
             ),
         ];
         for (turns, want) in cases {

@@ -856,7 +856,7 @@ pub fn children(pid: u32) -> Vec<u32> {
 }
 
 // The original TypeScript implementation's strict rules (contract 4.1), for the
-// stand-ins of tests/original_peer.rs and tests/client_lifetime.rs: written from the
+// stand-ins of tests/it/original_peer.rs and tests/it/client_lifetime.rs: written from the
 // contract's facts, not from its code.
 
 /// The only capability strings the original's parsers accept.
