@@ -803,30 +803,34 @@ fn closing_stdin_ends_the_process_even_while_an_answer_waits_for_the_reader() {
 }
 
 #[test]
-fn sigterm_cancels_the_work_then_ends_the_process() {
-    let (root, worker, mut client) = setup("mcp-sigterm", stuck);
-    let first = client.call(
-        "talk",
-        json!({"target": "worker", "prompt": "p", "waitSecs": 0.2}),
-    );
-    assert_eq!(first["structuredContent"]["status"], "running", "{first}");
-    let pid = engine_pid(&root);
-    signal(client.child.id(), "TERM");
-    let deadline = Instant::now() + BOUND;
-    let status = loop {
-        if let Some(status) = client.child.try_wait().unwrap() {
-            break status;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "mcp still runs\n{}",
-            client.stderr()
+/// Regression (SIGHUP): a closed terminal killed the process without a cancel, and its
+/// delegations ran on for their targets' `reattachSecs`.
+fn sigterm_and_sighup_cancel_the_work_then_end_the_process() {
+    for (name, code) in [("TERM", 143), ("HUP", 129)] {
+        let (root, worker, mut client) = setup(&format!("mcp-sig{name}"), stuck);
+        let first = client.call(
+            "talk",
+            json!({"target": "worker", "prompt": "p", "waitSecs": 0.2}),
         );
-        std::thread::sleep(POLL_INTERVAL);
-    };
-    assert_eq!(status.code(), Some(143), "{}", client.stderr());
-    assert!(eventually(BOUND, || gone(pid)), "engine {pid} still runs");
-    assert!(eventually(BOUND, || children(worker.pid()).is_empty()));
+        assert_eq!(first["structuredContent"]["status"], "running", "{first}");
+        let pid = engine_pid(&root);
+        signal(client.child.id(), name);
+        let deadline = Instant::now() + BOUND;
+        let status = loop {
+            if let Some(status) = client.child.try_wait().unwrap() {
+                break status;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "mcp still runs after SIG{name}\n{}",
+                client.stderr()
+            );
+            std::thread::sleep(POLL_INTERVAL);
+        };
+        assert_eq!(status.code(), Some(code), "SIG{name}\n{}", client.stderr());
+        assert!(eventually(BOUND, || gone(pid)), "engine {pid} still runs");
+        assert!(eventually(BOUND, || children(worker.pid()).is_empty()));
+    }
 }
 
 #[test]
