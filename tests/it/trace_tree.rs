@@ -475,6 +475,9 @@ fn bug_trace_last_right_after_a_talk_showed_the_previous_trace() {
         let envelope: Value = serde_json::from_slice(&out.stdout).unwrap();
         let out = trace(&root, &["--last", "--json"]);
         let tree: Value = serde_json::from_slice(&out.stdout).unwrap_or(Value::Null);
-        assert_eq!(tree["traceId"], envelope["traceId"], "round {round}: {tree}");
+        assert_eq!(
+            tree["traceId"], envelope["traceId"],
+            "round {round}: {tree}"
+        );
     }
 }

@@ -13,3 +13,11 @@ pub fn eprint_line(line: &str) {
     use std::io::Write;
     let _ = writeln!(std::io::stderr().lock(), "{}", escape_for_terminal(line));
 }
+
+/// Outside text on one line of a table or a status line: escaped, newlines and tabs too,
+/// so that it can neither write escape sequences nor forge a line.
+pub fn escape_line(text: &str) -> String {
+    escape_for_terminal(text)
+        .replace('\n', "\\n")
+        .replace('\t', "\\t")
+}

@@ -3,7 +3,7 @@
 //! reports and every tick; and SIGINT/SIGTERM turned into the workflow's stop (every
 //! delegation in flight cancelled, contract 8.1) and exit 130/143.
 
-use super::super::terminal::escape_for_terminal;
+use super::super::terminal::escape_line;
 use crate::cli::{local, CommandError, EXIT_SIGINT, EXIT_SIGTERM};
 use loopbus::{ErrorCode, Event, InstanceName, Observer, StopHandle};
 use signal_hook::consts::{SIGINT, SIGTERM};
@@ -124,9 +124,9 @@ fn status_line(name: &str, state: &State, now: Instant) -> String {
         State::Waiting => "waiting".to_owned(),
         State::Running(since) => format!("running for {} s", now.duration_since(*since).as_secs()),
         State::Answered(took) => format!("answered in {:.1} s", took.as_secs_f64()),
-        State::Failed(code) => format!("failed [{}]", escape_for_terminal(code.as_str())),
+        State::Failed(code) => format!("failed [{}]", escape_line(code.as_str())),
     };
-    format!("  {}: {what}", escape_for_terminal(name))
+    format!("  {}: {what}", escape_line(name))
 }
 
 /// Where the run is, shared by the workflow (on the main thread) and the watcher, so
@@ -263,5 +263,16 @@ mod tests {
         assert!(!status_line("a\x1bb", &State::Waiting, now).contains('\x1b'));
         assert_eq!(erase(0), "");
         assert_eq!(erase(3), "\x1b[3A\r\x1b[J");
+    }
+
+    /// Regression: a peer's error code with a newline in it drew a status line of its
+    /// own (and the next redraw erased one line too few).
+    #[test]
+    fn bug_a_peers_error_code_with_a_newline_forged_a_status_line() {
+        let forged = State::Failed(ErrorCode::from_wire("x\n  w: answered\x1b[2J"));
+        assert_eq!(
+            status_line("w", &forged, Instant::now()),
+            r"  w: failed [x\n  w: answered\u001b[2J]"
+        );
     }
 }
