@@ -299,6 +299,64 @@ fn pid_in(path: &Path) -> Option<u32> {
     std::fs::read_to_string(path).ok()?.trim().parse().ok()
 }
 
+/// On a terminal (a pty through util-linux `script`), a fast target's status line
+/// says it answered while a slow one still runs; then both sections follow.
+#[test]
+fn the_terminal_view_shows_a_fast_answer_while_a_slow_target_runs() {
+    let slow = Engine {
+        gated: true,
+        ..answers("slow b")
+    };
+    let bus = Bus::start(
+        "fan-pty",
+        json!("*"),
+        &[("a", answers("fast a")), ("b", slow)],
+    );
+    let lead = bus.root.state_dir("lead");
+    let fan = format!(
+        "{} fan go --to a,b --timeout 30 --state-dir {}",
+        bin(),
+        lead.display()
+    );
+    let spawned = Command::new("script")
+        .args(["-qfec", &fan, "/dev/null"])
+        .env("HOME", no_home())
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn();
+    let mut script = match spawned {
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            eprintln!("skipped: util-linux `script` is not installed");
+            return;
+        }
+        spawned => spawned.unwrap(),
+    };
+    let screen: Arc<Mutex<String>> = Arc::default();
+    let reader = {
+        let (screen, mut out) = (Arc::clone(&screen), script.stdout.take().unwrap());
+        std::thread::spawn(move || {
+            let mut chunk = [0u8; 4096];
+            while let Ok(n @ 1..) = std::io::Read::read(&mut out, &mut chunk) {
+                screen
+                    .lock()
+                    .unwrap()
+                    .push_str(&String::from_utf8_lossy(&chunk[..n]));
+            }
+        })
+    };
+    let shown = |text: &str| screen.lock().unwrap().contains(text);
+    let both = || shown("a: answered in") && shown("b: running for");
+    let context = || format!("{}\n{}", screen.lock().unwrap(), bus.describe());
+    assert!(eventually(BOUND, both), "{}", context());
+    assert!(!shown("b: answered"), "{}", context());
+    bus.open_gate("b");
+    assert!(script.wait().unwrap().success(), "{}", context());
+    reader.join().unwrap();
+    assert!(shown("--- b (2 of 2): answered"), "{}", context());
+    assert!(shown("fast a\r\n") && shown("slow b\r\n"), "{}", context());
+}
+
 #[test]
 fn ctrl_c_during_a_fan_leaves_no_engine_running() {
     let gated = Engine {
