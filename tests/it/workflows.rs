@@ -299,8 +299,69 @@ fn pid_in(path: &Path) -> Option<u32> {
     std::fs::read_to_string(path).ok()?.trim().parse().ok()
 }
 
-/// On a terminal (a pty through util-linux `script`), a fast target's status line
-/// says it answered while a slow one still runs; then both sections follow.
+/// What a command run on a pseudo-terminal showed, gathered as it comes.
+struct Pty {
+    script: std::process::Child,
+    screen: Arc<Mutex<String>>,
+    reader: std::thread::JoinHandle<()>,
+}
+
+impl Pty {
+    /// `loopbus ARGS` as `lead` on a pseudo-terminal (util-linux `script`, stdout and
+    /// stderr both on it); `None` when `script` is not installed.
+    fn run(bus: &Bus, args: &str) -> Option<Pty> {
+        let lead = bus.root.state_dir("lead");
+        let command = format!("{} {args} --state-dir {}", bin(), lead.display());
+        let spawned = Command::new("script")
+            .args(["-qfec", &command, "/dev/null"])
+            .env("HOME", no_home())
+            .env("RUST_LOG", "info")
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn();
+        let mut script = match spawned {
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                eprintln!("skipped: util-linux `script` is not installed");
+                return None;
+            }
+            spawned => spawned.unwrap(),
+        };
+        let screen: Arc<Mutex<String>> = Arc::default();
+        let (shared, mut out) = (Arc::clone(&screen), script.stdout.take().unwrap());
+        let reader = std::thread::spawn(move || {
+            let mut chunk = [0u8; 4096];
+            while let Ok(n @ 1..) = std::io::Read::read(&mut out, &mut chunk) {
+                let text = String::from_utf8_lossy(&chunk[..n]).into_owned();
+                shared.lock().unwrap().push_str(&text);
+            }
+        });
+        Some(Pty {
+            script,
+            screen,
+            reader,
+        })
+    }
+
+    fn shown(&self, text: &str) -> bool {
+        self.screen.lock().unwrap().contains(text)
+    }
+
+    fn context(&self, bus: &Bus) -> String {
+        format!("{:?}\n{}", self.screen.lock().unwrap(), bus.describe())
+    }
+
+    /// Waits for the command to end: its exit status and everything it showed.
+    fn finish(mut self) -> (Option<i32>, String) {
+        let status = self.script.wait().unwrap();
+        self.reader.join().unwrap();
+        let screen = self.screen.lock().unwrap().clone();
+        (status.code(), screen)
+    }
+}
+
+/// On a terminal, a fast target's status line says it answered while a slow one still
+/// runs; then both sections follow.
 #[test]
 fn the_terminal_view_shows_a_fast_answer_while_a_slow_target_runs() {
     let slow = Engine {
@@ -312,49 +373,66 @@ fn the_terminal_view_shows_a_fast_answer_while_a_slow_target_runs() {
         json!("*"),
         &[("a", answers("fast a")), ("b", slow)],
     );
-    let lead = bus.root.state_dir("lead");
-    let fan = format!(
-        "{} fan go --to a,b --timeout 30 --state-dir {}",
-        bin(),
-        lead.display()
-    );
-    let spawned = Command::new("script")
-        .args(["-qfec", &fan, "/dev/null"])
-        .env("HOME", no_home())
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn();
-    let mut script = match spawned {
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-            eprintln!("skipped: util-linux `script` is not installed");
-            return;
-        }
-        spawned => spawned.unwrap(),
+    let Some(pty) = Pty::run(&bus, "fan go --to a,b --timeout 30") else {
+        return;
     };
-    let screen: Arc<Mutex<String>> = Arc::default();
-    let reader = {
-        let (screen, mut out) = (Arc::clone(&screen), script.stdout.take().unwrap());
-        std::thread::spawn(move || {
-            let mut chunk = [0u8; 4096];
-            while let Ok(n @ 1..) = std::io::Read::read(&mut out, &mut chunk) {
-                screen
-                    .lock()
-                    .unwrap()
-                    .push_str(&String::from_utf8_lossy(&chunk[..n]));
-            }
-        })
-    };
-    let shown = |text: &str| screen.lock().unwrap().contains(text);
-    let both = || shown("a: answered in") && shown("b: running for");
-    let context = || format!("{}\n{}", screen.lock().unwrap(), bus.describe());
-    assert!(eventually(BOUND, both), "{}", context());
-    assert!(!shown("b: answered"), "{}", context());
+    let both = || pty.shown("a: answered in") && pty.shown("b: running for");
+    assert!(eventually(BOUND, both), "{}", pty.context(&bus));
+    assert!(!pty.shown("b: answered"), "{}", pty.context(&bus));
     bus.open_gate("b");
-    assert!(script.wait().unwrap().success(), "{}", context());
-    reader.join().unwrap();
-    assert!(shown("--- b (2 of 2): answered"), "{}", context());
-    assert!(shown("fast a\r\n") && shown("slow b\r\n"), "{}", context());
+    let (status, screen) = pty.finish();
+    assert_eq!(status, Some(0), "{screen:?}");
+    assert!(screen.contains("--- b (2 of 2): answered"), "{screen:?}");
+    assert!(
+        screen.contains("fast a\r\n") && screen.contains("slow b\r\n"),
+        "{screen:?}"
+    );
+}
+
+/// Whether each cursor move up over N lines in `screen` (the status lines' redraw)
+/// moves over N status lines (`  NAME: ...`) and nothing else.
+fn moves_up_over_status_lines_only(screen: &str) -> bool {
+    let pieces: Vec<&str> = screen.split("\x1b[").collect();
+    pieces.windows(2).all(|pair| {
+        let Some((n, _)) = pair[1].split_once("A\r") else {
+            return true;
+        };
+        let Ok(n) = n.parse::<usize>() else {
+            return true;
+        };
+        let before = pair[0].strip_prefix('J').unwrap_or(pair[0]);
+        let lines: Vec<&str> = before.split_terminator("\r\n").collect();
+        lines.len() >= n
+            && lines[lines.len() - n..]
+                .iter()
+                .all(|line| line.starts_with("  ") && line.contains(": "))
+    })
+}
+
+/// Regression: a log line written to the terminal during a fan (a retry's notice) went
+/// below the status lines, so the next redraw erased it instead of them and left
+/// stale status lines above the results.
+#[test]
+fn bug_a_retry_notice_during_a_fan_left_stale_status_lines_on_the_terminal() {
+    let crashing = Engine {
+        fail: Some("crashed"),
+        ..answers("never")
+    };
+    let slow = Engine {
+        gated: true,
+        ..answers("slow b")
+    };
+    let bus = Bus::start("fan-pty-log", json!("*"), &[("a", crashing), ("b", slow)]);
+    let Some(pty) = Pty::run(&bus, "fan go --to a,b --timeout 30 --retries 1") else {
+        return;
+    };
+    let retried = || pty.shown("loopbus: retry 1 of 1 to a") && pty.shown("a: failed");
+    assert!(eventually(BOUND, retried), "{}", pty.context(&bus));
+    bus.open_gate("b");
+    let (status, screen) = pty.finish();
+    assert_eq!(status, Some(75), "{screen:?}");
+    assert!(moves_up_over_status_lines_only(&screen), "{screen:?}");
+    assert!(screen.contains("--- b (2 of 2): answered"), "{screen:?}");
 }
 
 #[test]
