@@ -435,6 +435,34 @@ fn bug_a_retry_notice_during_a_fan_left_stale_status_lines_on_the_terminal() {
     assert!(screen.contains("--- b (2 of 2): answered"), "{screen:?}");
 }
 
+/// Regression: a status line wider than the terminal wrapped onto a second row, which
+/// the next redraw did not move up over: stale lines piled up on a narrow terminal.
+/// Each status line is now drawn with auto-wrap off (cut at the edge).
+#[test]
+fn bug_a_status_line_wider_than_the_terminal_left_stale_lines() {
+    let long = "a-long-instance-name-wider-than-a-narrow-terminal-is";
+    let bus = Bus::start("fan-pty-wide", json!("*"), &[(long, answers("fine"))]);
+    let Some(pty) = Pty::run(&bus, &format!("fan go --to {long} --timeout 30")) else {
+        return;
+    };
+    let (status, screen) = pty.finish();
+    assert_eq!(status, Some(0), "{screen:?}");
+    let mut outside = String::new();
+    let mut drawn = 0;
+    for (i, piece) in screen.split("\x1b[?7l").enumerate() {
+        let after = match piece.split_once("\x1b[?7h") {
+            Some((inside, after)) if i > 0 => {
+                drawn += inside.matches(&format!("  {long}: ")).count();
+                after
+            }
+            _ => piece,
+        };
+        outside.push_str(after);
+    }
+    assert!(drawn > 0, "{screen:?}");
+    assert!(!outside.contains(&format!("  {long}: ")), "{screen:?}");
+}
+
 #[test]
 fn ctrl_c_during_a_fan_leaves_no_engine_running() {
     let gated = Engine {

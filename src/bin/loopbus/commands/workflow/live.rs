@@ -64,11 +64,14 @@ impl Live {
         }
         let drawn = self.lock();
         let mut shown = live_lines();
-        let mut out = erase(&mut shown);
+        // Auto-wrap off while drawing: a line wider than the terminal is cut, not
+        // wrapped onto a row the next erase would not move up over.
+        let mut out = erase(&mut shown) + "\x1b[?7l";
         for (name, state) in drawn.names.iter().zip(&drawn.states) {
             out.push_str(&status_line(name.as_str(), state, Instant::now()));
             out.push('\n');
         }
+        out.push_str("\x1b[?7h");
         *shown = drawn.names.len();
         let mut stderr = std::io::stderr().lock();
         let _ = stderr.write_all(out.as_bytes());
