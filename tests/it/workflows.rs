@@ -389,9 +389,11 @@ fn the_terminal_view_shows_a_fast_answer_while_a_slow_target_runs() {
     );
 }
 
-/// Whether each cursor move up over N lines in `screen` (the status lines' redraw)
-/// moves over N status lines (`  NAME: ...`) and nothing else.
+/// Whether each cursor move up over N lines in `screen` (the status lines' redraw,
+/// auto-wrap switches aside) moves over N status lines (`  NAME: ...`) and nothing
+/// else.
 fn moves_up_over_status_lines_only(screen: &str) -> bool {
+    let screen = screen.replace("\x1b[?7l", "").replace("\x1b[?7h", "");
     let pieces: Vec<&str> = screen.split("\x1b[").collect();
     pieces.windows(2).all(|pair| {
         let Some((n, _)) = pair[1].split_once("A\r") else {
