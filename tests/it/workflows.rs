@@ -465,6 +465,46 @@ fn bug_a_status_line_wider_than_the_terminal_left_stale_lines() {
     assert!(!outside.contains(&format!("  {long}: ")), "{screen:?}");
 }
 
+/// Regression: a stop (Ctrl-C) while a delegation waited to retry did not reach it: it
+/// went on retrying, each retry running the turn again, and a fan stopped on a
+/// terminal exited without its results.
+#[test]
+fn bug_a_stop_during_a_retrys_backoff_went_on_retrying() {
+    let crashing = Engine {
+        fail: Some("crashed"),
+        ..answers("never")
+    };
+    let bus = Bus::start("fan-stop-backoff", json!("*"), &[("a", crashing)]);
+    let name = |s: &str| loopbus::InstanceName::new(s).unwrap();
+    let stop = loopbus::StopHandle::new();
+    let options =
+        loopbus::WorkflowOptions::new(&bus.root.path, name("lead"), loopbus::BusConfig::open())
+            .with_timeout(BOUND)
+            .with_retries(50)
+            .with_stop(stop.clone());
+    let fan = std::thread::spawn(move || loopbus::fan(&options, &[name("a")], "go").unwrap());
+    assert!(
+        eventually(BOUND, || bus.runs("a") >= 4),
+        "{}",
+        bus.describe()
+    );
+    stop.stop();
+    let runs = bus.runs("a");
+    assert!(
+        eventually(BOUND, || fan.is_finished()),
+        "still retrying after the stop: {} runs",
+        bus.runs("a")
+    );
+    let outcome = fan.join().unwrap();
+    // A retry on its way when the stop came may still have run.
+    assert!(
+        bus.runs("a") <= runs + 1,
+        "{} runs after {runs}",
+        bus.runs("a")
+    );
+    assert_eq!(outcome.conclusion(), loopbus::Conclusion::Retryable);
+}
+
 #[test]
 fn ctrl_c_during_a_fan_leaves_no_engine_running() {
     let gated = Engine {
