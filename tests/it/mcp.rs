@@ -41,6 +41,8 @@ struct Client {
     notes: Vec<Value>,
     /// Responses read while looking for another.
     early: Vec<Value>,
+    /// The tools as `tools/list` gave them, once asked.
+    tools: Option<Vec<Value>>,
 }
 
 impl Client {
@@ -83,6 +85,7 @@ impl Client {
             next_id: 0,
             notes: Vec::new(),
             early: Vec::new(),
+            tools: None,
         }
     }
 
@@ -159,7 +162,8 @@ impl Client {
         answer["result"].clone()
     }
 
-    /// `tools/call` (legacy session), returning the result.
+    /// `tools/call` (legacy session), returning the result, whose `structuredContent`
+    /// must fit the tool's `outputSchema`.
     fn call(&mut self, tool: &str, arguments: Value) -> Value {
         let answer = self.request("tools/call", json!({"name": tool, "arguments": arguments}));
         assert!(
@@ -167,6 +171,16 @@ impl Client {
             "{answer}\n{}",
             self.stderr()
         );
+        if let Some(structured) = answer["result"].get("structuredContent") {
+            if self.tools.is_none() {
+                let listed = self.request("tools/list", json!({}));
+                self.tools = Some(listed["result"]["tools"].as_array().unwrap().clone());
+            }
+            let tools = self.tools.as_ref().unwrap();
+            let schema = &tools.iter().find(|t| t["name"] == tool).unwrap()["outputSchema"];
+            let problems = schema_problems(schema, structured, tool);
+            assert!(problems.is_empty(), "{problems:?}\n{answer}");
+        }
         answer["result"].clone()
     }
 
@@ -189,6 +203,70 @@ impl Drop for Client {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
+}
+
+/// Where `value` breaks `schema`, for the JSON Schema keywords the tools' output
+/// schemas use; any other keyword is a problem too (it would go unchecked).
+fn schema_problems(schema: &Value, value: &Value, at: &str) -> Vec<String> {
+    let known = [
+        "type",
+        "properties",
+        "required",
+        "items",
+        "enum",
+        "minimum",
+        "description",
+    ];
+    let mut problems: Vec<String> = schema
+        .as_object()
+        .unwrap()
+        .keys()
+        .filter(|k| !known.contains(&k.as_str()))
+        .map(|k| format!("{at}: keyword {k} is not checked here"))
+        .collect();
+    let is = |t: &Value| match t.as_str().unwrap() {
+        "object" => value.is_object(),
+        "array" => value.is_array(),
+        "string" => value.is_string(),
+        "integer" => value.is_i64() || value.is_u64(),
+        "number" => value.is_number(),
+        "boolean" => value.is_boolean(),
+        "null" => value.is_null(),
+        other => panic!("type {other}"),
+    };
+    let typed = match &schema["type"] {
+        Value::Null => true,
+        Value::Array(types) => types.iter().any(is),
+        t => is(t),
+    };
+    let listed = schema["enum"]
+        .as_array()
+        .is_none_or(|allowed| allowed.contains(value));
+    let above = schema["minimum"]
+        .as_f64()
+        .is_none_or(|min| value.as_f64().is_none_or(|n| n >= min));
+    if !(typed && listed && above) {
+        problems.push(format!("{at}: {value} does not fit {schema}"));
+    }
+    for key in schema["required"].as_array().into_iter().flatten() {
+        if value.get(key.as_str().unwrap()).is_none() {
+            problems.push(format!("{at}: no {key}"));
+        }
+    }
+    if let (Some(properties), Some(fields)) = (schema["properties"].as_object(), value.as_object())
+    {
+        for (key, field) in fields {
+            if let Some(property) = properties.get(key) {
+                problems.extend(schema_problems(property, field, &format!("{at}.{key}")));
+            }
+        }
+    }
+    if let (Some(items), Some(list)) = (schema.get("items"), value.as_array()) {
+        for (i, item) in list.iter().enumerate() {
+            problems.extend(schema_problems(items, item, &format!("{at}[{i}]")));
+        }
+    }
+    problems
 }
 
 /// A channel root with the calling instance `boss` (not running: `mcp` acts as it)
@@ -471,6 +549,55 @@ fn notifications_cancelled_stops_the_call_and_its_engine() {
     assert!(client.recv(Duration::from_millis(300)).is_none());
 }
 
+/// Regression: a cancel read right after its call, before the call's thread had started
+/// the delegation, stopped only the wait, and the delegation ran on.
+#[test]
+fn a_cancel_sent_with_its_call_stops_the_delegation() {
+    let (root, worker, mut client) = setup("mcp-cancel-race", stuck);
+    for i in 0..3 {
+        let call = json!({"jsonrpc": "2.0", "id": format!("r{i}"), "method": "tools/call",
+            "params": {"name": "talk", "arguments": {"target": "worker", "prompt": "p"}}});
+        let cancel = json!({"jsonrpc": "2.0", "method": "notifications/cancelled",
+            "params": {"requestId": format!("r{i}")}});
+        client.send_raw(format!("{call}\n{cancel}").as_bytes());
+    }
+    // A later call whose turn has started: the cancelled calls' work started before it.
+    let later = client.call(
+        "talk",
+        json!({"target": "worker", "prompt": "later", "waitSecs": 0.2}),
+    );
+    let handle = later["structuredContent"]["handle"].as_str().unwrap();
+    let pid = engine_pid(&root);
+    let cancelled = client.call("cancel", json!({"handle": handle}));
+    assert_eq!(cancelled["structuredContent"]["errorCode"], "cancelled");
+    assert!(eventually(BOUND, || gone(pid)), "engine {pid} still runs");
+    assert!(
+        eventually(BOUND, || children(worker.pid()).is_empty()),
+        "an engine of a cancelled call still runs"
+    );
+    assert!(client.early.is_empty(), "{:?}", client.early);
+}
+
+/// Regression: a list the library refused before sending (the caller itself, a target
+/// not among its peers) was a failure without `errorCode` and `retryable`.
+#[test]
+fn a_list_the_library_refuses_is_a_failure_with_a_code() {
+    let (root, _worker, mut client) = setup("mcp-refused", no_engine);
+    let itself = client.call("fan", json!({"targets": ["worker", "boss"], "prompt": "p"}));
+    assert_eq!(itself["isError"], true, "{itself}");
+    assert_eq!(itself["structuredContent"]["errorCode"], "invalid_request");
+    assert_eq!(itself["structuredContent"]["retryable"], false);
+    let mut config = open_config("boss-secret-0123456789");
+    config["bus"]["peers"] = json!(["someone"]);
+    root.write_config("boss", &config);
+    let stranger = client.call("talk", json!({"target": "worker", "prompt": "p"}));
+    assert_eq!(
+        stranger["structuredContent"]["errorCode"],
+        "peer_not_allowed"
+    );
+    assert!(text(&stranger).ends_with("[peer_not_allowed, not retryable]"));
+}
+
 #[test]
 fn cancel_of_a_handle_stops_its_engine() {
     let (root, worker, mut client) = setup("mcp-cancel", stuck);
@@ -601,6 +728,7 @@ fn malformed_messages_get_their_errors_and_the_next_call_works() {
     assert!(text(&bad).contains("missing `prompt`"), "{bad}");
     // A notification, known or not, is never answered; nor is a response.
     client.send(&json!({"jsonrpc": "2.0", "method": "notifications/whatever"}));
+    client.send(&json!({"jsonrpc": "2.0", "method": "notifications/cancelled", "params": [1]}));
     client.send(&json!({"jsonrpc": "2.0", "id": 77, "result": {}}));
     let ping = client.request("ping", json!({}));
     assert_eq!(ping["result"], json!({}));
@@ -631,31 +759,78 @@ fn closing_stdin_ends_the_process_and_cancels_its_work() {
     assert!(eventually(BOUND, || children(worker.pid()).is_empty()));
 }
 
+/// Regression: with a call's answer blocked on a client that does not read stdout, the
+/// end of stdin cancelled the work but the process never exited (it waited on stdout).
 #[test]
-fn sigterm_cancels_the_work_then_ends_the_process() {
-    let (root, worker, mut client) = setup("mcp-sigterm", stuck);
-    let first = client.call(
-        "talk",
-        json!({"target": "worker", "prompt": "p", "waitSecs": 0.2}),
-    );
-    assert_eq!(first["structuredContent"]["status"], "running", "{first}");
-    let pid = engine_pid(&root);
-    signal(client.child.id(), "TERM");
+fn closing_stdin_ends_the_process_even_while_an_answer_waits_for_the_reader() {
+    use std::io::Read;
+    let root = TestRoot::new("mcp-unread");
+    root.write_config("boss", &open_config("boss-secret-0123456789"));
+    let mut child = Command::new(bin())
+        .args(["mcp", "--state-dir"])
+        .arg(root.state_dir("boss"))
+        .env("HOME", no_home())
+        .env_remove("LOOPBUS_ROOT")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut stdin = child.stdin.take().unwrap();
+    let mut stdout = BufReader::new(child.stdout.take().unwrap());
+    let init = json!({"jsonrpc": "2.0", "id": 1, "method": "initialize",
+        "params": {"protocolVersion": "2025-11-25", "capabilities": {}}});
+    writeln!(stdin, "{init}").unwrap();
+    stdout.read_line(&mut String::new()).unwrap();
+    // The unknown handle is quoted in the answer: 200 KB, more than a pipe holds.
+    let call = json!({"jsonrpc": "2.0", "id": 2, "method": "tools/call",
+        "params": {"name": "result", "arguments": {"handle": "h".repeat(200_000)}}});
+    writeln!(stdin, "{call}").unwrap();
+    stdout.read_exact(&mut [0; 100]).unwrap();
+    drop(stdin);
     let deadline = Instant::now() + BOUND;
     let status = loop {
-        if let Some(status) = client.child.try_wait().unwrap() {
-            break status;
+        if let Some(status) = child.try_wait().unwrap() {
+            break Some(status);
         }
-        assert!(
-            Instant::now() < deadline,
-            "mcp still runs\n{}",
-            client.stderr()
-        );
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            break None;
+        }
         std::thread::sleep(POLL_INTERVAL);
     };
-    assert_eq!(status.code(), Some(143), "{}", client.stderr());
-    assert!(eventually(BOUND, || gone(pid)), "engine {pid} still runs");
-    assert!(eventually(BOUND, || children(worker.pid()).is_empty()));
+    assert_eq!(status.and_then(|s| s.code()), Some(0), "no exit");
+}
+
+#[test]
+/// Regression (SIGHUP): a closed terminal killed the process without a cancel, and its
+/// delegations ran on for their targets' `reattachSecs`.
+fn sigterm_and_sighup_cancel_the_work_then_end_the_process() {
+    for (name, code) in [("TERM", 143), ("HUP", 129)] {
+        let (root, worker, mut client) = setup(&format!("mcp-sig{name}"), stuck);
+        let first = client.call(
+            "talk",
+            json!({"target": "worker", "prompt": "p", "waitSecs": 0.2}),
+        );
+        assert_eq!(first["structuredContent"]["status"], "running", "{first}");
+        let pid = engine_pid(&root);
+        signal(client.child.id(), name);
+        let deadline = Instant::now() + BOUND;
+        let status = loop {
+            if let Some(status) = client.child.try_wait().unwrap() {
+                break status;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "mcp still runs after SIG{name}\n{}",
+                client.stderr()
+            );
+            std::thread::sleep(POLL_INTERVAL);
+        };
+        assert_eq!(status.code(), Some(code), "SIG{name}\n{}", client.stderr());
+        assert!(eventually(BOUND, || gone(pid)), "engine {pid} still runs");
+        assert!(eventually(BOUND, || children(worker.pid()).is_empty()));
+    }
 }
 
 #[test]

@@ -16,6 +16,8 @@ pub const EXIT_RETRYABLE: i32 = 75;
 pub const EXIT_SIGINT: i32 = 130;
 /// `talk` stopped by SIGTERM, after cancelling its turn (128 + 15).
 pub const EXIT_SIGTERM: i32 = 143;
+/// `mcp` stopped by SIGHUP (its terminal closed), after cancelling its work (128 + 1).
+pub const EXIT_SIGHUP: i32 = 129;
 
 /// A bad command line: an unknown option, a missing or malformed argument.
 #[derive(Debug, Clone, PartialEq, Eq)]

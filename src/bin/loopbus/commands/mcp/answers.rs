@@ -1,7 +1,9 @@
 //! What a finished delegation or workflow answers: the text (the tool result's
 //! content, paged by `maxChars`) and the `structuredContent` fields beside it. Pure.
 
-use loopbus::{Conclusion, DelegateError, Outcome, Reply, Stage, Verdict};
+use loopbus::{
+    Conclusion, DelegateError, ErrorCode, Outcome, Reply, Stage, Verdict, WorkflowError,
+};
 use serde_json::{json, Map, Value};
 
 /// A finished job's answer.
@@ -49,6 +51,39 @@ fn failure_text(target: &str, error: &DelegateError) -> String {
         "talk to {target} failed: {error} [{}, {flag}]",
         error.code()
     )
+}
+
+/// The answer of a list the library refused before sending anything: with a code, as
+/// every failure, and not retryable (the same list is refused again).
+pub fn refused(error: &WorkflowError) -> Answer {
+    let code = match error {
+        WorkflowError::PeerNotAllowed { .. } => ErrorCode::PeerNotAllowed,
+        WorkflowError::NoRandomness { .. } => ErrorCode::InternalError,
+        _ => ErrorCode::InvalidRequest,
+    };
+    let mut answer = Answer {
+        text: format!(
+            "{error}; nothing was sent [{}, not retryable]",
+            code.as_str()
+        ),
+        is_error: true,
+        ..Answer::default()
+    };
+    answer
+        .fields
+        .insert("errorCode".to_owned(), json!(code.as_str()));
+    answer.fields.insert("retryable".to_owned(), json!(false));
+    answer
+}
+
+/// The answer of `work`, or a failure when it panicked: a job always ends, so no
+/// handle stays running for good.
+pub fn caught(work: impl FnOnce() -> Answer) -> Answer {
+    std::panic::catch_unwind(std::panic::AssertUnwindSafe(work)).unwrap_or_else(|_| Answer {
+        text: "the delegation failed: loopbus mcp hit a bug (its log has the details)".into(),
+        is_error: true,
+        ..Answer::default()
+    })
 }
 
 fn millis(elapsed: std::time::Duration) -> u64 {
@@ -175,4 +210,46 @@ pub fn workflow(kind: Kind, outcome: &Outcome, caller: &str) -> Answer {
         answer.fields.insert("verdict".to_owned(), json!(verdict));
     }
     answer
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_refused_list_has_a_code_and_is_not_retryable() {
+        let name = |n: &str| loopbus::InstanceName::new(n).unwrap();
+        let cases = [
+            (
+                WorkflowError::PeerNotAllowed {
+                    caller: name("boss"),
+                    target: name("w"),
+                },
+                "peer_not_allowed",
+            ),
+            (
+                WorkflowError::CallerInList {
+                    caller: name("boss"),
+                },
+                "invalid_request",
+            ),
+        ];
+        for (error, code) in cases {
+            let answer = refused(&error);
+            assert!(answer.is_error);
+            assert_eq!(answer.fields["errorCode"], code);
+            assert_eq!(answer.fields["retryable"], false);
+            assert!(answer.text.ends_with(&format!("[{code}, not retryable]")));
+        }
+    }
+
+    #[test]
+    fn work_that_panics_still_ends_its_job_with_a_failure() {
+        let answer = caught(|| panic!("a bug"));
+        assert!(
+            answer.is_error && answer.text.contains("a bug"),
+            "{answer:?}"
+        );
+        assert_eq!(caught(Answer::default).text, "");
+    }
 }

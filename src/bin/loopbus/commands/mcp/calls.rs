@@ -18,15 +18,22 @@ pub const CANCEL_WAIT: Duration = Duration::from_secs(2);
 
 /// stdout, written one whole message a line at a time by every thread.
 pub struct Out {
-    stdout: Mutex<std::io::Stdout>,
+    stdout: Mutex<std::fs::File>,
 }
 
 impl Out {
-    /// The process's stdout.
-    pub fn stdout() -> Out {
-        Out {
-            stdout: Mutex::new(std::io::stdout()),
-        }
+    /// The process's stdout, through a descriptor of its own: a write blocked on a
+    /// client that does not read holds no lock of std's `Stdout`, whose flush at the
+    /// end of the process would otherwise wait for it.
+    ///
+    /// # Errors
+    /// No descriptor left.
+    pub fn stdout() -> std::io::Result<Out> {
+        use std::os::fd::AsFd;
+        let fd = std::io::stdout().as_fd().try_clone_to_owned()?;
+        Ok(Out {
+            stdout: Mutex::new(fd.into()),
+        })
     }
 
     /// Writes `message` as one line. A failure (the client is gone) is logged: the
@@ -234,11 +241,7 @@ impl Shared {
                     (Kind::Talk, Some(stage)) => answers::talk(stage, &caller_name),
                     _ => answers::workflow(kind, &outcome, &caller_name),
                 },
-                Err(error) => Answer {
-                    text: error.to_string(),
-                    is_error: true,
-                    ..Answer::default()
-                },
+                Err(error) => answers::refused(&error),
             }
         })?;
         Ok(job)
@@ -264,6 +267,7 @@ impl Shared {
                 super::handles::MAX_PENDING
             )),
             Err(Refused::Taken) => Err("a handle was minted twice; try again".to_owned()),
+            Err(Refused::Closed) => Err("loopbus mcp is exiting".to_owned()),
         }
     }
 
@@ -279,7 +283,7 @@ impl Shared {
         let spawned = std::thread::Builder::new()
             .name("mcp-work".to_owned())
             .spawn(move || {
-                let bytes = job.finish(work());
+                let bytes = job.finish(answers::caught(work));
                 lock(&shared.handles).finish(&job.handle, bytes, Instant::now());
             });
         spawned.map(drop).map_err(|e| {
@@ -378,10 +382,14 @@ impl Shared {
     }
 
     /// Cancels every job still running, and waits (at most `limit`) for them to end:
-    /// the process is about to exit.
+    /// the process is about to exit, and starts no job any more.
     pub fn cancel_all(&self, limit: Duration) {
         let deadline = Instant::now() + limit;
-        let jobs: Vec<Arc<Job>> = lock(&self.handles).pending_values().cloned().collect();
+        let jobs: Vec<Arc<Job>> = {
+            let mut handles = lock(&self.handles);
+            handles.close();
+            handles.pending_values().cloned().collect()
+        };
         for job in &jobs {
             let job = Arc::clone(job);
             let _ = std::thread::Builder::new()

@@ -32,6 +32,8 @@ struct Entry<T> {
 /// The handles of one process, each holding a `T` (the work it names).
 pub struct Handles<T> {
     entries: HashMap<String, Entry<T>>,
+    /// The process is exiting: no handle is added any more.
+    closed: bool,
 }
 
 /// Why a handle was not added.
@@ -41,6 +43,8 @@ pub enum Refused {
     Full,
     /// The handle is in use (a random handle collided: never in practice).
     Taken,
+    /// [`Handles::close`] was called.
+    Closed,
 }
 
 impl<T> Handles<T> {
@@ -48,14 +52,25 @@ impl<T> Handles<T> {
     pub fn new() -> Handles<T> {
         Handles {
             entries: HashMap::new(),
+            closed: false,
         }
+    }
+
+    /// Refuses every handle from now on (the process is exiting and cancels the work
+    /// of the pending ones).
+    pub fn close(&mut self) {
+        self.closed = true;
     }
 
     /// Adds `handle`, pending, naming `value`.
     ///
     /// # Errors
-    /// [`Refused::Full`] at [`MAX_PENDING`] pending handles; [`Refused::Taken`].
+    /// [`Refused::Full`] at [`MAX_PENDING`] pending handles; [`Refused::Taken`];
+    /// [`Refused::Closed`].
     pub fn add(&mut self, handle: &str, value: T) -> Result<(), Refused> {
+        if self.closed {
+            return Err(Refused::Closed);
+        }
         if self.entries.contains_key(handle) {
             return Err(Refused::Taken);
         }
@@ -150,6 +165,15 @@ mod tests {
         handles.finish("h1", 10, t0);
         handles.add("more", 99).unwrap();
         assert_eq!(handles.pending_values().count(), MAX_PENDING);
+    }
+
+    #[test]
+    fn no_work_starts_once_the_process_is_exiting() {
+        let mut handles = Handles::new();
+        handles.add("before", 1).unwrap();
+        handles.close();
+        assert_eq!(handles.add("after", 2), Err(Refused::Closed));
+        assert_eq!(handles.pending_values().collect::<Vec<_>>(), [&1]);
     }
 
     #[test]

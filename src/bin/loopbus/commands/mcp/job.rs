@@ -227,11 +227,12 @@ impl Job {
     }
 
     /// The progress notification of the work with `answered` targets done, unless
-    /// its value would not be above the last one sent.
+    /// its value would not be above the last one sent, or past the total (all answered:
+    /// the answer follows).
     fn notification(&self, answered: usize, progress: &mut Progress) -> Option<Value> {
         let elapsed = self.started.elapsed();
         let value = progress_value(answered, elapsed);
-        if value <= progress.last {
+        if value <= progress.last || answered >= self.total {
             return None;
         }
         progress.last = value;
@@ -306,9 +307,13 @@ impl CallCtl {
         }
     }
 
-    /// The call waits on `job`; `owned`: it started it.
+    /// The call waits on `job`; `owned`: it started it. A cancel that came first
+    /// (before the job existed) applies to it now.
     pub fn watch(&self, job: &Arc<Job>, owned: bool) {
         *lock(&self.watching) = Some((Arc::clone(job), owned));
+        if self.cancelled() {
+            self.cancel();
+        }
     }
 }
 
@@ -362,6 +367,40 @@ mod tests {
         );
         assert!(at(1, 0) > at(0, 1_000_000));
         assert_eq!(at(2, 60), 2.5);
+    }
+
+    #[test]
+    fn progress_never_passes_the_total() {
+        let job = Job::new("h".into(), "fan".into(), 2, "t".into(), StopHandle::new());
+        let mut progress = Progress::new(json!("tok"));
+        let note = job.notification(1, &mut progress).unwrap();
+        assert!(note["params"]["progress"].as_f64().unwrap() < 2.0, "{note}");
+        assert_eq!(job.notification(2, &mut progress), None);
+    }
+
+    #[test]
+    fn a_cancel_before_the_call_started_its_job_still_stops_the_job() {
+        let job = |stop: &StopHandle| {
+            let stop = stop.clone();
+            Arc::new(Job::new("h".into(), "talk".into(), 1, "t".into(), stop))
+        };
+        let (owned, other) = (StopHandle::new(), StopHandle::new());
+        let ctl = CallCtl::default();
+        ctl.cancel();
+        ctl.watch(&job(&owned), true);
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !owned.is_stopped() && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        assert!(
+            owned.is_stopped(),
+            "the job the cancelled call started runs on"
+        );
+        // A job the call only waits on (`result`) is not its to stop.
+        let waiting = CallCtl::default();
+        waiting.cancel();
+        waiting.watch(&job(&other), false);
+        assert!(!other.is_stopped());
     }
 
     #[test]

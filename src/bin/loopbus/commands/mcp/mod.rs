@@ -24,12 +24,12 @@ mod job;
 mod rpc;
 mod tools;
 
-use crate::cli::{local, Args, CommandError, EXIT_OK, EXIT_SIGINT, EXIT_SIGTERM};
+use crate::cli::{local, Args, CommandError, EXIT_OK, EXIT_SIGHUP, EXIT_SIGINT, EXIT_SIGTERM};
 use calls::{Caller, Out, Shared};
 use job::{CallCtl, Progress};
 use rpc::{Incoming, Revision, Route, RpcError, Session};
 use serde_json::{json, Map, Value};
-use signal_hook::consts::{SIGINT, SIGTERM};
+use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM};
 use std::collections::HashMap;
 use std::io::{IsTerminal, Read};
 use std::os::unix::net::UnixStream;
@@ -54,7 +54,7 @@ call), or without either as the operator of the channel root, like
 `loopbus talk`. A call waits at most its waitSecs (default 45) and then
 returns a handle while the work goes on; `result` fetches the answer later.
 When stdin closes, the work still running is cancelled and the process exits;
-SIGINT and SIGTERM do the same, exiting 130 and 143.
+SIGINT, SIGTERM and SIGHUP do the same, exiting 130, 143 and 129.
 
 Options:
   --state-dir DIR   the calling instance's state directory
@@ -67,8 +67,8 @@ Options:
   --depth N         the current delegation depth (default: $LOOPBUS_DEPTH, else 0);
                     delegations carry N + 1
 
-Exit status: 0 when stdin closed; 130 and 143 on SIGINT and SIGTERM; 2 usage or
-local configuration error.
+Exit status: 0 when stdin closed; 130, 143 and 129 on SIGINT, SIGTERM and SIGHUP;
+2 usage or local configuration error.
 
 Example (Claude Code):
   claude mcp add loopbus -- loopbus mcp --state-dir ~/.loopbus/reviewer
@@ -106,7 +106,7 @@ pub fn run(args: &[String]) -> Result<i32, CommandError> {
         root.display()
     );
     let shared = Arc::new(Shared {
-        out: Out::stdout(),
+        out: Out::stdout().map_err(|e| local(format!("cannot use stdout: {e}")))?,
         caller: Caller {
             root,
             name,
@@ -152,9 +152,10 @@ pub fn run(args: &[String]) -> Result<i32, CommandError> {
     Ok(EXIT_OK)
 }
 
-/// Makes SIGINT and SIGTERM end the process as the end of stdin does, the work still
-/// running cancelled first (a delegation with a request id that merely hangs up runs
-/// on for its target's `reattachSecs`), then exit 130 or 143.
+/// Makes SIGINT, SIGTERM and SIGHUP (a closed terminal) end the process as the end of
+/// stdin does, the work still running cancelled first (a delegation with a request id
+/// that merely hangs up runs on for its target's `reattachSecs`), then exit 130, 143
+/// or 129.
 ///
 /// # Errors
 /// The handlers, their wake-up pair or their thread could not be set up.
@@ -163,7 +164,7 @@ fn stop_on_signals(shared: &Arc<Shared>) -> Result<(), CommandError> {
     let (wake_read, wake_write) = UnixStream::pair().map_err(setup)?;
     wake_write.set_nonblocking(true).map_err(setup)?;
     let caught = Arc::new(AtomicUsize::new(0));
-    for signal in [SIGINT, SIGTERM] {
+    for signal in [SIGINT, SIGTERM, SIGHUP] {
         // Registered in this order, so the flag is set before the wake-up is written.
         signal_hook::flag::register_usize(signal, Arc::clone(&caught), signal as usize)
             .map_err(setup)?;
@@ -180,6 +181,7 @@ fn stop_on_signals(shared: &Arc<Shared>) -> Result<(), CommandError> {
             }
             let exit = match caught.load(Ordering::SeqCst) {
                 n if n == SIGINT as usize => EXIT_SIGINT,
+                n if n == SIGHUP as usize => EXIT_SIGHUP,
                 _ => EXIT_SIGTERM,
             };
             log::info!("mcp: stopped by a signal; cancelling the work still running");

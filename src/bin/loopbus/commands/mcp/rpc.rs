@@ -139,7 +139,7 @@ pub enum Incoming {
 ///
 /// # Errors
 /// Not JSON (-32700); a batch, not an object, no `"jsonrpc": "2.0"`, a bad `id` or
-/// `method` (-32600); `params` not an object (-32602).
+/// `method` (-32600); a request's `params` not an object (-32602).
 pub fn parse(bytes: &[u8]) -> Result<Incoming, RpcError> {
     let value: Value = serde_json::from_slice(bytes)
         .map_err(|e| RpcError::new(&Value::Null, PARSE_ERROR, format!("not JSON: {e}")))?;
@@ -171,6 +171,8 @@ pub fn parse(bytes: &[u8]) -> Result<Incoming, RpcError> {
     let params = match message.remove("params") {
         None => Map::new(),
         Some(Value::Object(params)) => params,
+        // A notification is never answered, even one whose params we cannot use.
+        Some(_) if id.is_none() => Map::new(),
         Some(_) => {
             return Err(RpcError::new(
                 &answer_id,
@@ -422,6 +424,18 @@ mod tests {
         assert!(matches!(note, Incoming::Notification { .. }));
         let response = parse(br#"{"jsonrpc":"2.0","id":1,"result":{}}"#).unwrap();
         assert_eq!(response, Incoming::Response);
+    }
+
+    #[test]
+    fn a_notification_whose_params_are_not_an_object_is_not_answered() {
+        let note = parse(br#"{"jsonrpc":"2.0","method":"notifications/cancelled","params":[1]}"#);
+        assert_eq!(
+            note,
+            Ok(Incoming::Notification {
+                method: "notifications/cancelled".into(),
+                params: Map::new()
+            })
+        );
     }
 
     fn params(value: Value) -> Map<String, Value> {
