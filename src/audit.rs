@@ -104,6 +104,9 @@ pub struct Record<'a> {
     /// The turn's cache-read input tokens, when its engine reported usage.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub cached_tokens: Option<u64>,
+    /// The agent CLI's session id for the turn, when its engine reported one.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub session_id: Option<&'a str>,
 }
 
 /// The audit log of one instance: the event loop's end of the queue to the writer

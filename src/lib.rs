@@ -17,8 +17,10 @@
 //!   [`WorkflowOptions`], stopped by a [`StopHandle`], watched by an [`Observer`],
 //!   returning an [`Outcome`] of [`Stage`]s;
 //! - the configuration an instance and a caller read: [`Config`], [`BusConfig`],
-//!   [`Peers`], [`EngineConfig`], [`load_config`], [`parse_config`], [`ConfigError`];
-//!   the checks `serve` makes of an engine before its first turn: [`engine_findings`];
+//!   [`Peers`], [`EngineConfig`], [`Preset`], [`load_config`], [`parse_config`],
+//!   [`ConfigError`]; the checks `serve` makes of an engine before its first turn:
+//!   [`engine_findings`]; one turn of an instance's engine, run directly:
+//!   [`run_engine_once`];
 //! - a channel root's registry: where it is ([`channel_root`], [`registry_path`]), its
 //!   entries ([`read_registry`], [`RegistryEntry`]), and whether they answer
 //!   ([`list_instances`], [`probe_instance`], [`probe_port`], [`running_instance`],
@@ -92,9 +94,11 @@ pub use workflow::{
 pub use config::{
     load as load_config, parse as parse_config, parse_file as parse_config_file,
     read_file as read_config_file, BusConfig, Config, ConfigError, EngineConfig, OutputMode, Peers,
-    PromptMode, CONFIG_FILE, DEFAULT_ACCEPT_KINDS, DEFAULT_MAX_DEPTH,
+    Preset, PromptMode, CONFIG_FILE, DEFAULT_ACCEPT_KINDS, DEFAULT_MAX_DEPTH,
 };
-pub use engine::{findings as engine_findings, Findings as EngineFindings};
+pub use engine::{
+    findings as engine_findings, run_once as run_engine_once, Findings as EngineFindings,
+};
 pub use secret::{Secret, Weakness, MIN_SECRET_CHARS, SAMPLE_SECRETS, SECRET_BYTES};
 
 // The registry of a channel root.

@@ -46,11 +46,11 @@ pub(super) const BUS: Object = Object {
     ignored: &["crew"],
 };
 
-/// `engine`. (`preset` is planned with the engine presets; until then it is unknown.
-/// The names under `env` are the operator's, not checked here.)
+/// `engine`. (The names under `env` are the operator's, not checked here.)
 pub(super) const ENGINE: Object = Object {
     path: "engine",
     keys: &[
+        "preset",
         "command",
         "prompt",
         "output",
@@ -214,10 +214,11 @@ mod tests {
                 r#"{"budgetusd": 1}"#,
                 Some("config.json: unknown key bus.budgetusd; did you mean budgetUsd?"),
             ),
+            (&ENGINE, r#"{"preset": "claude"}"#, None),
             (
                 &ENGINE,
-                r#"{"preset": "claude"}"#,
-                Some("config.json: unknown key engine.preset"),
+                r#"{"presets": "claude"}"#,
+                Some("config.json: unknown key engine.presets; did you mean engine.preset?"),
             ),
             (
                 &ENGINE,

@@ -191,6 +191,9 @@ pub struct EngineConfig {
     pub cwd: Option<PathBuf>,
     /// `env`: variables added to the command's environment.
     pub env: BTreeMap<String, String>,
+    /// `preset`: the agent CLI whose command, prompt mode and output parser this engine
+    /// took as defaults, if any.
+    pub preset: Option<Preset>,
 }
 
 impl EngineConfig {
@@ -208,6 +211,18 @@ impl EngineConfig {
             max_turn_cost_usd: None,
             cwd: None,
             env: BTreeMap::new(),
+            preset: None,
+        }
+    }
+
+    /// The engine of `preset`: its command, prompt mode and output parser, every other
+    /// field at its default.
+    pub fn from_preset(preset: Preset) -> EngineConfig {
+        EngineConfig {
+            prompt: preset.prompt(),
+            output: preset.output(),
+            preset: Some(preset),
+            ..EngineConfig::new(preset.command().iter().map(|a| (*a).to_owned()).collect())
         }
     }
 }
@@ -223,6 +238,7 @@ impl fmt::Debug for EngineConfig {
             .field("max_turn_cost_usd", &self.max_turn_cost_usd)
             .field("cwd", &self.cwd)
             .field("env", &self.env.keys().collect::<Vec<_>>())
+            .field("preset", &self.preset)
             .finish()
     }
 }
@@ -248,6 +264,82 @@ pub enum OutputMode {
     /// `"json"`: stdout is one JSON object in the shape of
     /// `claude -p --output-format json`.
     Json,
+    /// `"codex-jsonl"`: stdout is the JSON Lines event stream of `codex exec --json`.
+    CodexJsonl,
+    /// `"gemini-json"`: stdout is the JSON object of `gemini -p --output-format json`.
+    GeminiJson,
+}
+
+impl OutputMode {
+    /// The mode's name in `config.json`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            OutputMode::Text => "text",
+            OutputMode::Json => "json",
+            OutputMode::CodexJsonl => "codex-jsonl",
+            OutputMode::GeminiJson => "gemini-json",
+        }
+    }
+}
+
+/// `engine.preset`: an agent CLI loopbus knows how to run, in its documented
+/// non-interactive mode (docs/configuration.md says why each argument is there).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Preset {
+    /// Claude Code: `claude -p --output-format json`, the prompt on stdin.
+    Claude,
+    /// Codex: `codex exec --json --skip-git-repo-check -`, the prompt on stdin (`-`).
+    Codex,
+    /// Gemini CLI: `gemini --output-format json -p PROMPT`, stdin closed.
+    Gemini,
+}
+
+impl Preset {
+    /// Every preset, in the order errors and help list them.
+    pub const ALL: [Preset; 3] = [Preset::Claude, Preset::Codex, Preset::Gemini];
+
+    /// The preset of `name` (`"claude"`, `"codex"`, `"gemini"`).
+    pub fn from_name(name: &str) -> Option<Preset> {
+        Preset::ALL.into_iter().find(|p| p.name() == name)
+    }
+
+    /// The preset's name, which is also its CLI's program name.
+    pub fn name(self) -> &'static str {
+        match self {
+            Preset::Claude => "claude",
+            Preset::Codex => "codex",
+            Preset::Gemini => "gemini",
+        }
+    }
+
+    /// Its `engine.command`: the program, then the arguments of its non-interactive
+    /// mode. With `engine.prompt` `"arg"` the prompt follows the last one.
+    pub fn command(self) -> &'static [&'static str] {
+        match self {
+            Preset::Claude => &["claude", "-p", "--output-format", "json"],
+            Preset::Codex => &["codex", "exec", "--json", "--skip-git-repo-check", "-"],
+            Preset::Gemini => &["gemini", "--output-format", "json", "-p"],
+        }
+    }
+
+    /// Its `engine.prompt`: Gemini CLI takes the prompt as the value of `-p` (it would
+    /// read a piped stdin as extra context, so stdin is closed); the others read stdin.
+    pub fn prompt(self) -> PromptMode {
+        match self {
+            Preset::Gemini => PromptMode::Arg,
+            Preset::Claude | Preset::Codex => PromptMode::Stdin,
+        }
+    }
+
+    /// Its `engine.output`: the parser of its CLI's output.
+    pub fn output(self) -> OutputMode {
+        match self {
+            Preset::Claude => OutputMode::Json,
+            Preset::Codex => OutputMode::CodexJsonl,
+            Preset::Gemini => OutputMode::GeminiJson,
+        }
+    }
 }
 
 impl Config {
@@ -285,6 +377,7 @@ impl Config {
         .to_vec();
         match (&self.engine, &other.engine) {
             (Some(a), Some(b)) => changed.extend([
+                ("engine.preset", a.preset != b.preset),
                 ("engine.command", a.command != b.command),
                 ("engine.prompt", a.prompt != b.prompt),
                 ("engine.output", a.output != b.output),

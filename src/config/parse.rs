@@ -7,7 +7,7 @@ use serde_json::{Map, Value};
 use super::error::{ConfigError, Problem, MAX_CONFIG_PROBLEMS};
 use super::keys::{self, Object, BUS, ENGINE, TOP};
 use super::{
-    BusConfig, Config, EngineConfig, OutputMode, Peers, PromptMode,
+    BusConfig, Config, EngineConfig, OutputMode, Peers, Preset, PromptMode,
     DEFAULT_ENGINE_MAX_OUTPUT_BYTES, DEFAULT_ENGINE_TIMEOUT_SECS, MAX_CONCURRENT_TURNS_LIMIT,
     MAX_QUEUED_TURNS_LIMIT, MAX_REATTACH_SECS,
 };
@@ -284,11 +284,26 @@ fn parse_peers(value: Option<&Value>) -> Result<(bool, Peers), ConfigError> {
 
 fn parse_engine(fields: &Map<String, Value>) -> Result<EngineConfig, ConfigError> {
     let engine = Section::new(fields, &ENGINE)?;
+    // A preset gives the defaults of `command`, `prompt` and `output`; each key set
+    // overrides its own.
+    let preset = engine.get(
+        "preset",
+        None,
+        |v| v.as_str().and_then(Preset::from_name).map(Some),
+        "must be \"claude\", \"codex\" or \"gemini\"",
+    )?;
+    let defaults = match preset {
+        Some(preset) => EngineConfig::from_preset(preset),
+        None => EngineConfig::new(Vec::new()),
+    };
     Ok(EngineConfig {
-        command: parse_command(fields.get("command"))?,
+        command: match (fields.get("command"), preset) {
+            (None, Some(_)) => defaults.command,
+            (command, _) => parse_command(command)?,
+        },
         prompt: engine.get(
             "prompt",
-            PromptMode::default(),
+            defaults.prompt,
             |v| match v.as_str()? {
                 "stdin" => Some(PromptMode::Stdin),
                 "arg" => Some(PromptMode::Arg),
@@ -298,13 +313,15 @@ fn parse_engine(fields: &Map<String, Value>) -> Result<EngineConfig, ConfigError
         )?,
         output: engine.get(
             "output",
-            OutputMode::default(),
+            defaults.output,
             |v| match v.as_str()? {
                 "text" => Some(OutputMode::Text),
                 "json" => Some(OutputMode::Json),
+                "codex-jsonl" => Some(OutputMode::CodexJsonl),
+                "gemini-json" => Some(OutputMode::GeminiJson),
                 _ => None,
             },
-            "must be \"text\" or \"json\"",
+            "must be \"text\", \"json\", \"codex-jsonl\" or \"gemini-json\"",
         )?,
         timeout_secs: engine.int("timeoutSecs", DEFAULT_ENGINE_TIMEOUT_SECS, 1, u64::MAX)?,
         max_output_bytes: engine.int(
@@ -334,13 +351,19 @@ fn parse_engine(fields: &Map<String, Value>) -> Result<EngineConfig, ConfigError
                 ))
             }
         },
+        preset,
     })
 }
 
 /// `engine.command`: a non-empty argv whose program name is not empty.
 fn parse_command(value: Option<&Value>) -> Result<Vec<String>, ConfigError> {
     let command = match value {
-        None => return Err(ConfigError::field_error("engine.command", "is required")),
+        None => {
+            return Err(ConfigError::field_error(
+                "engine.command",
+                "is required (or set engine.preset)",
+            ))
+        }
         Some(Value::Array(items)) if !items.is_empty() => {
             string_items(items, "engine.command", false)?
         }
@@ -804,6 +827,79 @@ mod tests {
 
     /// Each of these typos used to load, with a wider access or a lost limit: `peer`
     /// left `peers` at `"*"`, `budgetUSD` meant no budget, `maxdepth` meant 3.
+    /// A preset fills in the command, the prompt mode and the parser; each key set
+    /// overrides its own, and `engine.command` keeps the preset's parser.
+    #[test]
+    fn engine_presets() {
+        let engine = |json: &str| {
+            parse(format!(r#"{{"engine": {json}}}"#).as_bytes())
+                .unwrap()
+                .engine
+                .unwrap()
+        };
+        // (engine object, command, prompt, output)
+        let rows: &[(&str, &[&str], PromptMode, OutputMode)] = &[
+            (
+                r#"{"preset": "claude"}"#,
+                &["claude", "-p", "--output-format", "json"],
+                PromptMode::Stdin,
+                OutputMode::Json,
+            ),
+            (
+                r#"{"preset": "codex"}"#,
+                &["codex", "exec", "--json", "--skip-git-repo-check", "-"],
+                PromptMode::Stdin,
+                OutputMode::CodexJsonl,
+            ),
+            (
+                r#"{"preset": "gemini"}"#,
+                &["gemini", "--output-format", "json", "-p"],
+                PromptMode::Arg,
+                OutputMode::GeminiJson,
+            ),
+            (
+                r#"{"preset": "gemini", "command": ["/opt/gemini", "-p"]}"#,
+                &["/opt/gemini", "-p"],
+                PromptMode::Arg,
+                OutputMode::GeminiJson,
+            ),
+            (
+                r#"{"preset": "codex", "output": "text", "prompt": "arg"}"#,
+                &["codex", "exec", "--json", "--skip-git-repo-check", "-"],
+                PromptMode::Arg,
+                OutputMode::Text,
+            ),
+            (
+                r#"{"command": ["x"], "output": "codex-jsonl"}"#,
+                &["x"],
+                PromptMode::Stdin,
+                OutputMode::CodexJsonl,
+            ),
+            (
+                r#"{"command": ["x"], "output": "gemini-json"}"#,
+                &["x"],
+                PromptMode::Stdin,
+                OutputMode::GeminiJson,
+            ),
+        ];
+        for (json, command, prompt, output) in rows {
+            let e = engine(json);
+            assert_eq!(e.command, *command, "{json}");
+            assert_eq!((e.prompt, e.output), (*prompt, *output), "{json}");
+        }
+        assert_eq!(engine(r#"{"preset": "codex"}"#).preset, Some(Preset::Codex));
+        assert_eq!(engine(r#"{"command": ["codex"]}"#).preset, None);
+        // A bad preset or a bad command next to one is still an error naming the key.
+        for (json, field) in [
+            (r#"{"preset": "Claude"}"#, "engine.preset"),
+            (r#"{"preset": 1}"#, "engine.preset"),
+            (r#"{"preset": "claude", "command": []}"#, "engine.command"),
+        ] {
+            let err = parse(format!(r#"{{"engine": {json}}}"#).as_bytes()).unwrap_err();
+            assert_eq!(err.field(), Some(field), "{json}");
+        }
+    }
+
     #[test]
     fn bug_a_typo_in_a_key_widened_access_or_dropped_a_limit() {
         let cases = [
@@ -828,9 +924,9 @@ mod tests {
                 "config.json: unknown key engine.maxOutputbytes; did you mean engine.maxOutputBytes?",
             ),
             (
-                r#"{"engine": {"command": ["a"], "preset": "claude"}}"#,
+                r#"{"engine": {"command": ["a"], "preset": "claude-code"}}"#,
                 "engine.preset",
-                "config.json: unknown key engine.preset",
+                "config.json: engine.preset: must be \"claude\", \"codex\" or \"gemini\"",
             ),
             // Checked in a disabled bus too, and before the values.
             (

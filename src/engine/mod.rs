@@ -12,6 +12,7 @@
 mod budget;
 mod cancel;
 mod outcome;
+mod parsers;
 mod preflight;
 mod process;
 mod reaper;
@@ -32,8 +33,9 @@ use crate::protocol::{
 use crate::usage::UsageStore;
 use outcome::Exit;
 use process::{Ended, Launch};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use std::time::Duration;
 
 /// One admitted `/api/talk` request, with the config in force when it was admitted.
 #[derive(Debug)]
@@ -88,6 +90,45 @@ pub fn cancelled() -> Failure {
 /// prompt. No process, no cost, no usage record.
 pub fn echo(request: &TalkRequest) -> TurnResult {
     TurnResult::Reply(request.prompt.clone())
+}
+
+/// Runs one turn of `config`'s engine (the echo engine when it has none) for the
+/// instance `instance` whose state is in `state_dir`, directly: no server, no HTTP. The
+/// prompt comes from `operator` at depth 0. The turn is an ordinary one: the budget
+/// admits it, usage.json records it, and `engine.timeoutSecs` holds, cut to `timeout`
+/// (at least 1 s) when that is shorter. `loopbus doctor --probe` uses it to see what
+/// the engine says (a CLI that is not logged in fails every turn while every static
+/// check passes).
+///
+/// # Errors
+///
+/// The turn's failure, classified as any turn's would be (`auth`, `engine_cli`,
+/// `timeout`, `budget_exhausted`, ...).
+pub fn run_once(
+    config: &Config,
+    instance: &str,
+    state_dir: &Path,
+    prompt: &str,
+    timeout: Duration,
+) -> Result<String, Failure> {
+    let mut config = config.clone();
+    if let Some(engine) = config.engine.as_mut() {
+        engine.timeout_secs = engine.timeout_secs.min(timeout.as_secs().max(1));
+    }
+    let turn = Turn {
+        request: TalkRequest::new("operator", prompt, 0),
+        config: Arc::new(config),
+        cancel: CancelToken::new(),
+        // No tree: a delegation the probe's engine makes starts its own.
+        trace: None,
+    };
+    match Engine::new(instance, state_dir.to_path_buf())
+        .run(&turn)
+        .result
+    {
+        TurnResult::Reply(text) => Ok(text),
+        TurnResult::Failed(failure) => Err(failure),
+    }
 }
 
 /// Runs turns for one instance.
@@ -194,16 +235,18 @@ impl Engine {
                 status,
                 stdout,
                 stderr,
-            } => TurnOutput {
-                result: TurnResult::Failed(cancelled()),
+            } => {
                 // An engine that ran counts as a turn, with the usage it reported
                 // before it stopped.
-                usage: status.map(|status| {
+                let ran = status.map(|status| {
                     outcome::interpret(engine.output, Exit::from(status), &stdout, &stderr)
-                        .usage
-                        .unwrap_or_default()
-                }),
-            },
+                });
+                TurnOutput {
+                    result: TurnResult::Failed(cancelled()),
+                    usage: ran.as_ref().map(|ran| ran.usage.unwrap_or_default()),
+                    session_id: ran.and_then(|ran| ran.session_id),
+                }
+            }
             Ended::Lost => {
                 TurnOutput::failed(ErrorCode::EngineCli, "lost track of the engine process")
             }
@@ -261,6 +304,31 @@ mod tests {
         };
         assert_eq!(f.code, ErrorCode::BudgetExhausted);
         assert_eq!(f.error, usage::budget_message(2.0, 1.0));
+    }
+
+    #[test]
+    fn run_once_runs_one_turn_with_the_shorter_timeout() {
+        let dir = TestDir::new("engine-once");
+        let config = |json: &str| crate::config::parse(json.as_bytes()).unwrap();
+        let once = |json: &str| {
+            run_once(
+                &config(json),
+                "worker",
+                dir.path(),
+                "hi",
+                Duration::from_secs(1),
+            )
+        };
+        assert_eq!(once("{}"), Ok("hi".to_owned()));
+        assert_eq!(
+            once(r#"{"engine":{"command":["cat"]}}"#),
+            Ok("hi".to_owned())
+        );
+        let slow = once(r#"{"engine":{"command":["sleep","30"],"timeoutSecs":60}}"#);
+        assert_eq!(slow.map_err(|f| f.code), Err(ErrorCode::Timeout));
+        // The `cat` turn was recorded; the echo engine and a timed-out one report none.
+        let usage = crate::usage::UsageStore::new(dir.path()).current().unwrap();
+        assert_eq!(usage.request_count, 1);
     }
 
     #[test]

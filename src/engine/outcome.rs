@@ -3,11 +3,11 @@
 //!
 //! Nothing here touches a process or a file, so every rule is tested with plain values.
 
+use super::parsers::{self, Unreadable};
 use crate::config::OutputMode;
 use crate::protocol::classify;
 use crate::protocol::{ErrorCode, Failure};
 use crate::usage::TurnUsage;
-use serde_json::Value;
 use std::os::unix::process::ExitStatusExt;
 use std::process::ExitStatus;
 
@@ -54,15 +54,17 @@ impl From<ExitStatus> for Exit {
     }
 }
 
-/// What one turn produced: its answer, and the usage its engine reported (`None`:
-/// nothing to record). A turn's runner records the usage in usage.json; it is returned
-/// too, for the envelope's `usage` (contract 8.3).
+/// What one turn produced: its answer, the usage its engine reported (`None`: nothing
+/// to record) and its session id. A turn's runner records the usage in usage.json; it
+/// is returned too, for the envelope's `usage` (contract 8.3).
 #[derive(Debug, Clone, PartialEq)]
 pub struct TurnOutput {
     /// What the turn answers.
     pub result: TurnResult,
     /// The usage to add to `usage.json`, if the run counts as an engine turn.
     pub usage: Option<TurnUsage>,
+    /// The agent CLI's session id, when it reported one (for the audit line).
+    pub session_id: Option<String>,
 }
 
 impl TurnOutput {
@@ -71,6 +73,7 @@ impl TurnOutput {
         TurnOutput {
             result,
             usage: None,
+            session_id: None,
         }
     }
 
@@ -82,169 +85,151 @@ impl TurnOutput {
 
 /// Turns an engine's exit and output (`stdout` as configured by `output`) into a result.
 ///
-/// A failed exit is classified from stderr and stdout, and its message is the engine's
-/// JSON `result`, else the last lines of stderr, else of stdout. A successful exit
-/// replies with stdout (text, one trailing newline dropped) or the JSON `result`,
-/// unless the JSON says `is_error`.
+/// A failed exit is classified from the CLI's own failure message (or, for Gemini CLI,
+/// its exit code), else from stderr and stdout; its message is the CLI's structured
+/// message, else the last lines of stderr, else of stdout. A successful exit replies
+/// with stdout (text, one trailing newline dropped) or the structured reply, unless the
+/// structured output reports a failure (see `engine/parsers.rs`).
 pub fn interpret(output: OutputMode, exit: Exit, stdout: &[u8], stderr: &[u8]) -> TurnOutput {
     let stdout_text = String::from_utf8_lossy(stdout);
     let stderr_text = String::from_utf8_lossy(stderr);
-    let json = match output {
-        OutputMode::Json => json_object(&stdout_text),
-        OutputMode::Text => None,
-    };
-    let usage = match json.as_ref().map(usage_of).transpose() {
-        Ok(usage) => usage,
-        Err(bad) => {
-            // Bad usage is bad output, whatever else the engine said. The turn still
-            // counts, at no cost: nothing it reported can be trusted.
-            return bad_output(bounded(&bad), Some(TurnUsage::default()));
+    let report = match parsers::parse(output, &stdout_text).transpose() {
+        Ok(report) => report,
+        // Bad usage is bad output, whatever else the engine said. The turn still
+        // counts, at no cost: nothing it reported can be trusted.
+        Err(Unreadable::BadUsage(bad)) => {
+            return bad_output(bounded(&bad), Some(TurnUsage::default()))
         }
+        Err(Unreadable::NotStructured) => None,
+    };
+    let usage = report.as_ref().map(|r| r.usage);
+    let session_id = report.as_ref().and_then(|r| r.session_id.clone());
+    let with = |result| TurnOutput {
+        result,
+        usage,
+        session_id: session_id.clone(),
     };
     if exit != Exit::Code(0) {
-        // Prefer the engine's structured message, then stderr, then stdout.
-        let json_message = json
+        let said = report
             .as_ref()
-            .and_then(|v| v.get("result"))
-            .and_then(Value::as_str)
-            .map(str::to_owned);
-        let message = json_message
-            .or_else(|| last_lines(&stderr_text))
-            .or_else(|| last_lines(&stdout_text))
-            .unwrap_or_default();
-        let code =
-            classify(&format!("{stderr_text}\n{stdout_text}")).unwrap_or(ErrorCode::EngineCli);
-        let how = match exit {
-            Exit::Code(code) => format!("engine exited with status {code}"),
-            Exit::Signal(signal) => format!("engine was killed by signal {signal}"),
-            Exit::Unknown => "engine failed".to_owned(),
-        };
-        let mut text = if message.is_empty() {
-            how
-        } else {
-            format!("{how}: {message}")
-        };
-        let mut failure = Failure::new(code, "");
-        if failure.code == ErrorCode::EngineCli
-            && matches!(exit, Exit::Code(c) if COMMAND_NOT_FOUND_STATUSES.contains(&c))
-        {
-            // A command the engine runs is missing: retrying cannot fix that.
-            failure.retryable = false;
-            let lower = format!("{stderr_text}\n{stdout_text}").to_lowercase();
-            if lower.contains(super::preflight::DELEGATION_PROGRAM) {
-                text = format!("{NESTED_LOOPBUS_HINT}: {text}");
-            }
-        }
-        failure.error = bounded(&text);
-        return TurnOutput {
-            result: TurnResult::Failed(failure),
-            usage,
-        };
+            .and_then(|r| r.error.clone().or(r.reply.clone()));
+        return with(TurnResult::Failed(failed_exit(
+            output,
+            exit,
+            said,
+            &stdout_text,
+            &stderr_text,
+        )));
     }
-    match output {
-        OutputMode::Text => {
-            // A text engine reports no usage; the turn still counts.
-            let usage = Some(TurnUsage::default());
-            let Ok(text) = std::str::from_utf8(stdout) else {
-                return bad_output(
-                    "engine output is not UTF-8 (engine.output is \"text\")",
-                    usage,
-                );
-            };
-            let text = text
-                .strip_suffix('\n')
-                .map(|t| t.strip_suffix('\r').unwrap_or(t))
-                .unwrap_or(text);
-            TurnOutput {
-                result: TurnResult::Reply(text.to_owned()),
+    let Some(report) = report else {
+        if output != OutputMode::Text {
+            let why = format!(
+                "engine output is not what engine.output \"{}\" reads",
+                output.as_str()
+            );
+            return bad_output(why, Some(TurnUsage::default()));
+        }
+        // A text engine reports no usage; the turn still counts.
+        let usage = Some(TurnUsage::default());
+        let Ok(text) = std::str::from_utf8(stdout) else {
+            return bad_output(
+                "engine output is not UTF-8 (engine.output is \"text\")",
                 usage,
+            );
+        };
+        let text = text
+            .strip_suffix('\n')
+            .map(|t| t.strip_suffix('\r').unwrap_or(t))
+            .unwrap_or(text);
+        return TurnOutput {
+            result: TurnResult::Reply(text.to_owned()),
+            usage,
+            session_id: None,
+        };
+    };
+    match (report.error, report.reply) {
+        (Some(error), _) => {
+            let code = classify(&error).unwrap_or(report.fallback);
+            with(TurnResult::Failed(Failure::new(code, bounded(&error))))
+        }
+        (None, Some(reply)) => with(TurnResult::Reply(reply)),
+        (None, None) => with(TurnResult::Failed(Failure::new(
+            ErrorCode::EngineCli,
+            format!(
+                "engine output has no reply (engine.output \"{}\")",
+                output.as_str()
+            ),
+        ))),
+    }
+}
+
+/// The failure of an engine that exited with `exit` other than 0. `said` is the CLI's
+/// own structured message, if any: it is the message, and what is classified (the
+/// rest of stdout may quote tool output); else stderr and stdout are. A Gemini CLI exit
+/// code of [`parsers::GEMINI_EXIT_CODES`] decides the code itself.
+fn failed_exit(
+    output: OutputMode,
+    exit: Exit,
+    said: Option<String>,
+    stdout: &str,
+    stderr: &str,
+) -> Failure {
+    let message = said
+        .clone()
+        .or_else(|| last_lines(stderr))
+        .or_else(|| last_lines(stdout))
+        .unwrap_or_default();
+    let documented = match (output, exit) {
+        (OutputMode::GeminiJson, Exit::Code(status)) => parsers::gemini_exit(status),
+        _ => None,
+    };
+    let mut how = match exit {
+        Exit::Code(code) => format!("engine exited with status {code}"),
+        Exit::Signal(signal) => format!("engine was killed by signal {signal}"),
+        Exit::Unknown => "engine failed".to_owned(),
+    };
+    let mut failure = match &documented {
+        Some((code, retryable, meaning)) => {
+            how.push_str(&format!(" (Gemini CLI: {meaning})"));
+            Failure {
+                retryable: *retryable,
+                ..Failure::new(code.clone(), "")
             }
         }
-        OutputMode::Json => {
-            let Some(value) = json else {
-                let why = "engine output is not a JSON object (engine.output is \"json\")";
-                return bad_output(why, Some(TurnUsage::default()));
+        None => {
+            let text = match &said {
+                Some(said) => format!("{said}\n{stderr}"),
+                None => format!("{stderr}\n{stdout}"),
             };
-            let Some(result) = value.get("result").and_then(Value::as_str) else {
-                return bad_output("engine JSON output has no string `result`", usage);
-            };
-            let result = if value.get("is_error").and_then(Value::as_bool) == Some(true) {
-                let code = classify(result).unwrap_or(ErrorCode::Unknown);
-                TurnResult::Failed(Failure::new(code, bounded(result)))
-            } else {
-                TurnResult::Reply(result.to_owned())
-            };
-            TurnOutput { result, usage }
+            Failure::new(classify(&text).unwrap_or(ErrorCode::EngineCli), "")
+        }
+    };
+    let mut text = if message.is_empty() {
+        how
+    } else {
+        format!("{how}: {message}")
+    };
+    if documented.is_none()
+        && failure.code == ErrorCode::EngineCli
+        && matches!(exit, Exit::Code(c) if COMMAND_NOT_FOUND_STATUSES.contains(&c))
+    {
+        // A command the engine runs is missing: retrying cannot fix that.
+        failure.retryable = false;
+        let lower = format!("{stderr}\n{stdout}").to_lowercase();
+        if lower.contains(super::preflight::DELEGATION_PROGRAM) {
+            text = format!("{NESTED_LOOPBUS_HINT}: {text}");
         }
     }
+    failure.error = bounded(&text);
+    failure
 }
 
 /// An `engine_cli` failure: output the engine's `engine.output` mode can't read.
 fn bad_output(message: impl Into<String>, usage: Option<TurnUsage>) -> TurnOutput {
     TurnOutput {
-        result: TurnResult::Failed(Failure::new(ErrorCode::EngineCli, message)),
         usage,
+        ..TurnOutput::failed(ErrorCode::EngineCli, message)
     }
-}
-
-/// The engine's JSON object: the whole of stdout, or else its last non-empty line (an
-/// engine may print a warning before the object).
-fn json_object(stdout: &str) -> Option<Value> {
-    let whole = serde_json::from_str::<Value>(stdout)
-        .ok()
-        .filter(Value::is_object);
-    whole.or_else(|| {
-        let last = stdout.lines().rev().find(|l| !l.trim().is_empty())?;
-        serde_json::from_str::<Value>(last)
-            .ok()
-            .filter(Value::is_object)
-    })
-}
-
-/// The largest cost one turn may report, in US dollars: more is not a real bill but a
-/// broken or hostile engine, and is refused as bad output rather than counted.
-pub const MAX_TURN_COST_USD: f64 = 1_000.0;
-/// The largest token count (of each kind) one turn may report.
-pub const MAX_TURN_TOKENS: u64 = 1_000_000_000;
-
-/// Cost and tokens from a `claude -p --output-format json` object. An absent (or null)
-/// field counts as 0; a present one must be a finite, non-negative number within
-/// [`MAX_TURN_COST_USD`] (an integer within [`MAX_TURN_TOKENS`] for tokens), or the
-/// usage is bad engine output: `Err` says which field.
-fn usage_of(value: &Value) -> Result<TurnUsage, String> {
-    let present = |v: Option<&Value>| v.filter(|v| !v.is_null()).cloned();
-    let tokens = |field: &str| -> Result<u64, String> {
-        let Some(v) = present(value.get("usage").and_then(|u| u.get(field))) else {
-            return Ok(0);
-        };
-        v.as_u64().filter(|n| *n <= MAX_TURN_TOKENS).ok_or_else(|| {
-            format!(
-                "engine reported usage.{field} {v}, not a token count from 0 to {MAX_TURN_TOKENS} (MAX_TURN_TOKENS)"
-            )
-        })
-    };
-    let cost = match present(value.get("total_cost_usd")) {
-        None => 0.0,
-        Some(v) => v
-            .as_f64()
-            .filter(|c| c.is_finite() && (0.0..=MAX_TURN_COST_USD).contains(c))
-            .ok_or_else(|| {
-                format!(
-                    "engine reported total_cost_usd {v}, not a cost from $0 to ${MAX_TURN_COST_USD} a turn (MAX_TURN_COST_USD)"
-                )
-            })?,
-    };
-    let tokens_reported = ["input_tokens", "output_tokens", "cache_read_input_tokens"]
-        .iter()
-        .any(|field| present(value.get("usage").and_then(|u| u.get(*field))).is_some());
-    Ok(TurnUsage {
-        input_tokens: tokens("input_tokens")?,
-        output_tokens: tokens("output_tokens")?,
-        cached_tokens: tokens("cache_read_input_tokens")?,
-        cost_usd: cost,
-        cost_reported: present(value.get("total_cost_usd")).is_some(),
-        tokens_reported,
-    })
 }
 
 /// The last [`MESSAGE_LINES`] non-empty lines of `text`, joined and bounded.
@@ -446,6 +431,135 @@ mod tests {
             };
             assert_eq!(got, *want, "{mode:?} {exit:?} {out:?} {err:?}");
         }
+    }
+
+    /// Each preset CLI's failures through the one classification: "not logged in" in
+    /// each one's shape is `auth`, not retryable; bad output is `engine_cli`.
+    #[test]
+    fn preset_failures_table() {
+        // (mode, exit, stdout, stderr, code, retryable, words of the message)
+        type Row = (
+            OutputMode,
+            Exit,
+            &'static str,
+            &'static str,
+            &'static str,
+            bool,
+            &'static str,
+        );
+        let rows: &[Row] = &[
+            (
+                OutputMode::Json,
+                Exit::Code(1),
+                r#"{"type":"result","subtype":"success","is_error":true,"result":"Not logged in · Please run /login"}"#,
+                "",
+                "auth",
+                false,
+                "engine exited with status 1: Not logged in",
+            ),
+            (
+                OutputMode::Json,
+                Exit::Code(0),
+                r#"{"type":"result","subtype":"error_max_turns","is_error":true,"num_turns":8}"#,
+                "",
+                "engine_cli",
+                true,
+                "claude stopped: error_max_turns",
+            ),
+            (
+                OutputMode::CodexJsonl,
+                Exit::Code(1),
+                "{\"type\":\"thread.started\",\"thread_id\":\"t\"}\n{\"type\":\"turn.failed\",\"error\":{\"message\":\"unexpected status 401 Unauthorized\"}}\n",
+                "Reading prompt from stdin...",
+                "auth",
+                false,
+                "401 Unauthorized",
+            ),
+            (
+                OutputMode::CodexJsonl,
+                Exit::Code(0),
+                r#"{"type":"error","message":"Not logged in"}"#,
+                "",
+                "auth",
+                false,
+                "Not logged in",
+            ),
+            // A tool's output that says "permission denied" is not the CLI's failure.
+            (
+                OutputMode::CodexJsonl,
+                Exit::Code(1),
+                "{\"type\":\"item.completed\",\"item\":{\"type\":\"command_execution\",\"aggregated_output\":\"permission denied\"}}\n{\"type\":\"turn.failed\",\"error\":{\"message\":\"stream disconnected\"}}",
+                "",
+                "engine_cli",
+                true,
+                "stream disconnected",
+            ),
+            (
+                OutputMode::CodexJsonl,
+                Exit::Code(0),
+                r#"{"type":"turn.completed","usage":{"input_tokens":1}}"#,
+                "",
+                "engine_cli",
+                true,
+                "no reply",
+            ),
+            (
+                OutputMode::GeminiJson,
+                Exit::Code(41),
+                r#"{"session_id":"g","error":{"type":"Error","message":"Please set an Auth method","code":41}}"#,
+                "",
+                "auth",
+                false,
+                "status 41 (Gemini CLI: authentication error): Please set an Auth method",
+            ),
+            (
+                OutputMode::GeminiJson,
+                Exit::Code(55),
+                "",
+                "folder is not trusted",
+                "engine_cli",
+                false,
+                "untrusted workspace",
+            ),
+            (
+                OutputMode::GeminiJson,
+                Exit::Code(130),
+                "",
+                "",
+                "engine_cli",
+                true,
+                "interrupted",
+            ),
+            (
+                OutputMode::GeminiJson,
+                Exit::Code(0),
+                "plain text",
+                "",
+                "engine_cli",
+                true,
+                "engine.output \"gemini-json\"",
+            ),
+        ];
+        for (mode, exit, out, err, code, retryable, words) in rows {
+            let run = interpret(*mode, *exit, out.as_bytes(), err.as_bytes());
+            let TurnResult::Failed(f) = &run.result else {
+                panic!("not a failure: {out}")
+            };
+            assert_eq!(
+                (f.code.as_str(), f.retryable),
+                (*code, *retryable),
+                "{mode:?} {exit:?} {out}"
+            );
+            assert!(f.error.contains(words), "{f:?}");
+        }
+        // The session id comes through a failure too.
+        let run = interpret(
+            OutputMode::GeminiJson,
+            Exit::Code(41),
+            br#"{"session_id":"g-1","error":{"message":"x"}}"#,
+            b"",
+        );
+        assert_eq!(run.session_id.as_deref(), Some("g-1"));
     }
 
     #[test]

@@ -148,14 +148,24 @@ pub fn findings(engine: Option<&EngineConfig>) -> Findings {
         Some(program) => find_program(program, &path_var, engine.cwd.as_deref())
             .map(Some)
             .ok_or_else(|| {
-                format!(
+                let problem = format!(
                     "engine command `{program}` is not an executable file{}",
                     if program.contains('/') {
                         ""
                     } else {
                         " on the engine's PATH"
                     }
-                )
+                );
+                match engine.preset {
+                    // The preset's CLI: say which, and the ways to point at it.
+                    Some(preset) => format!(
+                        "{problem} (engine.preset \"{}\": install its CLI, add its \
+                         directory to engine.env.PATH, or set engine.command to its path \
+                         and arguments)",
+                        preset.name()
+                    ),
+                    None => problem,
+                }
             }),
         // The parser refuses an empty command.
         None => Ok(None),
@@ -258,6 +268,20 @@ mod tests {
         assert!(!spawn_failure(&e, &denied).retryable);
         let busy = io::Error::from(io::ErrorKind::WouldBlock);
         assert!(spawn_failure(&e, &busy).retryable);
+    }
+
+    #[test]
+    fn a_missing_preset_cli_is_named_with_the_fix() {
+        let mut e = EngineConfig::from_preset(crate::config::Preset::Codex);
+        e.env.insert("PATH".to_owned(), "/nonexistent".to_owned());
+        let found = warnings(&e);
+        assert!(
+            found.iter().any(|w| w
+                .contains("`codex` is not an executable file on the engine's PATH")
+                && w.contains("engine.preset \"codex\"")
+                && w.contains("engine.command")),
+            "{found:?}"
+        );
     }
 
     #[test]

@@ -488,6 +488,7 @@ mod tests {
             max_turn_cost_usd: None,
             cwd: None,
             env: Default::default(),
+            preset: None,
         }
     }
 

@@ -20,6 +20,8 @@ pub(super) struct TalkMeta {
     /// The request's `ext.traceId`, or the one the server made for its turn.
     pub(super) trace_id: Option<String>,
     pub(super) parent_request_id: Option<String>,
+    /// The engine's session id, once its turn reported one.
+    pub(super) session_id: Option<String>,
 }
 
 impl TalkMeta {
@@ -33,6 +35,7 @@ impl TalkMeta {
             request_id: None,
             trace_id: None,
             parent_request_id: None,
+            session_id: None,
         }
     }
 
@@ -128,6 +131,7 @@ impl Bus {
             input_tokens: known.map(|()| usage.input_tokens),
             output_tokens: known.map(|()| usage.output_tokens),
             cached_tokens: known.map(|()| usage.cached_tokens),
+            session_id: meta.session_id.as_deref(),
         });
     }
 

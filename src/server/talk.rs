@@ -28,6 +28,7 @@ impl TalkMeta {
                 .parent_request_id
                 .as_ref()
                 .map(|id| id.to_string()),
+            session_id: None,
         }
     }
 }

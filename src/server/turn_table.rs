@@ -361,7 +361,8 @@ impl<C: Copy + Eq + Hash> TurnTable<C> {
             }
             Outcome::Panicked => return self.refuse(turn, Refusal::HandlerPanicked),
         };
-        let state = self.remove(turn)?;
+        let mut state = self.remove(turn)?;
+        state.meta.session_id = output.session_id;
         let result = match state.cancelled {
             Some(_) => TurnResult::Failed(engine::cancelled()),
             None => output.result,

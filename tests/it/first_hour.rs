@@ -139,10 +139,7 @@ fn init_takes_engine_peers_budget_port_and_kind() {
     let out = run(&args, &[], None);
     assert_eq!(out.status.code(), Some(0), "{}", describe(&args, &out));
     let config = read_json(&dir.join("config.json"));
-    assert_eq!(
-        config["engine"],
-        json!({"command": ["claude", "-p", "--output-format", "json"], "output": "json"})
-    );
+    assert_eq!(config["engine"], json!({"preset": "claude"}));
     assert_eq!(config["bus"]["peers"], json!(["alice", "bob"]));
     assert_eq!(config["bus"]["port"], 7801);
     assert_eq!(config["bus"]["kind"], "cc-telegram-bridge");

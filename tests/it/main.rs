@@ -27,6 +27,7 @@ mod discovery;
 mod docs_links;
 mod embedding;
 mod engine_mistakes;
+mod engine_presets;
 mod engine_turns;
 mod first_hour;
 mod foreign_files;

@@ -22,11 +22,14 @@ the options below. No secret is written: the instance makes a fresh one at each
 start and publishes it only in the registry (mode 0600).
 
 --engine E      the engine: `echo` (the built-in echo engine, the default),
-                `claude` (claude -p --output-format json, its JSON read for the
-                reply and the cost), `codex` (codex exec --skip-git-repo-check -,
-                in Codex's read-only sandbox; its stdout is the reply, and it
-                reports no cost), or a command line, split on whitespace
-                (`--engine 'my-engine --fast'`: its stdout is the reply).
+                a preset: `claude`, `codex` or `gemini` (engine.preset: the CLI
+                in its non-interactive mode, its output read by the preset's
+                parser for the reply, the tokens and, for claude, the cost; see
+                docs/configuration.md), `NAME=PATH` (the preset, with its CLI at
+                PATH: `--engine codex=/opt/codex/bin/codex`), or a command line,
+                split on whitespace (`--engine 'my-engine --fast'`: its stdout is
+                the reply). A command line whose program is named claude, codex or
+                gemini takes that preset, and so its parser.
 --peers NAMES   who may call this instance: `*` (every caller, the default) or
                 names separated by commas (`--peers reviewer,planner`).
 --budget USD    budgetUsd: turns are refused once this much is spent; `none`
@@ -61,11 +64,13 @@ for an engine that cannot read stdin, on a machine no one else uses.
 --json          print what was done as one JSON object: {\"config\", \"name\",
                 \"backup\", \"running\", \"engineFound\"} instead of sentences.
 
-init warns when the engine command it wrote is not found on PATH.
+init warns when the engine command it wrote (a preset's CLI included) is not found
+on the engine's PATH (engine.env.PATH, else PATH), and still writes the file.
 
 Examples:
   loopbus init worker && loopbus serve worker
   loopbus init worker --engine claude --peers reviewer --budget 5
+  loopbus init coder --engine codex=$HOME/.local/bin/codex
   loopbus init ./my-root/worker --force --budget 10
 ";
 
@@ -191,10 +196,16 @@ pub fn run(args: &[String]) -> Result<i32, CommandError> {
         };
         said.push_str(&format!("\n{how}the old one is {}", backup.display()));
     }
+    if let Some(note) = settings.engine.as_ref().and_then(EngineChoice::note) {
+        said.push_str(&format!("\nnote: {note}"));
+    }
     if let Some(problem) = &missing {
+        let fix = match written.engine.as_ref().and_then(|e| e.preset) {
+            Some(preset) => format!("or give its path: --engine {}=PATH", preset.name()),
+            None => "or --engine names another command".to_owned(),
+        };
         said.push_str(&format!(
-            "\nwarning: {problem}: every turn fails until it is installed (or --engine \
-             names another command)"
+            "\nwarning: {problem}: every turn fails until it is installed ({fix})"
         ));
     }
     match running {

@@ -4,30 +4,8 @@
 //! budget and peers it was not told to change).
 
 use crate::cli::{usage, UsageError};
-use loopbus::{InstanceName, Secret, DEFAULT_ACCEPT_KINDS, DEFAULT_MAX_DEPTH};
+use loopbus::{InstanceName, Preset, Secret, DEFAULT_ACCEPT_KINDS, DEFAULT_MAX_DEPTH};
 use serde_json::{json, Map, Value};
-
-/// The engines `--engine` knows by name: the preset, its argv, and its
-/// `engine.output`. Any other `--engine` value is a command line, split on whitespace.
-/// (`echo`, the built-in engine, is no command: it removes `engine`.)
-///
-/// - `claude`: Claude Code's print mode; its JSON result carries the reply and the cost.
-/// - `codex`: Codex's non-interactive mode: `-` reads the prompt from stdin, the final
-///   message is its stdout (progress goes to stderr), it runs in Codex's default
-///   read-only sandbox, and `--skip-git-repo-check` lets it run outside a git
-///   repository. Its text output reports no cost for `budgetUsd` to count.
-pub const ENGINE_PRESETS: &[(&str, &[&str], &str)] = &[
-    (
-        "claude",
-        &["claude", "-p", "--output-format", "json"],
-        "json",
-    ),
-    (
-        "codex",
-        &["codex", "exec", "--skip-git-repo-check", "-"],
-        "text",
-    ),
-];
 
 /// The `--engine` value that means the built-in echo engine.
 pub const ECHO_PRESET: &str = "echo";
@@ -37,41 +15,103 @@ pub const ECHO_PRESET: &str = "echo";
 pub enum EngineChoice {
     /// The built-in echo engine: no `engine` key.
     Echo,
-    /// This argv, read as this `engine.output`.
-    Command {
-        /// The argv.
-        command: Vec<String>,
-        /// `"json"` or `"text"`.
-        output: &'static str,
+    /// `engine.preset`, with `engine.command` when the CLI was given by path
+    /// (`codex=/opt/codex`) or as a command line whose program is the CLI
+    /// (`/opt/claude -p --output-format json`): either way the preset's parser reads it.
+    Preset {
+        /// The preset.
+        preset: Preset,
+        /// `engine.command`, or `None` for the preset's own.
+        command: Option<Vec<String>>,
     },
+    /// A command line that is no preset's CLI: its stdout is the reply.
+    Command(Vec<String>),
 }
 
 impl EngineChoice {
-    /// A preset's name or a command line.
+    /// `echo`, a preset's name (`claude`, `codex`, `gemini`), `NAME=PATH` (the preset
+    /// with its CLI at PATH), or a command line split on whitespace. A command line
+    /// whose program's file name is a preset's CLI takes that preset.
     ///
     /// # Errors
-    /// The value is empty or blank.
+    /// The value is empty or blank, or `NAME=` has no path.
     pub fn parse(text: &str) -> Result<EngineChoice, UsageError> {
         if text == ECHO_PRESET {
             return Ok(EngineChoice::Echo);
         }
-        if let Some((_, argv, output)) = ENGINE_PRESETS.iter().find(|(name, ..)| *name == text) {
-            return Ok(EngineChoice::Command {
-                command: argv.iter().map(|a| (*a).to_owned()).collect(),
-                output,
+        if let Some(preset) = Preset::from_name(text) {
+            return Ok(EngineChoice::Preset {
+                preset,
+                command: None,
             });
         }
-        let command: Vec<String> = text.split_whitespace().map(str::to_owned).collect();
-        if command.is_empty() {
-            return Err(usage(
-                "`--engine` must be echo, claude, codex, or a command line such as \
-                 `my-engine --flag`",
-            ));
+        let with_path = |preset: Preset, path: &str| EngineChoice::Preset {
+            preset,
+            command: Some(
+                std::iter::once(path)
+                    .chain(preset.command().iter().skip(1).copied())
+                    .map(str::to_owned)
+                    .collect(),
+            ),
+        };
+        if let Some((name, path)) = text.split_once('=') {
+            if let Some(preset) = Preset::from_name(name) {
+                if path.trim().is_empty() {
+                    return Err(usage(format!(
+                        "`--engine {name}=PATH` needs the path of the {name} CLI"
+                    )));
+                }
+                return Ok(with_path(preset, path));
+            }
         }
-        Ok(EngineChoice::Command {
-            command,
-            output: "text",
-        })
+        let command: Vec<String> = text.split_whitespace().map(str::to_owned).collect();
+        let Some(program) = command.first() else {
+            return Err(usage(
+                "`--engine` must be echo, claude, codex, gemini, NAME=PATH, or a command line \
+                 such as `my-engine --flag`",
+            ));
+        };
+        let file_name = std::path::Path::new(program)
+            .file_name()
+            .and_then(|n| n.to_str());
+        match file_name.and_then(Preset::from_name) {
+            Some(preset) if command.iter().eq(preset.command()) => Ok(EngineChoice::Preset {
+                preset,
+                command: None,
+            }),
+            Some(preset) if command.len() == 1 => Ok(with_path(preset, program)),
+            Some(preset) => Ok(EngineChoice::Preset {
+                preset,
+                command: Some(command),
+            }),
+            None => Ok(EngineChoice::Command(command)),
+        }
+    }
+
+    /// What to tell the user about this choice: a preset's CLI given with arguments
+    /// other than the preset's is still read by the preset's parser.
+    pub fn note(&self) -> Option<String> {
+        let EngineChoice::Preset {
+            preset,
+            command: Some(command),
+        } = self
+        else {
+            return None;
+        };
+        let args = command.iter().skip(1).map(String::as_str);
+        if args.eq(preset.command().iter().skip(1).copied()) {
+            return None;
+        }
+        let name = preset.name();
+        Some(format!(
+            "`{}` is the {name} CLI, so engine.preset \"{name}\" reads its output as \
+             engine.output \"{}\" (what `{}` prints); these arguments differ from the \
+             preset's: check that they print the same (for plain text output, set \
+             \"output\": \"text\" in config.json)",
+            command[0],
+            preset.output().as_str(),
+            preset.command().join(" ")
+        ))
     }
 }
 
@@ -194,27 +234,39 @@ impl Settings {
             }
             None => {}
         }
-        match &self.engine {
+        let engine = match &self.engine {
+            None => return,
             Some(EngineChoice::Echo) => {
                 config.remove("engine");
+                return;
             }
-            Some(EngineChoice::Command { command, output }) => {
-                let engine = config
-                    .entry("engine")
-                    .or_insert_with(|| Value::Object(Map::new()));
-                if !engine.is_object() {
-                    *engine = Value::Object(Map::new());
-                }
-                if let Value::Object(engine) = engine {
-                    engine.insert("command".to_owned(), json!(command));
-                    if *output == "text" {
-                        engine.remove("output"); // the default
-                    } else {
-                        engine.insert("output".to_owned(), json!(output));
-                    }
-                }
+            Some(_) => config
+                .entry("engine")
+                .or_insert_with(|| Value::Object(Map::new())),
+        };
+        if !engine.is_object() {
+            *engine = Value::Object(Map::new());
+        }
+        let Value::Object(engine) = engine else {
+            return;
+        };
+        match &self.engine {
+            Some(EngineChoice::Preset { preset, command }) => {
+                engine.insert("preset".to_owned(), json!(preset.name()));
+                match command {
+                    Some(command) => engine.insert("command".to_owned(), json!(command)),
+                    None => engine.remove("command"),
+                };
+                // The preset's own prompt mode and parser.
+                engine.remove("output");
+                engine.remove("prompt");
             }
-            None => {}
+            Some(EngineChoice::Command(command)) => {
+                engine.insert("command".to_owned(), json!(command));
+                engine.remove("preset");
+                engine.remove("output"); // "text", the default
+            }
+            Some(EngineChoice::Echo) | None => {}
         }
     }
 
@@ -254,39 +306,97 @@ mod tests {
 
     #[test]
     fn engine_choices() {
-        assert_eq!(EngineChoice::parse("echo").unwrap(), EngineChoice::Echo);
-        assert_eq!(
-            EngineChoice::parse("claude").unwrap(),
-            EngineChoice::Command {
-                command: vec![
-                    "claude".into(),
-                    "-p".into(),
-                    "--output-format".into(),
-                    "json".into()
-                ],
-                output: "json"
+        let preset = |preset, command: Option<&[&str]>| EngineChoice::Preset {
+            preset,
+            command: command.map(|c| c.iter().map(|a| (*a).to_owned()).collect()),
+        };
+        let rows: &[(&str, EngineChoice)] = &[
+            ("echo", EngineChoice::Echo),
+            ("claude", preset(Preset::Claude, None)),
+            ("codex", preset(Preset::Codex, None)),
+            ("gemini", preset(Preset::Gemini, None)),
+            (
+                "codex=/opt/my codex/codex",
+                preset(
+                    Preset::Codex,
+                    Some(&[
+                        "/opt/my codex/codex",
+                        "exec",
+                        "--json",
+                        "--skip-git-repo-check",
+                        "-",
+                    ]),
+                ),
+            ),
+            (
+                "/usr/local/bin/gemini",
+                preset(
+                    Preset::Gemini,
+                    Some(&["/usr/local/bin/gemini", "--output-format", "json", "-p"]),
+                ),
+            ),
+            // Issue 21: a path to claude with its arguments kept the text parser.
+            (
+                "/opt/claude -p --output-format json",
+                preset(
+                    Preset::Claude,
+                    Some(&["/opt/claude", "-p", "--output-format", "json"]),
+                ),
+            ),
+            (
+                "codex exec --json --skip-git-repo-check -",
+                preset(Preset::Codex, None),
+            ),
+            (
+                " my-engine  --fast ",
+                EngineChoice::Command(vec!["my-engine".into(), "--fast".into()]),
+            ),
+            ("other=/x", EngineChoice::Command(vec!["other=/x".into()])),
+        ];
+        for (text, want) in rows {
+            assert_eq!(EngineChoice::parse(text).unwrap(), *want, "{text}");
+        }
+        for bad in ["  ", "codex=", "claude= "] {
+            assert!(EngineChoice::parse(bad).is_err(), "{bad}");
+        }
+        // Arguments other than the preset's are said to be read by its parser.
+        let note = |text| EngineChoice::parse(text).unwrap().note();
+        assert_eq!(note("/opt/claude -p --output-format json"), None);
+        assert_eq!(note("codex=/opt/codex"), None);
+        let said = note("/opt/claude -p").unwrap();
+        assert!(said.contains("engine.output \"json\""), "{said}");
+        assert_eq!(note("my-engine"), None);
+    }
+
+    #[test]
+    fn a_preset_replaces_the_command_and_the_parser_and_a_command_the_preset() {
+        let mut config: Map<String, Value> = serde_json::from_value(json!({
+            "engine": {"command": ["x"], "output": "json", "prompt": "arg", "timeoutSecs": 9}
+        }))
+        .unwrap();
+        let set = |config: &mut Map<String, Value>, engine: &str| {
+            Settings {
+                engine: Some(EngineChoice::parse(engine).unwrap()),
+                ..Settings::default()
             }
-        );
+            .apply(config)
+        };
+        set(&mut config, "gemini");
         assert_eq!(
-            EngineChoice::parse("codex").unwrap(),
-            EngineChoice::Command {
-                command: vec![
-                    "codex".into(),
-                    "exec".into(),
-                    "--skip-git-repo-check".into(),
-                    "-".into()
-                ],
-                output: "text"
-            }
+            config["engine"],
+            json!({"preset": "gemini", "timeoutSecs": 9})
         );
+        set(&mut config, "codex=/opt/codex");
         assert_eq!(
-            EngineChoice::parse(" my-engine  --fast ").unwrap(),
-            EngineChoice::Command {
-                command: vec!["my-engine".into(), "--fast".into()],
-                output: "text"
-            }
+            config["engine"],
+            json!({"preset": "codex", "timeoutSecs": 9,
+                   "command": ["/opt/codex", "exec", "--json", "--skip-git-repo-check", "-"]})
         );
-        assert!(EngineChoice::parse("  ").is_err());
+        set(&mut config, "my-engine -v");
+        assert_eq!(
+            config["engine"],
+            json!({"command": ["my-engine", "-v"], "timeoutSecs": 9})
+        );
     }
 
     #[test]

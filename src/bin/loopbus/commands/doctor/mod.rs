@@ -10,10 +10,11 @@ use crate::cli::{Args, CommandError, EXIT_FAILURE, EXIT_OK};
 use loopbus::{Config, InstanceName, Peers, Secret, TrustKind, CONFIG_FILE};
 use std::io;
 use std::path::{Path, PathBuf};
+use std::time::Duration;
 
 /// Help text.
 pub const HELP: &str = "\
-loopbus doctor [NAME | --state-dir DIR] [--root DIR] [--name NAME] [--json]
+loopbus doctor [NAME | --state-dir DIR] [--root DIR] [--name NAME] [--probe] [--json]
 
 Check the instance NAME (under --root, else $LOOPBUS_ROOT, else ~/.loopbus), or
 the one whose state directory is DIR (--state-dir, else $LOOPBUS_STATE_DIR), and
@@ -30,10 +31,19 @@ the instance's name is DIR's last component, or NAME for an instance started
 with `loopbus serve --name NAME`. Nothing is changed. --json prints
 {\"ok\": BOOL, \"checks\": [{\"level\", \"text\"}]} instead of the lines.
 
-Exit status: 1 if any check fails, else 0 (warnings included); 2 usage error.
+--probe         also run one short real turn through the instance's engine,
+                directly (not over HTTP), with the prompt \"Reply with the word
+                OK.\" and at most 60 s, and show what the engine said: its reply,
+                or the failure's code and message. It catches what no static
+                check can, such as a CLI that is not logged in. The turn is an
+                ordinary one: the budget admits it and usage.json counts it.
+
+Exit status: 1 if any check fails (a failed probe included), else 0 (warnings
+included); 2 usage error.
 
 Examples:
   loopbus doctor worker
+  loopbus doctor worker --probe
   loopbus doctor --state-dir ~/.loopbus/worker --json
   LOOPBUS_STATE_DIR=~/.loopbus/worker loopbus doctor
 ";
@@ -41,6 +51,13 @@ Examples:
 /// A `bus.secret` with fewer distinct characters than this (`aaaaaaaaaaaaaaaaaaaa`) is
 /// warned about as low in variety.
 pub const MIN_SECRET_DISTINCT_CHARS: usize = 8;
+/// The prompt of `doctor --probe`: short, with a reply easy to recognize.
+pub const PROBE_PROMPT: &str = "Reply with the word OK.";
+/// The longest `doctor --probe` waits for the engine (cut to `engine.timeoutSecs`
+/// when that is shorter): enough for an agent CLI's start and one short answer.
+pub const PROBE_TIMEOUT: Duration = Duration::from_secs(60);
+/// How much of the probe's reply is shown, in characters.
+pub const PROBE_EXCERPT_CHARS: usize = 200;
 
 /// How one check came out.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -96,7 +113,7 @@ pub(super) struct Target<'a> {
 /// # Errors
 /// Bad arguments, or no state directory given.
 pub fn run(args: &[String]) -> Result<i32, CommandError> {
-    let args = Args::parse(args, &["state-dir", "root", "name"], &["json"])?;
+    let args = Args::parse(args, &["state-dir", "root", "name"], &["json", "probe"])?;
     if args.help {
         output::print(HELP)?;
         return Ok(EXIT_OK);
@@ -133,6 +150,9 @@ pub fn run(args: &[String]) -> Result<i32, CommandError> {
         None => check_delegation(&mut report, loopbus::engine_findings(None).delegation),
     }
     registry_checks::check(&mut report, &target, config.as_ref());
+    if let Some(config) = config.as_ref().filter(|_| args.switch("probe")) {
+        probe(&mut report, &target, config);
+    }
     if args.switch("json") {
         let checks: Vec<serde_json::Value> = report
             .checks
@@ -329,6 +349,41 @@ fn check_engine(report: &mut Report, config: &Config) {
         )),
     }
     check_delegation(report, found.delegation);
+}
+
+/// One real turn through the engine (`--probe`): its reply, cut, or its failure.
+fn probe(report: &mut Report, t: &Target<'_>, config: &Config) {
+    let said = loopbus::run_engine_once(
+        config,
+        t.name.as_str(),
+        t.state_dir,
+        PROBE_PROMPT,
+        PROBE_TIMEOUT,
+    );
+    match said {
+        Ok(reply) => {
+            let mut excerpt: String = reply.trim().chars().take(PROBE_EXCERPT_CHARS).collect();
+            if reply.trim().chars().count() > PROBE_EXCERPT_CHARS {
+                excerpt.push_str("...");
+            }
+            report.ok(format!("engine probe: the engine replied: {excerpt}"));
+        }
+        Err(failure) => {
+            let fix = match failure.code.as_str() {
+                "auth" => {
+                    "; log the engine's CLI in, as the user `loopbus serve` runs as, then \
+                     probe again"
+                }
+                _ => "",
+            };
+            report.fail(format!(
+                "engine probe failed: {} ({}retryable): {}{fix}",
+                failure.code.as_str(),
+                if failure.retryable { "" } else { "not " },
+                failure.error
+            ));
+        }
+    }
 }
 
 /// `loopbus` on the engine's PATH (`engine.env.PATH`, else ours): a warning, since only
