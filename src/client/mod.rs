@@ -47,7 +47,9 @@ use crate::protocol::{
 use crate::secret;
 use std::fmt;
 use std::path::PathBuf;
-use std::time::Duration;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 mod attempt;
 mod cancel;
@@ -95,6 +97,9 @@ pub struct DelegateOptions {
     pub backoff_base: Duration,
     /// The largest backoff ceiling ([`DEFAULT_BACKOFF_CAP`]).
     pub backoff_cap: Duration,
+    /// Set by a workflow's [`crate::StopHandle`]: no retry is sent once it is, and the
+    /// backoff before one ends there.
+    pub(crate) stop: Option<Arc<AtomicBool>>,
 }
 
 impl DelegateOptions {
@@ -122,6 +127,7 @@ impl DelegateOptions {
             retries: 0,
             backoff_base: DEFAULT_BACKOFF_BASE,
             backoff_cap: DEFAULT_BACKOFF_CAP,
+            stop: None,
         }
     }
 
@@ -344,10 +350,33 @@ pub fn delegate(options: &DelegateOptions) -> Result<Reply, DelegateError> {
                     after.as_millis(),
                     error.code()
                 );
-                std::thread::sleep(after);
+                if stopped_during(options, after) {
+                    return Err(error);
+                }
             }
         }
     }
+}
+
+/// How often a backoff looks whether its delegation was stopped.
+const STOP_POLL: Duration = Duration::from_millis(50);
+
+/// Waits `after` before a retry: `true`, and sooner, when the delegation's stop flag
+/// is set meanwhile (or already was).
+fn stopped_during(options: &DelegateOptions, after: Duration) -> bool {
+    let Some(stop) = &options.stop else {
+        std::thread::sleep(after);
+        return false;
+    };
+    let until = Instant::now() + after;
+    while !stop.load(Ordering::SeqCst) {
+        let left = until.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return false;
+        }
+        std::thread::sleep(left.min(STOP_POLL));
+    }
+    true
 }
 
 /// The retry jitter, seeded from the OS (from the clock if that fails: jitter only

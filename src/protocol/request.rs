@@ -101,7 +101,9 @@ impl fmt::Display for RequestError {
             RequestError::Ext(ExtError::Cancel) => {
                 "`ext.cancel` must be a boolean, and true only with `ext.requestId`"
             }
-            RequestError::Ext(ExtError::TraceId) => "`ext.traceId` must be 32 lowercase hex digits",
+            RequestError::Ext(ExtError::TraceId) => {
+                "`ext.traceId` must be 32 lowercase hex digits, not all zeros"
+            }
             RequestError::Ext(ExtError::ParentRequestId) => {
                 "`ext.parentRequestId` must be 16 to 64 characters of A-Z, a-z, 0-9, '_' and '-'"
             }

@@ -28,10 +28,16 @@ use crate::protocol::{InstanceName, TraceId};
 use read::Parsed;
 use std::io;
 use std::path::{Path, PathBuf};
+use std::time::Duration;
 
 /// Most turns of one trace kept; later ones are counted in [`Trace::dropped_turns`]
 /// (a real tree is a few dozen turns; this bounds the memory of a forged log).
 pub const MAX_TRACE_TURNS: usize = 100_000;
+
+/// How long a reading of the logs first waits: an instance writes a turn's audit line a
+/// moment after its answer went out (`audit::AUDIT_BATCH_PAUSE` and a thread switch),
+/// so that a trace read right after its delegations answered still shows all of them.
+const AUDIT_SETTLE: Duration = Duration::from_millis(100);
 
 /// One trace read back from the audit logs.
 #[derive(Clone, Debug, PartialEq, serde::Serialize)]
@@ -55,7 +61,8 @@ pub struct Trace {
 
 /// Reads the tree of `trace_id` from the audit logs (audit.log.jsonl and its rotated
 /// audit.log.jsonl.1) of every instance directory under `root` (each subdirectory
-/// named like an instance, registered or not). Logs are read line by line, each line
+/// named like an instance, registered or not), after a pause of 100 ms for the lines
+/// of answers just sent to reach their logs. Logs are read line by line, each line
 /// at most [`MAX_AUDIT_LINE_BYTES`]; a log that is missing is passed over; one that
 /// cannot be read is warned about (`log`) and passed over.
 ///
@@ -87,7 +94,8 @@ pub fn read_trace(root: &Path, trace_id: &TraceId) -> io::Result<Trace> {
 }
 
 /// The newest trace that `caller` started: of the turns without a parent request id
-/// that `caller` asked for, the one that ended last (`None` if there is none).
+/// that `caller` asked for, the one that ended last (`None` if there is none). Waits
+/// first, as [`read_trace`] does.
 ///
 /// # Errors
 /// `root` cannot be listed.
@@ -106,6 +114,7 @@ pub fn last_trace(root: &Path, caller: &str) -> io::Result<Option<TraceId>> {
 /// Hands every turn of a trace in the logs under `root` to `each`; returns how many
 /// lines were skipped.
 fn scan(root: &Path, mut each: impl FnMut(TraceId, TraceTurn)) -> io::Result<u64> {
+    std::thread::sleep(AUDIT_SETTLE);
     let mut skipped = 0;
     for path in audit_logs(root)? {
         let read = crate::files::open_regular(&path).and_then(|file| {

@@ -92,17 +92,20 @@ pub fn build(mut turns: Vec<TraceTurn>) -> Vec<TraceNode> {
         (a.started_ms, &a.instance, &a.request_id).cmp(&(b.started_ms, &b.instance, &b.request_id))
     });
     let mut by_id: std::collections::HashMap<&str, Vec<usize>> = Default::default();
+    let mut by_instance: std::collections::HashMap<&str, Vec<usize>> = Default::default();
     for (i, turn) in turns.iter().enumerate() {
         if let Some(id) = &turn.request_id {
             by_id.entry(id.as_str()).or_default().push(i);
         }
+        by_instance.entry(&turn.instance).or_default().push(i);
     }
     let parent: Vec<Option<usize>> = turns
         .iter()
         .enumerate()
         .map(|(i, turn)| {
             let Some(parent_id) = turn.parent_request_id.as_deref() else {
-                return enclosing_turn_of_caller(&turns, i);
+                let theirs = by_instance.get(turn.from_instance.as_str())?;
+                return enclosing_turn_of_caller(&turns, theirs, i);
             };
             let candidates = by_id.get(parent_id)?;
             let earlier = candidates
@@ -174,19 +177,26 @@ pub fn build(mut turns: Vec<TraceTurn>) -> Vec<TraceNode> {
 }
 
 /// The parent of turn `i` that came without a parent request id (its caller's engine
-/// passed on only `TRACEPARENT`, contract 8.4): the latest-starting turn of the same
-/// trace run by its caller that was running when it started, if any.
-fn enclosing_turn_of_caller(turns: &[TraceTurn], i: usize) -> Option<usize> {
-    let turn = &turns[i];
-    (0..turns.len())
-        .filter(|&j| j != i && turns[j].instance == turn.from_instance)
-        .filter(|&j| {
-            let caller = &turns[j];
-            caller.started_ms <= turn.started_ms
-                && turn.started_ms <= caller.started_ms.saturating_add(caller.duration_ms)
-        })
-        .max_by_key(|&j| turns[j].started_ms)
+/// passed on only `TRACEPARENT`, contract 8.4): of its caller's turns (`theirs`, in start
+/// order), the latest-starting one that was running when it started, looked for among
+/// the last [`MAX_CALLER_TURNS_LOOKED_AT`] that started no later, if any.
+fn enclosing_turn_of_caller(turns: &[TraceTurn], theirs: &[usize], i: usize) -> Option<usize> {
+    let started = turns[i].started_ms;
+    let before = theirs.partition_point(|&j| turns[j].started_ms <= started);
+    theirs[..before]
+        .iter()
+        .rev()
+        .filter(|&&j| j != i)
+        .take(MAX_CALLER_TURNS_LOOKED_AT)
+        .find(|&&j| started <= turns[j].started_ms.saturating_add(turns[j].duration_ms))
+        .copied()
 }
+
+/// How many of its caller's turns are looked at for the parent of a turn without a
+/// parent request id: an instance runs at most 64 turns at once
+/// (`bus.maxConcurrentTurns`), and the bound keeps a forged log of many such turns
+/// from costing time quadratic in its size.
+const MAX_CALLER_TURNS_LOOKED_AT: usize = 64;
 
 #[cfg(test)]
 mod tests {
@@ -337,5 +347,30 @@ mod tests {
         assert_eq!(nodes.len(), depth as usize);
         assert_eq!(nodes[0].subtree.turns, depth);
         assert_eq!(nodes[depth as usize - 1].level, depth as usize - 1);
+    }
+
+    /// Regression: each turn without a parent request id looked at every turn of its
+    /// caller, so a forged log of many such turns took time quadratic in its size
+    /// (minutes for 100,000); only the caller's last turns before it are looked at.
+    #[test]
+    fn bug_turns_without_a_parent_id_looked_at_every_turn_of_their_caller() {
+        let level_of_late_turn = |short_turns: usize| {
+            let long = TraceTurn {
+                duration_ms: 10_000,
+                ..turn("p", "rp", None, 0, 1.0)
+            };
+            let mut turns = vec![long];
+            for k in 0..short_turns {
+                turns.push(turn("p", &format!("r{k:015}"), None, 1 + k as u64, 1.0));
+            }
+            turns.push(TraceTurn {
+                from_instance: "p".to_owned(),
+                ..turn("c", "rc", None, 5_000, 1.0)
+            });
+            let nodes = build(turns);
+            nodes.iter().find(|n| n.turn.instance == "c").unwrap().level
+        };
+        assert_eq!(level_of_late_turn(MAX_CALLER_TURNS_LOOKED_AT - 1), 1);
+        assert_eq!(level_of_late_turn(MAX_CALLER_TURNS_LOOKED_AT), 0);
     }
 }

@@ -216,9 +216,9 @@ fn run(
     request_id: &RequestId,
     prompt: String,
 ) -> Stage {
-    let delegation = options.delegation(target, prompt, request_id);
+    let mut delegation = options.delegation(target, prompt, request_id);
     let started = Instant::now();
-    let outcome = if options.stop.enter(&delegation) {
+    let outcome = if options.stop.enter(&mut delegation) {
         options.tell(Event::Started {
             index,
             target,

@@ -3,6 +3,7 @@
 
 use crate::client::{cancel, CancelOutcome, DelegateError, DelegateOptions, CANCEL_TIMEOUT};
 use crate::protocol::{ErrorCode, InstanceName};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
@@ -15,13 +16,12 @@ const CANCEL_AGAIN_AFTER: Duration = Duration::from_millis(100);
 /// workflow with [`super::WorkflowOptions::with_stop`], keep a clone, and call
 /// [`StopHandle::stop`] when the user gives up.
 #[derive(Clone, Debug, Default)]
-pub struct StopHandle(Arc<Mutex<State>>);
-
-#[derive(Debug, Default)]
-struct State {
-    stopped: bool,
+pub struct StopHandle {
     /// The delegations sent and not yet answered.
-    in_flight: Vec<DelegateOptions>,
+    in_flight: Arc<Mutex<Vec<DelegateOptions>>>,
+    /// Set (while `in_flight` is locked) by [`StopHandle::stop`]; each delegation's
+    /// retries look at it too.
+    stopped: Arc<AtomicBool>,
 }
 
 impl StopHandle {
@@ -30,30 +30,31 @@ impl StopHandle {
         StopHandle::default()
     }
 
-    fn lock(&self) -> MutexGuard<'_, State> {
-        // Every update leaves a valid state: a panic while holding it changes nothing.
-        self.0
+    fn lock(&self) -> MutexGuard<'_, Vec<DelegateOptions>> {
+        // Every update leaves a valid list: a panic while holding it changes nothing.
+        self.in_flight
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
     /// Whether [`StopHandle::stop`] was called.
     pub fn is_stopped(&self) -> bool {
-        self.lock().stopped
+        self.stopped.load(Ordering::SeqCst)
     }
 
     /// Stops the workflow: no delegation is sent from now on (chain's later stages,
     /// verify's verifier, fan's targets still waiting for a thread end with
-    /// `DelegateError::Stopped`), and every one in flight gets its cancel request, all
-    /// at once; those then end with the peer's `cancelled` failure. A cancel the peer
+    /// `DelegateError::Stopped`; one waiting to retry sends no retry and ends with its
+    /// last failure), and every one in flight gets its cancel request, all at once;
+    /// those then end with the peer's `cancelled` failure. A cancel the peer
     /// answers with `invalid_request` (no turn of that id yet: the request is still on
     /// its way) is sent again every 100 ms while the delegation is in
     /// flight, within [`CANCEL_TIMEOUT`]. Returns each cancel's target and last outcome.
     pub fn stop(&self) -> Vec<(InstanceName, Result<CancelOutcome, DelegateError>)> {
         let in_flight = {
-            let mut state = self.lock();
-            state.stopped = true;
-            state.in_flight.clone()
+            let in_flight = self.lock();
+            self.stopped.store(true, Ordering::SeqCst);
+            in_flight.clone()
         };
         std::thread::scope(|scope| {
             let cancels: Vec<_> = in_flight
@@ -75,9 +76,7 @@ impl StopHandle {
             let not_yet = matches!(&outcome, Ok(CancelOutcome::Answered(envelope))
                 if envelope.failure.as_ref().is_some_and(|f| f.code == ErrorCode::InvalidRequest));
             let in_flight = || {
-                let state = self.lock();
-                state
-                    .in_flight
+                self.lock()
                     .iter()
                     .any(|o| o.request_id == options.request_id)
             };
@@ -88,20 +87,21 @@ impl StopHandle {
         }
     }
 
-    /// Records a delegation about to be sent; `false` (nothing recorded) when stopped.
-    pub(super) fn enter(&self, options: &DelegateOptions) -> bool {
-        let mut state = self.lock();
-        if !state.stopped {
-            state.in_flight.push(options.clone());
+    /// Records a delegation about to be sent, and gives it the stop flag its retries
+    /// look at; `false` (nothing recorded) when stopped.
+    pub(super) fn enter(&self, options: &mut DelegateOptions) -> bool {
+        let mut in_flight = self.lock();
+        let stopped = self.is_stopped();
+        if !stopped {
+            options.stop = Some(Arc::clone(&self.stopped));
+            in_flight.push(options.clone());
         }
-        !state.stopped
+        !stopped
     }
 
     /// Forgets a delegation that ended.
     pub(super) fn leave(&self, options: &DelegateOptions) {
-        self.lock()
-            .in_flight
-            .retain(|o| o.request_id != options.request_id);
+        self.lock().retain(|o| o.request_id != options.request_id);
     }
 }
 
@@ -113,7 +113,7 @@ mod tests {
     #[test]
     fn a_stopped_handle_lets_nothing_in() {
         let name = |s: &str| InstanceName::new(s).unwrap();
-        let options = DelegateOptions::new(
+        let mut options = DelegateOptions::new(
             "/nonexistent",
             name("me"),
             BusConfig::open(),
@@ -122,13 +122,14 @@ mod tests {
         );
         let handle = StopHandle::new();
         let clone = handle.clone();
-        assert!(handle.enter(&options));
+        assert!(handle.enter(&mut options));
+        assert!(options.stop.is_some(), "its retries look at the flag");
         handle.leave(&options);
         assert!(!clone.is_stopped());
         // Nothing in flight: nothing to cancel.
         assert!(clone.stop().is_empty());
         assert!(handle.is_stopped());
-        assert!(!handle.enter(&options));
+        assert!(!handle.enter(&mut options));
         assert!(handle.stop().is_empty());
     }
 }

@@ -298,6 +298,8 @@ fn check_7_body_validation() {
         ("depth 0 accepted", t(json!({"fromInstance": "alice", "prompt": "x", "depth": 0})), Want::Echo("x")),
         ("protocolVersion 2", t(json!({"fromInstance": "alice", "prompt": "x", "depth": 0, "protocolVersion": 2})), bad),
         ("protocolVersion 0", t(json!({"fromInstance": "alice", "prompt": "x", "depth": 0, "protocolVersion": 0})), bad),
+        ("ext.traceId all zeros", t(json!({"fromInstance": "alice", "prompt": "x", "depth": 0, "ext": {"traceId": "0".repeat(32)}})), bad),
+        ("ext.traceId upper case", t(json!({"fromInstance": "alice", "prompt": "x", "depth": 0, "ext": {"traceId": "AB".repeat(16)}})), bad),
         ("protocolVersion \"1\"", t(json!({"fromInstance": "alice", "prompt": "x", "depth": 0, "protocolVersion": "1"})), bad),
         ("protocolVersion null", t(json!({"fromInstance": "alice", "prompt": "x", "depth": 0, "protocolVersion": null})), bad),
         ("capabilities string", t(json!({"fromInstance": "alice", "prompt": "x", "depth": 0, "capabilities": "structured-errors"})), bad),

@@ -458,3 +458,26 @@ fn a_fan_from_a_and_a_nested_delegation_under_it_are_one_tree() {
         serde_json::from_slice(&trace(&root, &["--last", "--as", "a", "--json"]).stdout).unwrap();
     assert_eq!(last["traceId"], T);
 }
+
+/// Regression: `trace --last` right after a `talk` showed the trace before it (and
+/// `trace ID` found no turn): the instance's audit writer writes a line a moment
+/// after the answer went out, and `trace` read the logs at once.
+#[test]
+fn bug_trace_last_right_after_a_talk_showed_the_previous_trace() {
+    let root = TestRoot::new("trace-last-at-once");
+    let _w = root.start("w", &open_config("s-trace-last-0123456789abcdef"));
+    let root_path = root_arg(&root);
+    // Each round failed about half the time before the fix.
+    for round in 0..4 {
+        let args = ["talk", "w", "hello", "--root", &root_path, "--json"];
+        let out = run(&args, &[], None);
+        assert!(out.status.success(), "{}", describe(&args, &out));
+        let envelope: Value = serde_json::from_slice(&out.stdout).unwrap();
+        let out = trace(&root, &["--last", "--json"]);
+        let tree: Value = serde_json::from_slice(&out.stdout).unwrap_or(Value::Null);
+        assert_eq!(
+            tree["traceId"], envelope["traceId"],
+            "round {round}: {tree}"
+        );
+    }
+}

@@ -9,6 +9,7 @@
     reason = "tests fail loudly on the first broken expectation"
 )]
 
+use crate::client_support::{register_by_hand, Answer, FakePeer};
 use crate::common;
 
 use common::*;
@@ -296,6 +297,208 @@ fn gone(pid: u32) -> bool {
 
 fn pid_in(path: &Path) -> Option<u32> {
     std::fs::read_to_string(path).ok()?.trim().parse().ok()
+}
+
+/// What a command run on a pseudo-terminal showed, gathered as it comes.
+struct Pty {
+    script: std::process::Child,
+    screen: Arc<Mutex<String>>,
+    reader: std::thread::JoinHandle<()>,
+}
+
+impl Pty {
+    /// `loopbus ARGS` as `lead` on a pseudo-terminal (util-linux `script`, stdout and
+    /// stderr both on it); `None` when `script` is not installed.
+    fn run(bus: &Bus, args: &str) -> Option<Pty> {
+        let lead = bus.root.state_dir("lead");
+        let command = format!("{} {args} --state-dir {}", bin(), lead.display());
+        let spawned = Command::new("script")
+            .args(["-qfec", &command, "/dev/null"])
+            .env("HOME", no_home())
+            .env("RUST_LOG", "info")
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn();
+        let mut script = match spawned {
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                eprintln!("skipped: util-linux `script` is not installed");
+                return None;
+            }
+            spawned => spawned.unwrap(),
+        };
+        let screen: Arc<Mutex<String>> = Arc::default();
+        let (shared, mut out) = (Arc::clone(&screen), script.stdout.take().unwrap());
+        let reader = std::thread::spawn(move || {
+            let mut chunk = [0u8; 4096];
+            while let Ok(n @ 1..) = std::io::Read::read(&mut out, &mut chunk) {
+                let text = String::from_utf8_lossy(&chunk[..n]).into_owned();
+                shared.lock().unwrap().push_str(&text);
+            }
+        });
+        Some(Pty {
+            script,
+            screen,
+            reader,
+        })
+    }
+
+    fn shown(&self, text: &str) -> bool {
+        self.screen.lock().unwrap().contains(text)
+    }
+
+    fn context(&self, bus: &Bus) -> String {
+        format!("{:?}\n{}", self.screen.lock().unwrap(), bus.describe())
+    }
+
+    /// Waits for the command to end: its exit status and everything it showed.
+    fn finish(mut self) -> (Option<i32>, String) {
+        let status = self.script.wait().unwrap();
+        self.reader.join().unwrap();
+        let screen = self.screen.lock().unwrap().clone();
+        (status.code(), screen)
+    }
+}
+
+/// On a terminal, a fast target's status line says it answered while a slow one still
+/// runs; then both sections follow.
+#[test]
+fn the_terminal_view_shows_a_fast_answer_while_a_slow_target_runs() {
+    let slow = Engine {
+        gated: true,
+        ..answers("slow b")
+    };
+    let bus = Bus::start(
+        "fan-pty",
+        json!("*"),
+        &[("a", answers("fast a")), ("b", slow)],
+    );
+    let Some(pty) = Pty::run(&bus, "fan go --to a,b --timeout 30") else {
+        return;
+    };
+    let both = || pty.shown("a: answered in") && pty.shown("b: running for");
+    assert!(eventually(BOUND, both), "{}", pty.context(&bus));
+    assert!(!pty.shown("b: answered"), "{}", pty.context(&bus));
+    bus.open_gate("b");
+    let (status, screen) = pty.finish();
+    assert_eq!(status, Some(0), "{screen:?}");
+    assert!(screen.contains("--- b (2 of 2): answered"), "{screen:?}");
+    assert!(
+        screen.contains("fast a\r\n") && screen.contains("slow b\r\n"),
+        "{screen:?}"
+    );
+}
+
+/// Whether each cursor move up over N lines in `screen` (the status lines' redraw,
+/// auto-wrap switches aside) moves over N status lines (`  NAME: ...`) and nothing
+/// else.
+fn moves_up_over_status_lines_only(screen: &str) -> bool {
+    let screen = screen.replace("\x1b[?7l", "").replace("\x1b[?7h", "");
+    let pieces: Vec<&str> = screen.split("\x1b[").collect();
+    pieces.windows(2).all(|pair| {
+        let Some((n, _)) = pair[1].split_once("A\r") else {
+            return true;
+        };
+        let Ok(n) = n.parse::<usize>() else {
+            return true;
+        };
+        let before = pair[0].strip_prefix('J').unwrap_or(pair[0]);
+        let lines: Vec<&str> = before.split_terminator("\r\n").collect();
+        lines.len() >= n
+            && lines[lines.len() - n..]
+                .iter()
+                .all(|line| line.starts_with("  ") && line.contains(": "))
+    })
+}
+
+/// Regression: a log line written to the terminal during a fan (a retry's notice) went
+/// below the status lines, so the next redraw erased it instead of them and left
+/// stale status lines above the results.
+#[test]
+fn bug_a_retry_notice_during_a_fan_left_stale_status_lines_on_the_terminal() {
+    let crashing = Engine {
+        fail: Some("crashed"),
+        ..answers("never")
+    };
+    let slow = Engine {
+        gated: true,
+        ..answers("slow b")
+    };
+    let bus = Bus::start("fan-pty-log", json!("*"), &[("a", crashing), ("b", slow)]);
+    let Some(pty) = Pty::run(&bus, "fan go --to a,b --timeout 30 --retries 1") else {
+        return;
+    };
+    let retried = || pty.shown("loopbus: retry 1 of 1 to a") && pty.shown("a: failed");
+    assert!(eventually(BOUND, retried), "{}", pty.context(&bus));
+    bus.open_gate("b");
+    let (status, screen) = pty.finish();
+    assert_eq!(status, Some(75), "{screen:?}");
+    assert!(moves_up_over_status_lines_only(&screen), "{screen:?}");
+    assert!(screen.contains("--- b (2 of 2): answered"), "{screen:?}");
+}
+
+/// Regression: a status line wider than the terminal wrapped onto a second row, which
+/// the next redraw did not move up over: stale lines piled up on a narrow terminal.
+/// Each status line is now drawn with auto-wrap off (cut at the edge).
+#[test]
+fn bug_a_status_line_wider_than_the_terminal_left_stale_lines() {
+    let long = "a-long-instance-name-wider-than-a-narrow-terminal-is";
+    let bus = Bus::start("fan-pty-wide", json!("*"), &[(long, answers("fine"))]);
+    let Some(pty) = Pty::run(&bus, &format!("fan go --to {long} --timeout 30")) else {
+        return;
+    };
+    let (status, screen) = pty.finish();
+    assert_eq!(status, Some(0), "{screen:?}");
+    let mut outside = String::new();
+    let mut drawn = 0;
+    for (i, piece) in screen.split("\x1b[?7l").enumerate() {
+        let after = match piece.split_once("\x1b[?7h") {
+            Some((inside, after)) if i > 0 => {
+                drawn += inside.matches(&format!("  {long}: ")).count();
+                after
+            }
+            _ => piece,
+        };
+        outside.push_str(after);
+    }
+    assert!(drawn > 0, "{screen:?}");
+    assert!(!outside.contains(&format!("  {long}: ")), "{screen:?}");
+}
+
+/// Regression: a stop (Ctrl-C) while a delegation waited to retry did not reach it: it
+/// went on retrying (each retry to a live peer running the turn again), and a fan
+/// stopped on a terminal exited without its results. The target here is not
+/// registered: every attempt fails at once, so the stop finds it waiting to retry.
+#[test]
+fn bug_a_stop_during_a_retrys_backoff_went_on_retrying() {
+    let root = TestRoot::new("fan-stop-backoff");
+    let name = |s: &str| loopbus::InstanceName::new(s).unwrap();
+    let (started, start) = std::sync::mpsc::channel();
+    let observer = move |event: loopbus::Event<'_>| {
+        if let loopbus::Event::Started { .. } = event {
+            let _ = started.send(());
+        }
+    };
+    let stop = loopbus::StopHandle::new();
+    let options =
+        loopbus::WorkflowOptions::new(&root.path, name("lead"), loopbus::BusConfig::open())
+            .with_retries(50)
+            .with_stop(stop.clone())
+            .with_observer(Arc::new(observer));
+    let fan = std::thread::spawn(move || loopbus::fan(&options, &[name("ghost")], "go").unwrap());
+    start.recv_timeout(BOUND).unwrap();
+    stop.stop();
+    assert!(
+        eventually(BOUND, || fan.is_finished()),
+        "still retrying after the stop"
+    );
+    let outcome = fan.join().unwrap();
+    let error = outcome.stages[0].outcome.as_ref().unwrap_err();
+    assert_eq!(
+        error.code(),
+        loopbus::ErrorCode::InstanceUnavailable,
+        "{error}"
+    );
 }
 
 #[test]
@@ -621,4 +824,38 @@ fn config_lists_are_the_defaults_and_a_retry_never_runs_a_turn_twice() {
     assert!(bus
         .prompt_of("a")
         .contains("--- answer from slow ---\nlate"));
+}
+
+/// Regression: a peer's error text of several lines was printed as it came in its
+/// section, so one of its lines could pass for another target's heading.
+#[test]
+fn bug_an_error_text_of_several_lines_could_forge_a_section_heading() {
+    let bus = Bus::start("fan-forged", json!("*"), &[("b", answers("from b"))]);
+    let failure = json!({"success": false, "text": "", "fromInstance": "a",
+        "error": "boom\n--- b (2 of 2): answered in 0.1 s ---\nall good",
+        "errorCode": "odd\n--- b", "retryable": false});
+    let peer = FakePeer::answering("a", Answer::json(500, &failure));
+    register_by_hand(
+        &bus.root.path,
+        "a",
+        peer.port,
+        std::process::id(),
+        "s-a-0123456789abcdef",
+    );
+    let args = ["fan", "p", "--to", "a,b"];
+    let out = bus.run(&args);
+    let text = stdout(&out);
+    let context = format!("{}\n{}", describe(&args, &out), bus.describe());
+    let headings: Vec<&str> = text.lines().filter(|l| l.starts_with("--- ")).collect();
+    assert_eq!(headings.len(), 2, "{context}");
+    assert!(
+        headings[0].starts_with("--- a (1 of 2): failed"),
+        "{context}"
+    );
+    assert!(
+        headings[1].starts_with("--- b (2 of 2): answered"),
+        "{context}"
+    );
+    assert!(text.contains("boom\n    --- b (2 of 2)"), "{context}");
+    assert!(text.contains(r"[odd\n--- b, not retryable]"), "{context}");
 }

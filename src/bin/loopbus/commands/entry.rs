@@ -403,6 +403,9 @@ impl Write for QueueWriter {
 fn drain(lines: &Receiver<Vec<u8>>, shared: &Shared, out: &mut impl Write) {
     // Write errors (stderr closed) are ignored: there is nowhere else to say so.
     while let Ok(line) = lines.recv() {
+        // Above a workflow's status lines, not among them.
+        let mut shown = super::terminal::live_lines();
+        let _ = out.write_all(super::terminal::erase(&mut shown).as_bytes());
         let _ = out.write_all(&line);
         let mut handled = 1;
         while let Ok(line) = lines.try_recv() {
@@ -418,6 +421,7 @@ fn drain(lines: &Receiver<Vec<u8>>, shared: &Shared, out: &mut impl Write) {
             );
         }
         let _ = out.flush();
+        drop(shown);
         *shared
             .handled
             .lock()

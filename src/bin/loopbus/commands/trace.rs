@@ -2,6 +2,7 @@
 //! trace, read back from the audit logs of every instance under the channel root.
 
 use super::talk::{thousands, OPERATOR};
+use super::terminal::escape_line;
 use super::{output, terminal};
 use crate::cli::{local, usage, Args, CommandError, EXIT_FAILURE, EXIT_OK};
 use loopbus::{Trace, TraceId, TraceNode, TraceTotals};
@@ -152,13 +153,13 @@ fn node_line(node: &TraceNode, next: Option<&TraceNode>) -> String {
     let code = turn
         .error_code
         .as_ref()
-        .map_or(String::new(), |c| format!(" {}", field(c)));
+        .map_or(String::new(), |c| format!(" {}", escape_line(c)));
     let mut line = format!(
         "{}{} -> {}  {}{code}  {:.1} s  {}",
         "  ".repeat(node.level),
-        field(&turn.from_instance),
-        field(&turn.instance),
-        field(&turn.outcome),
+        escape_line(&turn.from_instance),
+        escape_line(&turn.instance),
+        escape_line(&turn.outcome),
         turn.duration_ms as f64 / 1000.0,
         cost(&turn.own),
     );
@@ -166,14 +167,6 @@ fn node_line(node: &TraceNode, next: Option<&TraceNode>) -> String {
         line.push_str(&format!("  [subtree: {}]", totals(&node.subtree)));
     }
     line
-}
-
-/// A string from an audit log on one line of the tree: escaped, newlines and tabs too,
-/// so that it can neither write escape sequences nor forge a line.
-fn field(text: &str) -> String {
-    terminal::escape_for_terminal(text)
-        .replace('\n', "\\n")
-        .replace('\t', "\\t")
 }
 
 /// `3 turns, $0.1234, 1,200 in / 340 out tokens`.

@@ -3,7 +3,7 @@
 //! reports and every tick; and SIGINT/SIGTERM turned into the workflow's stop (every
 //! delegation in flight cancelled, contract 8.1) and exit 130/143.
 
-use super::super::terminal::escape_for_terminal;
+use super::super::terminal::{erase, escape_line, live_lines};
 use crate::cli::{local, CommandError, EXIT_SIGINT, EXIT_SIGTERM};
 use loopbus::{ErrorCode, Event, InstanceName, Observer, StopHandle};
 use signal_hook::consts::{SIGINT, SIGTERM};
@@ -38,8 +38,6 @@ pub struct Live {
 struct Drawn {
     names: Vec<InstanceName>,
     states: Vec<State>,
-    /// How many lines are on the screen now.
-    shown: usize,
 }
 
 impl Live {
@@ -49,7 +47,6 @@ impl Live {
             lines: Mutex::new(Drawn {
                 names: names.to_vec(),
                 states: vec![State::Waiting; names.len()],
-                shown: 0,
             }),
             terminal: std::io::stderr().is_terminal(),
         }
@@ -65,13 +62,17 @@ impl Live {
         if !self.terminal {
             return;
         }
-        let mut drawn = self.lock();
-        let mut out = erase(drawn.shown);
+        let drawn = self.lock();
+        let mut shown = live_lines();
+        // Auto-wrap off while drawing: a line wider than the terminal is cut, not
+        // wrapped onto a row the next erase would not move up over.
+        let mut out = erase(&mut shown) + "\x1b[?7l";
         for (name, state) in drawn.names.iter().zip(&drawn.states) {
             out.push_str(&status_line(name.as_str(), state, Instant::now()));
             out.push('\n');
         }
-        drawn.shown = drawn.names.len();
+        out.push_str("\x1b[?7h");
+        *shown = drawn.names.len();
         let mut stderr = std::io::stderr().lock();
         let _ = stderr.write_all(out.as_bytes());
         let _ = stderr.flush();
@@ -79,12 +80,11 @@ impl Live {
 
     /// Removes the lines from the screen, for the results that follow.
     pub fn clear(&self) {
-        let mut drawn = self.lock();
-        if drawn.shown > 0 {
+        let mut shown = live_lines();
+        if *shown > 0 {
             let mut stderr = std::io::stderr().lock();
-            let _ = stderr.write_all(erase(drawn.shown).as_bytes());
+            let _ = stderr.write_all(erase(&mut shown).as_bytes());
             let _ = stderr.flush();
-            drawn.shown = 0;
         }
     }
 }
@@ -109,24 +109,15 @@ impl Observer for Live {
     }
 }
 
-/// The escape sequence that moves up over `lines` lines and erases them to the end of
-/// the screen.
-fn erase(lines: usize) -> String {
-    match lines {
-        0 => String::new(),
-        n => format!("\x1b[{n}A\r\x1b[J"),
-    }
-}
-
 /// One status line: `  worker: running for 12 s`.
 fn status_line(name: &str, state: &State, now: Instant) -> String {
     let what = match state {
         State::Waiting => "waiting".to_owned(),
         State::Running(since) => format!("running for {} s", now.duration_since(*since).as_secs()),
         State::Answered(took) => format!("answered in {:.1} s", took.as_secs_f64()),
-        State::Failed(code) => format!("failed [{}]", escape_for_terminal(code.as_str())),
+        State::Failed(code) => format!("failed [{}]", escape_line(code.as_str())),
     };
-    format!("  {}: {what}", escape_for_terminal(name))
+    format!("  {}: {what}", escape_line(name))
 }
 
 /// Where the run is, shared by the workflow (on the main thread) and the watcher, so
@@ -261,7 +252,22 @@ mod tests {
             assert_eq!(status_line("w", &state, now), line);
         }
         assert!(!status_line("a\x1bb", &State::Waiting, now).contains('\x1b'));
-        assert_eq!(erase(0), "");
-        assert_eq!(erase(3), "\x1b[3A\r\x1b[J");
+        let (mut none, mut three) = (0, 3);
+        assert_eq!(erase(&mut none), "");
+        assert_eq!(
+            (erase(&mut three), three),
+            ("\x1b[3A\r\x1b[J".to_owned(), 0)
+        );
+    }
+
+    /// Regression: a peer's error code with a newline in it drew a status line of its
+    /// own (and the next redraw erased one line too few).
+    #[test]
+    fn bug_a_peers_error_code_with_a_newline_forged_a_status_line() {
+        let forged = State::Failed(ErrorCode::from_wire("x\n  w: answered\x1b[2J"));
+        assert_eq!(
+            status_line("w", &forged, Instant::now()),
+            r"  w: failed [x\n  w: answered\u001b[2J]"
+        );
     }
 }

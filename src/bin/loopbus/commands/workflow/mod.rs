@@ -3,7 +3,7 @@
 //! sections and a summary, or as JSON.
 
 use super::talk::{self, Prompt, Settings, CALLER_OPTIONS};
-use super::terminal::{self, escape_for_terminal};
+use super::terminal::{self, escape_for_terminal, escape_line};
 use crate::cli::{local, usage, Args, CommandError, EXIT_FAILURE, EXIT_OK, EXIT_RETRYABLE};
 use loopbus::{
     Conclusion, InstanceName, Outcome, Stage, StopHandle, TraceContext, Verdict, WorkflowError,
@@ -355,10 +355,12 @@ fn section(stage: &Stage, place: &str) -> String {
             } else {
                 "not retryable"
             };
+            // A peer's error text and code: no line of theirs may read as a heading.
             format!(
-                "--- {} ({place}): failed after {took:.1} s ---\nerror: {e} [{}, {flag}]\n\n",
+                "--- {} ({place}): failed after {took:.1} s ---\nerror: {} [{}, {flag}]\n\n",
                 stage.target,
-                e.code()
+                e.to_string().replace('\n', "\n    "),
+                escape_line(e.code().as_str())
             )
         }
     }
