@@ -93,7 +93,14 @@ impl TurnOutput {
 pub fn interpret(output: OutputMode, exit: Exit, stdout: &[u8], stderr: &[u8]) -> TurnOutput {
     let stdout_text = String::from_utf8_lossy(stdout);
     let stderr_text = String::from_utf8_lossy(stderr);
-    let report = match parsers::parse(output, &stdout_text).transpose() {
+    // Gemini CLI writes its JSON error object to stderr, not stdout.
+    let parsed = match parsers::parse(output, &stdout_text) {
+        Some(Err(Unreadable::NotStructured)) if output == OutputMode::GeminiJson => {
+            parsers::parse(output, &stderr_text)
+        }
+        parsed => parsed,
+    };
+    let report = match parsed.transpose() {
         Ok(report) => report,
         // Bad usage is bad output, whatever else the engine said. The turn still
         // counts, at no cost: nothing it reported can be trusted.
@@ -511,6 +518,17 @@ mod tests {
                 "auth",
                 false,
                 "status 41 (Gemini CLI: authentication error): Please set an Auth method",
+            ),
+            // What Gemini CLI 0.61 did here, not logged in: nothing on stdout, its
+            // error object pretty-printed on stderr.
+            (
+                OutputMode::GeminiJson,
+                Exit::Code(41),
+                "",
+                "{\n  \"session_id\": \"g\",\n  \"error\": {\n    \"type\": \"Error\",\n    \"message\": \"Please set an Auth method in your settings.json\",\n    \"code\": 41\n  }\n}\n",
+                "auth",
+                false,
+                "status 41 (Gemini CLI: authentication error): Please set an Auth method in your settings.json",
             ),
             (
                 OutputMode::GeminiJson,

@@ -262,17 +262,18 @@ pub fn gemini_exit(status: i32) -> Option<(ErrorCode, bool, &'static str)> {
         .map(|(_, code, retryable, meaning)| (code.clone(), *retryable, *meaning))
 }
 
-/// The engine's JSON object: the whole of stdout, or else its last non-empty line (an
-/// engine may print a warning before the object).
+/// The engine's JSON object: the whole of stdout, or else what follows the last line
+/// that opens an object (an engine may print a warning before the object, on one line
+/// or pretty-printed).
 pub fn json_object(stdout: &str) -> Option<Value> {
-    let whole = serde_json::from_str::<Value>(stdout)
-        .ok()
-        .filter(Value::is_object);
-    whole.or_else(|| {
-        let last = stdout.lines().rev().find(|l| !l.trim().is_empty())?;
-        serde_json::from_str::<Value>(last)
+    let object = |text: &str| {
+        serde_json::from_str::<Value>(text)
             .ok()
             .filter(Value::is_object)
+    };
+    object(stdout).or_else(|| {
+        let start = stdout.rfind("\n{").map_or(0, |at| at + 1);
+        object(&stdout[start..])
     })
 }
 
@@ -510,6 +511,9 @@ mod tests {
             gemini("Loaded cached credentials."),
             Err(Unreadable::NotStructured)
         );
+        // A warning line, then the object pretty-printed.
+        let pretty = "Loaded cached credentials.\n{\n  \"response\": \"hi\",\n  \"stats\": {}\n}\n";
+        assert_eq!(gemini(pretty).unwrap().reply.as_deref(), Some("hi"));
     }
 
     #[test]
