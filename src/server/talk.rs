@@ -38,19 +38,22 @@ impl TalkMeta {
 /// without trace context, and its engine's delegations still hang under this turn),
 /// and a fresh span id for `TRACEPARENT`. An error when the OS's randomness fails.
 fn turn_trace(request: &TalkRequest) -> std::io::Result<TurnTrace> {
-    /// Random bytes in an id the server makes: 128 bits, as a client's.
-    const ID_BYTES: usize = 16;
-    let fresh = || secret::random_hex(ID_BYTES);
+    /// Hex digits in an id the server makes: 128 bits, as a client's.
+    const ID_HEX: usize = 32;
+    // One read of the OS's randomness for all three (a system call per turn, not three).
+    let random = secret::random_hex((2 * ID_HEX + SPAN_ID_LEN) / 2)?;
+    let (fresh_trace, rest) = random.split_at(ID_HEX);
+    let (fresh_request, span) = rest.split_at(ID_HEX);
     // 32 hex digits of random bytes are a request id, and a trace id unless all zeros.
     let trace_id = match &request.ext.trace_id {
         Some(id) => id.clone(),
-        None => TraceId::new(fresh()?).map_err(std::io::Error::other)?,
+        None => TraceId::new(fresh_trace.to_owned()).map_err(std::io::Error::other)?,
     };
     let request_id = match &request.ext.request_id {
         Some(id) => id.clone(),
-        None => RequestId::new(fresh()?).map_err(std::io::Error::other)?,
+        None => RequestId::new(fresh_request.to_owned()).map_err(std::io::Error::other)?,
     };
-    let mut span_id = secret::random_hex(SPAN_ID_LEN / 2)?;
+    let mut span_id = span.to_owned();
     if span_id.bytes().all(|b| b == b'0') {
         // W3C forbids an all-zero span id; the odds are 2^-64.
         span_id.replace_range(..1, "1");
