@@ -268,9 +268,10 @@ fn a_slow_target_does_not_delay_the_others() {
         events.lock().unwrap(),
         bus.describe()
     );
-    // b's engine is running and waits for its gate: its answer has not come.
+    // b's answer has not come: its engine runs (or is about to) and waits for its gate.
     assert!(has("started b") && !has("finished b"));
-    assert!(bus.file("b", "pid").exists());
+    assert!(eventually(BOUND, || bus.file("b", "pid").exists()));
+    assert!(!has("finished b"));
     bus.open_gate("b");
     let outcome = fan.join().unwrap();
     let texts: Vec<&str> = outcome
