@@ -338,6 +338,21 @@ fn sigint_to_talk_sends_a_cancel_and_exits_130() {
     assert_cancel_of(&s.talks());
 }
 
+/// A closed terminal (SIGHUP) used to kill `talk` without a cancel: its turn ran on for
+/// the peer's `reattachSecs`.
+#[test]
+fn bug_sighup_killed_talk_without_cancelling_its_turn() {
+    let s = setup(
+        "life-sighup",
+        &[BASE[0], BASE[1], IDEMPOTENT, CANCEL],
+        hang_but_answer_cancels,
+    );
+    let (code, _, stderr) = interrupted(&s, rustix::process::Signal::HUP);
+    assert_eq!(code, Some(129), "{stderr}");
+    assert_cancel_of(&s.talks());
+    assert!(stderr.contains("interrupted by SIGHUP"), "{stderr}");
+}
+
 #[test]
 fn sigint_to_talk_against_a_peer_without_cancel_on_hangup_just_closes() {
     let s = setup(

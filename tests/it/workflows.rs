@@ -504,12 +504,25 @@ fn bug_a_stop_during_a_retrys_backoff_went_on_retrying() {
 
 #[test]
 fn ctrl_c_during_a_fan_leaves_no_engine_running() {
+    a_signal_during_a_fan_cancels_every_engine("INT", 130);
+}
+
+/// A closed terminal (SIGHUP) used to kill `fan` without a cancel: its engines ran on
+/// for their instances' `reattachSecs`.
+#[test]
+fn bug_sighup_killed_a_fan_without_cancelling_its_delegations() {
+    a_signal_during_a_fan_cancels_every_engine("HUP", 129);
+}
+
+/// Sends `fan` over three gated engines the signal `name` once every engine runs:
+/// it exits `exit`, every engine is gone, all three sections say `cancelled`.
+fn a_signal_during_a_fan_cancels_every_engine(name: &str, exit: i32) {
     let gated = Engine {
         gated: true,
         ..answers("never")
     };
     let bus = Bus::start(
-        "fan-sigint",
+        &format!("fan-sig{name}"),
         json!("*"),
         &[("a", gated.clone()), ("b", gated.clone()), ("c", gated)],
     );
@@ -537,7 +550,7 @@ fn ctrl_c_during_a_fan_leaves_no_engine_running() {
     };
     assert!(eventually(BOUND, || pids().is_some()), "{}", bus.describe());
     let pids = pids().unwrap();
-    signal(fan.id(), "INT");
+    signal(fan.id(), name);
     let mut exited = None;
     assert!(eventually(BOUND, || {
         exited = fan.try_wait().unwrap();
@@ -549,7 +562,7 @@ fn ctrl_c_during_a_fan_leaves_no_engine_running() {
         describe(&["fan", "wait", "--to", "a,b,c"], &out),
         bus.describe()
     );
-    assert_eq!(out.status.code(), Some(130), "{context}");
+    assert_eq!(out.status.code(), Some(exit), "{context}");
     assert!(
         eventually(BOUND, || pids.iter().all(|pid| gone(*pid))),
         "engines {pids:?} still run\n{context}"

@@ -1,8 +1,12 @@
 //! Command-line parsing shared by every command: a small hand-written parser (no
 //! dependency), the documented exit codes, and the errors a command ends with.
 
+use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM};
 use std::collections::HashMap;
 use std::fmt;
+use std::os::unix::net::UnixStream;
+use std::sync::atomic::AtomicUsize;
+use std::sync::Arc;
 
 /// Success.
 pub const EXIT_OK: i32 = 0;
@@ -16,8 +20,37 @@ pub const EXIT_RETRYABLE: i32 = 75;
 pub const EXIT_SIGINT: i32 = 130;
 /// `talk` stopped by SIGTERM, after cancelling its turn (128 + 15).
 pub const EXIT_SIGTERM: i32 = 143;
-/// `mcp` stopped by SIGHUP (its terminal closed), after cancelling its work (128 + 1).
+/// `talk` stopped by SIGHUP (its terminal closed), after cancelling its turn (128 + 1).
 pub const EXIT_SIGHUP: i32 = 129;
+
+/// The signals that make `talk`, `fan`, `chain`, `verify` and `mcp` cancel the work in
+/// flight and exit: SIGINT (Ctrl-C), SIGTERM, and SIGHUP (their terminal closed).
+const STOP_SIGNALS: [i32; 3] = [SIGINT, SIGTERM, SIGHUP];
+
+/// Makes each of [`STOP_SIGNALS`] set `caught` to its number, then write a byte to
+/// `wake` (non-blocking), so that a thread reading the other end wakes at once.
+///
+/// # Errors
+/// A handler could not be registered, or `wake` could not be cloned.
+pub fn on_stop_signals(caught: &Arc<AtomicUsize>, wake: &UnixStream) -> std::io::Result<()> {
+    for signal in STOP_SIGNALS {
+        // Registered in this order, so the flag is set before the wake-up is written.
+        signal_hook::flag::register_usize(signal, Arc::clone(caught), signal as usize)?;
+        signal_hook::low_level::pipe::register(signal, wake.try_clone()?)?;
+    }
+    Ok(())
+}
+
+/// The exit status and the name of a caught stop signal (as [`on_stop_signals`] stores
+/// it); `None` for none.
+pub fn stopped_by(caught: usize) -> Option<(i32, &'static str)> {
+    match i32::try_from(caught) {
+        Ok(0) => None,
+        Ok(SIGINT) => Some((EXIT_SIGINT, "SIGINT")),
+        Ok(SIGHUP) => Some((EXIT_SIGHUP, "SIGHUP")),
+        _ => Some((EXIT_SIGTERM, "SIGTERM")),
+    }
+}
 
 /// A bad command line: an unknown option, a missing or malformed argument.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -270,6 +303,16 @@ fn unknown_option(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn stop_signals_exit_as_a_shell_reports_them() {
+        let caught = |signal: i32| stopped_by(usize::try_from(signal).unwrap());
+        assert_eq!(stopped_by(0), None);
+        assert_eq!(caught(SIGINT), Some((130, "SIGINT")));
+        assert_eq!(caught(SIGTERM), Some((143, "SIGTERM")));
+        assert_eq!(caught(SIGHUP), Some((129, "SIGHUP")));
+        assert_eq!(STOP_SIGNALS.len(), 3);
+    }
 
     fn strings(v: &[&str]) -> Vec<String> {
         v.iter().map(|s| (*s).to_owned()).collect()

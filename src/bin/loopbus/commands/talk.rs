@@ -70,7 +70,7 @@ instance gives its engine, else the trace id of $TRACEPARENT, else a new one; a
 malformed value is ignored with a warning. With --json the printed envelope gets
 a top-level `traceId`; `loopbus trace ID` shows the tree.
 
-Every delegation carries a request id. On SIGINT or SIGTERM, and after its
+Every delegation carries a request id. On SIGINT, SIGTERM or SIGHUP, and after its
 final timeout, talk sends TARGET a cancel request for the turn when TARGET
 advertises cancel-on-hangup (to any other it just closes the connection).
 
@@ -78,7 +78,7 @@ Exit status: 0 reply received; 1 failure that is not retryable (bus_disabled,
 peer_not_allowed, max_depth_exceeded, request_too_large, or the peer's own);
 75 retryable failure (instance_unavailable, timeout, invalid_response, or the
 peer's own); 2 usage or local configuration error; 130 stopped by SIGINT, 143
-by SIGTERM (after the cancel). The error goes to stderr as
+by SIGTERM, 129 by SIGHUP (after the cancel). The error goes to stderr as
 `loopbus: talk to TARGET: MESSAGE [CODE, retryable|not retryable]`.
 
 Examples:
@@ -98,7 +98,7 @@ pub const MAX_RETRIES: u32 = 100;
 /// # Errors
 /// Bad arguments, no state directory, a missing or invalid config.json, or a
 /// prompt on stdin that is not UTF-8. Delegation failures are not errors: they map
-/// to exit statuses 1 and 75 (and 130/143 for a signal).
+/// to exit statuses 1 and 75 (and 130/143/129 for a signal).
 pub fn run(args: &[String]) -> Result<i32, CommandError> {
     let args = Args::parse(args, &CALLER_OPTIONS, &["json", "raw", "verbose"])?;
     if args.help {

@@ -24,12 +24,11 @@ mod job;
 mod rpc;
 mod tools;
 
-use crate::cli::{local, Args, CommandError, EXIT_OK, EXIT_SIGHUP, EXIT_SIGINT, EXIT_SIGTERM};
+use crate::cli::{local, on_stop_signals, stopped_by, Args, CommandError, EXIT_OK};
 use calls::{Caller, Out, Shared};
 use job::{CallCtl, Progress};
 use rpc::{Incoming, Revision, Route, RpcError, Session};
 use serde_json::{json, Map, Value};
-use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM};
 use std::collections::HashMap;
 use std::io::{IsTerminal, Read};
 use std::os::unix::net::UnixStream;
@@ -164,27 +163,19 @@ fn stop_on_signals(shared: &Arc<Shared>) -> Result<(), CommandError> {
     let (wake_read, wake_write) = UnixStream::pair().map_err(setup)?;
     wake_write.set_nonblocking(true).map_err(setup)?;
     let caught = Arc::new(AtomicUsize::new(0));
-    for signal in [SIGINT, SIGTERM, SIGHUP] {
-        // Registered in this order, so the flag is set before the wake-up is written.
-        signal_hook::flag::register_usize(signal, Arc::clone(&caught), signal as usize)
-            .map_err(setup)?;
-        signal_hook::low_level::pipe::register(signal, wake_write.try_clone().map_err(setup)?)
-            .map_err(setup)?;
-    }
+    on_stop_signals(&caught, &wake_write).map_err(setup)?;
     let shared = Arc::clone(shared);
     std::thread::Builder::new()
         .name("mcp-signals".to_owned())
         .spawn(move || {
             let mut drain = [0u8; 16];
-            while caught.load(Ordering::SeqCst) == 0 {
+            let (exit, name) = loop {
+                if let Some(stop) = stopped_by(caught.load(Ordering::SeqCst)) {
+                    break stop;
+                }
                 let _ = (&wake_read).read(&mut drain);
-            }
-            let exit = match caught.load(Ordering::SeqCst) {
-                n if n == SIGINT as usize => EXIT_SIGINT,
-                n if n == SIGHUP as usize => EXIT_SIGHUP,
-                _ => EXIT_SIGTERM,
             };
-            log::info!("mcp: stopped by a signal; cancelling the work still running");
+            log::info!("mcp: stopped by {name}; cancelling the work still running");
             shared.cancel_all(EXIT_CANCEL_WAIT);
             std::process::exit(exit);
         })

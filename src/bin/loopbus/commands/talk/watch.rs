@@ -1,11 +1,10 @@
-//! The wait for `talk`'s answer (contract 8.1): the watcher thread that turns SIGINT
-//! and SIGTERM into a cancel request and exit 130/143, the time waited shown on a
+//! The wait for `talk`'s answer (contract 8.1): the watcher thread that turns SIGINT,
+//! SIGTERM and SIGHUP into a cancel request and exit 130/143/129, the time waited shown on a
 //! terminal, and the cancel request sent when `talk` gives up for good.
 
 use super::super::terminal;
-use crate::cli::{local, CommandError, EXIT_SIGINT, EXIT_SIGTERM};
+use crate::cli::{local, on_stop_signals, stopped_by, CommandError};
 use loopbus::{CancelOutcome, DelegateError, DelegateOptions, Envelope, ErrorCode, Failure};
-use signal_hook::consts::{SIGINT, SIGTERM};
 use std::io::{IsTerminal, Read, Write};
 use std::os::unix::net::UnixStream;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -17,9 +16,6 @@ const PROGRESS_AFTER: Duration = Duration::from_secs(2);
 
 /// How often the wait wakes to update the time shown.
 const PROGRESS_TICK: Duration = Duration::from_millis(250);
-
-/// The signals that cancel the turn and stop `talk`.
-const CANCEL_SIGNALS: [i32; 2] = [SIGINT, SIGTERM];
 
 /// Where the wait for the answer is, shared by the delegation (on the main thread)
 /// and the watcher thread, so that exactly one of them ends it.
@@ -65,7 +61,7 @@ impl Watch {
     }
 }
 
-/// Starts the watcher of the wait: a thread that sleeps until SIGINT or SIGTERM
+/// Starts the watcher of the wait: a thread that sleeps until SIGINT, SIGTERM or SIGHUP
 /// (woken at once through `signal_hook`'s self-pipe), then sends the cancel request
 /// and exits 130/143 (contract 8.1); when stderr is a terminal it also wakes every
 /// [`PROGRESS_TICK`] to show the time waited. The delegation itself runs on the
@@ -85,13 +81,7 @@ pub(super) fn watch(options: &DelegateOptions, json: bool) -> Result<Watch, Comm
             .map_err(setup)?;
     }
     let caught = Arc::new(AtomicUsize::new(0));
-    for signal in CANCEL_SIGNALS {
-        // Registered in this order, so the flag is set before the wake-up is written.
-        signal_hook::flag::register_usize(signal, Arc::clone(&caught), signal as usize)
-            .map_err(setup)?;
-        signal_hook::low_level::pipe::register(signal, wake_write.try_clone().map_err(setup)?)
-            .map_err(setup)?;
-    }
+    on_stop_signals(&caught, &wake_write).map_err(setup)?;
     let watch = Watch(Arc::new(Mutex::new(Phase::Waiting(None))));
     let shared = Watch(Arc::clone(&watch.0));
     let options = options.clone();
@@ -102,30 +92,24 @@ pub(super) fn watch(options: &DelegateOptions, json: bool) -> Result<Watch, Comm
             // Woken by a signal, or by the tick on a terminal.
             let mut drain = [0u8; 64];
             let _ = (&wake_read).read(&mut drain);
-            let signal = caught.load(Ordering::SeqCst);
+            let signal = stopped_by(caught.load(Ordering::SeqCst));
             let mut phase = shared.lock();
-            match &mut *phase {
-                Phase::Finished | Phase::Stopping => return,
-                Phase::Waiting(shown) if signal != 0 => {
+            match (&mut *phase, signal) {
+                (Phase::Finished | Phase::Stopping, _) => return,
+                (Phase::Waiting(shown), Some((exit, name))) => {
                     if shown.is_some() {
                         clear_progress();
                     }
                     *phase = Phase::Stopping;
                     drop(phase);
-                    let signal = i32::try_from(signal).unwrap_or(SIGTERM);
                     // The main thread now waits for this exit: it must come, whatever
                     // goes wrong while cancelling and reporting.
-                    let exit = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                        stopped(&options, signal, json, started)
-                    }))
-                    .unwrap_or(if signal == SIGINT {
-                        EXIT_SIGINT
-                    } else {
-                        EXIT_SIGTERM
-                    });
+                    let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                        stopped(&options, name, json, started)
+                    }));
                     std::process::exit(exit);
                 }
-                Phase::Waiting(shown) => {
+                (Phase::Waiting(shown), None) => {
                     let waited = started.elapsed();
                     if terminal && waited >= PROGRESS_AFTER && *shown != Some(waited.as_secs()) {
                         *shown = Some(waited.as_secs());
@@ -193,15 +177,10 @@ pub(super) fn send_cancel(options: &DelegateOptions) -> Option<CancelOutcome> {
     }
 }
 
-/// After a signal: cancel, say so, print the `--json` envelope, and the exit status.
-/// The watcher exits with it at once, without waiting for the log queue: what the
-/// user must see goes to stderr directly.
-fn stopped(options: &DelegateOptions, signal: i32, json: bool, started: Instant) -> i32 {
-    let name = if signal == SIGINT {
-        "SIGINT"
-    } else {
-        "SIGTERM"
-    };
+/// After the signal `name`: cancel, say so, and print the `--json` envelope. The
+/// watcher then exits at once, without waiting for the log queue: what the user must
+/// see goes to stderr directly.
+fn stopped(options: &DelegateOptions, name: &str, json: bool, started: Instant) {
     let target = &options.target;
     let what = match send_cancel(options) {
         Some(CancelOutcome::Answered(envelope)) => match envelope.failure {
@@ -228,11 +207,6 @@ fn stopped(options: &DelegateOptions, signal: i32, json: bool, started: Instant)
         let _ = stdout.flush();
     }
     terminal::eprint_line(&format!("loopbus: talk to {target}: {message} [cancelled]"));
-    if signal == SIGINT {
-        EXIT_SIGINT
-    } else {
-        EXIT_SIGTERM
-    }
 }
 
 #[cfg(test)]

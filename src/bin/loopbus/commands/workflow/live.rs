@@ -1,12 +1,11 @@
 //! While a workflow runs: one status line per delegation on a terminal's stderr
 //! (waiting, running for N s, answered, failed), redrawn as the library's observer
-//! reports and every tick; and SIGINT/SIGTERM turned into the workflow's stop (every
-//! delegation in flight cancelled, contract 8.1) and exit 130/143.
+//! reports and every tick; and SIGINT/SIGTERM/SIGHUP turned into the workflow's stop (every
+//! delegation in flight cancelled, contract 8.1) and exit 130/143/129.
 
 use super::super::terminal::{erase, escape_line, live_lines};
-use crate::cli::{local, CommandError, EXIT_SIGINT, EXIT_SIGTERM};
+use crate::cli::{local, on_stop_signals, stopped_by, CommandError};
 use loopbus::{ErrorCode, Event, InstanceName, Observer, StopHandle};
-use signal_hook::consts::{SIGINT, SIGTERM};
 use std::io::{IsTerminal, Read, Write};
 use std::os::unix::net::UnixStream;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -137,7 +136,7 @@ pub struct Watch {
 
 impl Watch {
     /// Ends the watch from the workflow's side: `Some(exit status)` when a signal
-    /// stopped it (130 or 143). If the watcher already gave up waiting, it is exiting
+    /// stopped it (130, 143 or 129). If the watcher already gave up waiting, it is exiting
     /// the process: this thread then waits for that.
     pub fn finish(&self) -> Option<i32> {
         let mut phase = self.phase.lock().unwrap_or_else(|p| p.into_inner());
@@ -148,23 +147,14 @@ impl Watch {
             }
         }
         *phase = Phase::Finished;
-        exit_for(self.caught.load(Ordering::SeqCst))
+        stopped_by(self.caught.load(Ordering::SeqCst)).map(|(exit, _)| exit)
     }
 }
 
-/// The exit status for a caught signal, `None` for none.
-fn exit_for(signal: usize) -> Option<i32> {
-    match i32::try_from(signal) {
-        Ok(0) => None,
-        Ok(SIGINT) => Some(EXIT_SIGINT),
-        _ => Some(EXIT_SIGTERM),
-    }
-}
-
-/// Starts the watcher: a thread that redraws `live` every [`TICK`] and, on SIGINT or
-/// SIGTERM (woken at once through `signal_hook`'s self-pipe), calls `stop` (sending
+/// Starts the watcher: a thread that redraws `live` every [`TICK`] and, on SIGINT, SIGTERM or
+/// SIGHUP (woken at once through `signal_hook`'s self-pipe), calls `stop` (sending
 /// every delegation in flight its cancel request) and gives the workflow
-/// [`STOP_GRACE`] to return its results before exiting 130/143 itself.
+/// [`STOP_GRACE`] to return its results before exiting 130/143/129 itself.
 ///
 /// # Errors
 /// The signal handlers, the wake-up pair or the thread could not be set up; nothing
@@ -175,13 +165,7 @@ pub fn watch(stop: StopHandle, live: Arc<Live>, what: &'static str) -> Result<Wa
     wake_write.set_nonblocking(true).map_err(setup)?;
     wake_read.set_read_timeout(Some(TICK)).map_err(setup)?;
     let caught = Arc::new(AtomicUsize::new(0));
-    for signal in [SIGINT, SIGTERM] {
-        // Registered in this order, so the flag is set before the wake-up is written.
-        signal_hook::flag::register_usize(signal, Arc::clone(&caught), signal as usize)
-            .map_err(setup)?;
-        signal_hook::low_level::pipe::register(signal, wake_write.try_clone().map_err(setup)?)
-            .map_err(setup)?;
-    }
+    on_stop_signals(&caught, &wake_write).map_err(setup)?;
     let watch = Watch {
         phase: Arc::new(Mutex::new(Phase::Running)),
         caught: Arc::clone(&caught),
@@ -196,14 +180,9 @@ pub fn watch(stop: StopHandle, live: Arc<Live>, what: &'static str) -> Result<Wa
             if !running() {
                 return;
             }
-            let Some(exit) = exit_for(caught.load(Ordering::SeqCst)) else {
+            let Some((exit, name)) = stopped_by(caught.load(Ordering::SeqCst)) else {
                 live.redraw();
                 continue;
-            };
-            let name = if exit == EXIT_SIGINT {
-                "SIGINT"
-            } else {
-                "SIGTERM"
             };
             live.clear();
             super::super::terminal::eprint_line(&format!(

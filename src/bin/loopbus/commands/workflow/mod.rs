@@ -29,9 +29,9 @@ Caller options, as `loopbus talk --help` describes them:
   by an engine joins the engine's tree.
 
 Each delegation is an ordinary talk: its own request id, retries, a cancel request
-when it times out for good. SIGINT or SIGTERM cancels every delegation in flight
+when it times out for good. SIGINT, SIGTERM or SIGHUP cancels every delegation in flight
 (and so their subtrees) and sends no new one; the results so far are printed and
-the exit status is 130 or 143.
+the exit status is 130, 143 or 129.
 
 Exit status: 0 every delegation succeeded (verify: PASS); 1 a failure that is not
 retryable (verify: FAIL); 75 failures, every one retryable; 2 usage or local
