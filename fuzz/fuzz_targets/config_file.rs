@@ -1,7 +1,8 @@
 //! The `config.json` parser: never panics, is deterministic; what it accepts keeps
 //! every documented limit; what it refuses is said in one bounded line that names the
 //! field where there is one and never carries a control character (an error is
-//! printed to a terminal and a log).
+//! printed to a terminal and a log); an error of several problems is one such line each,
+//! at most ten.
 #![no_main]
 use libfuzzer_sys::fuzz_target;
 use loopbus::parse_config;
@@ -12,6 +13,8 @@ const MAX_QUEUED_TURNS: usize = 1024;
 const MAX_REATTACH_SECS: u64 = 600;
 /// An error line longer than this floods a log.
 const MAX_ERROR_CHARS: usize = 512;
+/// Most problems (lines) one error reports (`MAX_CONFIG_PROBLEMS`).
+const MAX_ERROR_LINES: usize = 10;
 
 fuzz_target!(|data: &[u8]| {
     let parsed = parse_config(data);
@@ -36,11 +39,15 @@ fuzz_target!(|data: &[u8]| {
             }
         }
         Err(error) => {
-            let line = error.to_string();
-            assert!(line.starts_with("config.json: "), "{line:?}");
-            // Every path, `engine.env.<name>` included, is shown escaped and cut.
-            assert!(!line.chars().any(char::is_control), "{line:?}");
-            assert!(line.chars().count() <= MAX_ERROR_CHARS, "{line:?}");
+            let text = error.to_string();
+            let lines: Vec<&str> = text.split('\n').collect();
+            assert!(lines.len() <= MAX_ERROR_LINES, "{text:?}");
+            for line in lines {
+                assert!(line.starts_with("config.json: "), "{line:?}");
+                // Every path, `engine.env.<name>` included, is shown escaped and cut.
+                assert!(!line.chars().any(char::is_control), "{line:?}");
+                assert!(line.chars().count() <= MAX_ERROR_CHARS, "{line:?}");
+            }
         }
     }
     let again = parse_config(data);
