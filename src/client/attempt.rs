@@ -279,6 +279,7 @@ pub(super) fn interpret(
             failure,
             duration_ms: envelope.duration_ms,
             peer: Box::new(peer),
+            usage: envelope.usage.map(Box::new),
         }),
         None if response.status == 200 => Ok(Reply {
             text: envelope.text,

@@ -4,7 +4,7 @@
 
 use super::PeerProtocol;
 use crate::http::client::ClientError;
-use crate::protocol::{self, Envelope, ErrorCode, Failure, MAX_BODY_BYTES};
+use crate::protocol::{self, Envelope, ErrorCode, Failure, UsageReport, MAX_BODY_BYTES};
 use crate::registry::owner::OwnerRefusal;
 use crate::registry::ProbeError;
 use std::fmt;
@@ -142,6 +142,9 @@ pub enum DelegateError {
         duration_ms: u64,
         /// What the peer's envelope said of its protocol.
         peer: Box<PeerProtocol>,
+        /// What the failed turn cost, when the peer reported it (`usage-report`,
+        /// contract 8.3): an engine may spend before it fails.
+        usage: Option<Box<UsageReport>>,
     },
 }
 
@@ -186,6 +189,14 @@ impl DelegateError {
         }
     }
 
+    /// What the failed turn cost, when the peer reported it (a remote failure only).
+    pub fn usage(&self) -> Option<&UsageReport> {
+        match self.cause() {
+            Self::Remote { usage, .. } => usage.as_deref(),
+            _ => None,
+        }
+    }
+
     /// The failure behind a [`Self::NotRetried`], or this one.
     pub fn cause(&self) -> &DelegateError {
         match self {
@@ -227,11 +238,13 @@ impl DelegateError {
                 failure,
                 duration_ms,
                 peer,
+                usage,
             } => Envelope {
                 protocol_version: peer.protocol_version,
                 capabilities: peer.capabilities.clone(),
                 ..Envelope::failure(from_instance, failure.clone(), *duration_ms)
-            },
+            }
+            .with_usage(usage.as_deref().copied()),
             other => Envelope::failure(
                 caller,
                 Failure {

@@ -424,6 +424,7 @@ mod tests {
                 protocol_version: Some(1),
                 capabilities: None,
             }),
+            usage: None,
         };
         let cases: Vec<(DelegateError, &str, bool)> = vec![
             (
@@ -592,6 +593,7 @@ mod tests {
             failure: Failure::new(ErrorCode::from_wire(code), "e"),
             duration_ms: 1,
             peer: Box::default(),
+            usage: None,
         };
         let broken = || DelegateError::Broken {
             target: t(),

@@ -239,6 +239,7 @@ mod tests {
             failure: Failure::new(code, "e"),
             duration_ms: 1,
             peer: Box::new(PeerProtocol::default()),
+            usage: None,
         };
         let ours = DelegateError::Timeout {
             target: "worker".into(),

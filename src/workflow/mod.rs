@@ -255,11 +255,11 @@ fn run(
 
 /// The outcome of `stages` out of `planned`, with their summed usage.
 fn finish(stages: Vec<Stage>, planned: usize, trace_id: TraceId, started: Instant) -> Outcome {
-    let usage = sum_usage(
-        stages
-            .iter()
-            .filter_map(|s| s.outcome.as_ref().ok()?.usage.as_ref()),
-    );
+    let usage = sum_usage(stages.iter().filter_map(|s| match &s.outcome {
+        Ok(reply) => reply.usage.as_ref(),
+        // A failed turn may have cost something too.
+        Err(error) => error.usage(),
+    }));
     Outcome {
         stages,
         planned,

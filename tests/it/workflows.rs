@@ -34,6 +34,8 @@ struct Bus {
 struct Engine {
     reply: &'static str,
     fail: Option<&'static str>,
+    /// With `fail`: the failure reports this cost (a claude error object).
+    fail_cost: Option<&'static str>,
     gated: bool,
 }
 
@@ -64,6 +66,9 @@ impl Bus {
             });
             if let Some(fail) = engine.fail {
                 env["FAIL"] = json!(fail);
+            }
+            if let Some(cost) = engine.fail_cost {
+                env["FAIL_COST"] = json!(cost);
             }
             if engine.gated {
                 env["GATE"] = json!(file("gate"));
@@ -145,6 +150,7 @@ fn fan_over_three_where_one_fails_shows_all_three_and_sums_the_cost() {
                 "b",
                 Engine {
                     fail: Some("Error: not logged in"),
+                    fail_cost: Some("0.125"),
                     ..answers("never")
                 },
             ),
@@ -167,7 +173,8 @@ fn fan_over_three_where_one_fails_shows_all_three_and_sums_the_cost() {
     );
     assert!(text.contains("[auth, not retryable]"), "{context}");
     assert!(
-        text.contains("fan: 2 succeeded, 1 failed; cost $0.5000, 20 in / 4 out tokens"),
+        // b's failed turn cost something too: it counts.
+        text.contains("fan: 2 succeeded, 1 failed; cost $0.6250, 30 in / 6 out tokens"),
         "{context}"
     );
     assert_eq!(bus.prompt_of("b"), "the prompt");
@@ -188,11 +195,12 @@ fn fan_over_three_where_one_fails_shows_all_three_and_sums_the_cost() {
     assert_eq!(results[0]["envelope"]["text"], "from a");
     assert_eq!(results[0]["envelope"]["usage"]["costUsd"], 0.25);
     assert_eq!(results[1]["envelope"]["errorCode"], "auth");
+    assert_eq!(results[1]["envelope"]["usage"]["costUsd"], 0.125);
     assert_eq!(results[3]["envelope"]["errorCode"], "instance_unavailable");
     assert_eq!(results[3]["envelope"]["retryable"], true);
     let summary = &value["summary"];
     assert!(
-        close(summary["costUsd"].as_f64().unwrap(), 0.5),
+        close(summary["costUsd"].as_f64().unwrap(), 0.625),
         "{context}"
     );
     assert_eq!(summary["succeeded"], 2);
