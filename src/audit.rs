@@ -25,18 +25,37 @@
 //! refused requests cannot fill the disk. If the rename fails (say `audit.log.jsonl.1`
 //! is a directory), no line is lost: the writer warns once and keeps appending to the
 //! current file, trying the rename again before each later line.
+//!
+//! Reading the log back: [`read_audit_log`] hands over every [`AuditRecord`] of an
+//! instance's log, the rotated file first; [`AuditLines`] reads one file line by line
+//! (each [`AuditLine`] at most [`MAX_AUDIT_LINE_BYTES`]), following it as it grows.
+//!
+//! ```no_run
+//! let state_dir = std::path::Path::new("/home/me/.loopbus/worker");
+//! let skipped = loopbus::read_audit_log(state_dir, |record| {
+//!     println!("{} {}", record.outcome, record.metadata.duration_ms);
+//! });
+//! println!("{skipped} lines were not audit lines");
+//! ```
 
+use crate::protocol::TraceId;
 use crate::{files, time};
 use std::fs::File;
-use std::io::{self, Write};
+use std::io::{self, BufRead, BufReader, Read, Write};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc::{self, Receiver, SyncSender, TrySendError};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
 /// The audit log's name inside the state directory.
 pub const AUDIT_FILE: &str = "audit.log.jsonl";
+/// The rotated log's name inside the state directory: the lines before the current
+/// file's.
+pub const ROTATED_AUDIT_FILE: &str = "audit.log.jsonl.1";
+/// Longest audit line read, in bytes: the writer's lines are a few KiB, so a longer one
+/// is not its; only its start is held, never the whole line.
+pub const MAX_AUDIT_LINE_BYTES: usize = 64 * 1024;
 /// Size past which the log is rotated (one previous file is kept).
 pub const MAX_AUDIT_BYTES: u64 = 64 * 1024 * 1024;
 /// Longest `detail` text kept in a line, in characters; the rest is cut.
@@ -189,13 +208,12 @@ impl Drop for AuditLog {
 
 /// A log whose queue holds `capacity` lines, and its writer, not yet started.
 fn queue(state_dir: &Path, instance: &str, capacity: usize) -> (AuditLog, Writer) {
-    let path = state_dir.join(AUDIT_FILE);
     let (lines_in, lines) = mpsc::sync_channel(capacity);
     // One slot: the writer signals once, and never waits to do so.
     let (done, writer_done) = mpsc::sync_channel(1);
     let dropped = Arc::new(AtomicU64::new(0));
     let log = AuditLog {
-        path: path.clone(),
+        path: state_dir.join(AUDIT_FILE),
         instance: instance.to_owned(),
         queue: Some(lines_in),
         dropped: Arc::clone(&dropped),
@@ -204,7 +222,7 @@ fn queue(state_dir: &Path, instance: &str, capacity: usize) -> (AuditLog, Writer
     };
     let writer = Writer {
         lines,
-        file: AuditFile::new(path),
+        file: AuditFile::new(state_dir),
         dropped,
         instance: instance.to_owned(),
         done,
@@ -279,12 +297,10 @@ struct AuditFile {
 }
 
 impl AuditFile {
-    fn new(path: PathBuf) -> AuditFile {
-        let mut rotated = path.clone().into_os_string();
-        rotated.push(".1");
+    fn new(state_dir: &Path) -> AuditFile {
         AuditFile {
-            path,
-            rotated: PathBuf::from(rotated),
+            path: state_dir.join(AUDIT_FILE),
+            rotated: state_dir.join(ROTATED_AUDIT_FILE),
             file: None,
             size: 0,
             failing: false,
@@ -411,6 +427,192 @@ fn to_line(
     bytes
 }
 
+/// One line of an audit log, as [`AuditLines`] reads it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct AuditLine {
+    /// Its number in its file, from 1.
+    pub number: u64,
+    /// Its bytes without the newline: at most [`MAX_AUDIT_LINE_BYTES`], the line's start
+    /// when it is `cut`.
+    pub bytes: Vec<u8>,
+    /// The line is longer than [`MAX_AUDIT_LINE_BYTES`].
+    pub cut: bool,
+}
+
+impl AuditLine {
+    /// The line as an audit record; `None` when it is no line of the log's shape: cut,
+    /// torn, foreign, not JSON, without a timestamp, or of a type other than `talk` and
+    /// `audit`.
+    pub fn record(&self) -> Option<AuditRecord> {
+        let record = serde_json::from_slice::<AuditRecord>(&self.bytes).ok()?;
+        let known = !self.cut && ["talk", "audit"].contains(&record.kind.as_str());
+        known.then_some(record)
+    }
+}
+
+/// One line of the audit log, read back ([`AuditLine::record`]).
+#[derive(Clone, Debug, PartialEq, serde::Deserialize)]
+#[serde(rename_all = "camelCase")]
+#[non_exhaustive]
+pub struct AuditRecord {
+    /// When the line was written.
+    #[serde(deserialize_with = "timestamp")]
+    pub timestamp: SystemTime,
+    /// `"talk"` (an `/api/talk` outcome) or `"audit"` (the writer's notice of dropped
+    /// lines).
+    #[serde(rename = "type")]
+    pub kind: String,
+    /// The instance whose log it is.
+    pub instance_name: String,
+    /// The outcome: `"success"`, `"failure"`, `"refused"`, `"cancelled"`,
+    /// `"abandoned"`, `"attached"`, `"duplicate"` or `"cancel"` (`"dropped"` for a
+    /// notice).
+    pub outcome: String,
+    /// Its `metadata`.
+    pub metadata: AuditMetadata,
+}
+
+/// The `metadata` of an [`AuditRecord`], as far as a reader needs it: who asked, how
+/// the turn ended, its ids and what it cost, as the writer names them.
+#[derive(Clone, Debug, Default, PartialEq, serde::Deserialize)]
+#[serde(rename_all = "camelCase")]
+#[non_exhaustive]
+pub struct AuditMetadata {
+    /// The caller's `fromInstance`.
+    pub from_instance: Option<String>,
+    /// The request's depth.
+    pub depth: Option<u64>,
+    /// Time from request head to answer (0 when absent).
+    #[serde(default)]
+    pub duration_ms: u64,
+    /// The wire error code.
+    pub error_code: Option<String>,
+    /// The turn's request id.
+    pub request_id: Option<String>,
+    /// The turn's trace id; a line whose `traceId` is not one is no record.
+    #[serde(default, deserialize_with = "trace_id")]
+    pub trace_id: Option<TraceId>,
+    /// The request's `ext.parentRequestId`.
+    pub parent_request_id: Option<String>,
+    /// The turn's cost in US dollars.
+    pub cost_usd: Option<f64>,
+    /// The turn's input tokens.
+    pub input_tokens: Option<u64>,
+    /// The turn's output tokens.
+    pub output_tokens: Option<u64>,
+    /// The turn's cache-read input tokens.
+    pub cached_tokens: Option<u64>,
+}
+
+fn timestamp<'de, D: serde::Deserializer<'de>>(d: D) -> Result<SystemTime, D::Error> {
+    let text: String = serde::Deserialize::deserialize(d)?;
+    time::parse_iso8601(&text).ok_or_else(|| serde::de::Error::custom("not a timestamp"))
+}
+
+fn trace_id<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<TraceId>, D::Error> {
+    let id: Option<String> = serde::Deserialize::deserialize(d)?;
+    id.map(TraceId::new)
+        .transpose()
+        .map_err(serde::de::Error::custom)
+}
+
+/// Reads an audit log line by line, holding at most [`MAX_AUDIT_LINE_BYTES`] of a line
+/// and one read buffer, so that a log of any size is read in bounded memory. It can
+/// follow a log as it grows: a last line without its newline waits for the rest.
+#[derive(Debug)]
+pub struct AuditLines<R> {
+    reader: BufReader<R>,
+    partial: Vec<u8>,
+    cut: bool,
+    number: u64,
+    position: u64,
+}
+
+impl<R: Read> AuditLines<R> {
+    /// Reads `reader` (a log opened with [`crate::open_regular_file`], say) from where it is.
+    pub fn new(reader: R) -> AuditLines<R> {
+        AuditLines {
+            reader: BufReader::new(reader),
+            partial: Vec::new(),
+            cut: false,
+            number: 0,
+            position: 0,
+        }
+    }
+
+    /// The next line; at the end of the input, the last line without its newline when
+    /// `at_end_too` (else it waits for the rest, for a later call), then `None`.
+    ///
+    /// # Errors
+    /// A read error.
+    pub fn next_line(&mut self, at_end_too: bool) -> io::Result<Option<AuditLine>> {
+        loop {
+            let chunk = self.reader.fill_buf()?;
+            if chunk.is_empty() {
+                let last = at_end_too && (self.cut || !self.partial.is_empty());
+                return Ok(last.then(|| self.take()));
+            }
+            let newline = chunk.iter().position(|&b| b == b'\n');
+            let part = &chunk[..newline.unwrap_or(chunk.len())];
+            let room = MAX_AUDIT_LINE_BYTES - self.partial.len();
+            self.cut |= part.len() > room;
+            self.partial
+                .extend_from_slice(&part[..part.len().min(room)]);
+            let used = newline.map_or(chunk.len(), |at| at + 1);
+            self.reader.consume(used);
+            self.position += used as u64;
+            if newline.is_some() {
+                return Ok(Some(self.take()));
+            }
+        }
+    }
+
+    /// How many bytes have been read.
+    pub fn position(&self) -> u64 {
+        self.position
+    }
+
+    fn take(&mut self) -> AuditLine {
+        self.number += 1;
+        AuditLine {
+            number: self.number,
+            bytes: std::mem::take(&mut self.partial),
+            cut: std::mem::take(&mut self.cut),
+        }
+    }
+}
+
+/// Reads the audit log of the instance in `state_dir`, the rotated file
+/// ([`ROTATED_AUDIT_FILE`]) first, and hands `each` every record in it; returns how
+/// many lines were skipped as no record ([`AuditLine::record`]). Each file is opened
+/// without following a symlink or blocking on a FIFO, and read only if it is a
+/// regular file; one that does not exist is passed over, one that can't be read is
+/// warned about (`log`) and passed over.
+pub fn read_audit_log(state_dir: &Path, mut each: impl FnMut(AuditRecord)) -> u64 {
+    let mut skipped = 0;
+    for name in [ROTATED_AUDIT_FILE, AUDIT_FILE] {
+        let path = state_dir.join(name);
+        let read = files::open_regular(&path).and_then(|file| {
+            let mut lines = AuditLines::new(file);
+            while let Some(line) = lines.next_line(true)? {
+                match line.record() {
+                    Some(record) => each(record),
+                    None => skipped += 1,
+                }
+            }
+            Ok(())
+        });
+        match read {
+            Err(e) if e.kind() != io::ErrorKind::NotFound => {
+                log::warn!("cannot read {}: {e}; passed over", path.display());
+            }
+            _ => {}
+        }
+    }
+    skipped
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -429,6 +631,178 @@ mod tests {
             outcome,
             ..Record::default()
         }
+    }
+
+    fn read_lines(input: &[u8]) -> (Vec<Vec<u8>>, u64) {
+        let mut lines = AuditLines::new(input);
+        let (mut whole, mut cut) = (Vec::new(), 0);
+        while let Some(line) = lines.next_line(true).unwrap() {
+            if line.cut {
+                assert_eq!(line.bytes.len(), MAX_AUDIT_LINE_BYTES);
+                cut += 1;
+            } else {
+                whole.push(line.bytes);
+            }
+        }
+        assert_eq!(lines.position(), input.len() as u64);
+        (whole, cut)
+    }
+
+    #[test]
+    fn lines_table() {
+        let long = vec![b'x'; MAX_AUDIT_LINE_BYTES + 1];
+        let max = vec![b'y'; MAX_AUDIT_LINE_BYTES];
+        let mut with_long = b"a\n".to_vec();
+        with_long.extend_from_slice(&long);
+        with_long.extend_from_slice(b"\nb\n");
+        let mut long_last = b"a\n".to_vec();
+        long_last.extend_from_slice(&long);
+        let mut exact = max.clone();
+        exact.push(b'\n');
+        type Case<'a> = (Vec<u8>, Vec<&'a [u8]>, u64);
+        let cases: Vec<Case<'_>> = vec![
+            (b"".to_vec(), vec![], 0),
+            (b"a\nb\n".to_vec(), vec![b"a", b"b"], 0),
+            (b"a\n\nb".to_vec(), vec![b"a", b"", b"b"], 0),
+            (with_long, vec![b"a", b"b"], 1),
+            (long_last, vec![b"a"], 1),
+            (exact, vec![&max], 0),
+        ];
+        for (input, want, cut) in cases {
+            let want: Vec<Vec<u8>> = want.iter().map(|l| l.to_vec()).collect();
+            assert_eq!(read_lines(&input), (want, cut));
+        }
+    }
+
+    #[test]
+    fn a_long_line_is_cut_and_the_next_still_read() {
+        let mut bytes = vec![b'x'; MAX_AUDIT_LINE_BYTES * 2];
+        bytes.extend_from_slice(b"\n{\"a\":1}\npartial");
+        let mut lines = AuditLines::new(&bytes[..]);
+        let long = lines.next_line(false).unwrap().unwrap();
+        assert!(long.cut && long.bytes.len() == MAX_AUDIT_LINE_BYTES);
+        let next = lines.next_line(false).unwrap().unwrap();
+        assert_eq!(
+            (next.number, &next.bytes[..], next.cut),
+            (2, &b"{\"a\":1}"[..], false)
+        );
+        // A partial last line waits, unless the end is the end.
+        assert!(lines.next_line(false).unwrap().is_none());
+        assert_eq!(lines.next_line(true).unwrap().unwrap().bytes, b"partial");
+        assert_eq!(lines.position(), bytes.len() as u64);
+    }
+
+    #[test]
+    fn record_table() {
+        let t = "4bf92f3577b34da6a3ce929d0e0e4736";
+        let line = |kind: &str, metadata: &str| {
+            format!(
+                r#"{{"timestamp":"2026-01-01T00:00:01.000Z","type":"{kind}","instanceName":"b","outcome":"success","detail":"ok","metadata":{metadata}}}"#
+            )
+        };
+        let record = |line: &str| {
+            let line = AuditLine {
+                number: 1,
+                bytes: line.as_bytes().to_vec(),
+                cut: false,
+            };
+            line.record()
+        };
+        let full = format!(
+            r#"{{"fromInstance":"a","depth":2,"durationMs":400,"errorCode":null,"requestId":"rrrrrrrrrrrrrrrr","traceId":"{t}","parentRequestId":"pppppppppppppppp","costUsd":0.5,"inputTokens":7,"outputTokens":8,"cachedTokens":9}}"#
+        );
+        let got = record(&line("talk", &full)).unwrap();
+        let at = SystemTime::UNIX_EPOCH + Duration::from_secs(1_767_225_601);
+        assert_eq!(
+            (got.timestamp, got.kind.as_str(), got.instance_name.as_str()),
+            (at, "talk", "b")
+        );
+        assert_eq!(
+            got.metadata,
+            AuditMetadata {
+                from_instance: Some("a".to_owned()),
+                depth: Some(2),
+                duration_ms: 400,
+                error_code: None,
+                request_id: Some("rrrrrrrrrrrrrrrr".to_owned()),
+                trace_id: Some(TraceId::new(t).unwrap()),
+                parent_request_id: Some("pppppppppppppppp".to_owned()),
+                cost_usd: Some(0.5),
+                input_tokens: Some(7),
+                output_tokens: Some(8),
+                cached_tokens: Some(9),
+            }
+        );
+        let traced = format!(r#"{{"traceId":"{t}"}}"#);
+        let cases = [
+            (line("talk", &traced), true),
+            (line("audit", r#"{"droppedLines":3}"#), true),
+            (line("talk", r#"{"fromInstance":"a"}"#), true),
+            (line("talk", r#"{"traceId":"XYZ"}"#), false),
+            (line("other", &traced), false),
+            (line("talk", r#"{"durationMs":-1}"#), false),
+            (line("talk", "[]"), false),
+            (line("talk", &traced)[..60].to_owned(), false),
+            (
+                line("talk", &traced).replace("2026-01-01T", "yesterday "),
+                false,
+            ),
+            ("not json".to_owned(), false),
+            (String::new(), false),
+        ];
+        for (line, is_record) in cases {
+            assert_eq!(record(&line).is_some(), is_record, "{line}");
+        }
+        let cut = AuditLine {
+            number: 1,
+            bytes: line("talk", &traced).into_bytes(),
+            cut: true,
+        };
+        assert_eq!(cut.record(), None);
+    }
+
+    #[test]
+    fn both_files_of_a_log_are_read_and_its_junk_counted() {
+        let dir = TestDir::new("audit-read");
+        let line = |outcome: &str| {
+            format!(
+                r#"{{"timestamp":"2026-01-01T00:00:01.000Z","type":"talk","instanceName":"w","outcome":"{outcome}","detail":"ok","metadata":{{}}}}"#
+            ) + "\n"
+        };
+        std::fs::write(
+            dir.path().join(ROTATED_AUDIT_FILE),
+            line("refused") + "{\"torn\":\n",
+        )
+        .unwrap();
+        let mut current = line("success");
+        current.push_str(&"x".repeat(MAX_AUDIT_LINE_BYTES + 1));
+        std::fs::write(dir.path().join(AUDIT_FILE), current).unwrap();
+        let mut outcomes = Vec::new();
+        let skipped = read_audit_log(dir.path(), |r| outcomes.push(r.outcome));
+        assert_eq!(
+            (outcomes, skipped),
+            (vec!["refused".to_owned(), "success".to_owned()], 2)
+        );
+        // A symlink or a FIFO in place of a file is passed over (a FIFO without blocking).
+        std::fs::remove_file(dir.path().join(AUDIT_FILE)).unwrap();
+        std::os::unix::fs::symlink(
+            dir.path().join(ROTATED_AUDIT_FILE),
+            dir.path().join(AUDIT_FILE),
+        )
+        .unwrap();
+        let fifo = dir.path().join(ROTATED_AUDIT_FILE);
+        std::fs::remove_file(&fifo).unwrap();
+        rustix::fs::mkfifoat(
+            rustix::fs::CWD,
+            &fifo,
+            rustix::fs::Mode::from_raw_mode(0o600),
+        )
+        .unwrap();
+        assert_eq!(read_audit_log(dir.path(), |r| panic!("{r:?}")), 0);
+        assert_eq!(
+            read_audit_log(&dir.path().join("missing"), |r| panic!("{r:?}")),
+            0
+        );
     }
 
     #[test]
@@ -503,7 +877,7 @@ mod tests {
     #[test]
     fn rotates_past_the_size_cap() {
         let dir = TestDir::new("audit-rotate");
-        let mut file = AuditFile::new(dir.path().join(AUDIT_FILE));
+        let mut file = AuditFile::new(dir.path());
         file.append(b"{\"outcome\":\"success\"}\n", 1);
         file.size = MAX_AUDIT_BYTES; // pretend the file is full
         file.append(b"{\"outcome\":\"refused\"}\n", 1);
@@ -522,7 +896,7 @@ mod tests {
         let rotated = dir.path().join("audit.log.jsonl.1");
         std::fs::create_dir(&rotated).unwrap();
         std::fs::write(rotated.join("inside"), b"x").unwrap();
-        let mut file = AuditFile::new(dir.path().join(AUDIT_FILE));
+        let mut file = AuditFile::new(dir.path());
         const LINES: usize = 10;
         for i in 0..LINES {
             file.size = MAX_AUDIT_BYTES; // every line would pass the cap
@@ -622,7 +996,7 @@ mod tests {
         let kind = std::fs::symlink_metadata(&path).unwrap().file_type();
         assert!(std::os::unix::fs::FileTypeExt::is_fifo(&kind));
 
-        let mut file = AuditFile::new(path.clone());
+        let mut file = AuditFile::new(dir.path());
         file.append(b"{}\n", 1);
         file.append(b"{}\n", 1);
         assert_eq!(file.lost, 2);
@@ -648,7 +1022,7 @@ mod tests {
         std::fs::write(&target, b"").unwrap();
         let path = dir.path().join(AUDIT_FILE);
         std::os::unix::fs::symlink(&target, &path).unwrap();
-        let mut file = AuditFile::new(path.clone());
+        let mut file = AuditFile::new(dir.path());
         file.append(b"{}\n", 1);
         assert_eq!(file.lost, 1);
         assert_eq!(std::fs::read(&target).unwrap(), b"");
@@ -667,7 +1041,7 @@ mod tests {
         let path = dir.path().join(AUDIT_FILE);
         std::fs::write(&path, b"{}\n").unwrap();
         std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o644)).unwrap();
-        let mut file = AuditFile::new(path.clone());
+        let mut file = AuditFile::new(dir.path());
         file.append(b"{}\n", 1);
         assert_eq!(crate::files::mode_is_wider(&path, 0o600).unwrap(), None);
         assert_eq!(file.size, 6);

@@ -26,9 +26,8 @@
 //!   ([`list_instances`], [`probe_instance`], [`probe_port`], [`running_instance`],
 //!   [`Listed`], [`HealthAnswer`], [`ProbeError`], [`OwnerRefusal`]);
 //! - an instance's records: its usage ([`read_usage`], [`Usage`], [`UsageFileError`]) and
-//!   its audit log ([`AUDIT_FILE`], one JSON object a line); the tree of delegations
-//!   of one trace read back from every instance's audit log ([`read_trace`],
-//!   [`last_trace`], [`Trace`], [`TraceNode`], [`TraceTurn`], [`TraceTotals`]);
+//!   its audit log ([`AUDIT_FILE`], one JSON object a line), read back in bounded memory
+//!   ([`read_audit_log`] of [`AuditRecord`]s, or line by line with [`AuditLines`]);
 //! - the file rules every state file follows: [`check_trusted`] (and [`Untrusted`]),
 //!   [`write_atomic`], [`create_dir_private`], [`open_regular_file`];
 //! - the wire protocol's types: [`TalkRequest`], [`Envelope`], [`Failure`],
@@ -67,7 +66,6 @@ mod secret;
 mod server;
 mod text;
 mod time;
-mod trace;
 mod turns;
 mod usage;
 mod workflow;
@@ -109,16 +107,15 @@ pub use registry::{
 };
 
 // An instance's records, and the file rules of every state file.
-pub use audit::AUDIT_FILE;
+pub use audit::{
+    read_audit_log, AuditLine, AuditLines, AuditMetadata, AuditRecord, AUDIT_FILE,
+    MAX_AUDIT_LINE_BYTES, ROTATED_AUDIT_FILE,
+};
 pub use files::{
     check_trusted, create_dir_private, mode_is_wider, open_regular as open_regular_file, untrusted,
     write_atomic, TrustKind, Untrusted, PRIVATE_FILE_MODE,
 };
 pub use time::{now_iso8601, parse_iso8601};
-pub use trace::{
-    last_trace, read_trace, Trace, TraceNode, TraceTotals, TraceTurn, MAX_AUDIT_LINE_BYTES,
-    MAX_TRACE_TURNS,
-};
 pub use usage::{peek as read_usage, round_cost, Usage, UsageFileError};
 
 // The wire protocol.

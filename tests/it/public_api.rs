@@ -10,9 +10,9 @@
 
 use loopbus::{
     channel_root, check_trusted, delegate, engine_findings, list_instances, load_config,
-    now_iso8601, parse_iso8601, probe_instance, probe_port, read_registry, read_usage,
-    registry_path, running_instance, untrusted, DelegateOptions, EngineOverride, Instance,
-    InstanceName, InstanceOptions, ProbeError, TrustKind, AUDIT_FILE, CONFIG_FILE,
+    now_iso8601, parse_iso8601, probe_instance, probe_port, read_audit_log, read_registry,
+    read_usage, registry_path, running_instance, untrusted, DelegateOptions, EngineOverride,
+    Instance, InstanceName, InstanceOptions, ProbeError, TrustKind, AUDIT_FILE, CONFIG_FILE,
 };
 use std::fs;
 use std::os::unix::fs::PermissionsExt;
@@ -113,9 +113,15 @@ fn an_embedder_reads_the_registry_probes_it_and_reads_the_records() {
     stop.shutdown();
     serving.join().unwrap().unwrap();
     let audit = fs::read_to_string(dir.join(AUDIT_FILE)).unwrap();
-    let line: serde_json::Value = serde_json::from_str(audit.lines().last().unwrap()).unwrap();
-    assert_eq!(line["metadata"]["fromInstance"], "caller", "{audit}");
-    assert_eq!(line["outcome"], "success", "{audit}");
+    let mut records = Vec::new();
+    assert_eq!(read_audit_log(&dir, |r| records.push(r)), 0, "{audit}");
+    let last = records.last().unwrap();
+    assert_eq!(
+        last.metadata.from_instance.as_deref(),
+        Some("caller"),
+        "{audit}"
+    );
+    assert_eq!(last.outcome, "success", "{audit}");
     assert!(read_registry(&root.0).unwrap().is_empty(), "deregistered");
 }
 

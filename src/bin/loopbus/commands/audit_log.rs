@@ -5,11 +5,11 @@
 
 use super::{output, terminal};
 use crate::cli::{local, usage, Args, CommandError, UsageError, EXIT_OK};
-use loopbus::AUDIT_FILE;
+use loopbus::{AuditLine, AuditLines, AUDIT_FILE, MAX_AUDIT_LINE_BYTES, ROTATED_AUDIT_FILE};
 use serde_json::Value;
 use std::collections::VecDeque;
 use std::fs::File;
-use std::io::{self, BufRead, BufReader, IsTerminal};
+use std::io::{self, IsTerminal};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, SystemTime};
 
@@ -40,9 +40,6 @@ Examples:
 pub const FOLLOW_POLL_INTERVAL: Duration = Duration::from_millis(200);
 /// How many of the last lines `--follow` prints first, without `--since`.
 pub const FOLLOW_BACKLOG_LINES: usize = 10;
-/// Longest line read, in bytes: the writer's lines are a few KiB; a longer one is not
-/// its, so it is shown as corrupt (and not kept whole in memory).
-pub const MAX_LINE_BYTES: usize = 64 * 1024;
 /// Most characters of a corrupt line quoted in its row.
 const MAX_QUOTED_CHARS: usize = 80;
 
@@ -69,9 +66,7 @@ pub fn run(args: &[String]) -> Result<i32, CommandError> {
         )));
     }
     let path = state_dir.join(AUDIT_FILE);
-    let mut rotated = path.clone().into_os_string();
-    rotated.push(".1");
-    let rotated = PathBuf::from(rotated);
+    let rotated = state_dir.join(ROTATED_AUDIT_FILE);
     let mut printer = Printer {
         json: args.switch("json"),
         terminal: std::io::stdout().is_terminal(),
@@ -158,9 +153,9 @@ fn show_log(path: &Path, rotated: &Path, printer: &mut Printer) -> Result<(), St
             printer.header()?;
         }
         any = true;
-        let mut reader = LineReader::new(handle);
+        let mut reader = AuditLines::new(handle);
         while let Some(line) = reader
-            .next(true)
+            .next_line(true)
             .map_err(|e| Stop::Io(file.to_path_buf(), e))?
         {
             printer.show(&line, file)?;
@@ -181,9 +176,9 @@ fn follow_log(path: &Path, rotated: &Path, since: bool, printer: &mut Printer) -
     if since {
         // What --since allows of the rotated file comes first.
         if let Some(handle) = open(rotated)? {
-            let mut reader = LineReader::new(handle);
+            let mut reader = AuditLines::new(handle);
             while let Some(line) = reader
-                .next(true)
+                .next_line(true)
                 .map_err(|e| Stop::Io(rotated.to_path_buf(), e))?
             {
                 printer.show(&line, rotated)?;
@@ -217,39 +212,39 @@ fn follow_log(path: &Path, rotated: &Path, since: bool, printer: &mut Printer) -
 /// The log file being followed: the handle open on it, and which file that is.
 struct Follower<'a> {
     path: &'a Path,
-    current: Option<(LineReader, FileId)>,
+    current: Option<(AuditLines<File>, FileId)>,
 }
 
 impl Follower<'_> {
     /// Hands `each` every line written since the last call. A rotation (a new file
     /// at the path) is followed after the old file is read to its end, its partial
-    /// last line included (the writer writes only to the new one); a truncation
-    /// starts the file over; a missing file is waited for.
-    fn poll(&mut self, each: &mut dyn FnMut(Line) -> Result<(), Stop>) -> Result<(), Stop> {
+    /// last line included (the writer writes only to the new one); a truncated file is
+    /// read again from its start; a missing file is waited for.
+    fn poll(&mut self, each: &mut dyn FnMut(AuditLine) -> Result<(), Stop>) -> Result<(), Stop> {
         let fail = |e| Stop::Io(self.path.to_path_buf(), e);
         if let Some((reader, id)) = &mut self.current {
-            while let Some(line) = reader.next(false).map_err(fail)? {
+            while let Some(line) = reader.next_line(false).map_err(fail)? {
                 each(line)?;
             }
             match std::fs::symlink_metadata(self.path) {
                 Ok(meta) if FileId::from_meta(&meta) != *id => {
-                    if let Some(line) = reader.take_partial() {
+                    while let Some(line) = reader.next_line(true).map_err(fail)? {
                         each(line)?;
                     }
                     self.current = None;
                 }
-                Ok(meta) if meta.len() < reader.position => reader.rewind().map_err(fail)?,
+                Ok(meta) if meta.len() < reader.position() => self.current = None,
                 _ => {}
             }
         }
         if self.current.is_none() {
             if let Some(handle) = open(self.path)? {
                 let id = FileId::of(&handle).map_err(fail)?;
-                self.current = Some((LineReader::new(handle), id));
+                self.current = Some((AuditLines::new(handle), id));
             }
         }
         if let Some((reader, _)) = &mut self.current {
-            while let Some(line) = reader.next(false).map_err(fail)? {
+            while let Some(line) = reader.next_line(false).map_err(fail)? {
                 each(line)?;
             }
         }
@@ -269,94 +264,6 @@ impl FileId {
     fn from_meta(meta: &std::fs::Metadata) -> FileId {
         use std::os::unix::fs::MetadataExt;
         FileId(meta.dev(), meta.ino())
-    }
-}
-
-/// One read line: its bytes (cut at [`MAX_LINE_BYTES`]) and whether it was cut.
-#[derive(Debug)]
-struct Line {
-    bytes: Vec<u8>,
-    cut: bool,
-    number: u64,
-}
-
-/// Reads whole lines, bounded, keeping a partial last line until its newline comes.
-struct LineReader {
-    reader: BufReader<File>,
-    partial: Vec<u8>,
-    cut: bool,
-    /// Bytes consumed from the file.
-    position: u64,
-    /// Lines read so far.
-    number: u64,
-}
-
-impl LineReader {
-    fn new(file: File) -> LineReader {
-        LineReader {
-            reader: BufReader::new(file),
-            partial: Vec::new(),
-            cut: false,
-            position: 0,
-            number: 0,
-        }
-    }
-
-    /// The next whole line; at the end of the file, the partial last line when
-    /// `at_end_too` (else it waits for the rest), then `None`.
-    fn next(&mut self, at_end_too: bool) -> io::Result<Option<Line>> {
-        loop {
-            let available = self.reader.fill_buf()?;
-            if available.is_empty() {
-                return Ok(if at_end_too {
-                    self.take_partial()
-                } else {
-                    None
-                });
-            }
-            let (chunk, done) = match available.iter().position(|b| *b == b'\n') {
-                Some(at) => (&available[..at], at + 1),
-                None => (available, available.len()),
-            };
-            let room = MAX_LINE_BYTES.saturating_sub(self.partial.len());
-            self.cut |= chunk.len() > room;
-            self.partial
-                .extend_from_slice(&chunk[..chunk.len().min(room)]);
-            let ended = done > chunk.len();
-            self.reader.consume(done);
-            self.position += done as u64;
-            if ended {
-                return Ok(self.take_line());
-            }
-        }
-    }
-
-    fn take_line(&mut self) -> Option<Line> {
-        self.number += 1;
-        Some(Line {
-            bytes: std::mem::take(&mut self.partial),
-            cut: std::mem::take(&mut self.cut),
-            number: self.number,
-        })
-    }
-
-    /// The partial last line, if there is one.
-    fn take_partial(&mut self) -> Option<Line> {
-        if self.partial.is_empty() && !self.cut {
-            return None;
-        }
-        self.take_line()
-    }
-
-    /// Starts over at the beginning of a file that was truncated.
-    fn rewind(&mut self) -> io::Result<()> {
-        use std::io::Seek;
-        self.reader.seek(io::SeekFrom::Start(0))?;
-        self.partial.clear();
-        self.cut = false;
-        self.position = 0;
-        self.number = 0;
-        Ok(())
     }
 }
 
@@ -388,7 +295,7 @@ impl Printer {
         output::println(&row(&cells))
     }
 
-    fn show(&mut self, line: &Line, file: &Path) -> Result<(), CommandError> {
+    fn show(&mut self, line: &AuditLine, file: &Path) -> Result<(), CommandError> {
         let parsed = if line.cut {
             None
         } else {
@@ -435,9 +342,9 @@ impl Printer {
         output::println(&row(&cells))
     }
 
-    fn corrupt(&self, line: &Line, file: &Path) -> Result<(), CommandError> {
+    fn corrupt(&self, line: &AuditLine, file: &Path) -> Result<(), CommandError> {
         let what = if line.cut {
-            format!("longer than {MAX_LINE_BYTES} bytes")
+            format!("longer than {MAX_AUDIT_LINE_BYTES} bytes")
         } else {
             "not a JSON object".to_owned()
         };
@@ -474,14 +381,17 @@ fn row(cells: &[String]) -> String {
 }
 
 #[cfg(test)]
+pub(crate) use tests::TestDir;
+
+#[cfg(test)]
 mod tests {
     use super::*;
 
     /// A fresh directory under the system temp dir, removed on drop.
-    struct TestDir(PathBuf);
+    pub(crate) struct TestDir(PathBuf);
 
     impl TestDir {
-        fn new(label: &str) -> TestDir {
+        pub(crate) fn new(label: &str) -> TestDir {
             static COUNTER: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
             let n = COUNTER.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
             let path = std::env::temp_dir()
@@ -491,7 +401,7 @@ mod tests {
             TestDir(path)
         }
 
-        fn path(&self) -> &Path {
+        pub(crate) fn path(&self) -> &Path {
             &self.0
         }
     }
@@ -574,24 +484,5 @@ mod tests {
         std::fs::write(&path, "six\n").unwrap();
         assert_eq!(poll(&mut follower), ["six"]);
         assert!(poll(&mut follower).is_empty());
-    }
-
-    #[test]
-    fn a_long_line_is_cut_and_the_next_still_read() {
-        let dir = TestDir::new("audit-lines");
-        let path = dir.path().join("log");
-        let mut bytes = vec![b'x'; MAX_LINE_BYTES * 2];
-        bytes.extend_from_slice(b"\n{\"a\":1}\npartial");
-        std::fs::write(&path, &bytes).unwrap();
-        let mut reader = LineReader::new(File::open(&path).unwrap());
-        let long = reader.next(false).unwrap().unwrap();
-        assert!(long.cut && long.bytes.len() == MAX_LINE_BYTES);
-        let next = reader.next(false).unwrap().unwrap();
-        assert_eq!(next.bytes, b"{\"a\":1}");
-        assert!(!next.cut);
-        // A partial last line waits, unless the end is the end.
-        assert!(reader.next(false).unwrap().is_none());
-        assert_eq!(reader.next(true).unwrap().unwrap().bytes, b"partial");
-        assert_eq!(reader.position, bytes.len() as u64);
     }
 }

@@ -351,7 +351,7 @@ impl Shared {
         };
         let trace_id = match trace_id {
             Some(trace_id) => trace_id,
-            None => match loopbus::last_trace(root, self.caller.name.as_str()) {
+            None => match super::super::trace::last_trace(root, self.caller.name.as_str()) {
                 Ok(Some(trace_id)) => trace_id,
                 Ok(None) => {
                     let message = format!(
@@ -364,7 +364,7 @@ impl Shared {
                 Err(e) => return cannot(e),
             },
         };
-        let trace = match loopbus::read_trace(root, &trace_id) {
+        let trace = match super::super::trace::read_trace(root, &trace_id) {
             Ok(trace) => trace,
             Err(e) => return cannot(e),
         };

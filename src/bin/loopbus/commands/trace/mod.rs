@@ -1,12 +1,19 @@
 //! `loopbus trace TRACE_ID` and `loopbus trace --last`: the tree of delegations of one
-//! trace, read back from the audit logs of every instance under the channel root.
+//! trace, read back from the audit logs of every instance under the channel root:
+//! `read` reads them, `tree` builds the tree (pure), this file prints it.
+
+mod read;
+mod tree;
+
+pub use read::{last_trace, read_trace, Trace, MAX_TRACE_TURNS};
 
 use super::talk::{thousands, OPERATOR};
 use super::terminal::escape_line;
 use super::{output, terminal};
 use crate::cli::{local, usage, Args, CommandError, EXIT_FAILURE, EXIT_OK};
-use loopbus::{Trace, TraceId, TraceNode, TraceTotals};
+use loopbus::TraceId;
 use std::io::IsTerminal;
+use tree::{TraceNode, TraceTotals};
 
 /// Help text.
 pub const HELP: &str = "\
@@ -79,7 +86,7 @@ pub fn run(args: &[String]) -> Result<i32, CommandError> {
                 (Some(dir), None) => super::instance_name(dir, args.value("name"))?.to_string(),
                 (None, named) => super::parse_name(named.unwrap_or(OPERATOR))?.to_string(),
             };
-            let found = loopbus::last_trace(&root, &caller).map_err(|e| unreadable(&root, &e))?;
+            let found = last_trace(&root, &caller).map_err(|e| unreadable(&root, &e))?;
             let Some(id) = found else {
                 terminal::eprint_line(&format!(
                     "loopbus: trace: no trace started by {caller} in the audit logs under {}",
@@ -90,7 +97,7 @@ pub fn run(args: &[String]) -> Result<i32, CommandError> {
             id
         }
     };
-    let trace = loopbus::read_trace(&root, &trace_id).map_err(|e| unreadable(&root, &e))?;
+    let trace = read_trace(&root, &trace_id).map_err(|e| unreadable(&root, &e))?;
     if trace.skipped_lines > 0 {
         terminal::eprint_line(&format!(
             "loopbus: trace: skipped {} line(s) of the audit logs that are not audit lines \
@@ -101,8 +108,7 @@ pub fn run(args: &[String]) -> Result<i32, CommandError> {
     if trace.dropped_turns > 0 {
         terminal::eprint_line(&format!(
             "loopbus: trace: {} turn(s) past the first {} left out",
-            trace.dropped_turns,
-            loopbus::MAX_TRACE_TURNS
+            trace.dropped_turns, MAX_TRACE_TURNS
         ));
     }
     if trace.nodes.is_empty() {

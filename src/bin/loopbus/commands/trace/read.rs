@@ -1,48 +1,26 @@
-//! The tree of delegations of one trace (contract 8.4), read back from the audit logs of
-//! every instance under a channel root: who delegated to whom, how each turn ended,
-//! and what each turn and each subtree cost. `read` streams the logs in bounded memory;
-//! `tree` builds the tree, pure.
-//!
-//! ```no_run
-//! # fn main() -> std::io::Result<()> {
-//! let root = std::path::Path::new("/home/me/.loopbus");
-//! if let Some(id) = loopbus::last_trace(root, "operator")? {
-//!     let trace = loopbus::read_trace(root, &id)?;
-//!     for node in &trace.nodes {
-//!         let indent = "  ".repeat(node.level);
-//!         println!("{indent}{} {} {:?}", node.turn.instance, node.turn.outcome, node.subtree.cost_usd);
-//!     }
-//! }
-//! # Ok(())
-//! # }
-//! ```
+//! One trace read back from the audit logs of every instance under a channel root
+//! (contract 8.4), through the library's reader of an instance's audit log
+//! ([`loopbus::read_audit_log`]: line by line in bounded memory, a line that is not an
+//! audit line skipped and counted).
 
-mod read;
-mod tree;
-
-pub use read::MAX_AUDIT_LINE_BYTES;
-pub use tree::{TraceNode, TraceTotals, TraceTurn};
-
-use crate::audit::AUDIT_FILE;
-use crate::protocol::{InstanceName, TraceId};
-use read::Parsed;
+use super::tree::{self, TraceNode, TraceTotals, TraceTurn};
+use loopbus::{AuditRecord, InstanceName, TraceId};
 use std::io;
-use std::path::{Path, PathBuf};
-use std::time::Duration;
+use std::path::Path;
+use std::time::{Duration, UNIX_EPOCH};
 
 /// Most turns of one trace kept; later ones are counted in [`Trace::dropped_turns`]
 /// (a real tree is a few dozen turns; this bounds the memory of a forged log).
 pub const MAX_TRACE_TURNS: usize = 100_000;
 
 /// How long a reading of the logs first waits: an instance writes a turn's audit line a
-/// moment after its answer went out (`audit::AUDIT_BATCH_PAUSE` and a thread switch),
-/// so that a trace read right after its delegations answered still shows all of them.
+/// moment after its answer went out (`AUDIT_BATCH_PAUSE` and a thread switch), so that
+/// a trace read right after its delegations answered still shows all of them.
 const AUDIT_SETTLE: Duration = Duration::from_millis(100);
 
 /// One trace read back from the audit logs.
 #[derive(Clone, Debug, PartialEq, serde::Serialize)]
 #[serde(rename_all = "camelCase")]
-#[non_exhaustive]
 pub struct Trace {
     /// The trace.
     pub trace_id: TraceId,
@@ -53,7 +31,7 @@ pub struct Trace {
     /// Every turn of the trace, summed.
     pub total: TraceTotals,
     /// Lines of the logs read that are not audit lines (torn, foreign, not JSON, longer
-    /// than [`MAX_AUDIT_LINE_BYTES`]), skipped.
+    /// than [`loopbus::MAX_AUDIT_LINE_BYTES`]), skipped.
     pub skipped_lines: u64,
     /// Turns of the trace past [`MAX_TRACE_TURNS`], left out.
     pub dropped_turns: u64,
@@ -62,9 +40,7 @@ pub struct Trace {
 /// Reads the tree of `trace_id` from the audit logs (audit.log.jsonl and its rotated
 /// audit.log.jsonl.1) of every instance directory under `root` (each subdirectory
 /// named like an instance, registered or not), after a pause of 100 ms for the lines
-/// of answers just sent to reach their logs. Logs are read line by line, each line
-/// at most [`MAX_AUDIT_LINE_BYTES`]; a log that is missing is passed over; one that
-/// cannot be read is warned about (`log`) and passed over.
+/// of answers just sent to reach their logs.
 ///
 /// # Errors
 /// `root` cannot be listed.
@@ -111,32 +87,12 @@ pub fn last_trace(root: &Path, caller: &str) -> io::Result<Option<TraceId>> {
     Ok(newest.map(|(_, id)| id))
 }
 
-/// Hands every turn of a trace in the logs under `root` to `each`; returns how many
-/// lines were skipped.
+/// Hands every turn of a trace in the logs of the instance directories under `root`
+/// (subdirectories named like an instance, symlinks not followed, in name order) to
+/// `each`; returns how many lines were skipped.
 fn scan(root: &Path, mut each: impl FnMut(TraceId, TraceTurn)) -> io::Result<u64> {
     std::thread::sleep(AUDIT_SETTLE);
-    let mut skipped = 0;
-    for path in audit_logs(root)? {
-        let read = crate::files::open_regular(&path).and_then(|file| {
-            read::for_each_line(file, |line| match read::parse_line(line) {
-                Parsed::Turn(id, turn) => each(id, *turn),
-                Parsed::Other => {}
-                Parsed::Skipped => skipped += 1,
-            })
-        });
-        match read {
-            Ok(oversized) => skipped += oversized,
-            Err(e) if e.kind() == io::ErrorKind::NotFound => {}
-            Err(e) => log::warn!("cannot read {}: {e}; passed over", path.display()),
-        }
-    }
-    Ok(skipped)
-}
-
-/// The audit logs that may exist under `root`: the rotated and the current log of
-/// every subdirectory named like an instance (symlinks are not followed).
-fn audit_logs(root: &Path) -> io::Result<Vec<PathBuf>> {
-    let mut logs = Vec::new();
+    let mut dirs = Vec::new();
     for entry in std::fs::read_dir(root)? {
         let entry = entry?;
         let is_dir = entry.file_type().is_ok_and(|t| t.is_dir());
@@ -145,19 +101,67 @@ fn audit_logs(root: &Path) -> io::Result<Vec<PathBuf>> {
             .to_str()
             .is_some_and(|n| InstanceName::new(n).is_ok());
         if is_dir && named {
-            let dir = entry.path();
-            logs.push(dir.join(format!("{AUDIT_FILE}.1")));
-            logs.push(dir.join(AUDIT_FILE));
+            dirs.push(entry.path());
         }
     }
-    logs.sort();
-    Ok(logs)
+    dirs.sort();
+    let mut skipped = 0;
+    for dir in dirs {
+        skipped += loopbus::read_audit_log(&dir, |record| match turn_of(record) {
+            Ok(Some((id, turn))) => each(id, turn),
+            Ok(None) => {}
+            Err(()) => skipped += 1,
+        });
+    }
+    Ok(skipped)
+}
+
+/// The turn of a trace an audit record tells of: `None` for a record that is none (a
+/// retry attached to a turn, a stored answer, a cancel request, the writer's own
+/// notice, or a line without a trace id: written before trace context, or refused
+/// before its body); `Err` for one whose timestamp is out of range.
+fn turn_of(record: AuditRecord) -> Result<Option<(TraceId, TraceTurn)>, ()> {
+    let ended_ms = record
+        .timestamp
+        .duration_since(UNIX_EPOCH)
+        .ok()
+        .and_then(|t| u64::try_from(t.as_millis()).ok())
+        .ok_or(())?;
+    let m = record.metadata;
+    let turn_outcomes = ["success", "failure", "refused", "cancelled", "abandoned"];
+    let Some(trace_id) = m.trace_id else {
+        return Ok(None);
+    };
+    if record.kind != "talk" || !turn_outcomes.contains(&record.outcome.as_str()) {
+        return Ok(None);
+    }
+    let own = TraceTotals {
+        turns: 1,
+        cost_usd: m.cost_usd.filter(|c| c.is_finite() && *c >= 0.0),
+        input_tokens: m.input_tokens.unwrap_or(0),
+        output_tokens: m.output_tokens.unwrap_or(0),
+        cached_tokens: m.cached_tokens.unwrap_or(0),
+    };
+    let turn = TraceTurn {
+        instance: record.instance_name,
+        from_instance: m.from_instance.unwrap_or_default(),
+        request_id: m.request_id,
+        parent_request_id: m.parent_request_id,
+        outcome: record.outcome,
+        error_code: m.error_code,
+        started_ms: ended_ms.saturating_sub(m.duration_ms),
+        duration_ms: m.duration_ms,
+        depth: m.depth,
+        own,
+    };
+    Ok(Some((trace_id, turn)))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::files::test_support::TestDir;
+    use crate::commands::audit_log::TestDir;
+    use loopbus::{AUDIT_FILE, ROTATED_AUDIT_FILE};
     use std::io::Write;
 
     const T: &str = "4bf92f3577b34da6a3ce929d0e0e4736";
@@ -200,7 +204,7 @@ mod tests {
         log.write_all(b"{\"torn\":\n").unwrap();
         drop(log);
         std::fs::write(
-            dir.path().join("b").join(format!("{AUDIT_FILE}.1")),
+            dir.path().join("b").join(ROTATED_AUDIT_FILE),
             line(
                 "b",
                 "a",
@@ -230,5 +234,68 @@ mod tests {
             Some(TraceId::new(T).unwrap())
         );
         assert_eq!(last_trace(dir.path(), "b").unwrap(), None);
+    }
+
+    #[test]
+    fn turn_table() {
+        let t = "4bf92f3577b34da6a3ce929d0e0e4736";
+        let line = |kind: &str, outcome: &str, metadata: &str| {
+            format!(
+                r#"{{"timestamp":"2026-01-01T00:00:01.000Z","type":"{kind}","instanceName":"b","outcome":"{outcome}","detail":"ok","metadata":{metadata}}}"#
+            )
+        };
+        let turn_in = |line: &str| {
+            let dir = TestDir::new("trace-turn");
+            std::fs::write(dir.path().join(AUDIT_FILE), format!("{line}\n")).unwrap();
+            let mut turns = Vec::new();
+            let skipped = loopbus::read_audit_log(dir.path(), |r| turns.push(turn_of(r)));
+            assert_eq!(skipped + turns.len() as u64, 1, "{line}");
+            turns.pop()
+        };
+        let full = format!(
+            r#"{{"fromInstance":"a","depth":2,"durationMs":400,"errorCode":null,"requestId":"rrrrrrrrrrrrrrrr","traceId":"{t}","parentRequestId":"pppppppppppppppp","costUsd":0.5,"inputTokens":7,"outputTokens":8,"cachedTokens":9}}"#
+        );
+        let Some(Ok(Some((id, turn)))) = turn_in(&line("talk", "success", &full)) else {
+            panic!("not a turn");
+        };
+        assert_eq!(id.as_str(), t);
+        assert_eq!(
+            (
+                turn.instance.as_str(),
+                turn.from_instance.as_str(),
+                turn.depth
+            ),
+            ("b", "a", Some(2))
+        );
+        assert_eq!(turn.started_ms, 1_767_225_601_000 - 400);
+        assert_eq!(turn.parent_request_id.as_deref(), Some("pppppppppppppppp"));
+        assert_eq!(
+            turn.own,
+            TraceTotals {
+                turns: 1,
+                cost_usd: Some(0.5),
+                input_tokens: 7,
+                output_tokens: 8,
+                cached_tokens: 9
+            }
+        );
+        // A record that is no turn of a trace, and lines that are no record (skipped).
+        let traced = format!(r#"{{"traceId":"{t}"}}"#);
+        let no_turn = [
+            line("talk", "attached", &traced),
+            line("audit", "dropped", r#"{"droppedLines":3}"#),
+            line("talk", "success", r#"{"fromInstance":"a"}"#),
+        ];
+        for line in no_turn {
+            assert!(matches!(turn_in(&line), Some(Ok(None))), "{line}");
+        }
+        let skipped = [
+            line("talk", "success", r#"{"traceId":"XYZ"}"#),
+            line("other", "success", &traced),
+            "not json".to_owned(),
+        ];
+        for line in skipped {
+            assert!(turn_in(&line).is_none(), "{line}");
+        }
     }
 }

@@ -8,7 +8,6 @@ use serde::Serialize;
 /// a prompt's text: audit lines carry none.
 #[derive(Clone, Debug, Default, PartialEq, Serialize)]
 #[serde(rename_all = "camelCase")]
-#[non_exhaustive]
 pub struct TraceTurn {
     /// The instance that ran (or refused) the turn.
     pub instance: String,
@@ -36,7 +35,6 @@ pub struct TraceTurn {
 /// Cost and tokens summed over turns.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Serialize)]
 #[serde(rename_all = "camelCase")]
-#[non_exhaustive]
 pub struct TraceTotals {
     /// How many turns are summed (1 for a turn's own figures).
     pub turns: u64,
@@ -67,7 +65,6 @@ impl TraceTotals {
 /// A turn in its place in the tree.
 #[derive(Clone, Debug, PartialEq, Serialize)]
 #[serde(rename_all = "camelCase")]
-#[non_exhaustive]
 pub struct TraceNode {
     /// The turn.
     #[serde(flatten)]
