@@ -139,7 +139,7 @@ pub struct AuditLog {
     /// Lines dropped because the queue was full, not yet reported by the writer.
     dropped: Arc<AtomicU64>,
     /// Signalled (or disconnected) when the writer thread has finished.
-    writer_done: Option<Receiver<()>>,
+    writer_done: Receiver<()>,
     /// The writer thread is gone (it panicked); said once.
     writer_gone: bool,
 }
@@ -160,16 +160,16 @@ impl AuditLog {
     /// Queues one line for the writer; never waits. If the queue is full, the line is
     /// dropped and counted, for the writer to report.
     pub fn record(&mut self, record: &Record<'_>) {
-        let line = self.line(record);
-        let Some(queue) = &self.queue else {
-            return;
+        let detail = match record.detail.char_indices().nth(MAX_DETAIL_CHARS) {
+            Some((cut, _)) => &record.detail[..cut],
+            None => record.detail,
         };
-        match queue.try_send(line) {
-            Ok(()) => {}
-            Err(TrySendError::Full(_)) => {
+        let line = to_line("talk", &self.instance, record.outcome, detail, record);
+        match self.queue.as_ref().map(|queue| queue.try_send(line)) {
+            Some(Err(TrySendError::Full(_))) => {
                 self.dropped.fetch_add(1, Ordering::Relaxed);
             }
-            Err(TrySendError::Disconnected(_)) => {
+            Some(Err(TrySendError::Disconnected(_))) => {
                 if !self.writer_gone {
                     log::error!(
                         "{}: the audit writer has stopped; audit lines are lost",
@@ -178,15 +178,8 @@ impl AuditLog {
                 }
                 self.writer_gone = true;
             }
+            _ => {}
         }
-    }
-
-    fn line(&self, record: &Record<'_>) -> Vec<u8> {
-        let detail = match record.detail.char_indices().nth(MAX_DETAIL_CHARS) {
-            Some((cut, _)) => &record.detail[..cut],
-            None => record.detail,
-        };
-        to_line("talk", &self.instance, record.outcome, detail, record)
     }
 }
 
@@ -194,14 +187,13 @@ impl Drop for AuditLog {
     fn drop(&mut self) {
         // Closing the queue tells the writer to finish once it has written the rest.
         self.queue = None;
-        if let Some(done) = self.writer_done.take() {
-            if let Err(mpsc::RecvTimeoutError::Timeout) = done.recv_timeout(AUDIT_FLUSH_TIMEOUT) {
-                log::warn!(
-                    "{}: the audit writer did not finish within {} s; queued lines may be lost",
-                    self.path.display(),
-                    AUDIT_FLUSH_TIMEOUT.as_secs()
-                );
-            }
+        let done = self.writer_done.recv_timeout(AUDIT_FLUSH_TIMEOUT);
+        if let Err(mpsc::RecvTimeoutError::Timeout) = done {
+            log::warn!(
+                "{}: the audit writer did not finish within {} s; queued lines may be lost",
+                self.path.display(),
+                AUDIT_FLUSH_TIMEOUT.as_secs()
+            );
         }
     }
 }
@@ -217,7 +209,7 @@ fn queue(state_dir: &Path, instance: &str, capacity: usize) -> (AuditLog, Writer
         instance: instance.to_owned(),
         queue: Some(lines_in),
         dropped: Arc::clone(&dropped),
-        writer_done: Some(writer_done),
+        writer_done,
         writer_gone: false,
     };
     let writer = Writer {
@@ -262,7 +254,13 @@ impl Writer {
         }
         // The log was dropped: the loop records nothing more, so the count is final.
         self.report_dropped();
-        self.file.report_lost();
+        if self.file.lost > 0 {
+            log::warn!(
+                "{}: {} audit line(s) could not be written",
+                self.file.path.display(),
+                self.file.lost
+            );
+        }
         let _ = self.done.try_send(());
     }
 
@@ -315,81 +313,67 @@ impl AuditFile {
     fn append(&mut self, lines: &[u8], count: u64) {
         match self.try_append(lines) {
             Ok(()) => {
-                if self.failing {
+                if std::mem::replace(&mut self.failing, false) {
                     log::info!("{}: audit lines are written again", self.path.display());
                 }
-                self.failing = false;
             }
             Err(e) => {
                 self.lost += count;
-                if !self.failing {
+                if !std::mem::replace(&mut self.failing, true) {
                     log::warn!(
                         "cannot write {}: {e}; audit lines are dropped until it can be",
                         self.path.display()
                     );
                 }
-                self.failing = true;
                 self.file = None;
             }
         }
     }
 
-    fn try_append(&mut self, line: &[u8]) -> io::Result<()> {
-        if self.file.is_none() {
-            self.open()?;
+    fn try_append(&mut self, lines: &[u8]) -> io::Result<()> {
+        self.file()?;
+        if self.size > 0 && self.size + lines.len() as u64 > MAX_AUDIT_BYTES {
+            self.rotate();
         }
-        if self.size > 0 && self.size + line.len() as u64 > MAX_AUDIT_BYTES {
-            self.rotate()?;
-        }
-        let Some(file) = &mut self.file else {
-            // `open` and `rotate` leave a file in place whenever they return Ok.
-            return Err(io::Error::other("no audit file open"));
+        self.file()?.write_all(lines)?;
+        self.size += lines.len() as u64;
+        Ok(())
+    }
+
+    /// The open file, opened for appending (and its size read) if it is not.
+    fn file(&mut self) -> io::Result<&mut File> {
+        let file = match self.file.take() {
+            Some(file) => file,
+            None => {
+                let (file, size) =
+                    files::open_append_regular(&self.path, files::PRIVATE_FILE_MODE)?;
+                self.size = size;
+                file
+            }
         };
-        file.write_all(line)?;
-        self.size += line.len() as u64;
-        Ok(())
+        Ok(self.file.insert(file))
     }
 
-    fn open(&mut self) -> io::Result<()> {
-        let (file, size) = files::open_append_regular(&self.path, files::PRIVATE_FILE_MODE)?;
-        self.file = Some(file);
-        self.size = size;
-        Ok(())
-    }
-
-    /// Renames the file to `<file>.1` and begins a new one. If the rename fails, the
-    /// current file is kept (no line is lost) and the failure warned about once.
-    fn rotate(&mut self) -> io::Result<()> {
+    /// Renames the file to `<file>.1`, for the next write to begin a new one. If the
+    /// rename fails, the current file is kept (no line is lost) and the failure warned
+    /// about once.
+    fn rotate(&mut self) {
         match std::fs::rename(&self.path, &self.rotated) {
             Ok(()) => {
-                if self.rotation_failing {
+                if std::mem::replace(&mut self.rotation_failing, false) {
                     log::info!("{}: rotated again", self.path.display());
                 }
-                self.rotation_failing = false;
                 self.file = None;
-                self.open()
             }
             Err(e) => {
-                if !self.rotation_failing {
+                if !std::mem::replace(&mut self.rotation_failing, true) {
                     log::warn!(
                         "cannot rotate {} to {}: {e}; appending past {MAX_AUDIT_BYTES} bytes instead",
                         self.path.display(),
                         self.rotated.display()
                     );
                 }
-                self.rotation_failing = true;
-                Ok(())
             }
-        }
-    }
-
-    fn report_lost(&self) {
-        if self.lost > 0 {
-            log::warn!(
-                "{}: {} audit line(s) could not be written",
-                self.path.display(),
-                self.lost
-            );
         }
     }
 }

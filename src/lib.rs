@@ -83,9 +83,8 @@ pub use http::client::ClientError;
 
 // Workflows of delegations.
 pub use workflow::{
-    chain, chain_prompt, conclude, fan, parse_verdict, sum_usage, verify, verify_prompt,
-    Conclusion, Event, Observer, Outcome, Stage, StopHandle, Verdict, WorkflowError,
-    WorkflowOptions, FAN_THREADS, MAX_TARGETS,
+    chain, fan, verify, Conclusion, Event, Observer, Outcome, Stage, StopHandle, Verdict,
+    WorkflowError, WorkflowOptions, FAN_THREADS, MAX_TARGETS,
 };
 
 // Configuration.

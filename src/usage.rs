@@ -227,35 +227,47 @@ impl UsageStore {
             .unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// Reads the file (the caller holds the file lock); a corrupt one is set aside and
-    /// replaced by the last good copy, if there is one.
+    /// Reads the file (the caller holds the file lock). A corrupt one is set aside and
+    /// replaced by the last good copy, if there is one. A missing one is replaced by it
+    /// too: a new instance starts from zero, but one that had usage gets it back, loudly
+    /// (deleting the file alone does not reset the budget; resetting takes removing both
+    /// files while stopped).
     fn load(&self) -> Result<Usage, UsageFileError> {
-        let bytes = match read_small(&self.path) {
-            Ok(Some(bytes)) => bytes,
-            Ok(None) => return self.restore_missing(),
-            Err(e) => return Err(UsageFileError::Io(e)),
-        };
-        if let Some(usage) = Usage::from_json(&bytes) {
+        let bytes = read_small(&self.path).map_err(UsageFileError::Io)?;
+        if let Some(usage) = bytes.as_deref().and_then(Usage::from_json) {
             *self.cache() = Some(usage.clone());
             return Ok(usage);
         }
-        let good = self.last_good();
-        let Some(good) = good else {
+        let Some(good) = self.last_good() else {
+            if bytes.is_none() {
+                return Ok(Usage::default());
+            }
             log::error!(
                 "{} is corrupt and no good copy exists; budgeted turns are refused until it is repaired or removed",
                 self.path.display()
             );
             return Err(UsageFileError::Corrupt(self.path.clone()));
         };
-        let aside = files::set_aside(&self.path, "corrupt").map_err(UsageFileError::Io)?;
+        let aside = bytes
+            .map(|_| files::set_aside(&self.path, "corrupt"))
+            .transpose()
+            .map_err(UsageFileError::Io)?;
         files::write_atomic(&self.path, &good.to_json(), files::PRIVATE_FILE_MODE)
             .map_err(UsageFileError::Io)?;
-        log::error!(
-            "{} was corrupt: moved to {} and restored from the last good copy (${:.4} used)",
-            self.path.display(),
-            aside.display(),
-            good.total_cost_usd
-        );
+        match aside {
+            Some(aside) => log::error!(
+                "{} was corrupt: moved to {} and restored from the last good copy (${:.4} used)",
+                self.path.display(),
+                aside.display(),
+                good.total_cost_usd
+            ),
+            None => log::error!(
+                "{} was missing: restored from the last good copy (${:.4} used); to reset usage, stop the instance and remove it and {}",
+                self.path.display(),
+                good.total_cost_usd,
+                self.backup.display()
+            ),
+        }
         Ok(good)
     }
 
@@ -268,24 +280,6 @@ impl UsageStore {
                 .and_then(|b| Usage::from_json(&b))
         })
     }
-
-    /// `usage.json` is missing. A new instance starts from zero; one that had usage
-    /// (a last good copy exists) gets it back, loudly: deleting the file alone does
-    /// not reset the budget. Resetting takes removing both files while stopped.
-    fn restore_missing(&self) -> Result<Usage, UsageFileError> {
-        let Some(good) = self.last_good() else {
-            return Ok(Usage::default());
-        };
-        files::write_atomic(&self.path, &good.to_json(), files::PRIVATE_FILE_MODE)
-            .map_err(UsageFileError::Io)?;
-        log::error!(
-            "{} was missing: restored from the last good copy (${:.4} used); to reset usage, stop the instance and remove it and {}",
-            self.path.display(),
-            good.total_cost_usd,
-            self.backup.display()
-        );
-        Ok(good)
-    }
 }
 
 /// The totals of the instance in `state_dir` as the files say, for reports: never
@@ -297,20 +291,18 @@ impl UsageStore {
 /// [`UsageFileError::Corrupt`] when `usage.json` (or, without it, the backup) exists but is
 /// not valid and no valid copy exists; [`UsageFileError::Io`] when a file can't be read.
 pub fn peek(state_dir: &Path) -> Result<Usage, UsageFileError> {
-    let path = state_dir.join(USAGE_FILE);
-    let main = read_small(&path).map_err(UsageFileError::Io)?;
-    if let Some(usage) = main.as_deref().and_then(Usage::from_json) {
-        return Ok(usage);
+    let mut corrupt = None;
+    for path in [USAGE_FILE, USAGE_BACKUP_FILE].map(|name| state_dir.join(name)) {
+        if let Some(bytes) = read_small(&path).map_err(UsageFileError::Io)? {
+            if let Some(usage) = Usage::from_json(&bytes) {
+                return Ok(usage);
+            }
+            corrupt = corrupt.or(Some(path));
+        }
     }
-    let backup = read_small(&state_dir.join(USAGE_BACKUP_FILE)).map_err(UsageFileError::Io)?;
-    if let Some(usage) = backup.as_deref().and_then(Usage::from_json) {
-        return Ok(usage);
-    }
-    match (main, backup) {
-        (None, None) => Ok(Usage::default()),
-        (Some(_), _) => Err(UsageFileError::Corrupt(path)),
-        (None, Some(_)) => Err(UsageFileError::Corrupt(state_dir.join(USAGE_BACKUP_FILE))),
-    }
+    corrupt.map_or(Ok(Usage::default()), |path| {
+        Err(UsageFileError::Corrupt(path))
+    })
 }
 
 /// Reads a usage file of at most [`MAX_USAGE_BYTES`]; `None` if it does not exist.

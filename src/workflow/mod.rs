@@ -26,25 +26,26 @@
 //! # }
 //! ```
 
-use crate::client::{self, delegate, DelegateError, DelegateOptions, TraceContext};
+use crate::client::{self, TraceContext};
 use crate::config::BusConfig;
-use crate::protocol::{InstanceName, RequestId, TraceId};
+use crate::protocol::{InstanceName, RequestId};
 use std::fmt;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 mod outcome;
 mod plan;
 mod stop;
 mod templates;
 
-pub use outcome::{conclude, sum_usage, Conclusion, Outcome, Stage};
+pub use outcome::{Conclusion, Outcome, Stage};
+use plan::prepare;
 pub use plan::WorkflowError;
-use plan::{prepare, Plan};
 pub use stop::StopHandle;
-pub use templates::{chain_prompt, parse_verdict, verify_prompt, Verdict};
+pub use templates::Verdict;
+use templates::{chain_prompt, parse_verdict, verify_prompt};
 
 /// Most delegations `fan` runs at once; further targets wait for a thread.
 pub const FAN_THREADS: usize = 8;
@@ -132,31 +133,6 @@ impl WorkflowOptions {
             ..self
         }
     }
-
-    /// The one delegation to `target`: every setting a workflow's delegations share.
-    fn delegation(&self, target: &InstanceName, prompt: String, id: &RequestId) -> DelegateOptions {
-        let delegation = DelegateOptions::new(
-            &self.root,
-            self.caller.clone(),
-            self.bus.clone(),
-            target.clone(),
-            prompt,
-        )
-        .with_depth(self.depth)
-        .with_timeout(self.timeout)
-        .with_retries(self.retries)
-        .with_request_id(id.clone());
-        match &self.trace {
-            Some(trace) => delegation.with_trace(trace.clone()),
-            None => delegation,
-        }
-    }
-
-    fn tell(&self, event: Event<'_>) {
-        if let Some(observer) = &self.observer {
-            observer.event(event);
-        }
-    }
 }
 
 impl fmt::Debug for WorkflowOptions {
@@ -208,68 +184,6 @@ impl<F: Fn(Event<'_>) + Send + Sync> Observer for F {
     }
 }
 
-/// Runs delegation `index` unless the workflow was stopped, telling the observer.
-fn run(
-    options: &WorkflowOptions,
-    index: usize,
-    target: &InstanceName,
-    request_id: &RequestId,
-    prompt: String,
-) -> Stage {
-    let mut delegation = options.delegation(target, prompt, request_id);
-    let started = Instant::now();
-    let outcome = if options.stop.enter(&mut delegation) {
-        options.tell(Event::Started {
-            index,
-            target,
-            request_id,
-        });
-        let outcome = delegate(&delegation);
-        options.stop.leave(&delegation);
-        // Given up for good on a turn that may still run there: cancel it (contract
-        // 8.1), as `talk` does.
-        if outcome
-            .as_ref()
-            .is_err_and(|e| matches!(e.cause(), DelegateError::Timeout { .. }))
-        {
-            let _ = client::cancel(&delegation);
-        }
-        outcome
-    } else {
-        Err(DelegateError::Stopped {
-            target: target.to_string(),
-        })
-    };
-    let stage = Stage {
-        target: target.clone(),
-        request_id: request_id.clone(),
-        outcome,
-        elapsed: started.elapsed(),
-    };
-    options.tell(Event::Finished {
-        index,
-        stage: &stage,
-    });
-    stage
-}
-
-/// The outcome of `stages` out of `planned`, with their summed usage.
-fn finish(stages: Vec<Stage>, planned: usize, trace_id: TraceId, started: Instant) -> Outcome {
-    let usage = sum_usage(stages.iter().filter_map(|s| match &s.outcome {
-        Ok(reply) => reply.usage.as_ref(),
-        // A failed turn may have cost something too.
-        Err(error) => error.usage(),
-    }));
-    Outcome {
-        stages,
-        planned,
-        usage,
-        verdict: None,
-        trace_id,
-        elapsed: started.elapsed(),
-    }
-}
-
 /// Sends `prompt` to every target at once (at most [`FAN_THREADS`] at a time), each at
 /// the same depth; the outcome keeps the list's order, whatever the order of the
 /// answers. One target's slowness or failure holds up no other's: the observer hears
@@ -284,23 +198,17 @@ pub fn fan(
     targets: &[InstanceName],
     prompt: &str,
 ) -> Result<Outcome, WorkflowError> {
-    let Plan {
-        options,
-        trace_id,
-        ids,
-    } = prepare(options, targets)?;
-    let options = &options;
-    let started = Instant::now();
+    let plan = prepare(options, targets)?;
     let next = AtomicUsize::new(0);
     let done: Mutex<Vec<Option<Stage>>> = Mutex::new(targets.iter().map(|_| None).collect());
     std::thread::scope(|scope| {
         for _ in 0..targets.len().min(FAN_THREADS) {
             scope.spawn(|| loop {
                 let index = next.fetch_add(1, Ordering::SeqCst);
-                let (Some(target), Some(id)) = (targets.get(index), ids.get(index)) else {
+                if index >= targets.len() {
                     return;
-                };
-                let stage = run(options, index, target, id, prompt.to_owned());
+                }
+                let stage = plan.run(index, prompt.to_owned());
                 // Each slot is written once; a panic elsewhere left the others valid.
                 done.lock().unwrap_or_else(|p| p.into_inner())[index] = Some(stage);
             });
@@ -312,12 +220,13 @@ pub fn fan(
         .into_iter()
         .flatten()
         .collect();
-    Ok(finish(stages, targets.len(), trace_id, started))
+    Ok(plan.finish(stages, None))
 }
 
 /// Sends `prompt` to the first target, then to each next one the prompt with the
-/// previous stage's reply ([`chain_prompt`]), one after the other. The first failure
-/// ends the chain; the completed stages and the failed one are in the outcome.
+/// previous stage's reply under a line naming that stage (contract 9's template), one
+/// after the other. The first failure ends the chain; the completed stages and the
+/// failed one are in the outcome.
 ///
 /// # Errors
 /// As [`fan`]'s.
@@ -326,36 +235,24 @@ pub fn chain(
     targets: &[InstanceName],
     prompt: &str,
 ) -> Result<Outcome, WorkflowError> {
-    let Plan {
-        options,
-        trace_id,
-        ids,
-    } = prepare(options, targets)?;
-    let options = &options;
-    let started = Instant::now();
+    let plan = prepare(options, targets)?;
     let mut stages: Vec<Stage> = Vec::new();
-    for (index, (target, id)) in targets.iter().zip(&ids).enumerate() {
-        let stage_prompt = match stages.last() {
+    for index in 0..targets.len() {
+        let stage_prompt = match stages.last().map(|s| (s.target.as_str(), &s.outcome)) {
             None => prompt.to_owned(),
-            Some(previous) => match &previous.outcome {
-                Ok(reply) => chain_prompt(
-                    prompt,
-                    previous.target.as_str(),
-                    index + 1,
-                    targets.len(),
-                    &reply.text,
-                ),
-                Err(_) => break,
-            },
+            Some((by, Ok(reply))) => chain_prompt(prompt, by, index, targets.len(), &reply.text),
+            Some((_, Err(_))) => break,
         };
-        stages.push(run(options, index, target, id, stage_prompt));
+        stages.push(plan.run(index, stage_prompt));
     }
-    Ok(finish(stages, targets.len(), trace_id, started))
+    Ok(plan.finish(stages, None))
 }
 
-/// Asks `answerer` the prompt, then `verifier` to check the answer
-/// ([`verify_prompt`]), and reads the verdict from its reply ([`parse_verdict`]). If
-/// the answerer fails, the verifier is not asked.
+/// Asks `answerer` the prompt, then `verifier` to check the answer (contract 9's
+/// template), and reads the verdict from its reply: its first non-empty line is
+/// `VERDICT: PASS` or `VERDICT: FAIL` in any case, else the verdict is a retryable
+/// `invalid_handler_response` failure. If the answerer fails, the verifier is not
+/// asked.
 ///
 /// # Errors
 /// As [`fan`]'s, for the list of the answerer and the verifier.
@@ -365,30 +262,17 @@ pub fn verify(
     verifier: &InstanceName,
     prompt: &str,
 ) -> Result<Outcome, WorkflowError> {
-    let Plan {
-        options,
-        trace_id,
-        ids,
-    } = prepare(options, &[answerer.clone(), verifier.clone()])?;
-    let options = &options;
-    let started = Instant::now();
-    // `prepare` made one id per name.
-    let (answer_id, check_id) = (&ids[0], &ids[1]);
-    let answer = run(options, 0, answerer, answer_id, prompt.to_owned());
-    let check = match &answer.outcome {
-        Ok(reply) => {
-            let check_prompt = verify_prompt(prompt, answerer.as_str(), &reply.text);
-            Some(run(options, 1, verifier, check_id, check_prompt))
-        }
-        Err(_) => None,
-    };
-    let verdict = match check.as_ref().map(|c| &c.outcome) {
-        Some(Ok(reply)) => Some(parse_verdict(&reply.text)),
-        _ => None,
-    };
+    let plan = prepare(options, &[answerer.clone(), verifier.clone()])?;
+    let answer = plan.run(0, prompt.to_owned());
+    let check = answer
+        .outcome
+        .as_ref()
+        .ok()
+        .map(|reply| plan.run(1, verify_prompt(prompt, answerer.as_str(), &reply.text)));
+    let verdict = check
+        .as_ref()
+        .and_then(|check| check.outcome.as_ref().ok())
+        .map(|reply| parse_verdict(&reply.text));
     let stages = std::iter::once(answer).chain(check).collect();
-    Ok(Outcome {
-        verdict,
-        ..finish(stages, 2, trace_id, started)
-    })
+    Ok(plan.finish(stages, verdict))
 }

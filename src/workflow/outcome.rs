@@ -32,7 +32,8 @@ pub struct Outcome {
     /// How many delegations the workflow meant to make (chain: the stages listed;
     /// verify: 2).
     pub planned: usize,
-    /// The summed usage of the replies ([`sum_usage`]); `None` when none reported any.
+    /// The summed usage of the delegations, failed ones too (tokens added, the cost the
+    /// sum of the costs reported); `None` when none reported any.
     pub usage: Option<UsageReport>,
     /// verify only: the verdict, or the failure to read one, once the verifier replied.
     pub verdict: Option<Result<Verdict, Failure>>,
@@ -54,7 +55,8 @@ pub enum Conclusion {
 }
 
 impl Outcome {
-    /// How the workflow ended ([`conclude`] over its stages and verdict).
+    /// How the workflow ended: a failure when a failure is not retryable or the verdict
+    /// is `FAIL`, else retryable when anything failed, else success.
     pub fn conclusion(&self) -> Conclusion {
         let failures = self.stages.iter().filter_map(|s| s.outcome.as_ref().err());
         let verdict = self
@@ -69,7 +71,7 @@ impl Outcome {
 /// no verdict could be read, with that failure's flag): any failure that is not
 /// retryable, or `FAIL`, is a [`Conclusion::Failure`]; else any failure at all is
 /// [`Conclusion::Retryable`]; else success.
-pub fn conclude(
+pub(super) fn conclude(
     failures: impl IntoIterator<Item = bool>,
     verdict: Option<Result<Verdict, bool>>,
 ) -> Conclusion {
@@ -94,7 +96,9 @@ pub fn conclude(
 
 /// The sum of the usage reports: tokens added (saturating), the cost the sum of the
 /// costs reported (`None` when none reported one); `None` when there are no reports.
-pub fn sum_usage<'a>(reports: impl IntoIterator<Item = &'a UsageReport>) -> Option<UsageReport> {
+pub(super) fn sum_usage<'a>(
+    reports: impl IntoIterator<Item = &'a UsageReport>,
+) -> Option<UsageReport> {
     reports.into_iter().fold(None, |sum, one| {
         let sum = sum.unwrap_or_default();
         let cost_usd = match (sum.cost_usd, one.cost_usd) {

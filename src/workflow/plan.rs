@@ -1,10 +1,13 @@
-//! Before a workflow sends anything: its list checked ([`WorkflowError`]), the tree its
-//! delegations join, and a request id for each delegation.
+//! A workflow's [`Plan`]: before it sends anything, its list checked
+//! ([`WorkflowError`]), the tree its delegations join and a request id for each; then
+//! each delegation run, and the [`Outcome`] of those run.
 
-use super::{WorkflowOptions, MAX_TARGETS};
-use crate::client::{new_request_id, TraceContext};
-use crate::protocol::{InstanceName, RequestId, TraceId};
+use super::outcome::sum_usage;
+use super::{Event, Outcome, Stage, Verdict, WorkflowOptions, MAX_TARGETS};
+use crate::client::{self, delegate, new_request_id, DelegateError, DelegateOptions, TraceContext};
+use crate::protocol::{Failure, InstanceName, RequestId};
 use std::fmt;
+use std::time::Instant;
 
 /// Why a workflow sent nothing.
 #[derive(Debug)]
@@ -64,12 +67,93 @@ impl fmt::Display for WorkflowError {
 
 impl std::error::Error for WorkflowError {}
 
-/// A workflow about to run: its options with the tree its delegations join, and a
-/// request id for each delegation.
+/// A workflow under way: its options and targets, the tree its delegations join, a
+/// request id for each delegation, and when it started.
 pub(super) struct Plan {
-    pub(super) options: WorkflowOptions,
-    pub(super) trace_id: TraceId,
-    pub(super) ids: Vec<RequestId>,
+    options: WorkflowOptions,
+    targets: Vec<InstanceName>,
+    trace: TraceContext,
+    ids: Vec<RequestId>,
+    started: Instant,
+}
+
+impl Plan {
+    /// Runs delegation `index` unless the workflow was stopped, telling the observer.
+    pub(super) fn run(&self, index: usize, prompt: String) -> Stage {
+        let (options, target, request_id) = (&self.options, &self.targets[index], &self.ids[index]);
+        let mut delegation = DelegateOptions::new(
+            &options.root,
+            options.caller.clone(),
+            options.bus.clone(),
+            target.clone(),
+            prompt,
+        )
+        .with_depth(options.depth)
+        .with_timeout(options.timeout)
+        .with_retries(options.retries)
+        .with_request_id(request_id.clone())
+        .with_trace(self.trace.clone());
+        let tell = |event| {
+            if let Some(observer) = &options.observer {
+                observer.event(event);
+            }
+        };
+        let started = Instant::now();
+        let outcome = if options.stop.enter(&mut delegation) {
+            tell(Event::Started {
+                index,
+                target,
+                request_id,
+            });
+            let outcome = delegate(&delegation);
+            options.stop.leave(&delegation);
+            // Given up for good on a turn that may still run there: cancel it (contract
+            // 8.1), as `talk` does.
+            if outcome
+                .as_ref()
+                .is_err_and(|e| matches!(e.cause(), DelegateError::Timeout { .. }))
+            {
+                let _ = client::cancel(&delegation);
+            }
+            outcome
+        } else {
+            Err(DelegateError::Stopped {
+                target: target.to_string(),
+            })
+        };
+        let stage = Stage {
+            target: target.clone(),
+            request_id: request_id.clone(),
+            outcome,
+            elapsed: started.elapsed(),
+        };
+        tell(Event::Finished {
+            index,
+            stage: &stage,
+        });
+        stage
+    }
+
+    /// The outcome of `stages`, with their summed usage (a failed turn may have cost
+    /// something too).
+    pub(super) fn finish(
+        self,
+        stages: Vec<Stage>,
+        verdict: Option<Result<Verdict, Failure>>,
+    ) -> Outcome {
+        let usage = sum_usage(stages.iter().filter_map(|s| match &s.outcome {
+            Ok(reply) => reply.usage.as_ref(),
+            Err(error) => error.usage(),
+        }));
+        Outcome {
+            stages,
+            planned: self.targets.len(),
+            usage,
+            verdict,
+            trace_id: self.trace.trace_id,
+            elapsed: self.started.elapsed(),
+        }
+    }
 }
 
 /// Checks a workflow's list before anything is sent, and makes the [`Plan`].
@@ -109,9 +193,11 @@ pub(super) fn prepare(
         .map(|_| new_request_id().map_err(random))
         .collect::<Result<_, _>>()?;
     Ok(Plan {
-        trace_id: trace.trace_id.clone(),
-        options: options.clone().with_trace(trace),
+        options: options.clone(),
+        targets: targets.to_vec(),
+        trace,
         ids,
+        started: Instant::now(),
     })
 }
 
@@ -150,7 +236,9 @@ mod tests {
                     let mut ids = plan.ids.clone();
                     ids.dedup();
                     assert_eq!(ids.len(), list.len(), "one request id per delegation");
-                    assert_eq!(plan.options.trace.map(|t| t.trace_id), Some(plan.trace_id));
+                    let given = TraceContext::new().unwrap();
+                    let joined = prepare(&options.clone().with_trace(given.clone()), list);
+                    assert_eq!(joined.unwrap().trace.trace_id, given.trace_id, "one trace");
                 }
                 (got, want) => panic!("{list:?}: {:?} where {want:?}", got.err()),
             }

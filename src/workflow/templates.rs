@@ -12,22 +12,21 @@ pub enum Verdict {
     Fail,
 }
 
-/// The prompt of chain stage `stage` (from 2) of `stages`: the original prompt, then
-/// the previous stage's reply under a line naming it (contract 9).
-pub fn chain_prompt(
+/// The prompt of the chain stage after stage `before` (from 1) of `stages`: the
+/// original prompt, then that stage's reply under a line naming it (contract 9).
+pub(super) fn chain_prompt(
     prompt: &str,
     previous: &str,
-    stage: usize,
+    before: usize,
     stages: usize,
     reply: &str,
 ) -> String {
-    let before = stage.saturating_sub(1);
     format!("{prompt}\n\n--- output of {previous} (stage {before} of {stages}) ---\n{reply}")
 }
 
 /// The verifier's prompt: the instruction, the question and `answerer`'s answer
 /// (contract 9).
-pub fn verify_prompt(prompt: &str, answerer: &str, answer: &str) -> String {
+pub(super) fn verify_prompt(prompt: &str, answerer: &str, answer: &str) -> String {
     format!(
         "Check the answer below to the question below. Reply with a first line that is exactly\n\
          VERDICT: PASS or VERDICT: FAIL, then your reasons.\n\
@@ -46,7 +45,7 @@ pub fn verify_prompt(prompt: &str, answerer: &str, answer: &str) -> String {
 ///
 /// # Errors
 /// The first non-empty line is neither, or there is none.
-pub fn parse_verdict(reply: &str) -> Result<Verdict, Failure> {
+pub(super) fn parse_verdict(reply: &str) -> Result<Verdict, Failure> {
     let first = reply.lines().map(str::trim).find(|line| !line.is_empty());
     match first {
         Some(line) if line.eq_ignore_ascii_case("VERDICT: PASS") => Ok(Verdict::Pass),
@@ -92,11 +91,11 @@ mod tests {
     #[test]
     fn chain_prompt_is_the_contract_template() {
         assert_eq!(
-            chain_prompt("Sum it up", "a", 2, 3, "It is 4."),
+            chain_prompt("Sum it up", "a", 1, 3, "It is 4."),
             "Sum it up\n\n--- output of a (stage 1 of 3) ---\nIt is 4."
         );
         assert_eq!(
-            chain_prompt("p", "b", 3, 3, ""),
+            chain_prompt("p", "b", 2, 3, ""),
             "p\n\n--- output of b (stage 2 of 3) ---\n"
         );
     }
