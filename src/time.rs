@@ -72,18 +72,13 @@ pub fn now_iso8601() -> String {
 /// February 30, hour 24, second 60...) is `None`.
 pub fn parse_iso8601(s: &str) -> Option<SystemTime> {
     let b = s.as_bytes();
-    if b.len() < 20 || b[4] != b'-' || b[7] != b'-' || b[10] != b'T' {
+    if b.len() < 20 || [b[4], b[7], b[10], b[13], b[16]] != *b"--T::" {
         return None;
     }
-    if b[13] != b':' || b[16] != b':' {
-        return None;
-    }
-    let year = i64::from(digits(&b[0..4])?);
-    let month = digits(&b[5..7])?;
-    let day = digits(&b[8..10])?;
-    let hour = digits(&b[11..13])?;
-    let minute = digits(&b[14..16])?;
-    let second = digits(&b[17..19])?;
+    let [year, month, day, hour, minute, second] =
+        [0..4, 5..7, 8..10, 11..13, 14..16, 17..19].map(|at| digits(&b[at]));
+    let (year, month, day) = (i64::from(year?), month?, day?);
+    let (hour, minute, second) = (hour?, minute?, second?);
     // A day past its month's end (February 30) comes back as another date.
     let days = days_from_civil(year, month, day);
     if !(1..=12).contains(&month) || civil_from_days(days) != (year, month, day) {

@@ -80,17 +80,11 @@ pub(super) fn conclude(
         Some(Err(retryable)) => Some(retryable),
         None | Some(Ok(Verdict::Pass)) => None,
     };
-    let mut any = false;
-    for retryable in failures.into_iter().chain(verdict) {
-        if !retryable {
-            return Conclusion::Failure;
-        }
-        any = true;
-    }
-    if any {
-        Conclusion::Retryable
-    } else {
-        Conclusion::Success
+    let flags: Vec<bool> = failures.into_iter().chain(verdict).collect();
+    match (flags.contains(&false), flags.is_empty()) {
+        (true, _) => Conclusion::Failure,
+        (false, true) => Conclusion::Success,
+        (false, false) => Conclusion::Retryable,
     }
 }
 
