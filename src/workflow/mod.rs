@@ -107,7 +107,7 @@ impl WorkflowOptions {
         WorkflowOptions { timeout, ..self }
     }
 
-    /// Retries of each delegation, as [`DelegateOptions::with_retries`].
+    /// Retries of each delegation, as [`client::DelegateOptions::with_retries`].
     pub fn with_retries(self, retries: u32) -> WorkflowOptions {
         WorkflowOptions { retries, ..self }
     }
@@ -118,20 +118,16 @@ impl WorkflowOptions {
     }
 
     /// The observer told of each delegation's start and end.
-    pub fn with_observer(self, observer: Arc<dyn Observer>) -> WorkflowOptions {
-        WorkflowOptions {
-            observer: Some(observer),
-            ..self
-        }
+    pub fn with_observer(mut self, observer: Arc<dyn Observer>) -> WorkflowOptions {
+        self.observer = Some(observer);
+        self
     }
 
     /// The tree the workflow's delegations join, as [`TraceContext::from_env`] finds
     /// it in an engine's environment, or a given one.
-    pub fn with_trace(self, trace: TraceContext) -> WorkflowOptions {
-        WorkflowOptions {
-            trace: Some(trace),
-            ..self
-        }
+    pub fn with_trace(mut self, trace: TraceContext) -> WorkflowOptions {
+        self.trace = Some(trace);
+        self
     }
 }
 
