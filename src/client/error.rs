@@ -4,8 +4,7 @@
 
 use super::PeerProtocol;
 use crate::http::client::ClientError;
-use crate::protocol::{self, Envelope, ErrorCode, Failure, UsageReport, MAX_BODY_BYTES};
-use crate::registry::owner::OwnerRefusal;
+use crate::protocol::{Envelope, ErrorCode, Failure, UsageReport, MAX_BODY_BYTES};
 use crate::registry::ProbeError;
 use std::fmt;
 use std::path::PathBuf;
@@ -54,31 +53,18 @@ pub enum DelegateError {
         /// The target asked for.
         target: String,
     },
-    /// The target's health probe did not match; the secret was not sent.
+    /// The target's health probe did not match, or whatever holds its registered
+    /// address did not prove it holds the target's secret (contract 6.1), or failed the
+    /// same-user check (its port is held by another user's process, or who holds it
+    /// cannot be told). The secret was not sent. A failed proof or same-user check is
+    /// not retryable: trying again reaches the same squatter, so someone must look.
     ProbeFailed {
-        /// The target asked for.
-        target: String,
-        /// What the probe found.
-        reason: ProbeError,
-    },
-    /// The same-user check refused a target that cannot prove itself (contract 6.1):
-    /// its port is held by another user's process, or who holds it cannot be told (the
-    /// socket tables do not list the other end of the connection, or cannot be read).
-    /// The secret was not sent. Not retryable: it needs someone to look.
-    NotSameUser {
-        /// The target asked for.
-        target: String,
-        /// Why (it names the port, and the uid holding it when known).
-        refusal: OwnerRefusal,
-    },
-    /// Whatever holds the target's registered address did not prove it holds the
-    /// target's secret, so the secret was not sent (contract 6.1); not retryable.
-    Unproven {
         /// The target asked for.
         target: String,
         /// The port it is registered on.
         port: u16,
-        /// Why the port's holder is not trusted.
+        /// What the probe found (a same-user refusal names the port, and the uid
+        /// holding it when known).
         reason: ProbeError,
     },
     /// The connection for the request could not be made, or broke.
@@ -160,8 +146,6 @@ impl DelegateError {
             Self::Registry { .. }
             | Self::NotRegistered { .. }
             | Self::ProbeFailed { .. }
-            | Self::NotSameUser { .. }
-            | Self::Unproven { .. }
             | Self::Connection { .. }
             | Self::Broken { .. } => ErrorCode::InstanceUnavailable,
             Self::Timeout { .. } => ErrorCode::Timeout,
@@ -212,7 +196,10 @@ impl DelegateError {
             Self::Remote { failure, .. } => failure.retryable,
             Self::NotRetried { error, .. } => error.retryable(),
             // Trying again reaches the same squatter: an operator must look.
-            Self::NotSameUser { .. } | Self::Unproven { .. } => false,
+            Self::ProbeFailed {
+                reason: ProbeError::NoProof | ProbeError::WrongProof | ProbeError::NotSameUser(_),
+                ..
+            } => false,
             // A registry we may not read, or may not trust (another user's, or
             // writable by others: contract 1), stays so until someone fixes it.
             Self::Registry { error, .. }
@@ -248,9 +235,8 @@ impl DelegateError {
             other => Envelope::failure(
                 caller,
                 Failure {
-                    error: protocol::truncate_chars(other.to_string(), protocol::MAX_ERROR_CHARS),
-                    code: other.code(),
                     retryable: other.retryable(),
+                    ..Failure::new(other.code(), other.to_string())
                 },
                 duration_ms,
             ),
@@ -280,20 +266,17 @@ impl fmt::Display for DelegateError {
             Self::NotRegistered { target } => {
                 write!(f, "instance {target} is not registered (is it running?)")
             }
-            Self::ProbeFailed { target, reason } => {
-                write!(f, "instance {target} is not available: {reason}")
-            }
-            Self::NotSameUser { target, refusal } => {
-                write!(f, "instance {target} is not available: {refusal}")
-            }
-            Self::Unproven {
+            Self::ProbeFailed {
                 target,
                 port,
-                reason,
+                reason: reason @ (ProbeError::NoProof | ProbeError::WrongProof),
             } => write!(
                 f,
                 "instance {target} is not available on port {port}: {reason}"
             ),
+            Self::ProbeFailed { target, reason, .. } => {
+                write!(f, "instance {target} is not available: {reason}")
+            }
             Self::Connection { target, reason } => {
                 write!(f, "instance {target} is not available: {reason}")
             }

@@ -286,41 +286,29 @@ pub fn delegate(options: &DelegateOptions) -> Result<Reply, DelegateError> {
         base: options.backoff_base,
         cap: options.backoff_cap,
     };
-    let what = attempt::Exchange {
-        prompt: &options.prompt,
-        ext: RequestExt {
-            request_id: Some(request_id.clone()),
-            trace_id: Some(trace.trace_id.clone()),
-            parent_request_id: trace.parent_request_id,
-            cancel: false,
-        },
-        timeout: options.timeout,
-        required: None,
+    let ext = RequestExt {
+        request_id: Some(request_id.clone()),
+        trace_id: Some(trace.trace_id.clone()),
+        parent_request_id: trace.parent_request_id,
+        cancel: false,
     };
+    let request = attempt::request(options, &options.prompt, ext);
     // Before the registry is read (the table's order), with the base capabilities;
     // each attempt checks again what it sends to the peer it found.
-    attempt::check_size(&encode_talk_request(&attempt::request(options, &what)))?;
+    attempt::check_size(&encode_talk_request(&request))?;
     let mut jitter = None;
     let mut retries_done = 0;
     let mut dedupes = false;
     loop {
-        let mut listed = None;
-        let outcome = attempt::exchange(options, &what, &mut listed).and_then(|sent| match sent {
-            attempt::Sent::Answer(response) => {
-                attempt::interpret(&options.target, response, &request_id, &trace.trace_id)
-            }
-            // Nothing is required of a delegation's peer.
-            attempt::Sent::NotListed => Err(DelegateError::NotRegistered {
-                target: options.target.to_string(),
-            }),
+        let outcome = attempt::prove(options).and_then(|peer| {
+            dedupes = peer.lists(IDEMPOTENT_REQUESTS);
+            let response = attempt::send(options, peer, request.clone(), options.timeout)?;
+            attempt::interpret(&options.target, response, &request_id, &trace.trace_id)
         });
         let error = match outcome {
             Ok(reply) => return Ok(reply),
             Err(error) => error,
         };
-        if let Some(listed) = listed {
-            dedupes = listed.iter().any(|c| c == IDEMPOTENT_REQUESTS);
-        }
         let failed = retry::Failed {
             retryable: error.retryable(),
             may_have_run: error.may_have_run(),
@@ -433,7 +421,7 @@ mod tests {
                 false,
             ),
             (
-                DelegateError::Unproven {
+                DelegateError::ProbeFailed {
                     target: t(),
                     port: 7701,
                     reason: ProbeError::NoProof,
@@ -442,7 +430,7 @@ mod tests {
                 false,
             ),
             (
-                DelegateError::Unproven {
+                DelegateError::ProbeFailed {
                     target: t(),
                     port: 7701,
                     reason: ProbeError::WrongProof,
@@ -496,6 +484,7 @@ mod tests {
             (
                 DelegateError::ProbeFailed {
                     target: t(),
+                    port: 7701,
                     reason: ProbeError::Http(ClientError::Timeout),
                 },
                 "instance_unavailable",
@@ -504,6 +493,7 @@ mod tests {
             (
                 DelegateError::ProbeFailed {
                     target: t(),
+                    port: 7701,
                     reason: ProbeError::OtherInstance(Box::new(health("impostor"))),
                 },
                 "instance_unavailable",
@@ -518,20 +508,22 @@ mod tests {
                 true,
             ),
             (
-                DelegateError::NotSameUser {
+                DelegateError::ProbeFailed {
                     target: t(),
-                    refusal: OwnerRefusal::Foreign {
+                    port: 7701,
+                    reason: ProbeError::NotSameUser(OwnerRefusal::Foreign {
                         port: 7701,
                         uid: 65534,
-                    },
+                    }),
                 },
                 "instance_unavailable",
                 false,
             ),
             (
-                DelegateError::NotSameUser {
+                DelegateError::ProbeFailed {
                     target: t(),
-                    refusal: OwnerRefusal::TablesUnreadable { port: 7701 },
+                    port: 7701,
+                    reason: ProbeError::NotSameUser(OwnerRefusal::TablesUnreadable { port: 7701 }),
                 },
                 "instance_unavailable",
                 false,
@@ -870,9 +862,10 @@ mod tests {
 
     #[test]
     fn owner_unknown_says_who_holds_the_port_cannot_be_told() {
-        let e = DelegateError::NotSameUser {
+        let e = DelegateError::ProbeFailed {
             target: "b".into(),
-            refusal: OwnerRefusal::Unknown { port: 7701 },
+            port: 7701,
+            reason: ProbeError::NotSameUser(OwnerRefusal::Unknown { port: 7701 }),
         };
         assert_eq!(
             e.to_string(),
