@@ -296,7 +296,6 @@ pub fn delegate(options: &DelegateOptions) -> Result<Reply, DelegateError> {
     // Before the registry is read (the table's order), with the base capabilities;
     // each attempt checks again what it sends to the peer it found.
     attempt::check_size(&encode_talk_request(&request))?;
-    let mut jitter = None;
     let mut retries_done = 0;
     let mut dedupes = false;
     loop {
@@ -309,18 +308,13 @@ pub fn delegate(options: &DelegateOptions) -> Result<Reply, DelegateError> {
             Ok(reply) => return Ok(reply),
             Err(error) => error,
         };
-        let failed = retry::Failed {
-            retryable: error.retryable(),
-            may_have_run: error.may_have_run(),
-        };
-        let jitter = jitter.get_or_insert_with(seeded_jitter);
         match retry::decide(
-            failed,
+            &error,
             retries_done,
             options.retries,
             dedupes,
             &backoff,
-            jitter,
+            jitter_random(),
         ) {
             retry::Decision::GiveUp => return Err(error),
             retry::Decision::WouldRunTwice => {
@@ -367,17 +361,17 @@ fn stopped_during(options: &DelegateOptions, after: Duration) -> bool {
     true
 }
 
-/// The retry jitter, seeded from the OS (from the clock if that fails: jitter only
-/// spreads retries apart).
-fn seeded_jitter() -> retry::Jitter {
-    let seed = secret::random_bytes::<8>()
-        .map(u64::from_le_bytes)
-        .unwrap_or_else(|_| {
-            std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .map_or(0, |d| d.as_nanos() as u64)
-        });
-    retry::Jitter::seeded(seed)
+/// A random number for the retry jitter, from the OS (from the clock if that fails:
+/// jitter only spreads retries apart).
+fn jitter_random() -> u64 {
+    secret::random_bytes::<8>().map_or_else(
+        |_| {
+            std::time::UNIX_EPOCH
+                .elapsed()
+                .map_or(0, |d| d.subsec_nanos().into())
+        },
+        u64::from_le_bytes,
+    )
 }
 
 #[cfg(test)]

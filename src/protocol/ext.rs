@@ -2,7 +2,7 @@
 //! delegation idempotent (8.2), the cancel flag (8.1), and the trace context that links
 //! the turns of one tree of delegations (8.4).
 
-use serde_json::Value;
+use serde_json::{Map, Value};
 use std::fmt;
 
 /// Shortest request id accepted (contract 8.2).
@@ -208,36 +208,39 @@ pub fn parse_ext(ext: Option<&Value>) -> Result<RequestExt, ExtError> {
     let Value::Object(ext) = ext else {
         return Err(ExtError::NotObject);
     };
-    let request_id = match ext.get("requestId") {
-        None => None,
-        Some(Value::String(id)) => {
-            Some(RequestId::new(id.as_str()).map_err(|_| ExtError::RequestId)?)
-        }
-        Some(_) => return Err(ExtError::RequestId),
-    };
+    let request_id = id(ext, "requestId", RequestId::new, ExtError::RequestId)?;
     let cancel = match ext.get("cancel") {
         None | Some(Value::Bool(false)) => false,
         Some(Value::Bool(true)) if request_id.is_some() => true,
         Some(_) => return Err(ExtError::Cancel),
     };
-    let trace_id = match ext.get("traceId") {
-        None => None,
-        Some(Value::String(id)) => Some(TraceId::new(id.as_str()).map_err(|_| ExtError::TraceId)?),
-        Some(_) => return Err(ExtError::TraceId),
-    };
-    let parent_request_id = match ext.get("parentRequestId") {
-        None => None,
-        Some(Value::String(id)) => {
-            Some(RequestId::new(id.as_str()).map_err(|_| ExtError::ParentRequestId)?)
-        }
-        Some(_) => return Err(ExtError::ParentRequestId),
-    };
+    let trace_id = id(ext, "traceId", TraceId::new, ExtError::TraceId)?;
+    let parent_request_id = id(
+        ext,
+        "parentRequestId",
+        RequestId::new,
+        ExtError::ParentRequestId,
+    )?;
     Ok(RequestExt {
         cancel,
         request_id,
         trace_id,
         parent_request_id,
     })
+}
+
+/// The id in `ext[key]`, read by `new`; absent is `None`, anything else `error`.
+fn id<T, E>(
+    ext: &Map<String, Value>,
+    key: &str,
+    new: fn(String) -> Result<T, E>,
+    error: ExtError,
+) -> Result<Option<T>, ExtError> {
+    match ext.get(key) {
+        None => Ok(None),
+        Some(Value::String(id)) => new(id.clone()).map(Some).map_err(|_| error),
+        Some(_) => Err(error),
+    }
 }
 
 #[cfg(test)]
