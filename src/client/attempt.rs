@@ -97,7 +97,7 @@ pub(super) fn prove(options: &DelegateOptions) -> Result<Proven, DelegateError> 
             });
         }
         connection = Connection::open_at(entry.host, entry.port, Instant::now() + PROVE_CONNECT)
-            .map_err(|e| transport_error(target, PROVE_CONNECT, e))?;
+            .map_err(|e| transport_error(target, PROVE_CONNECT, e, false))?;
         // The probe checked its own connection's other end; this one is checked anew:
         // where the tables are readable but do not list that end, nothing goes out.
         let (peer, local) = connection.addresses().map_err(|e| {
@@ -150,15 +150,7 @@ pub(super) fn send(
     let connection = &mut peer.connection;
     connection
         .post_talk(&peer.entry.secret, &body, deadline)
-        .map_err(|e| match e {
-            ClientError::Io(_) | ClientError::Closed if connection.request_sent() => {
-                DelegateError::Broken {
-                    target: target.to_string(),
-                    reason: e,
-                }
-            }
-            e => transport_error(target, timeout, e),
-        })
+        .map_err(|e| transport_error(target, timeout, e, connection.request_sent()))
 }
 
 /// The request the caller sends (`depth + 1`: `depth < max_depth <= u64::MAX` by the
@@ -189,11 +181,12 @@ pub(super) fn check_size(body: &[u8]) -> Result<(), DelegateError> {
 /// without proof, contract 6.1): the client's connect bound.
 const PROVE_CONNECT: Duration = crate::http::client::CONNECT_TIMEOUT;
 
-/// Maps a failed exchange to the table's row.
+/// Maps a failed exchange to the table's row; `sent`: the whole request had gone out.
 pub(super) fn transport_error(
     target: &str,
     timeout: Duration,
     error: ClientError,
+    sent: bool,
 ) -> DelegateError {
     let target = target.to_owned();
     match error {
@@ -205,11 +198,10 @@ pub(super) fn transport_error(
             target,
             reason: what.to_owned(),
         },
-        reason @ (ClientError::NotLoopback(_)
-        | ClientError::Connect(_)
-        | ClientError::Io(_)
-        | ClientError::Closed
-        | ClientError::UnsendableSecret) => DelegateError::Connection { target, reason },
+        reason @ (ClientError::Io(_) | ClientError::Closed) if sent => {
+            DelegateError::Broken { target, reason }
+        }
+        reason => DelegateError::Connection { target, reason },
     }
 }
 

@@ -163,12 +163,11 @@ impl DelegateError {
     /// or the peer's own `unknown` failure. Such a failure is retried only against a
     /// peer that deduplicates requests (contract 8.2).
     pub fn may_have_run(&self) -> bool {
-        match self {
+        match self.cause() {
             Self::Timeout { .. } | Self::Broken { .. } | Self::InvalidResponse { .. } => true,
             Self::Remote { failure, .. } => {
                 matches!(failure.code, ErrorCode::Unknown | ErrorCode::Timeout)
             }
-            Self::NotRetried { error, .. } => error.may_have_run(),
             _ => false,
         }
     }
@@ -192,9 +191,8 @@ impl DelegateError {
     /// Whether the same delegation may be tried again without operator action: the
     /// peer's own flag for a remote failure, the retry table otherwise.
     pub fn retryable(&self) -> bool {
-        match self {
+        match self.cause() {
             Self::Remote { failure, .. } => failure.retryable,
-            Self::NotRetried { error, .. } => error.retryable(),
             // Trying again reaches the same squatter: an operator must look.
             Self::ProbeFailed {
                 reason: ProbeError::NoProof | ProbeError::WrongProof | ProbeError::NotSameUser(_),
@@ -216,10 +214,7 @@ impl DelegateError {
     /// `capabilities` (absent ones absent: a legacy peer's); a failure decided here
     /// names `caller` (the instance that produced it) and took `duration_ms`.
     pub fn to_envelope(&self, caller: &str, duration_ms: u64) -> Envelope {
-        match self {
-            Self::NotRetried { error, .. } if matches!(**error, Self::Remote { .. }) => {
-                error.to_envelope(caller, duration_ms)
-            }
+        match self.cause() {
             Self::Remote {
                 from_instance,
                 failure,
@@ -232,11 +227,11 @@ impl DelegateError {
                 ..Envelope::failure(from_instance, failure.clone(), *duration_ms)
             }
             .with_usage(usage.as_deref().copied()),
-            other => Envelope::failure(
+            _ => Envelope::failure(
                 caller,
                 Failure {
-                    retryable: other.retryable(),
-                    ..Failure::new(other.code(), other.to_string())
+                    retryable: self.retryable(),
+                    ..Failure::new(self.code(), self.to_string())
                 },
                 duration_ms,
             ),

@@ -683,13 +683,25 @@ mod tests {
         for (error, code) in cases {
             let shown = format!("{error:?}");
             assert_eq!(
-                transport_error("w", Duration::from_secs(1), error)
+                transport_error("w", Duration::from_secs(1), error, false)
                     .code()
                     .as_str(),
                 code,
                 "{shown}"
             );
         }
+        // After the whole request went out, a broken connection may have run the turn.
+        let after = |error| transport_error("w", Duration::from_secs(1), error, true);
+        assert!(matches!(
+            after(ClientError::Closed),
+            DelegateError::Broken { .. }
+        ));
+        let reset = after(ClientError::Io(io(std::io::ErrorKind::ConnectionReset)));
+        assert!(reset.may_have_run());
+        assert!(matches!(
+            after(ClientError::Timeout),
+            DelegateError::Timeout { .. }
+        ));
     }
 
     #[test]
