@@ -75,11 +75,7 @@ impl TraceContext {
             var(REQUEST_ID_VAR).as_deref(),
             var(TRACEPARENT_VAR).as_deref(),
         );
-        let context = match joined {
-            Some(context) => context,
-            None => TraceContext::new()?,
-        };
-        Ok((context, warnings))
+        Ok((joined.map_or_else(TraceContext::new, Ok)?, warnings))
     }
 }
 

@@ -100,11 +100,10 @@ impl ErrorCode {
 
     /// The wire string of this code.
     pub fn as_str(&self) -> &str {
-        match (self, self.known()) {
-            (ErrorCode::Other(code), _) => code,
-            (_, Some((_, wire, _))) => wire,
-            // Not reached: every variant but `Other` has a row in the table.
-            (_, None) => "unknown",
+        match self {
+            ErrorCode::Other(code) => code,
+            // Every variant but `Other` has a row in the table: "unknown" is not reached.
+            known => known.known().map_or("unknown", |(_, wire, _)| wire),
         }
     }
 

@@ -61,27 +61,20 @@ pub const CAPABILITIES: [&str; 7] = [
     SECRET_PROOF,
 ];
 
-/// The extended capabilities this build implements on `/api/talk` itself, in requests
-/// and envelopes (contract 4.1). `secret-proof` is not one: it is about health alone,
-/// so a request never lists it, nor an envelope.
-pub const TALK_EXTENSIONS: [&str; 4] = [
-    IDEMPOTENT_REQUESTS,
-    CANCEL_ON_HANGUP,
-    USAGE_REPORT,
-    TRACE_CONTEXT,
-];
-
 /// The capabilities of one exchange (contract 4.1): the base two plus those of
 /// `listed` (the target's health, for a request; the request's, for an envelope) that
-/// this build implements on `/api/talk` ([`TALK_EXTENSIONS`]), in that order.
+/// this build implements on `/api/talk` itself, in [`CAPABILITIES`]' order.
+/// `secret-proof` is not one: it is about health alone, so a request never lists it,
+/// nor an envelope.
 pub fn negotiate(listed: &[String]) -> Vec<String> {
-    let mut capabilities: Vec<String> = BASE_CAPABILITIES.iter().map(|c| (*c).to_owned()).collect();
-    for extension in TALK_EXTENSIONS {
-        if listed.iter().any(|c| c == extension) {
-            capabilities.push(extension.to_owned());
-        }
-    }
-    capabilities
+    let talk = |c: &&str| {
+        BASE_CAPABILITIES.contains(c) || (*c != SECRET_PROOF && listed.iter().any(|l| l == c))
+    };
+    CAPABILITIES
+        .into_iter()
+        .filter(talk)
+        .map(str::to_owned)
+        .collect()
 }
 
 /// The capability of a server that answers the health proof (contract 6.1).
@@ -131,8 +124,14 @@ mod tests {
     #[test]
     fn bug_negotiation_never_lists_a_health_only_capability() {
         let health: Vec<String> = CAPABILITIES.iter().map(|c| (*c).to_owned()).collect();
-        let mut all: Vec<&str> = BASE_CAPABILITIES.to_vec();
-        all.extend(TALK_EXTENSIONS);
+        let all = [
+            "structured-errors",
+            "retryable-errors",
+            IDEMPOTENT_REQUESTS,
+            CANCEL_ON_HANGUP,
+            USAGE_REPORT,
+            TRACE_CONTEXT,
+        ];
         assert_eq!(negotiate(&health), all);
         assert!(!negotiate(&health).iter().any(|c| c == SECRET_PROOF));
         assert_eq!(negotiate(&[]), BASE_CAPABILITIES);
