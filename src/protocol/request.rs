@@ -157,14 +157,9 @@ pub fn parse_talk_request(body: &[u8]) -> Result<TalkRequest, RequestError> {
             return Err(RequestError::ProtocolVersion);
         }
     }
-    let capabilities = match object.get("capabilities") {
+    let capabilities = match object.remove("capabilities") {
         None => Vec::new(),
-        Some(Value::Array(items)) => items
-            .iter()
-            .map(|item| item.as_str().map(str::to_owned))
-            .collect::<Option<Vec<String>>>()
-            .ok_or(RequestError::Capabilities)?,
-        Some(_) => return Err(RequestError::Capabilities),
+        Some(v) => serde_json::from_value(v).map_err(|_| RequestError::Capabilities)?,
     };
     let ext = parse_ext(object.get("ext")).map_err(RequestError::Ext)?;
     Ok(TalkRequest {
@@ -192,13 +187,10 @@ fn is_integer_text(text: &str) -> bool {
     let unsigned = mantissa.trim_start_matches('-');
     let (whole, fraction) = unsigned.split_once('.').unwrap_or((unsigned, ""));
     // An exponent past i64 saturates: far beyond any digit count a body can hold.
+    let negative = exponent.starts_with('-');
     let exponent = exponent
-        .parse::<i64>()
-        .unwrap_or(if exponent.starts_with('-') {
-            i64::MIN
-        } else {
-            i64::MAX
-        });
+        .parse()
+        .unwrap_or(if negative { i64::MIN } else { i64::MAX });
     let point = i64::try_from(whole.len()).map_or(i64::MAX, |n| n.saturating_add(exponent));
     let point = usize::try_from(point).unwrap_or(0);
     format!("{whole}{fraction}")
