@@ -83,7 +83,7 @@ mod tests {
     #[test]
     fn legacy_failure_code_table() {
         // A bare number would match inside a longer one: phrases carry words or marks.
-        let mut phrases = CLASSIFICATION_RULES.iter().flat_map(|(_, p)| p.iter());
+        let phrases = CLASSIFICATION_RULES.iter().flat_map(|(_, p)| p.iter());
         assert!(phrases
             .clone()
             .all(|p| !p.bytes().all(|b| b.is_ascii_digit())));
