@@ -120,7 +120,7 @@ pub enum DelegateError {
     },
     /// The peer answered with a failure envelope; its code is kept as it is.
     Remote {
-        /// The answering instance.
+        /// The answering instance (the target's name when a legacy peer left it out).
         from_instance: String,
         /// The peer's failure.
         failure: Failure,
@@ -302,18 +302,16 @@ impl fmt::Display for DelegateError {
                     "the delegation to {target} was stopped before it was sent"
                 )
             }
+            // `from_instance` is never empty: a legacy peer's is the target's name.
             Self::Remote {
                 from_instance,
                 failure,
                 ..
-            } => {
-                let from = if from_instance.is_empty() {
-                    "peer"
-                } else {
-                    from_instance
-                };
-                write!(f, "{from} answered with a failure: {}", failure.error)
-            }
+            } => write!(
+                f,
+                "{from_instance} answered with a failure: {}",
+                failure.error
+            ),
         }
     }
 }

@@ -274,14 +274,10 @@ const REQUEST_ID_BYTES: usize = 16;
 pub fn delegate(options: &DelegateOptions) -> Result<Reply, DelegateError> {
     attempt::local_checks(options)?;
     let no_randomness = |error| DelegateError::NoRandomness { error };
-    let request_id = match &options.request_id {
-        Some(id) => id.clone(),
-        None => new_request_id().map_err(no_randomness)?,
-    };
-    let trace = match &options.trace {
-        Some(trace) => trace.clone(),
-        None => TraceContext::new().map_err(no_randomness)?,
-    };
+    let request_id = options.request_id.clone().map_or_else(new_request_id, Ok);
+    let request_id = request_id.map_err(no_randomness)?;
+    let trace = options.trace.clone().map_or_else(TraceContext::new, Ok);
+    let trace = trace.map_err(no_randomness)?;
     let backoff = retry::Backoff {
         base: options.backoff_base,
         cap: options.backoff_cap,
@@ -304,9 +300,8 @@ pub fn delegate(options: &DelegateOptions) -> Result<Reply, DelegateError> {
             let response = attempt::send(options, peer, request.clone(), options.timeout)?;
             attempt::interpret(&options.target, response, &request_id, &trace.trace_id)
         });
-        let error = match outcome {
-            Ok(reply) => return Ok(reply),
-            Err(error) => error,
+        let Err(error) = outcome else {
+            return outcome;
         };
         match retry::decide(
             &error,
