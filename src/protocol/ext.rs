@@ -43,11 +43,8 @@ impl RequestId {
         let form = id
             .bytes()
             .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-');
-        if form && (MIN_REQUEST_ID_LEN..=MAX_REQUEST_ID_LEN).contains(&id.len()) {
-            Ok(RequestId(id))
-        } else {
-            Err(InvalidRequestId)
-        }
+        let form = form && (MIN_REQUEST_ID_LEN..=MAX_REQUEST_ID_LEN).contains(&id.len());
+        form.then_some(RequestId(id)).ok_or(InvalidRequestId)
     }
 
     /// The id as sent.
@@ -90,11 +87,9 @@ impl TraceId {
     /// [`InvalidTraceId`] when it is not 32 lowercase hex digits, or all zeros.
     pub fn new(id: impl Into<String>) -> Result<TraceId, InvalidTraceId> {
         let id = id.into();
-        if is_lower_hex(&id, TRACE_ID_LEN) {
-            Ok(TraceId(id))
-        } else {
-            Err(InvalidTraceId)
-        }
+        is_lower_hex(&id, TRACE_ID_LEN)
+            .then_some(TraceId(id))
+            .ok_or(InvalidTraceId)
     }
 
     /// The id as sent.
@@ -129,27 +124,21 @@ pub fn format_traceparent(trace_id: &TraceId, span_id: &str) -> String {
 /// fields, a later one may add more), a trace id and a span id not all zeros, two hex
 /// digits of flags. `None` for anything else.
 pub fn parse_traceparent(value: &str) -> Option<TraceId> {
-    let mut fields = value.split('-');
-    let version = fields.next()?;
-    let trace_id = fields.next()?;
-    let span_id = fields.next()?;
-    let flags = fields.next()?;
-    let more = fields.next().is_some();
+    let fields: Vec<&str> = value.split('-').collect();
+    let [version, trace_id, span_id, flags, more @ ..] = fields.as_slice() else {
+        return None;
+    };
     let hex2 = |s: &str| {
         s.len() == 2
             && s.bytes()
                 .all(|b| b.is_ascii_hexdigit() && !b.is_ascii_uppercase())
     };
     let form = hex2(version)
-        && version != "ff"
-        && !(version == "00" && more)
+        && *version != "ff"
+        && (*version != "00" || more.is_empty())
         && is_lower_hex(span_id, SPAN_ID_LEN)
         && hex2(flags);
-    if form {
-        TraceId::new(trace_id).ok()
-    } else {
-        None
-    }
+    form.then(|| TraceId::new(*trace_id).ok()).flatten()
 }
 
 /// Whether `s` is `len` lowercase hex digits, not all zeros (the W3C rule for trace
