@@ -110,38 +110,38 @@ pub fn parse_answer(status: u16, body: &[u8]) -> Result<Envelope, ResponseError>
         .get("success")
         .and_then(Value::as_bool)
         .ok_or(ResponseError::Success)?;
-    let text = optional(&object, "text", string)?.unwrap_or_default();
-    let from_instance = optional(&object, "fromInstance", string)?.unwrap_or_default();
-    let duration_ms = optional(&object, "durationMs", non_negative_integer)?.unwrap_or(0);
-    let protocol_version = optional(&object, "protocolVersion", non_negative_integer)?;
-    let capabilities = optional(&object, "capabilities", strings)?;
-    let failure = if success {
-        None
-    } else {
-        let given = optional(&object, "error", string)?;
-        let code = match optional(&object, "errorCode", string)? {
-            Some(code) => ErrorCode::from_wire(&code),
-            None => legacy_failure_code(status, given.as_deref().unwrap_or("")),
-        };
-        let retryable = optional(&object, "retryable", Value::as_bool)?;
-        let error = given.unwrap_or_else(|| format!("peer reported a failure ({code})"));
-        let failure = Failure::new(code, error);
-        Some(Failure {
-            retryable: retryable.unwrap_or(failure.retryable),
-            ..failure
-        })
-    };
-    let usage = object.get("usage").and_then(UsageReport::from_value);
+    // Fields are read, and refused, in this order.
     Ok(Envelope {
-        text,
-        from_instance,
-        duration_ms,
-        protocol_version,
-        capabilities,
-        failure,
-        usage,
+        text: optional(&object, "text", string)?.unwrap_or_default(),
+        from_instance: optional(&object, "fromInstance", string)?.unwrap_or_default(),
+        duration_ms: optional(&object, "durationMs", non_negative_integer)?.unwrap_or(0),
+        protocol_version: optional(&object, "protocolVersion", non_negative_integer)?,
+        capabilities: optional(&object, "capabilities", strings)?,
+        failure: if success {
+            None
+        } else {
+            Some(failure(status, &object)?)
+        },
+        usage: object.get("usage").and_then(UsageReport::from_value),
     })
 }
+
+/// The failure of a `success: false` answer that came with HTTP `status`.
+fn failure(status: u16, object: &Map<String, Value>) -> Result<Failure, ResponseError> {
+    let given = optional(object, "error", string)?;
+    let code = match optional(object, "errorCode", string)? {
+        Some(code) => ErrorCode::from_wire(&code),
+        None => legacy_failure_code(status, given.as_deref().unwrap_or("")),
+    };
+    let retryable = optional(object, "retryable", Value::as_bool)?;
+    let error = given.unwrap_or_else(|| format!("peer reported a failure ({code})"));
+    let failure = Failure::new(code, error);
+    Ok(Failure {
+        retryable: retryable.unwrap_or(failure.retryable),
+        ..failure
+    })
+}
+
 impl UsageReport {
     /// Reads a peer's `usage` object; `None` when it is not one (a peer's malformed
     /// usage does not cost the caller its reply).
