@@ -296,12 +296,10 @@ impl fmt::Display for DelegateError {
             Self::InvalidResponse { target, reason } => {
                 write!(f, "instance {target} gave an invalid answer: {reason}")
             }
-            Self::Stopped { target } => {
-                write!(
-                    f,
-                    "the delegation to {target} was stopped before it was sent"
-                )
-            }
+            Self::Stopped { target } => write!(
+                f,
+                "the delegation to {target} was stopped before it was sent"
+            ),
             // `from_instance` is never empty: a legacy peer's is the target's name.
             Self::Remote {
                 from_instance,

@@ -144,11 +144,9 @@ impl DelegateOptions {
     /// The delegation's request id (contract 8.2), sent with every attempt: the same
     /// id names the same turn, to a retry, to another `delegate` call that attaches to
     /// it, and to [`cancel`]. Make one with [`new_request_id`].
-    pub fn with_request_id(self, request_id: RequestId) -> DelegateOptions {
-        DelegateOptions {
-            request_id: Some(request_id),
-            ..self
-        }
+    pub fn with_request_id(mut self, request_id: RequestId) -> DelegateOptions {
+        self.request_id = Some(request_id);
+        self
     }
 
     /// The tree of delegations this one joins (contract 8.4): its trace id, and the
@@ -158,11 +156,9 @@ impl DelegateOptions {
     /// the turn that runs it. To know the ids of a delegation that fails, set both this
     /// and [`DelegateOptions::with_request_id`] before [`delegate`]; a [`Reply`] names
     /// them too.
-    pub fn with_trace(self, trace: TraceContext) -> DelegateOptions {
-        DelegateOptions {
-            trace: Some(trace),
-            ..self
-        }
+    pub fn with_trace(mut self, trace: TraceContext) -> DelegateOptions {
+        self.trace = Some(trace);
+        self
     }
 
     /// Retries a failure whose `retryable` is true up to `retries` times, with the
@@ -341,12 +337,14 @@ const STOP_POLL: Duration = Duration::from_millis(50);
 /// Waits `after` before a retry: `true`, and sooner, when the delegation's stop flag
 /// is set meanwhile (or already was).
 fn stopped_during(options: &DelegateOptions, after: Duration) -> bool {
-    let Some(stop) = &options.stop else {
-        std::thread::sleep(after);
-        return false;
+    let stopped = || {
+        options
+            .stop
+            .as_ref()
+            .is_some_and(|s| s.load(Ordering::SeqCst))
     };
     let until = Instant::now() + after;
-    while !stop.load(Ordering::SeqCst) {
+    while !stopped() {
         let left = until.saturating_duration_since(Instant::now());
         if left.is_zero() {
             return false;

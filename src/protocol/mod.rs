@@ -95,16 +95,12 @@ pub const MAX_ERROR_CHARS: usize = 2_000;
 /// sees the parsed value, in which serde_json has rounded fractions and exponents
 /// (`1e-400` is 0.0); a request's `depth` is also checked in its text.
 pub fn non_negative_integer(value: &Value) -> Option<u64> {
-    if let Some(n) = value.as_u64() {
-        return Some(n);
-    }
-    let f = value.as_f64()?;
-    // `is_i64` catches negative integers; a float must be finite, whole and >= 0.
-    if value.is_i64() || !f.is_finite() || f < 0.0 || f.fract() != 0.0 {
-        return None;
-    }
-    // Saturating float-to-int conversion is what `as` does; the value is whole.
-    Some(f as u64)
+    // `is_i64` catches negative integers; a float must be finite, whole and >= 0, and
+    // then the saturating float-to-int conversion `as` does is what is meant.
+    let whole = |f: &f64| !value.is_i64() && f.is_finite() && *f >= 0.0 && f.fract() == 0.0;
+    value
+        .as_u64()
+        .or_else(|| value.as_f64().filter(whole).map(|f| f as u64))
 }
 
 /// Cuts `s` to at most `max` characters, on a char boundary.
