@@ -87,9 +87,8 @@ impl TraceId {
     /// [`InvalidTraceId`] when it is not 32 lowercase hex digits, or all zeros.
     pub fn new(id: impl Into<String>) -> Result<TraceId, InvalidTraceId> {
         let id = id.into();
-        is_lower_hex(&id, TRACE_ID_LEN)
-            .then_some(TraceId(id))
-            .ok_or(InvalidTraceId)
+        let form = is_lower_hex(&id, TRACE_ID_LEN) && not_all_zeros(&id);
+        form.then_some(TraceId(id)).ok_or(InvalidTraceId)
     }
 
     /// The id as sent.
@@ -128,26 +127,23 @@ pub fn parse_traceparent(value: &str) -> Option<TraceId> {
     let [version, trace_id, span_id, flags, more @ ..] = fields.as_slice() else {
         return None;
     };
-    let hex2 = |s: &str| {
-        s.len() == 2
-            && s.bytes()
-                .all(|b| b.is_ascii_hexdigit() && !b.is_ascii_uppercase())
-    };
-    let form = hex2(version)
+    let form = is_lower_hex(version, 2)
         && *version != "ff"
         && (*version != "00" || more.is_empty())
         && is_lower_hex(span_id, SPAN_ID_LEN)
-        && hex2(flags);
+        && not_all_zeros(span_id)
+        && is_lower_hex(flags, 2);
     form.then(|| TraceId::new(*trace_id).ok()).flatten()
 }
 
-/// Whether `s` is `len` lowercase hex digits, not all zeros (the W3C rule for trace
-/// and span ids).
+/// Whether `s` is `len` lowercase hex digits.
 fn is_lower_hex(s: &str, len: usize) -> bool {
-    s.len() == len
-        && s.bytes()
-            .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
-        && s.bytes().any(|b| b != b'0')
+    s.len() == len && s.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'))
+}
+
+/// Whether `s` holds a digit other than `0` (the W3C rule for trace and span ids).
+fn not_all_zeros(s: &str) -> bool {
+    s.bytes().any(|b| b != b'0')
 }
 
 /// The `ext` fields of a request that this build reads. It serializes as the client
