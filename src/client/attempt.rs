@@ -213,18 +213,17 @@ pub(super) fn interpret(
     request_id: &RequestId,
     trace_id: &TraceId,
 ) -> Result<Reply, DelegateError> {
-    let envelope = protocol::parse_answer(response.status, &response.body).map_err(|e| {
+    let mut envelope = protocol::parse_answer(response.status, &response.body).map_err(|e| {
         DelegateError::InvalidResponse {
             target: target.to_owned(),
             reason: format!("HTTP {}: {e}", response.status),
         }
     })?;
     // The probe established that `target` answers on this port.
-    let from_instance = if envelope.from_instance.is_empty() {
-        target.to_owned()
-    } else {
-        envelope.from_instance
-    };
+    if envelope.from_instance.is_empty() {
+        envelope.from_instance = target.to_owned();
+    }
+    let from_instance = envelope.from_instance;
     let peer = PeerProtocol {
         protocol_version: envelope.protocol_version,
         capabilities: envelope.capabilities,
