@@ -12,11 +12,11 @@
 use super::DelegateError;
 use std::time::Duration;
 
-/// The first retry's backoff ceiling, unless `DelegateOptions::with_backoff` says
+/// The first retry's backoff ceiling, unless `DelegateOptions::backoff_base` says
 /// otherwise: retry `n` (from 0) waits a uniform random time in
 /// `[0, min(cap, base * 2^n)]`.
 pub const DEFAULT_BACKOFF_BASE: Duration = Duration::from_millis(250);
-/// The largest backoff ceiling, unless `DelegateOptions::with_backoff` says otherwise.
+/// The largest backoff ceiling, unless `DelegateOptions::backoff_cap` says otherwise.
 pub const DEFAULT_BACKOFF_CAP: Duration = Duration::from_secs(10);
 
 /// What to do after a failed attempt.
