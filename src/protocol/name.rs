@@ -40,15 +40,11 @@ impl InstanceName {
     pub fn new(name: impl Into<String>) -> Result<InstanceName, InvalidInstanceName> {
         let name = name.into();
         let bytes = name.as_bytes();
-        let valid = match bytes.split_first() {
-            Some((first, rest)) if first.is_ascii_alphanumeric() => {
-                bytes.len() <= MAX_INSTANCE_NAME_LEN
-                    && rest
-                        .iter()
-                        .all(|&c| c.is_ascii_alphanumeric() || matches!(c, b'.' | b'_' | b'-'))
-            }
-            _ => false,
-        };
+        let valid = bytes.first().is_some_and(u8::is_ascii_alphanumeric)
+            && bytes.len() <= MAX_INSTANCE_NAME_LEN
+            && bytes
+                .iter()
+                .all(|&c| c.is_ascii_alphanumeric() || matches!(c, b'.' | b'_' | b'-'));
         if valid {
             Ok(InstanceName(name))
         } else {
