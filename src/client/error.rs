@@ -200,11 +200,7 @@ impl DelegateError {
             } => false,
             // A registry we may not read, or may not trust (another user's, or
             // writable by others: contract 1), stays so until someone fixes it.
-            Self::Registry { error, .. }
-                if error.kind() == std::io::ErrorKind::PermissionDenied =>
-            {
-                false
-            }
+            Self::Registry { error, .. } => error.kind() != std::io::ErrorKind::PermissionDenied,
             other => other.code().retryable(),
         }
     }
