@@ -82,29 +82,27 @@ pub enum RequestError {
 impl fmt::Display for RequestError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(match self {
-            RequestError::NotUtf8 => "request body is not valid UTF-8",
-            RequestError::NotJson => "request body is not valid JSON",
-            RequestError::NotObject => "request body must be a JSON object",
-            RequestError::FromInstance => "`fromInstance` must be a non-empty string",
-            RequestError::FromInstanceControl => {
-                "`fromInstance` must not contain a control character"
-            }
-            RequestError::FromInstanceTooLong => "`fromInstance` must be at most 1024 bytes",
-            RequestError::Prompt => "`prompt` must be a string",
-            RequestError::Depth => "`depth` must be a non-negative integer",
-            RequestError::ProtocolVersion => "`protocolVersion` must be 1 when present",
-            RequestError::Capabilities => "`capabilities` must be an array of strings when present",
-            RequestError::Ext(ExtError::NotObject) => "`ext` must be an object when present",
-            RequestError::Ext(ExtError::RequestId) => {
+            Self::NotUtf8 => "request body is not valid UTF-8",
+            Self::NotJson => "request body is not valid JSON",
+            Self::NotObject => "request body must be a JSON object",
+            Self::FromInstance => "`fromInstance` must be a non-empty string",
+            Self::FromInstanceControl => "`fromInstance` must not contain a control character",
+            Self::FromInstanceTooLong => "`fromInstance` must be at most 1024 bytes",
+            Self::Prompt => "`prompt` must be a string",
+            Self::Depth => "`depth` must be a non-negative integer",
+            Self::ProtocolVersion => "`protocolVersion` must be 1 when present",
+            Self::Capabilities => "`capabilities` must be an array of strings when present",
+            Self::Ext(ExtError::NotObject) => "`ext` must be an object when present",
+            Self::Ext(ExtError::RequestId) => {
                 "`ext.requestId` must be 16 to 64 characters of A-Z, a-z, 0-9, '_' and '-'"
             }
-            RequestError::Ext(ExtError::Cancel) => {
+            Self::Ext(ExtError::Cancel) => {
                 "`ext.cancel` must be a boolean, and true only with `ext.requestId`"
             }
-            RequestError::Ext(ExtError::TraceId) => {
+            Self::Ext(ExtError::TraceId) => {
                 "`ext.traceId` must be 32 lowercase hex digits, not all zeros"
             }
-            RequestError::Ext(ExtError::ParentRequestId) => {
+            Self::Ext(ExtError::ParentRequestId) => {
                 "`ext.parentRequestId` must be 16 to 64 characters of A-Z, a-z, 0-9, '_' and '-'"
             }
         })

@@ -41,10 +41,10 @@ pub enum ResponseError {
 impl fmt::Display for ResponseError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            ResponseError::NotJson => f.write_str("response body is not valid JSON"),
-            ResponseError::NotObject => f.write_str("response body is not a JSON object"),
-            ResponseError::Success => f.write_str("response has no boolean `success`"),
-            ResponseError::FieldType(field) => {
+            Self::NotJson => f.write_str("response body is not valid JSON"),
+            Self::NotObject => f.write_str("response body is not a JSON object"),
+            Self::Success => f.write_str("response has no boolean `success`"),
+            Self::FieldType(field) => {
                 write!(f, "response field `{field}` has the wrong type")
             }
         }
