@@ -7,8 +7,8 @@
 use super::{DelegateError, DelegateOptions, PeerProtocol, Reply};
 use crate::http::client::{ClientError, Connection, ReceivedResponse};
 use crate::protocol::{
-    self, encode_talk_request_with, InstanceName, RequestExt, RequestId, TalkRequest, TraceId,
-    MAX_BODY_BYTES, TRACE_CONTEXT,
+    self, encode_talk_request_with, RequestExt, RequestId, TalkRequest, TraceId, MAX_BODY_BYTES,
+    TRACE_CONTEXT,
 };
 use crate::registry::owner::OwnerRefusal;
 use crate::registry::{self, ProbeError, Target};
@@ -41,40 +41,33 @@ pub(super) fn local_checks(options: &DelegateOptions) -> Result<(), DelegateErro
     Ok(())
 }
 
-/// What one exchange sends: the prompt, the `ext` fields, how long to wait for the
-/// answer once the request is sent, and a capability the target's health must list
-/// for the request to go out at all.
-pub(super) struct Exchange<'a> {
-    /// The prompt sent.
-    pub prompt: &'a str,
-    /// The `ext` fields sent.
-    pub ext: RequestExt,
-    /// How long to wait for the answer once the request is sent.
-    pub timeout: Duration,
-    /// A capability the target's health must list, else nothing is sent.
-    pub required: Option<&'static str>,
+/// A target found in the registry and proven: the connection the secret may go out
+/// on, and the capabilities its health listed.
+pub(super) struct Proven {
+    entry: registry::RegistryEntry,
+    connection: Connection,
+    /// The capabilities the target's health listed.
+    pub capabilities: Vec<String>,
 }
 
-/// How an exchange ended without a failure.
-pub(super) enum Sent {
-    /// The peer answered (any status).
-    Answer(ReceivedResponse),
-    /// The target's health did not list the required capability: nothing was sent.
-    NotListed,
+impl Proven {
+    /// Whether the target's health listed `capability`.
+    pub fn lists(&self, capability: &str) -> bool {
+        self.capabilities.iter().any(|c| c == capability)
+    }
 }
 
-/// Runs one exchange. `listed` gets the capabilities the target's health listed as
-/// soon as a probe matched (also when the request then fails), so that the caller
-/// knows whether the peer deduplicates.
+/// Looks the target up in the registry and proves it: the connection whose health
+/// probe of exactly the entry's address matched (name, kind, and for an entry with
+/// `proof: true` a valid proof of the entry's secret, contract 6.1), and, for an entry
+/// without, whose other end belongs to our own uid. Nothing of the secret or the
+/// prompt has been sent when this fails.
 ///
 /// # Errors
 /// A [`DelegateError`] for every row of contract section 5's table from "registry
-/// unreadable" on (the local checks are [`local_checks`], the size [`check_size`]).
-pub(super) fn exchange(
-    options: &DelegateOptions,
-    what: &Exchange<'_>,
-    listed: &mut Option<Vec<String>>,
-) -> Result<Sent, DelegateError> {
+/// unreadable" to a connection that could not be made (the local checks are
+/// [`local_checks`], the size [`check_size`]).
+pub(super) fn prove(options: &DelegateOptions) -> Result<Proven, DelegateError> {
     let target = &options.target;
     let entry = registry::lookup(&options.root, target)
         .map_err(|error| DelegateError::Registry {
@@ -84,54 +77,90 @@ pub(super) fn exchange(
         .ok_or_else(|| DelegateError::NotRegistered {
             target: target.to_string(),
         })?;
-    let (mut connection, capabilities) = prove(options, &entry)?;
-    *listed = Some(capabilities.clone());
-    if what
-        .required
-        .is_some_and(|required| !capabilities.iter().any(|c| c == required))
-    {
-        return Ok(Sent::NotListed);
+    let refused = |reason| DelegateError::ProbeFailed {
+        target: target.to_string(),
+        port: entry.port,
+        reason,
+    };
+    let probed = registry::probe(
+        Target::Entry(target, &entry),
+        Some(&options.bus.accept_kinds),
+    )
+    .map_err(refused)?;
+    let mut connection = probed.connection;
+    if !connection.is_reusable() {
+        if entry.proof {
+            // The proof holds for the connection it came on only.
+            return Err(DelegateError::Connection {
+                target: target.to_string(),
+                reason: ClientError::Closed,
+            });
+        }
+        connection = Connection::open_at(entry.host, entry.port, Instant::now() + PROVE_CONNECT)
+            .map_err(|e| transport_error(target, PROVE_CONNECT, e, false))?;
+        // The probe checked its own connection's other end; this one is checked anew:
+        // where the tables are readable but do not list that end, nothing goes out.
+        let (peer, local) = connection.addresses().map_err(|e| {
+            log::debug!("owner of port {} unknown: {e}", entry.port);
+            refused(ProbeError::NotSameUser(OwnerRefusal::Unknown {
+                port: entry.port,
+            }))
+        })?;
+        registry::check_connection_owner(peer, local)
+            .map_err(|refusal| refused(ProbeError::NotSameUser(refusal)))?;
     }
-    let mut request = request(options, what);
-    // Trace context goes only to a peer that said it reads it (contract 8.4).
-    if !capabilities.iter().any(|c| c == TRACE_CONTEXT) {
+    let capabilities = probed.answer.health.capabilities;
+    Ok(Proven {
+        entry,
+        connection,
+        capabilities,
+    })
+}
+
+/// Sends `request` on the proven connection and waits `timeout` for the answer. The
+/// request lists the base two capabilities plus the extensions the target's health
+/// listed that this build implements (contract 4.1: the original accepts no other
+/// string), and trace context only when it listed `trace-context` (8.4).
+///
+/// # Errors
+/// The body is too large, or the exchange failed (contract section 5's table).
+pub(super) fn send(
+    options: &DelegateOptions,
+    mut peer: Proven,
+    mut request: TalkRequest,
+    timeout: Duration,
+) -> Result<ReceivedResponse, DelegateError> {
+    if !peer.lists(TRACE_CONTEXT) {
         request.ext.trace_id = None;
         request.ext.parent_request_id = None;
     }
-    // The request lists the base two plus the extensions the target's health listed
-    // that this build implements (contract 4.1): the original accepts no other string.
-    let body = encode_talk_request_with(&request, &protocol::negotiate(&capabilities));
+    let body = encode_talk_request_with(&request, &protocol::negotiate(&peer.capabilities));
     check_size(&body)?;
+    let target = &options.target;
     log::debug!(
         "sending to {target} on port {} ({} prompt chars, depth {})",
-        entry.port,
-        what.prompt.chars().count(),
+        peer.entry.port,
+        request.prompt.chars().count(),
         request.depth,
     );
     // A timeout too large for the clock means "no deadline worth the name": a year.
     let deadline = Instant::now()
-        .checked_add(what.timeout)
+        .checked_add(timeout)
         .unwrap_or_else(|| Instant::now() + Duration::from_secs(365 * 24 * 3600));
-    match connection.post_talk(&entry.secret, &body, deadline) {
-        Ok(response) => Ok(Sent::Answer(response)),
-        Err(e @ (ClientError::Io(_) | ClientError::Closed)) if connection.request_sent() => {
-            Err(DelegateError::Broken {
-                target: target.to_string(),
-                reason: e,
-            })
-        }
-        Err(e) => Err(transport_error(target, what.timeout, e)),
-    }
+    let connection = &mut peer.connection;
+    connection
+        .post_talk(&peer.entry.secret, &body, deadline)
+        .map_err(|e| transport_error(target, timeout, e, connection.request_sent()))
 }
 
-/// The request one exchange sends (`depth + 1`: `depth < max_depth <= u64::MAX` by
-/// the local checks, so it cannot overflow).
-pub(super) fn request(options: &DelegateOptions, what: &Exchange<'_>) -> TalkRequest {
+/// The request the caller sends (`depth + 1`: `depth < max_depth <= u64::MAX` by the
+/// local checks, so it cannot overflow).
+pub(super) fn request(options: &DelegateOptions, prompt: &str, ext: RequestExt) -> TalkRequest {
     TalkRequest {
-        ext: what.ext.clone(),
+        ext,
         ..TalkRequest::new(
             options.caller.to_string(),
-            what.prompt,
+            prompt,
             options.depth.saturating_add(1),
         )
     }
@@ -148,88 +177,16 @@ pub(super) fn check_size(body: &[u8]) -> Result<(), DelegateError> {
     Ok(())
 }
 
-/// A connection the secret may go out on, proven now, with the capabilities its
-/// health listed: the one whose health probe of exactly the entry's address matched
-/// (name, kind, and for an entry with `proof: true` a valid proof of the entry's
-/// secret, contract 6.1), and, for an entry without, whose other end belongs to our
-/// own uid. Nothing of the secret or the prompt has been sent when this fails.
-///
-/// # Errors
-///
-/// [`DelegateError::Unproven`] (not retryable) when the port's holder fails the proof;
-/// [`DelegateError::ProbeFailed`] for any other probe failure; the same-user check's
-/// refusals; a connection that could not be made.
-fn prove(
-    options: &DelegateOptions,
-    entry: &registry::RegistryEntry,
-) -> Result<(Connection, Vec<String>), DelegateError> {
-    let target = &options.target;
-    let probed = registry::probe(
-        Target::Entry(target, entry),
-        Some(&options.bus.accept_kinds),
-    )
-    .map_err(|reason| match reason {
-        ProbeError::NotSameUser(refusal) => owner_refused(target, refusal),
-        reason if reason.is_failed_proof() => DelegateError::Unproven {
-            target: target.to_string(),
-            port: entry.port,
-            reason,
-        },
-        reason => DelegateError::ProbeFailed {
-            target: target.to_string(),
-            reason,
-        },
-    })?;
-    let mut connection = probed.connection;
-    if !connection.is_reusable() {
-        if entry.proof {
-            // The proof holds for the connection it came on only.
-            return Err(DelegateError::Connection {
-                target: target.to_string(),
-                reason: ClientError::Closed,
-            });
-        }
-        connection = Connection::open_at(entry.host, entry.port, Instant::now() + PROVE_CONNECT)
-            .map_err(|e| transport_error(target, PROVE_CONNECT, e))?;
-        // The probe checked its own connection's other end; this one is checked anew.
-        same_user(target, entry, &connection)?;
-    }
-    Ok((connection, probed.answer.health.capabilities))
-}
-
 /// Longest wait for the second connection to a peer that closed the probe's (one
 /// without proof, contract 6.1): the client's connect bound.
 const PROVE_CONNECT: Duration = crate::http::client::CONNECT_TIMEOUT;
 
-/// The same-user check (contract section 6.1): a peer that cannot prove itself gets
-/// the secret only when the socket at the other end of the connection the secret goes
-/// out on, and the listener on its port, belong to our own uid; where the tables are
-/// readable but do not list that end, it gets nothing either.
-fn same_user(
-    target: &InstanceName,
-    entry: &registry::RegistryEntry,
-    connection: &Connection,
-) -> Result<(), DelegateError> {
-    let (peer, local) = connection.addresses().map_err(|e| {
-        log::debug!("owner of port {} unknown: {e}", entry.port);
-        owner_refused(target, OwnerRefusal::Unknown { port: entry.port })
-    })?;
-    registry::check_connection_owner(peer, local).map_err(|refusal| owner_refused(target, refusal))
-}
-
-/// The delegation failure of a same-user check's refusal.
-fn owner_refused(target: &InstanceName, refusal: OwnerRefusal) -> DelegateError {
-    DelegateError::NotSameUser {
-        target: target.to_string(),
-        refusal,
-    }
-}
-
-/// Maps a failed exchange to the table's row.
+/// Maps a failed exchange to the table's row; `sent`: the whole request had gone out.
 pub(super) fn transport_error(
     target: &str,
     timeout: Duration,
     error: ClientError,
+    sent: bool,
 ) -> DelegateError {
     let target = target.to_owned();
     match error {
@@ -241,11 +198,10 @@ pub(super) fn transport_error(
             target,
             reason: what.to_owned(),
         },
-        reason @ (ClientError::NotLoopback(_)
-        | ClientError::Connect(_)
-        | ClientError::Io(_)
-        | ClientError::Closed
-        | ClientError::UnsendableSecret) => DelegateError::Connection { target, reason },
+        reason @ (ClientError::Io(_) | ClientError::Closed) if sent => {
+            DelegateError::Broken { target, reason }
+        }
+        reason => DelegateError::Connection { target, reason },
     }
 }
 
@@ -257,18 +213,17 @@ pub(super) fn interpret(
     request_id: &RequestId,
     trace_id: &TraceId,
 ) -> Result<Reply, DelegateError> {
-    let envelope = protocol::parse_answer(response.status, &response.body).map_err(|e| {
+    let mut envelope = protocol::parse_answer(response.status, &response.body).map_err(|e| {
         DelegateError::InvalidResponse {
             target: target.to_owned(),
             reason: format!("HTTP {}: {e}", response.status),
         }
     })?;
     // The probe established that `target` answers on this port.
-    let from_instance = if envelope.from_instance.is_empty() {
-        target.to_owned()
-    } else {
-        envelope.from_instance
-    };
+    if envelope.from_instance.is_empty() {
+        envelope.from_instance = target.to_owned();
+    }
+    let from_instance = envelope.from_instance;
     let peer = PeerProtocol {
         protocol_version: envelope.protocol_version,
         capabilities: envelope.capabilities,

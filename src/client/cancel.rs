@@ -9,7 +9,7 @@
 //! delegation itself (the secret goes only on a connection whose health answer
 //! matched), and the whole cancel is bounded by [`CANCEL_TIMEOUT`].
 
-use super::attempt::{self, Exchange, Sent};
+use super::attempt;
 use super::{DelegateError, DelegateOptions};
 use crate::engine::KILL_GRACE;
 use crate::protocol::{self, Envelope, RequestExt, CANCEL_ON_HANGUP};
@@ -83,27 +83,25 @@ pub fn cancel(options: &DelegateOptions) -> Result<CancelOutcome, DelegateError>
         return Ok(CancelOutcome::NoRequestId);
     };
     attempt::local_checks(options)?;
-    let what = Exchange {
-        prompt: "",
-        ext: RequestExt {
-            request_id: Some(request_id),
-            cancel: true,
-            ..RequestExt::default()
-        },
-        // The probe takes at most PROBE_TIMEOUT; the answer gets the rest.
-        timeout: CANCEL_TIMEOUT.saturating_sub(PROBE_TIMEOUT),
-        required: Some(CANCEL_ON_HANGUP),
-    };
-    let target = options.target.as_str();
-    match attempt::exchange(options, &what, &mut None)? {
-        Sent::NotListed => Ok(CancelOutcome::NotSupported),
-        Sent::Answer(response) => protocol::parse_answer(response.status, &response.body)
-            .map(CancelOutcome::Answered)
-            .map_err(|e| DelegateError::InvalidResponse {
-                target: target.to_owned(),
-                reason: format!("HTTP {} to the cancel request: {e}", response.status),
-            }),
+    let peer = attempt::prove(options)?;
+    if !peer.lists(CANCEL_ON_HANGUP) {
+        return Ok(CancelOutcome::NotSupported);
     }
+    let ext = RequestExt {
+        request_id: Some(request_id),
+        cancel: true,
+        ..RequestExt::default()
+    };
+    let request = attempt::request(options, "", ext);
+    // The probe takes at most PROBE_TIMEOUT; the answer gets the rest.
+    let timeout = CANCEL_TIMEOUT.saturating_sub(PROBE_TIMEOUT);
+    let response = attempt::send(options, peer, request, timeout)?;
+    protocol::parse_answer(response.status, &response.body)
+        .map(CancelOutcome::Answered)
+        .map_err(|e| DelegateError::InvalidResponse {
+            target: options.target.to_string(),
+            reason: format!("HTTP {} to the cancel request: {e}", response.status),
+        })
 }
 
 #[cfg(test)]

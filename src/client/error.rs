@@ -4,8 +4,7 @@
 
 use super::PeerProtocol;
 use crate::http::client::ClientError;
-use crate::protocol::{self, Envelope, ErrorCode, Failure, UsageReport, MAX_BODY_BYTES};
-use crate::registry::owner::OwnerRefusal;
+use crate::protocol::{Envelope, ErrorCode, Failure, UsageReport, MAX_BODY_BYTES};
 use crate::registry::ProbeError;
 use std::fmt;
 use std::path::PathBuf;
@@ -54,31 +53,18 @@ pub enum DelegateError {
         /// The target asked for.
         target: String,
     },
-    /// The target's health probe did not match; the secret was not sent.
+    /// The target's health probe did not match, or whatever holds its registered
+    /// address did not prove it holds the target's secret (contract 6.1), or failed the
+    /// same-user check (its port is held by another user's process, or who holds it
+    /// cannot be told). The secret was not sent. A failed proof or same-user check is
+    /// not retryable: trying again reaches the same squatter, so someone must look.
     ProbeFailed {
-        /// The target asked for.
-        target: String,
-        /// What the probe found.
-        reason: ProbeError,
-    },
-    /// The same-user check refused a target that cannot prove itself (contract 6.1):
-    /// its port is held by another user's process, or who holds it cannot be told (the
-    /// socket tables do not list the other end of the connection, or cannot be read).
-    /// The secret was not sent. Not retryable: it needs someone to look.
-    NotSameUser {
-        /// The target asked for.
-        target: String,
-        /// Why (it names the port, and the uid holding it when known).
-        refusal: OwnerRefusal,
-    },
-    /// Whatever holds the target's registered address did not prove it holds the
-    /// target's secret, so the secret was not sent (contract 6.1); not retryable.
-    Unproven {
         /// The target asked for.
         target: String,
         /// The port it is registered on.
         port: u16,
-        /// Why the port's holder is not trusted.
+        /// What the probe found (a same-user refusal names the port, and the uid
+        /// holding it when known).
         reason: ProbeError,
     },
     /// The connection for the request could not be made, or broke.
@@ -134,7 +120,7 @@ pub enum DelegateError {
     },
     /// The peer answered with a failure envelope; its code is kept as it is.
     Remote {
-        /// The answering instance.
+        /// The answering instance (the target's name when a legacy peer left it out).
         from_instance: String,
         /// The peer's failure.
         failure: Failure,
@@ -160,8 +146,6 @@ impl DelegateError {
             Self::Registry { .. }
             | Self::NotRegistered { .. }
             | Self::ProbeFailed { .. }
-            | Self::NotSameUser { .. }
-            | Self::Unproven { .. }
             | Self::Connection { .. }
             | Self::Broken { .. } => ErrorCode::InstanceUnavailable,
             Self::Timeout { .. } => ErrorCode::Timeout,
@@ -179,12 +163,11 @@ impl DelegateError {
     /// or the peer's own `unknown` failure. Such a failure is retried only against a
     /// peer that deduplicates requests (contract 8.2).
     pub fn may_have_run(&self) -> bool {
-        match self {
+        match self.cause() {
             Self::Timeout { .. } | Self::Broken { .. } | Self::InvalidResponse { .. } => true,
             Self::Remote { failure, .. } => {
                 matches!(failure.code, ErrorCode::Unknown | ErrorCode::Timeout)
             }
-            Self::NotRetried { error, .. } => error.may_have_run(),
             _ => false,
         }
     }
@@ -208,18 +191,16 @@ impl DelegateError {
     /// Whether the same delegation may be tried again without operator action: the
     /// peer's own flag for a remote failure, the retry table otherwise.
     pub fn retryable(&self) -> bool {
-        match self {
+        match self.cause() {
             Self::Remote { failure, .. } => failure.retryable,
-            Self::NotRetried { error, .. } => error.retryable(),
             // Trying again reaches the same squatter: an operator must look.
-            Self::NotSameUser { .. } | Self::Unproven { .. } => false,
+            Self::ProbeFailed {
+                reason: ProbeError::NoProof | ProbeError::WrongProof | ProbeError::NotSameUser(_),
+                ..
+            } => false,
             // A registry we may not read, or may not trust (another user's, or
             // writable by others: contract 1), stays so until someone fixes it.
-            Self::Registry { error, .. }
-                if error.kind() == std::io::ErrorKind::PermissionDenied =>
-            {
-                false
-            }
+            Self::Registry { error, .. } => error.kind() != std::io::ErrorKind::PermissionDenied,
             other => other.code().retryable(),
         }
     }
@@ -229,10 +210,7 @@ impl DelegateError {
     /// `capabilities` (absent ones absent: a legacy peer's); a failure decided here
     /// names `caller` (the instance that produced it) and took `duration_ms`.
     pub fn to_envelope(&self, caller: &str, duration_ms: u64) -> Envelope {
-        match self {
-            Self::NotRetried { error, .. } if matches!(**error, Self::Remote { .. }) => {
-                error.to_envelope(caller, duration_ms)
-            }
+        match self.cause() {
             Self::Remote {
                 from_instance,
                 failure,
@@ -245,12 +223,11 @@ impl DelegateError {
                 ..Envelope::failure(from_instance, failure.clone(), *duration_ms)
             }
             .with_usage(usage.as_deref().copied()),
-            other => Envelope::failure(
+            _ => Envelope::failure(
                 caller,
                 Failure {
-                    error: protocol::truncate_chars(other.to_string(), protocol::MAX_ERROR_CHARS),
-                    code: other.code(),
-                    retryable: other.retryable(),
+                    retryable: self.retryable(),
+                    ..Failure::new(self.code(), self.to_string())
                 },
                 duration_ms,
             ),
@@ -280,20 +257,17 @@ impl fmt::Display for DelegateError {
             Self::NotRegistered { target } => {
                 write!(f, "instance {target} is not registered (is it running?)")
             }
-            Self::ProbeFailed { target, reason } => {
-                write!(f, "instance {target} is not available: {reason}")
-            }
-            Self::NotSameUser { target, refusal } => {
-                write!(f, "instance {target} is not available: {refusal}")
-            }
-            Self::Unproven {
+            Self::ProbeFailed {
                 target,
                 port,
-                reason,
+                reason: reason @ (ProbeError::NoProof | ProbeError::WrongProof),
             } => write!(
                 f,
                 "instance {target} is not available on port {port}: {reason}"
             ),
+            Self::ProbeFailed { target, reason, .. } => {
+                write!(f, "instance {target} is not available: {reason}")
+            }
             Self::Connection { target, reason } => {
                 write!(f, "instance {target} is not available: {reason}")
             }
@@ -318,24 +292,20 @@ impl fmt::Display for DelegateError {
             Self::InvalidResponse { target, reason } => {
                 write!(f, "instance {target} gave an invalid answer: {reason}")
             }
-            Self::Stopped { target } => {
-                write!(
-                    f,
-                    "the delegation to {target} was stopped before it was sent"
-                )
-            }
+            Self::Stopped { target } => write!(
+                f,
+                "the delegation to {target} was stopped before it was sent"
+            ),
+            // `from_instance` is never empty: a legacy peer's is the target's name.
             Self::Remote {
                 from_instance,
                 failure,
                 ..
-            } => {
-                let from = if from_instance.is_empty() {
-                    "peer"
-                } else {
-                    from_instance
-                };
-                write!(f, "{from} answered with a failure: {}", failure.error)
-            }
+            } => write!(
+                f,
+                "{from_instance} answered with a failure: {}",
+                failure.error
+            ),
         }
     }
 }

@@ -144,11 +144,9 @@ impl DelegateOptions {
     /// The delegation's request id (contract 8.2), sent with every attempt: the same
     /// id names the same turn, to a retry, to another `delegate` call that attaches to
     /// it, and to [`cancel`]. Make one with [`new_request_id`].
-    pub fn with_request_id(self, request_id: RequestId) -> DelegateOptions {
-        DelegateOptions {
-            request_id: Some(request_id),
-            ..self
-        }
+    pub fn with_request_id(mut self, request_id: RequestId) -> DelegateOptions {
+        self.request_id = Some(request_id);
+        self
     }
 
     /// The tree of delegations this one joins (contract 8.4): its trace id, and the
@@ -158,11 +156,9 @@ impl DelegateOptions {
     /// the turn that runs it. To know the ids of a delegation that fails, set both this
     /// and [`DelegateOptions::with_request_id`] before [`delegate`]; a [`Reply`] names
     /// them too.
-    pub fn with_trace(self, trace: TraceContext) -> DelegateOptions {
-        DelegateOptions {
-            trace: Some(trace),
-            ..self
-        }
+    pub fn with_trace(mut self, trace: TraceContext) -> DelegateOptions {
+        self.trace = Some(trace);
+        self
     }
 
     /// Retries a failure whose `retryable` is true up to `retries` times, with the
@@ -274,65 +270,42 @@ const REQUEST_ID_BYTES: usize = 16;
 pub fn delegate(options: &DelegateOptions) -> Result<Reply, DelegateError> {
     attempt::local_checks(options)?;
     let no_randomness = |error| DelegateError::NoRandomness { error };
-    let request_id = match &options.request_id {
-        Some(id) => id.clone(),
-        None => new_request_id().map_err(no_randomness)?,
-    };
-    let trace = match &options.trace {
-        Some(trace) => trace.clone(),
-        None => TraceContext::new().map_err(no_randomness)?,
-    };
+    let request_id = options.request_id.clone().map_or_else(new_request_id, Ok);
+    let request_id = request_id.map_err(no_randomness)?;
+    let trace = options.trace.clone().map_or_else(TraceContext::new, Ok);
+    let trace = trace.map_err(no_randomness)?;
     let backoff = retry::Backoff {
         base: options.backoff_base,
         cap: options.backoff_cap,
     };
-    let what = attempt::Exchange {
-        prompt: &options.prompt,
-        ext: RequestExt {
-            request_id: Some(request_id.clone()),
-            trace_id: Some(trace.trace_id.clone()),
-            parent_request_id: trace.parent_request_id,
-            cancel: false,
-        },
-        timeout: options.timeout,
-        required: None,
+    let ext = RequestExt {
+        request_id: Some(request_id.clone()),
+        trace_id: Some(trace.trace_id.clone()),
+        parent_request_id: trace.parent_request_id,
+        cancel: false,
     };
+    let request = attempt::request(options, &options.prompt, ext);
     // Before the registry is read (the table's order), with the base capabilities;
     // each attempt checks again what it sends to the peer it found.
-    attempt::check_size(&encode_talk_request(&attempt::request(options, &what)))?;
-    let mut jitter = None;
+    attempt::check_size(&encode_talk_request(&request))?;
     let mut retries_done = 0;
     let mut dedupes = false;
     loop {
-        let mut listed = None;
-        let outcome = attempt::exchange(options, &what, &mut listed).and_then(|sent| match sent {
-            attempt::Sent::Answer(response) => {
-                attempt::interpret(&options.target, response, &request_id, &trace.trace_id)
-            }
-            // Nothing is required of a delegation's peer.
-            attempt::Sent::NotListed => Err(DelegateError::NotRegistered {
-                target: options.target.to_string(),
-            }),
+        let outcome = attempt::prove(options).and_then(|peer| {
+            dedupes = peer.lists(IDEMPOTENT_REQUESTS);
+            let response = attempt::send(options, peer, request.clone(), options.timeout)?;
+            attempt::interpret(&options.target, response, &request_id, &trace.trace_id)
         });
-        let error = match outcome {
-            Ok(reply) => return Ok(reply),
-            Err(error) => error,
+        let Err(error) = outcome else {
+            return outcome;
         };
-        if let Some(listed) = listed {
-            dedupes = listed.iter().any(|c| c == IDEMPOTENT_REQUESTS);
-        }
-        let failed = retry::Failed {
-            retryable: error.retryable(),
-            may_have_run: error.may_have_run(),
-        };
-        let jitter = jitter.get_or_insert_with(seeded_jitter);
         match retry::decide(
-            failed,
+            &error,
             retries_done,
             options.retries,
             dedupes,
             &backoff,
-            jitter,
+            jitter_random(),
         ) {
             retry::Decision::GiveUp => return Err(error),
             retry::Decision::WouldRunTwice => {
@@ -364,12 +337,14 @@ const STOP_POLL: Duration = Duration::from_millis(50);
 /// Waits `after` before a retry: `true`, and sooner, when the delegation's stop flag
 /// is set meanwhile (or already was).
 fn stopped_during(options: &DelegateOptions, after: Duration) -> bool {
-    let Some(stop) = &options.stop else {
-        std::thread::sleep(after);
-        return false;
+    let stopped = || {
+        options
+            .stop
+            .as_ref()
+            .is_some_and(|s| s.load(Ordering::SeqCst))
     };
     let until = Instant::now() + after;
-    while !stop.load(Ordering::SeqCst) {
+    while !stopped() {
         let left = until.saturating_duration_since(Instant::now());
         if left.is_zero() {
             return false;
@@ -379,17 +354,17 @@ fn stopped_during(options: &DelegateOptions, after: Duration) -> bool {
     true
 }
 
-/// The retry jitter, seeded from the OS (from the clock if that fails: jitter only
-/// spreads retries apart).
-fn seeded_jitter() -> retry::Jitter {
-    let seed = secret::random_bytes::<8>()
-        .map(u64::from_le_bytes)
-        .unwrap_or_else(|_| {
-            std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .map_or(0, |d| d.as_nanos() as u64)
-        });
-    retry::Jitter::seeded(seed)
+/// A random number for the retry jitter, from the OS (from the clock if that fails:
+/// jitter only spreads retries apart).
+fn jitter_random() -> u64 {
+    secret::random_bytes::<8>().map_or_else(
+        |_| {
+            std::time::UNIX_EPOCH
+                .elapsed()
+                .map_or(0, |d| d.subsec_nanos().into())
+        },
+        u64::from_le_bytes,
+    )
 }
 
 #[cfg(test)]
@@ -433,7 +408,7 @@ mod tests {
                 false,
             ),
             (
-                DelegateError::Unproven {
+                DelegateError::ProbeFailed {
                     target: t(),
                     port: 7701,
                     reason: ProbeError::NoProof,
@@ -442,7 +417,7 @@ mod tests {
                 false,
             ),
             (
-                DelegateError::Unproven {
+                DelegateError::ProbeFailed {
                     target: t(),
                     port: 7701,
                     reason: ProbeError::WrongProof,
@@ -496,6 +471,7 @@ mod tests {
             (
                 DelegateError::ProbeFailed {
                     target: t(),
+                    port: 7701,
                     reason: ProbeError::Http(ClientError::Timeout),
                 },
                 "instance_unavailable",
@@ -504,6 +480,7 @@ mod tests {
             (
                 DelegateError::ProbeFailed {
                     target: t(),
+                    port: 7701,
                     reason: ProbeError::OtherInstance(Box::new(health("impostor"))),
                 },
                 "instance_unavailable",
@@ -518,20 +495,22 @@ mod tests {
                 true,
             ),
             (
-                DelegateError::NotSameUser {
+                DelegateError::ProbeFailed {
                     target: t(),
-                    refusal: OwnerRefusal::Foreign {
+                    port: 7701,
+                    reason: ProbeError::NotSameUser(OwnerRefusal::Foreign {
                         port: 7701,
                         uid: 65534,
-                    },
+                    }),
                 },
                 "instance_unavailable",
                 false,
             ),
             (
-                DelegateError::NotSameUser {
+                DelegateError::ProbeFailed {
                     target: t(),
-                    refusal: OwnerRefusal::TablesUnreadable { port: 7701 },
+                    port: 7701,
+                    reason: ProbeError::NotSameUser(OwnerRefusal::TablesUnreadable { port: 7701 }),
                 },
                 "instance_unavailable",
                 false,
@@ -697,13 +676,25 @@ mod tests {
         for (error, code) in cases {
             let shown = format!("{error:?}");
             assert_eq!(
-                transport_error("w", Duration::from_secs(1), error)
+                transport_error("w", Duration::from_secs(1), error, false)
                     .code()
                     .as_str(),
                 code,
                 "{shown}"
             );
         }
+        // After the whole request went out, a broken connection may have run the turn.
+        let after = |error| transport_error("w", Duration::from_secs(1), error, true);
+        assert!(matches!(
+            after(ClientError::Closed),
+            DelegateError::Broken { .. }
+        ));
+        let reset = after(ClientError::Io(io(std::io::ErrorKind::ConnectionReset)));
+        assert!(reset.may_have_run());
+        assert!(matches!(
+            after(ClientError::Timeout),
+            DelegateError::Timeout { .. }
+        ));
     }
 
     #[test]
@@ -870,9 +861,10 @@ mod tests {
 
     #[test]
     fn owner_unknown_says_who_holds_the_port_cannot_be_told() {
-        let e = DelegateError::NotSameUser {
+        let e = DelegateError::ProbeFailed {
             target: "b".into(),
-            refusal: OwnerRefusal::Unknown { port: 7701 },
+            port: 7701,
+            reason: ProbeError::NotSameUser(OwnerRefusal::Unknown { port: 7701 }),
         };
         assert_eq!(
             e.to_string(),

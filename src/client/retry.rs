@@ -1,6 +1,6 @@
 //! When a failed delegation is tried again, and after how long: the pure decision and
-//! the backoff with full jitter, on plain values (no clock, no sleep, no socket), so
-//! that they are tested with a seeded random.
+//! the backoff with full jitter, on plain values (no clock, no sleep, no socket, and
+//! the random number given), so that they are tested with fixed ones.
 //!
 //! A failure is retried only when its `retryable` is true and retries are left. A
 //! failure that may have run the turn (a timeout, ours or the peer's own, a connection
@@ -9,23 +9,15 @@
 //! only against a peer whose health listed `idempotent-requests`: that peer attaches
 //! the retry to the turn (contract 8.2), any other would run it a second time.
 
+use super::DelegateError;
 use std::time::Duration;
 
-/// The first retry's backoff ceiling, unless `DelegateOptions::with_backoff` says
+/// The first retry's backoff ceiling, unless `DelegateOptions::backoff_base` says
 /// otherwise: retry `n` (from 0) waits a uniform random time in
 /// `[0, min(cap, base * 2^n)]`.
 pub const DEFAULT_BACKOFF_BASE: Duration = Duration::from_millis(250);
-/// The largest backoff ceiling, unless `DelegateOptions::with_backoff` says otherwise.
+/// The largest backoff ceiling, unless `DelegateOptions::backoff_cap` says otherwise.
 pub const DEFAULT_BACKOFF_CAP: Duration = Duration::from_secs(10);
-
-/// What the retry decision needs to know of one failed attempt.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Failed {
-    /// The failure's `retryable` flag.
-    pub retryable: bool,
-    /// Whether the peer may have run the turn for it.
-    pub may_have_run: bool,
-}
 
 /// What to do after a failed attempt.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -60,60 +52,32 @@ impl Backoff {
     }
 
     /// How long retry `retry` waits: uniform in `[0, ceiling(retry)]`, to the
-    /// microsecond.
-    pub fn delay(&self, retry: u32, jitter: &mut Jitter) -> Duration {
+    /// microsecond, given a uniform `random` number (the modulo's bias is far below
+    /// what jitter cares for).
+    pub fn delay(&self, retry: u32, random: u64) -> Duration {
         let ceiling = u64::try_from(self.ceiling(retry).as_micros()).unwrap_or(u64::MAX);
-        Duration::from_micros(jitter.up_to(ceiling))
+        Duration::from_micros(random % ceiling.saturating_add(1))
     }
 }
 
-/// Decides what follows a failed attempt, when `retries_done` retries have already
-/// been made of the `retries` allowed, against a peer that deduplicates requests
-/// (`peer_dedupes`: its health listed `idempotent-requests`) or not.
+/// Decides what follows the failed attempt `failed`, when `retries_done` retries have
+/// already been made of the `retries` allowed, against a peer that deduplicates
+/// requests (`peer_dedupes`: its health listed `idempotent-requests`) or not; `random`
+/// picks the backoff.
 pub fn decide(
-    failed: Failed,
+    failed: &DelegateError,
     retries_done: u32,
     retries: u32,
     peer_dedupes: bool,
     backoff: &Backoff,
-    jitter: &mut Jitter,
+    random: u64,
 ) -> Decision {
-    if !failed.retryable || retries_done >= retries {
+    if !failed.retryable() || retries_done >= retries {
         Decision::GiveUp
-    } else if failed.may_have_run && !peer_dedupes {
+    } else if failed.may_have_run() && !peer_dedupes {
         Decision::WouldRunTwice
     } else {
-        Decision::Retry(backoff.delay(retries_done, jitter))
-    }
-}
-
-/// The jitter's random numbers: splitmix64, seeded from the OS in the client and
-/// with a fixed seed in tests. Jitter spreads retries apart; it protects nothing, so a
-/// small fast generator is enough.
-#[derive(Clone, Debug)]
-pub struct Jitter(u64);
-
-impl Jitter {
-    /// A generator with this seed.
-    pub fn seeded(seed: u64) -> Jitter {
-        Jitter(seed)
-    }
-
-    /// The next 64 random bits.
-    pub fn next_u64(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
-    }
-
-    /// A number in `[0, max]` (the modulo's bias is far below what jitter cares for).
-    pub fn up_to(&mut self, max: u64) -> u64 {
-        match max.checked_add(1) {
-            Some(span) => self.next_u64() % span,
-            None => self.next_u64(),
-        }
+        Decision::Retry(backoff.delay(retries_done, random))
     }
 }
 
@@ -155,12 +119,19 @@ mod tests {
     #[test]
     fn delays_are_full_jitter_within_the_ceiling() {
         let backoff = DEFAULT;
-        let mut jitter = Jitter::seeded(7);
+        // splitmix64 stands in for the OS's random numbers.
+        let mut state = 7u64;
+        let mut random = || {
+            state = state.wrapping_add(0x9e37_79b9_7f4a_7c15);
+            let z = (state ^ (state >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+            let z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+            z ^ (z >> 31)
+        };
         for retry in 0..10 {
             let mut lowest = Duration::MAX;
             let mut highest = Duration::ZERO;
             for _ in 0..2_000 {
-                let delay = backoff.delay(retry, &mut jitter);
+                let delay = backoff.delay(retry, random());
                 assert!(delay <= backoff.ceiling(retry), "retry {retry}: {delay:?}");
                 lowest = lowest.min(delay);
                 highest = highest.max(delay);
@@ -173,31 +144,51 @@ mod tests {
             base: Duration::ZERO,
             cap: Duration::ZERO,
         };
-        assert_eq!(none.delay(4, &mut jitter), Duration::ZERO);
+        assert_eq!(none.delay(4, u64::MAX), Duration::ZERO);
     }
 
     #[test]
-    fn the_same_seed_gives_the_same_delays() {
+    fn the_same_random_gives_the_same_delay_and_the_ends_are_reached() {
         let backoff = DEFAULT;
-        let run = |seed| {
-            let mut jitter = Jitter::seeded(seed);
-            (0..5)
-                .map(|retry| backoff.delay(retry, &mut jitter))
-                .collect::<Vec<_>>()
+        assert_eq!(backoff.delay(3, 42), backoff.delay(3, 42));
+        assert_ne!(backoff.delay(3, 42), backoff.delay(3, 43));
+        let ceiling = backoff.ceiling(3);
+        assert_eq!(backoff.delay(3, 0), Duration::ZERO);
+        let top = u64::try_from(ceiling.as_micros()).unwrap();
+        assert_eq!(backoff.delay(3, top), ceiling);
+        let huge = Backoff {
+            base: Duration::MAX,
+            cap: Duration::MAX,
         };
-        assert_eq!(run(42), run(42));
-        assert_ne!(run(42), run(43));
+        assert!(huge.delay(0, u64::MAX) <= Duration::MAX);
     }
 
     #[test]
     fn decision_table() {
+        use crate::protocol::{ErrorCode, Failure};
         let backoff = DEFAULT;
-        let failed = |retryable, may_have_run| Failed {
-            retryable,
-            may_have_run,
+        let t = || "worker".to_owned();
+        // (retryable, may have run the turn): one failure of each kind.
+        let failed = |retryable, may_have_run| match (retryable, may_have_run) {
+            (true, false) => DelegateError::NotRegistered { target: t() },
+            (false, false) => DelegateError::BusDisabled { caller: t() },
+            (false, true) => DelegateError::Remote {
+                from_instance: t(),
+                failure: Failure {
+                    retryable: false,
+                    ..Failure::new(ErrorCode::Timeout, "e")
+                },
+                duration_ms: 1,
+                peer: Box::default(),
+                usage: None,
+            },
+            (true, true) => DelegateError::Timeout {
+                target: t(),
+                after: Duration::from_secs(1),
+            },
         };
         // (failure, retries done, retries allowed, peer dedupes, retried?)
-        let cases: [(Failed, u32, u32, bool, Option<Decision>); 10] = [
+        let cases: [(DelegateError, u32, u32, bool, Option<Decision>); 10] = [
             (failed(true, false), 0, 2, false, None),
             (failed(true, false), 1, 2, false, None),
             (failed(true, false), 2, 2, false, Some(Decision::GiveUp)),
@@ -216,8 +207,21 @@ mod tests {
             (failed(true, true), 5, 5, false, Some(Decision::GiveUp)),
         ];
         for (failure, done, allowed, dedupes, want) in cases {
-            let mut jitter = Jitter::seeded(1);
-            let got = decide(failure, done, allowed, dedupes, &backoff, &mut jitter);
+            assert_eq!(
+                (failure.retryable(), failure.may_have_run()),
+                (
+                    !matches!(
+                        failure,
+                        DelegateError::BusDisabled { .. } | DelegateError::Remote { .. }
+                    ),
+                    matches!(
+                        failure,
+                        DelegateError::Timeout { .. } | DelegateError::Remote { .. }
+                    )
+                ),
+                "{failure:?}"
+            );
+            let got = decide(&failure, done, allowed, dedupes, &backoff, 1);
             match want {
                 Some(want) => assert_eq!(got, want, "{failure:?} {done}/{allowed} {dedupes}"),
                 None => match got {
@@ -232,7 +236,7 @@ mod tests {
     /// retried against a peer without `idempotent-requests`, which ran it again.
     #[test]
     fn bug_a_timeout_the_peer_answered_was_retried_against_a_peer_that_reruns_it() {
-        use crate::client::{DelegateError, PeerProtocol};
+        use crate::client::PeerProtocol;
         use crate::protocol::{ErrorCode, Failure};
         let remote = |code| DelegateError::Remote {
             from_instance: "worker".into(),
@@ -263,12 +267,7 @@ mod tests {
             (remote(ErrorCode::ServerBusy), false, None),
         ];
         for (error, dedupes, want) in cases {
-            let failed = Failed {
-                retryable: error.retryable(),
-                may_have_run: error.may_have_run(),
-            };
-            let mut jitter = Jitter::seeded(1);
-            let got = decide(failed, 0, 3, dedupes, &DEFAULT, &mut jitter);
+            let got = decide(&error, 0, 3, dedupes, &DEFAULT, 1);
             match want {
                 Some(want) => assert_eq!(got, want, "{error:?} {dedupes}"),
                 None => assert!(matches!(got, Decision::Retry(_)), "{error:?}: {got:?}"),

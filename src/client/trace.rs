@@ -75,11 +75,7 @@ impl TraceContext {
             var(REQUEST_ID_VAR).as_deref(),
             var(TRACEPARENT_VAR).as_deref(),
         );
-        let context = match joined {
-            Some(context) => context,
-            None => TraceContext::new()?,
-        };
-        Ok((context, warnings))
+        Ok((joined.map_or_else(TraceContext::new, Ok)?, warnings))
     }
 }
 
@@ -97,25 +93,22 @@ fn from_vars(
     let set = |value: Option<&str>| value.filter(|v| !v.is_empty()).map(str::to_owned);
     let mut warnings = Vec::new();
     let mut warn = |variable| warnings.push(TraceEnvWarning { variable });
-    if let Some(value) = set(trace_id) {
-        match TraceId::new(value) {
-            Ok(trace_id) => {
-                let parent = set(request_id)
-                    .and_then(|value| RequestId::new(value).map_err(|_| warn(REQUEST_ID_VAR)).ok());
-                return (Some(TraceContext::joined(trace_id, parent)), warnings);
-            }
-            Err(_) => warn(TRACE_ID_VAR),
+    let trace_id = set(trace_id).and_then(|v| TraceId::new(v).map_err(|_| warn(TRACE_ID_VAR)).ok());
+    let context = match trace_id {
+        Some(trace_id) => {
+            let parent = set(request_id)
+                .and_then(|v| RequestId::new(v).map_err(|_| warn(REQUEST_ID_VAR)).ok());
+            Some(TraceContext::joined(trace_id, parent))
         }
-    }
-    let from_traceparent = set(traceparent).and_then(|value| {
-        parse_traceparent(&value)
-            .ok_or_else(|| warn(TRACEPARENT_VAR))
-            .ok()
-    });
-    (
-        from_traceparent.map(|trace_id| TraceContext::joined(trace_id, None)),
-        warnings,
-    )
+        None => set(traceparent)
+            .and_then(|v| {
+                parse_traceparent(&v)
+                    .ok_or_else(|| warn(TRACEPARENT_VAR))
+                    .ok()
+            })
+            .map(|trace_id| TraceContext::joined(trace_id, None)),
+    };
+    (context, warnings)
 }
 
 #[cfg(test)]

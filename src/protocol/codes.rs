@@ -2,6 +2,7 @@
 //! caller may retry.
 
 use std::fmt;
+use ErrorCode::*;
 
 /// A stable, machine-readable error code. Codes are additive: new ones may appear,
 /// existing ones never change meaning. Codes this build does not know are kept as
@@ -63,33 +64,29 @@ pub enum ErrorCode {
 /// its wire string, and the retry table (whether a caller can reasonably try the same
 /// delegation again without local operator action).
 pub const KNOWN_CODES: [(ErrorCode, &str, bool); 23] = [
-    (ErrorCode::InvalidRequest, "invalid_request", false),
-    (ErrorCode::RequestTooLarge, "request_too_large", false),
-    (ErrorCode::BusDisabled, "bus_disabled", false),
-    (ErrorCode::AuthFailed, "auth_failed", false),
-    (ErrorCode::PeerNotAllowed, "peer_not_allowed", false),
-    (ErrorCode::MaxDepthExceeded, "max_depth_exceeded", false),
-    (
-        ErrorCode::InvalidHandlerResponse,
-        "invalid_handler_response",
-        true,
-    ),
-    (ErrorCode::InternalError, "internal_error", true),
-    (ErrorCode::InstanceUnavailable, "instance_unavailable", true),
-    (ErrorCode::InvalidResponse, "invalid_response", true),
-    (ErrorCode::Timeout, "timeout", true),
-    (ErrorCode::BudgetExhausted, "budget_exhausted", false),
-    (ErrorCode::Auth, "auth", false),
-    (ErrorCode::WritePermission, "write_permission", false),
-    (ErrorCode::TelegramConflict, "telegram_conflict", true),
-    (ErrorCode::TelegramDelivery, "telegram_delivery", true),
-    (ErrorCode::EngineCli, "engine_cli", true),
-    (ErrorCode::FileWorkflow, "file_workflow", false),
-    (ErrorCode::WorkflowState, "workflow_state", false),
-    (ErrorCode::SessionState, "session_state", false),
-    (ErrorCode::Unknown, "unknown", true),
-    (ErrorCode::ServerBusy, "server_busy", true),
-    (ErrorCode::Cancelled, "cancelled", false),
+    (InvalidRequest, "invalid_request", false),
+    (RequestTooLarge, "request_too_large", false),
+    (BusDisabled, "bus_disabled", false),
+    (AuthFailed, "auth_failed", false),
+    (PeerNotAllowed, "peer_not_allowed", false),
+    (MaxDepthExceeded, "max_depth_exceeded", false),
+    (InvalidHandlerResponse, "invalid_handler_response", true),
+    (InternalError, "internal_error", true),
+    (InstanceUnavailable, "instance_unavailable", true),
+    (InvalidResponse, "invalid_response", true),
+    (Timeout, "timeout", true),
+    (BudgetExhausted, "budget_exhausted", false),
+    (Auth, "auth", false),
+    (WritePermission, "write_permission", false),
+    (TelegramConflict, "telegram_conflict", true),
+    (TelegramDelivery, "telegram_delivery", true),
+    (EngineCli, "engine_cli", true),
+    (FileWorkflow, "file_workflow", false),
+    (WorkflowState, "workflow_state", false),
+    (SessionState, "session_state", false),
+    (Unknown, "unknown", true),
+    (ServerBusy, "server_busy", true),
+    (Cancelled, "cancelled", false),
 ];
 
 impl ErrorCode {
@@ -100,11 +97,10 @@ impl ErrorCode {
 
     /// The wire string of this code.
     pub fn as_str(&self) -> &str {
-        match (self, self.known()) {
-            (ErrorCode::Other(code), _) => code,
-            (_, Some((_, wire, _))) => wire,
-            // Not reached: every variant but `Other` has a row in the table.
-            (_, None) => "unknown",
+        match self {
+            ErrorCode::Other(code) => code,
+            // Every variant but `Other` has a row in the table: "unknown" is not reached.
+            known => known.known().map_or("unknown", |(_, wire, _)| wire),
         }
     }
 

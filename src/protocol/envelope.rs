@@ -105,43 +105,40 @@ impl Envelope {
 
     /// The envelope as JSON, fields in the order `bus-protocol.md` shows them.
     pub fn to_json(&self) -> Vec<u8> {
-        let wire = WireEnvelope {
-            success: self.failure.is_none(),
-            text: &self.text,
-            from_instance: &self.from_instance,
-            error: self.failure.as_ref().map(|f| f.error.as_str()),
-            error_code: self.failure.as_ref().map(|f| f.code.as_str()),
-            retryable: self.failure.as_ref().map(|f| f.retryable),
-            duration_ms: self.duration_ms,
-            protocol_version: self.protocol_version,
-            capabilities: self.capabilities.as_deref(),
-            usage: self.usage,
-        };
         // Serializing strings, numbers and booleans into a Vec cannot fail.
-        serde_json::to_vec(&wire).unwrap_or_default()
+        serde_json::to_vec(&Wire(self)).unwrap_or_default()
     }
 }
 
-/// The wire form of an [`Envelope`]: borrowed fields, in protocol order.
-#[derive(serde::Serialize)]
-#[serde(rename_all = "camelCase")]
-struct WireEnvelope<'a> {
-    success: bool,
-    text: &'a str,
-    from_instance: &'a str,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    error: Option<&'a str>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    error_code: Option<&'a str>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    retryable: Option<bool>,
-    duration_ms: u64,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    protocol_version: Option<u64>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    capabilities: Option<&'a [String]>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    usage: Option<UsageReport>,
+/// The wire form of an [`Envelope`]: its fields in protocol order, those it lacks
+/// (a legacy envelope's, or a success's `error`, `errorCode` and `retryable`) left out.
+struct Wire<'a>(&'a Envelope);
+
+impl serde::Serialize for Wire<'_> {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeMap;
+        let envelope = self.0;
+        let mut map = serializer.serialize_map(None)?;
+        map.serialize_entry("success", &envelope.failure.is_none())?;
+        map.serialize_entry("text", &envelope.text)?;
+        map.serialize_entry("fromInstance", &envelope.from_instance)?;
+        if let Some(failure) = &envelope.failure {
+            map.serialize_entry("error", &failure.error)?;
+            map.serialize_entry("errorCode", failure.code.as_str())?;
+            map.serialize_entry("retryable", &failure.retryable)?;
+        }
+        map.serialize_entry("durationMs", &envelope.duration_ms)?;
+        if let Some(version) = envelope.protocol_version {
+            map.serialize_entry("protocolVersion", &version)?;
+        }
+        if let Some(capabilities) = &envelope.capabilities {
+            map.serialize_entry("capabilities", capabilities)?;
+        }
+        if let Some(usage) = &envelope.usage {
+            map.serialize_entry("usage", usage)?;
+        }
+        map.end()
+    }
 }
 
 #[cfg(test)]

@@ -2,7 +2,7 @@
 //! delegation idempotent (8.2), the cancel flag (8.1), and the trace context that links
 //! the turns of one tree of delegations (8.4).
 
-use serde_json::Value;
+use serde_json::{Map, Value};
 use std::fmt;
 
 /// Shortest request id accepted (contract 8.2).
@@ -43,11 +43,8 @@ impl RequestId {
         let form = id
             .bytes()
             .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-');
-        if form && (MIN_REQUEST_ID_LEN..=MAX_REQUEST_ID_LEN).contains(&id.len()) {
-            Ok(RequestId(id))
-        } else {
-            Err(InvalidRequestId)
-        }
+        let form = form && (MIN_REQUEST_ID_LEN..=MAX_REQUEST_ID_LEN).contains(&id.len());
+        form.then_some(RequestId(id)).ok_or(InvalidRequestId)
     }
 
     /// The id as sent.
@@ -90,11 +87,8 @@ impl TraceId {
     /// [`InvalidTraceId`] when it is not 32 lowercase hex digits, or all zeros.
     pub fn new(id: impl Into<String>) -> Result<TraceId, InvalidTraceId> {
         let id = id.into();
-        if is_lower_hex(&id, TRACE_ID_LEN) {
-            Ok(TraceId(id))
-        } else {
-            Err(InvalidTraceId)
-        }
+        let form = is_lower_hex(&id, TRACE_ID_LEN) && not_all_zeros(&id);
+        form.then_some(TraceId(id)).ok_or(InvalidTraceId)
     }
 
     /// The id as sent.
@@ -129,36 +123,27 @@ pub fn format_traceparent(trace_id: &TraceId, span_id: &str) -> String {
 /// fields, a later one may add more), a trace id and a span id not all zeros, two hex
 /// digits of flags. `None` for anything else.
 pub fn parse_traceparent(value: &str) -> Option<TraceId> {
-    let mut fields = value.split('-');
-    let version = fields.next()?;
-    let trace_id = fields.next()?;
-    let span_id = fields.next()?;
-    let flags = fields.next()?;
-    let more = fields.next().is_some();
-    let hex2 = |s: &str| {
-        s.len() == 2
-            && s.bytes()
-                .all(|b| b.is_ascii_hexdigit() && !b.is_ascii_uppercase())
+    let fields: Vec<&str> = value.split('-').collect();
+    let [version, trace_id, span_id, flags, more @ ..] = fields.as_slice() else {
+        return None;
     };
-    let form = hex2(version)
-        && version != "ff"
-        && !(version == "00" && more)
+    let form = is_lower_hex(version, 2)
+        && *version != "ff"
+        && (*version != "00" || more.is_empty())
         && is_lower_hex(span_id, SPAN_ID_LEN)
-        && hex2(flags);
-    if form {
-        TraceId::new(trace_id).ok()
-    } else {
-        None
-    }
+        && not_all_zeros(span_id)
+        && is_lower_hex(flags, 2);
+    form.then(|| TraceId::new(*trace_id).ok()).flatten()
 }
 
-/// Whether `s` is `len` lowercase hex digits, not all zeros (the W3C rule for trace
-/// and span ids).
+/// Whether `s` is `len` lowercase hex digits.
 fn is_lower_hex(s: &str, len: usize) -> bool {
-    s.len() == len
-        && s.bytes()
-            .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
-        && s.bytes().any(|b| b != b'0')
+    s.len() == len && s.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'))
+}
+
+/// Whether `s` holds a digit other than `0` (the W3C rule for trace and span ids).
+fn not_all_zeros(s: &str) -> bool {
+    s.bytes().any(|b| b != b'0')
 }
 
 /// The `ext` fields of a request that this build reads. It serializes as the client
@@ -208,36 +193,39 @@ pub fn parse_ext(ext: Option<&Value>) -> Result<RequestExt, ExtError> {
     let Value::Object(ext) = ext else {
         return Err(ExtError::NotObject);
     };
-    let request_id = match ext.get("requestId") {
-        None => None,
-        Some(Value::String(id)) => {
-            Some(RequestId::new(id.as_str()).map_err(|_| ExtError::RequestId)?)
-        }
-        Some(_) => return Err(ExtError::RequestId),
-    };
+    let request_id = id(ext, "requestId", RequestId::new, ExtError::RequestId)?;
     let cancel = match ext.get("cancel") {
         None | Some(Value::Bool(false)) => false,
         Some(Value::Bool(true)) if request_id.is_some() => true,
         Some(_) => return Err(ExtError::Cancel),
     };
-    let trace_id = match ext.get("traceId") {
-        None => None,
-        Some(Value::String(id)) => Some(TraceId::new(id.as_str()).map_err(|_| ExtError::TraceId)?),
-        Some(_) => return Err(ExtError::TraceId),
-    };
-    let parent_request_id = match ext.get("parentRequestId") {
-        None => None,
-        Some(Value::String(id)) => {
-            Some(RequestId::new(id.as_str()).map_err(|_| ExtError::ParentRequestId)?)
-        }
-        Some(_) => return Err(ExtError::ParentRequestId),
-    };
+    let trace_id = id(ext, "traceId", TraceId::new, ExtError::TraceId)?;
+    let parent_request_id = id(
+        ext,
+        "parentRequestId",
+        RequestId::new,
+        ExtError::ParentRequestId,
+    )?;
     Ok(RequestExt {
         cancel,
         request_id,
         trace_id,
         parent_request_id,
     })
+}
+
+/// The id in `ext[key]`, read by `new`; absent is `None`, anything else `error`.
+fn id<T, E>(
+    ext: &Map<String, Value>,
+    key: &str,
+    new: fn(String) -> Result<T, E>,
+    error: ExtError,
+) -> Result<Option<T>, ExtError> {
+    match ext.get(key) {
+        None => Ok(None),
+        Some(Value::String(id)) => new(id.clone()).map(Some).map_err(|_| error),
+        Some(_) => Err(error),
+    }
 }
 
 #[cfg(test)]

@@ -61,27 +61,20 @@ pub const CAPABILITIES: [&str; 7] = [
     SECRET_PROOF,
 ];
 
-/// The extended capabilities this build implements on `/api/talk` itself, in requests
-/// and envelopes (contract 4.1). `secret-proof` is not one: it is about health alone,
-/// so a request never lists it, nor an envelope.
-pub const TALK_EXTENSIONS: [&str; 4] = [
-    IDEMPOTENT_REQUESTS,
-    CANCEL_ON_HANGUP,
-    USAGE_REPORT,
-    TRACE_CONTEXT,
-];
-
 /// The capabilities of one exchange (contract 4.1): the base two plus those of
 /// `listed` (the target's health, for a request; the request's, for an envelope) that
-/// this build implements on `/api/talk` ([`TALK_EXTENSIONS`]), in that order.
+/// this build implements on `/api/talk` itself, in [`CAPABILITIES`]' order.
+/// `secret-proof` is not one: it is about health alone, so a request never lists it,
+/// nor an envelope.
 pub fn negotiate(listed: &[String]) -> Vec<String> {
-    let mut capabilities: Vec<String> = BASE_CAPABILITIES.iter().map(|c| (*c).to_owned()).collect();
-    for extension in TALK_EXTENSIONS {
-        if listed.iter().any(|c| c == extension) {
-            capabilities.push(extension.to_owned());
-        }
-    }
-    capabilities
+    let talk = |c: &&str| {
+        BASE_CAPABILITIES.contains(c) || (*c != SECRET_PROOF && listed.iter().any(|l| l == c))
+    };
+    CAPABILITIES
+        .into_iter()
+        .filter(talk)
+        .map(str::to_owned)
+        .collect()
 }
 
 /// The capability of a server that answers the health proof (contract 6.1).
@@ -102,16 +95,12 @@ pub const MAX_ERROR_CHARS: usize = 2_000;
 /// sees the parsed value, in which serde_json has rounded fractions and exponents
 /// (`1e-400` is 0.0); a request's `depth` is also checked in its text.
 pub fn non_negative_integer(value: &Value) -> Option<u64> {
-    if let Some(n) = value.as_u64() {
-        return Some(n);
-    }
-    let f = value.as_f64()?;
-    // `is_i64` catches negative integers; a float must be finite, whole and >= 0.
-    if value.is_i64() || !f.is_finite() || f < 0.0 || f.fract() != 0.0 {
-        return None;
-    }
-    // Saturating float-to-int conversion is what `as` does; the value is whole.
-    Some(f as u64)
+    // `is_i64` catches negative integers; a float must be finite, whole and >= 0, and
+    // then the saturating float-to-int conversion `as` does is what is meant.
+    let whole = |f: &f64| !value.is_i64() && f.is_finite() && *f >= 0.0 && f.fract() == 0.0;
+    value
+        .as_u64()
+        .or_else(|| value.as_f64().filter(whole).map(|f| f as u64))
 }
 
 /// Cuts `s` to at most `max` characters, on a char boundary.
@@ -131,8 +120,14 @@ mod tests {
     #[test]
     fn bug_negotiation_never_lists_a_health_only_capability() {
         let health: Vec<String> = CAPABILITIES.iter().map(|c| (*c).to_owned()).collect();
-        let mut all: Vec<&str> = BASE_CAPABILITIES.to_vec();
-        all.extend(TALK_EXTENSIONS);
+        let all = [
+            "structured-errors",
+            "retryable-errors",
+            IDEMPOTENT_REQUESTS,
+            CANCEL_ON_HANGUP,
+            USAGE_REPORT,
+            TRACE_CONTEXT,
+        ];
         assert_eq!(negotiate(&health), all);
         assert!(!negotiate(&health).iter().any(|c| c == SECRET_PROOF));
         assert_eq!(negotiate(&[]), BASE_CAPABILITIES);

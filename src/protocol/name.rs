@@ -39,7 +39,13 @@ impl InstanceName {
     /// `name` does not match `[A-Za-z0-9][A-Za-z0-9._-]{0,63}`.
     pub fn new(name: impl Into<String>) -> Result<InstanceName, InvalidInstanceName> {
         let name = name.into();
-        if is_valid(&name) {
+        let bytes = name.as_bytes();
+        let valid = bytes.first().is_some_and(u8::is_ascii_alphanumeric)
+            && bytes.len() <= MAX_INSTANCE_NAME_LEN
+            && bytes
+                .iter()
+                .all(|&c| c.is_ascii_alphanumeric() || matches!(c, b'.' | b'_' | b'-'));
+        if valid {
             Ok(InstanceName(name))
         } else {
             Err(InvalidInstanceName(name))
@@ -49,20 +55,6 @@ impl InstanceName {
     /// The name as a string slice.
     pub fn as_str(&self) -> &str {
         &self.0
-    }
-}
-
-/// The one check of the pattern.
-fn is_valid(s: &str) -> bool {
-    let bytes = s.as_bytes();
-    match bytes.split_first() {
-        Some((first, rest)) if first.is_ascii_alphanumeric() => {
-            bytes.len() <= MAX_INSTANCE_NAME_LEN
-                && rest
-                    .iter()
-                    .all(|&c| c.is_ascii_alphanumeric() || matches!(c, b'.' | b'_' | b'-'))
-        }
-        _ => false,
     }
 }
 

@@ -16,19 +16,12 @@ pub fn is_valid_nonce(nonce: &[u8]) -> bool {
     nonce.len() == NONCE_HEX_DIGITS && nonce.iter().all(|c| matches!(c, b'0'..=b'9' | b'a'..=b'f'))
 }
 
-/// `addr` as in a Host header: `127.0.0.1:7701`, `[::1]:7701`.
-pub fn host_port(ip: IpAddr, port: u16) -> String {
-    SocketAddr::new(ip, port).to_string()
-}
-
 /// The bytes a proof is the HMAC of: `loopbus-proof-v1\n<instance>\n<host>:<port>\n<nonce>`,
-/// where `host:port` is the address the connection arrived on ([`host_port`]).
+/// where `host:port` is the address the connection arrived on, as in a Host header
+/// (`127.0.0.1:7701`, `[::1]:7701`).
 pub fn proof_message(instance: &str, ip: IpAddr, port: u16, nonce: &str) -> Vec<u8> {
-    format!(
-        "{PROOF_LABEL}\n{instance}\n{}\n{nonce}",
-        host_port(ip, port)
-    )
-    .into_bytes()
+    let address = SocketAddr::new(ip, port);
+    format!("{PROOF_LABEL}\n{instance}\n{address}\n{nonce}").into_bytes()
 }
 
 #[cfg(test)]
@@ -64,10 +57,6 @@ mod tests {
         assert_eq!(
             proof_message("w", IpAddr::V6(Ipv6Addr::LOCALHOST), 1, nonce),
             b"loopbus-proof-v1\nw\n[::1]:1\n0123456789abcdef0123456789abcdef"
-        );
-        assert_eq!(
-            host_port(IpAddr::V6(Ipv6Addr::LOCALHOST), 7701),
-            "[::1]:7701"
         );
     }
 }

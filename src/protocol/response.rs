@@ -6,8 +6,8 @@ use serde_json::{Map, Value};
 use std::fmt;
 
 use super::{
-    legacy_failure_code, non_negative_integer, truncate_chars, Envelope, ErrorCode, Failure,
-    Health, TurnLoad, UsageReport, MAX_ERROR_CHARS,
+    legacy_failure_code, non_negative_integer, Envelope, ErrorCode, Failure, Health, TurnLoad,
+    UsageReport,
 };
 
 impl Envelope {
@@ -41,10 +41,10 @@ pub enum ResponseError {
 impl fmt::Display for ResponseError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            ResponseError::NotJson => f.write_str("response body is not valid JSON"),
-            ResponseError::NotObject => f.write_str("response body is not a JSON object"),
-            ResponseError::Success => f.write_str("response has no boolean `success`"),
-            ResponseError::FieldType(field) => {
+            Self::NotJson => f.write_str("response body is not valid JSON"),
+            Self::NotObject => f.write_str("response body is not a JSON object"),
+            Self::Success => f.write_str("response has no boolean `success`"),
+            Self::FieldType(field) => {
                 write!(f, "response field `{field}` has the wrong type")
             }
         }
@@ -53,37 +53,35 @@ impl fmt::Display for ResponseError {
 
 impl std::error::Error for ResponseError {}
 
-fn optional_string(
+/// The JSON object `body` holds.
+fn object(body: &[u8]) -> Result<Map<String, Value>, ResponseError> {
+    match serde_json::from_slice(body) {
+        Ok(Value::Object(object)) => Ok(object),
+        Ok(_) => Err(ResponseError::NotObject),
+        Err(_) => Err(ResponseError::NotJson),
+    }
+}
+
+/// `field` read by `read`; absent or null is `None`, anything `read` refuses an error.
+fn optional<T>(
     object: &Map<String, Value>,
     field: &'static str,
-) -> Result<Option<String>, ResponseError> {
+    read: impl Fn(&Value) -> Option<T>,
+) -> Result<Option<T>, ResponseError> {
     match object.get(field) {
         None | Some(Value::Null) => Ok(None),
-        Some(Value::String(s)) => Ok(Some(s.clone())),
-        Some(_) => Err(ResponseError::FieldType(field)),
+        Some(v) => read(v).map(Some).ok_or(ResponseError::FieldType(field)),
     }
+}
+
+/// A JSON string as a `String`.
+fn string(value: &Value) -> Option<String> {
+    value.as_str().map(str::to_owned)
 }
 
 /// The strings of a JSON array, other items left out.
-fn strings(items: &[Value]) -> Vec<String> {
-    items
-        .iter()
-        .filter_map(Value::as_str)
-        .map(str::to_owned)
-        .collect()
-}
-
-/// `field` as a non-negative integer; absent or null is `None`.
-fn optional_integer(
-    object: &Map<String, Value>,
-    field: &'static str,
-) -> Result<Option<u64>, ResponseError> {
-    match object.get(field) {
-        None | Some(Value::Null) => Ok(None),
-        Some(v) => non_negative_integer(v)
-            .map(Some)
-            .ok_or(ResponseError::FieldType(field)),
-    }
+fn strings(value: &Value) -> Option<Vec<String>> {
+    Some(value.as_array()?.iter().filter_map(string).collect())
 }
 
 /// Parses a peer's `/api/talk` answer that came with HTTP 200; see `parse_answer`.
@@ -107,64 +105,51 @@ pub fn parse_response(body: &[u8]) -> Result<Envelope, ResponseError> {
 /// The body is not a JSON object with a boolean `success`, or a known field has the
 /// wrong type.
 pub fn parse_answer(status: u16, body: &[u8]) -> Result<Envelope, ResponseError> {
-    let value: Value = serde_json::from_slice(body).map_err(|_| ResponseError::NotJson)?;
-    let Value::Object(object) = value else {
-        return Err(ResponseError::NotObject);
-    };
+    let object = object(body)?;
     let success = object
         .get("success")
         .and_then(Value::as_bool)
         .ok_or(ResponseError::Success)?;
-    let text = optional_string(&object, "text")?.unwrap_or_default();
-    let from_instance = optional_string(&object, "fromInstance")?.unwrap_or_default();
-    let duration_ms = optional_integer(&object, "durationMs")?.unwrap_or(0);
-    let protocol_version = optional_integer(&object, "protocolVersion")?;
-    let capabilities = match object.get("capabilities") {
-        None | Some(Value::Null) => None,
-        Some(Value::Array(items)) => Some(strings(items)),
-        Some(_) => return Err(ResponseError::FieldType("capabilities")),
-    };
-    let failure = if success {
-        None
-    } else {
-        let given = optional_string(&object, "error")?;
-        let code = match optional_string(&object, "errorCode")? {
-            Some(code) => ErrorCode::from_wire(&code),
-            None => legacy_failure_code(status, given.as_deref().unwrap_or("")),
-        };
-        let retryable = match object.get("retryable") {
-            None | Some(Value::Null) => code.retryable(),
-            Some(Value::Bool(b)) => *b,
-            Some(_) => return Err(ResponseError::FieldType("retryable")),
-        };
-        let error = given.unwrap_or_else(|| format!("peer reported a failure ({code})"));
-        Some(Failure {
-            error: truncate_chars(error, MAX_ERROR_CHARS),
-            code,
-            retryable,
-        })
-    };
-    let usage = object.get("usage").and_then(UsageReport::from_value);
+    // Fields are read, and refused, in this order.
     Ok(Envelope {
-        text,
-        from_instance,
-        duration_ms,
-        protocol_version,
-        capabilities,
-        failure,
-        usage,
+        text: optional(&object, "text", string)?.unwrap_or_default(),
+        from_instance: optional(&object, "fromInstance", string)?.unwrap_or_default(),
+        duration_ms: optional(&object, "durationMs", non_negative_integer)?.unwrap_or(0),
+        protocol_version: optional(&object, "protocolVersion", non_negative_integer)?,
+        capabilities: optional(&object, "capabilities", strings)?,
+        failure: if success {
+            None
+        } else {
+            Some(failure(status, &object)?)
+        },
+        usage: object.get("usage").and_then(UsageReport::from_value),
     })
 }
+
+/// The failure of a `success: false` answer that came with HTTP `status`.
+fn failure(status: u16, object: &Map<String, Value>) -> Result<Failure, ResponseError> {
+    let given = optional(object, "error", string)?;
+    let code = match optional(object, "errorCode", string)? {
+        Some(code) => ErrorCode::from_wire(&code),
+        None => legacy_failure_code(status, given.as_deref().unwrap_or("")),
+    };
+    let retryable = optional(object, "retryable", Value::as_bool)?;
+    let error = given.unwrap_or_else(|| format!("peer reported a failure ({code})"));
+    let failure = Failure::new(code, error);
+    Ok(Failure {
+        retryable: retryable.unwrap_or(failure.retryable),
+        ..failure
+    })
+}
+
 impl UsageReport {
     /// Reads a peer's `usage` object; `None` when it is not one (a peer's malformed
     /// usage does not cost the caller its reply).
     fn from_value(value: &Value) -> Option<UsageReport> {
         let object = value.as_object()?;
         let tokens = |field: &str| object.get(field).and_then(non_negative_integer);
-        let cost_usd = match object.get("costUsd") {
-            None | Some(Value::Null) => None,
-            Some(v) => Some(v.as_f64().filter(|c| c.is_finite() && *c >= 0.0)?),
-        };
+        let cost = |v: &Value| v.as_f64().filter(|c| c.is_finite() && *c >= 0.0);
+        let cost_usd = optional(object, "costUsd", cost).ok()?;
         Some(UsageReport {
             cost_usd,
             input_tokens: tokens("inputTokens")?,
@@ -182,15 +167,12 @@ impl UsageReport {
 /// # Errors
 /// The body is not a JSON object with string `kind`, `instance` and `status`.
 pub fn parse_health(body: &[u8]) -> Result<Health, ResponseError> {
-    let value: Value = serde_json::from_slice(body).map_err(|_| ResponseError::NotJson)?;
-    let Value::Object(object) = value else {
-        return Err(ResponseError::NotObject);
-    };
-    let field = |name: &'static str| -> Result<String, ResponseError> {
-        match object.get(name) {
-            Some(Value::String(s)) => Ok(s.clone()),
-            _ => Err(ResponseError::FieldType(name)),
-        }
+    let object = object(body)?;
+    let field = |name| {
+        object
+            .get(name)
+            .and_then(string)
+            .ok_or(ResponseError::FieldType(name))
     };
     let counter = |turns: &Value, name: &str| {
         turns
@@ -215,16 +197,13 @@ pub fn parse_health(body: &[u8]) -> Result<Health, ResponseError> {
             .and_then(|p| u32::try_from(p).ok())
             .unwrap_or(0),
         protocol_version: object.get("protocolVersion").and_then(non_negative_integer),
-        capabilities: match object.get("capabilities") {
-            Some(Value::Array(items)) => strings(items),
-            _ => Vec::new(),
-        },
+        capabilities: object
+            .get("capabilities")
+            .and_then(strings)
+            .unwrap_or_default(),
         turns,
         bus_enabled: object.get("busEnabled").and_then(Value::as_bool),
-        proof: object
-            .get("proof")
-            .and_then(Value::as_str)
-            .map(str::to_owned),
+        proof: object.get("proof").and_then(string),
     })
 }
 
