@@ -31,8 +31,7 @@ use crate::protocol::{
     TRACEPARENT_VAR, TRACE_ID_VAR,
 };
 use crate::usage::UsageStore;
-use outcome::Exit;
-use process::{Ended, Launch};
+use process::Launch;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
@@ -205,57 +204,7 @@ impl Engine {
             prompt: &request.prompt,
             env,
         };
-        if let Some(refusal) = preflight::refusal(engine, &request.prompt) {
-            return TurnOutput::without_usage(TurnResult::Failed(refusal));
-        }
-        match process::run(&launch, &self.running) {
-            Ended::NoCommand => TurnOutput::failed(ErrorCode::EngineCli, "engine.command is empty"),
-            Ended::SpawnFailed(e) => {
-                TurnOutput::without_usage(TurnResult::Failed(preflight::spawn_failure(engine, &e)))
-            }
-            Ended::WaitFailed(e) => TurnOutput::failed(
-                ErrorCode::EngineCli,
-                format!("cannot wait for the engine: {e}"),
-            ),
-            Ended::TimedOut => TurnOutput::failed(
-                ErrorCode::Timeout,
-                format!(
-                    "engine did not finish within {} s (engine.timeoutSecs)",
-                    engine.timeout_secs
-                ),
-            ),
-            Ended::OutputTooLarge => TurnOutput::failed(
-                ErrorCode::EngineCli,
-                format!(
-                    "engine output exceeded {} bytes (engine.maxOutputBytes); output cut",
-                    engine.max_output_bytes
-                ),
-            ),
-            Ended::Cancelled {
-                status,
-                stdout,
-                stderr,
-            } => {
-                // An engine that ran counts as a turn, with the usage it reported
-                // before it stopped.
-                let ran = status.map(|status| {
-                    outcome::interpret(engine.output, Exit::from(status), &stdout, &stderr)
-                });
-                TurnOutput {
-                    result: TurnResult::Failed(cancelled()),
-                    usage: ran.as_ref().map(|ran| ran.usage.unwrap_or_default()),
-                    session_id: ran.and_then(|ran| ran.session_id),
-                }
-            }
-            Ended::Lost => {
-                TurnOutput::failed(ErrorCode::EngineCli, "lost track of the engine process")
-            }
-            Ended::Exited {
-                status,
-                stdout,
-                stderr,
-            } => outcome::interpret(engine.output, Exit::from(status), &stdout, &stderr),
-        }
+        process::run(&launch, &self.running)
     }
 }
 
