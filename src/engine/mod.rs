@@ -25,7 +25,7 @@ pub use process::KILL_GRACE;
 pub use reaper::contain_leftovers;
 pub use running::RunningEngines;
 
-use crate::config::{Config, EngineConfig};
+use crate::config::Config;
 use crate::protocol::{
     format_traceparent, ErrorCode, Failure, RequestId, TalkRequest, TraceId, REQUEST_ID_VAR,
     TRACEPARENT_VAR, TRACE_ID_VAR,
@@ -83,12 +83,6 @@ fn trace_env(trace: Option<&TurnTrace>) -> [(&'static str, std::ffi::OsString); 
 /// The failure of a cancelled turn (contract 8.1: `cancelled`, not retryable).
 pub fn cancelled() -> Failure {
     Failure::new(ErrorCode::Cancelled, "the turn was cancelled by its caller")
-}
-
-/// The built-in echo engine, used when no `engine` is configured: the reply is the
-/// prompt. No process, no cost, no usage record.
-pub fn echo(request: &TalkRequest) -> TurnResult {
-    TurnResult::Reply(request.prompt.clone())
 }
 
 /// Runs one turn of `config`'s engine (the echo engine when it has none) for the
@@ -173,23 +167,11 @@ impl Engine {
             }
             None => None,
         };
+        // The built-in echo engine, used when no `engine` is configured: the reply is
+        // the prompt. No process, no cost, no usage record.
         let Some(engine) = engine else {
-            return TurnOutput::without_usage(echo(&turn.request));
+            return TurnOutput::without_usage(TurnResult::Reply(turn.request.prompt.clone()));
         };
-        let run = self.run_command(engine, turn);
-        if let Some(turn_usage) = &run.usage {
-            if let Err(e) = self.usage.record(turn_usage) {
-                log::error!("cannot record usage: {e}");
-            }
-        }
-        if let Some(reservation) = reservation {
-            reservation.finish(run.usage.map(|u| u.cost_usd));
-        }
-        run
-    }
-
-    /// Runs the engine command for `turn` and interprets how it ended.
-    fn run_command(&self, engine: &EngineConfig, turn: &Turn) -> TurnOutput {
         let request = &turn.request;
         let mut env = vec![
             ("LOOPBUS_INSTANCE", self.instance.clone().into()),
@@ -204,7 +186,16 @@ impl Engine {
             prompt: &request.prompt,
             env,
         };
-        process::run(&launch, &self.running)
+        let run = process::run(&launch, &self.running);
+        if let Some(turn_usage) = &run.usage {
+            if let Err(e) = self.usage.record(turn_usage) {
+                log::error!("cannot record usage: {e}");
+            }
+        }
+        if let Some(reservation) = reservation {
+            reservation.finish(run.usage.map(|u| u.cost_usd));
+        }
+        run
     }
 }
 

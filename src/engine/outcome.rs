@@ -3,7 +3,7 @@
 //!
 //! Nothing here touches a process or a file, so every rule is tested with plain values.
 
-use super::parsers::{self, Unreadable};
+use super::parsers::{self, Report, Unreadable};
 use crate::config::OutputMode;
 use crate::protocol::classify;
 use crate::protocol::{ErrorCode, Failure};
@@ -105,68 +105,59 @@ pub fn interpret(output: OutputMode, exit: Exit, stdout: &[u8], stderr: &[u8]) -
         // Bad usage is bad output, whatever else the engine said. The turn still
         // counts, at no cost: nothing it reported can be trusted.
         Err(Unreadable::BadUsage(bad)) => {
-            return bad_output(bounded(&bad), Some(TurnUsage::default()))
+            return TurnOutput {
+                usage: Some(TurnUsage::default()),
+                ..TurnOutput::failed(ErrorCode::EngineCli, bounded(&bad))
+            }
         }
         Err(Unreadable::NotStructured) => None,
     };
-    let usage = report.as_ref().map(|r| r.usage);
-    let session_id = report.as_ref().and_then(|r| r.session_id.clone());
-    let with = |result| TurnOutput {
-        result,
-        usage,
-        session_id: session_id.clone(),
-    };
-    if exit != Exit::Code(0) {
-        let said = report
+    let engine_cli = |message| TurnResult::Failed(Failure::new(ErrorCode::EngineCli, message));
+    let exited_0 = exit == Exit::Code(0);
+    TurnOutput {
+        // Without a report (a text engine reports none, other output is unreadable) a
+        // turn that exited 0 still counts, at no cost.
+        usage: report
             .as_ref()
-            .and_then(|r| r.error.clone().or(r.reply.clone()));
-        return with(TurnResult::Failed(failed_exit(
-            output,
-            exit,
-            said,
-            &stdout_text,
-            &stderr_text,
-        )));
-    }
-    let Some(report) = report else {
-        if output != OutputMode::Text {
-            let why = format!(
+            .map(|r| r.usage)
+            .or(exited_0.then(TurnUsage::default)),
+        session_id: report.as_ref().and_then(|r| r.session_id.clone()),
+        result: match report {
+            _ if !exited_0 => {
+                let said = report.and_then(|r| r.error.or(r.reply));
+                TurnResult::Failed(failed_exit(output, exit, said, &stdout_text, &stderr_text))
+            }
+            None if output != OutputMode::Text => engine_cli(format!(
                 "engine output is not what engine.output \"{}\" reads",
                 output.as_str()
-            );
-            return bad_output(why, Some(TurnUsage::default()));
-        }
-        // A text engine reports no usage; the turn still counts.
-        let usage = Some(TurnUsage::default());
-        let Ok(text) = std::str::from_utf8(stdout) else {
-            return bad_output(
-                "engine output is not UTF-8 (engine.output is \"text\")",
-                usage,
-            );
-        };
-        let text = text
-            .strip_suffix('\n')
-            .map(|t| t.strip_suffix('\r').unwrap_or(t))
-            .unwrap_or(text);
-        return TurnOutput {
-            result: TurnResult::Reply(text.to_owned()),
-            usage,
-            session_id: None,
-        };
-    };
-    match (report.error, report.reply) {
-        (Some(error), _) => {
-            let code = classify(&error).unwrap_or(report.fallback);
-            with(TurnResult::Failed(Failure::new(code, bounded(&error))))
-        }
-        (None, Some(reply)) => with(TurnResult::Reply(reply)),
-        (None, None) => with(TurnResult::Failed(Failure::new(
-            ErrorCode::EngineCli,
-            format!(
+            )),
+            None => match std::str::from_utf8(stdout) {
+                Ok(text) => TurnResult::Reply(
+                    text.strip_suffix('\n')
+                        .map(|t| t.strip_suffix('\r').unwrap_or(t))
+                        .unwrap_or(text)
+                        .to_owned(),
+                ),
+                Err(_) => {
+                    engine_cli("engine output is not UTF-8 (engine.output is \"text\")".into())
+                }
+            },
+            Some(Report {
+                error: Some(error),
+                fallback,
+                ..
+            }) => {
+                let code = classify(&error).unwrap_or(fallback);
+                TurnResult::Failed(Failure::new(code, bounded(&error)))
+            }
+            Some(Report {
+                reply: Some(reply), ..
+            }) => TurnResult::Reply(reply),
+            Some(_) => engine_cli(format!(
                 "engine output has no reply (engine.output \"{}\")",
                 output.as_str()
-            ),
-        ))),
+            )),
+        },
     }
 }
 
@@ -229,14 +220,6 @@ fn failed_exit(
     }
     failure.error = bounded(&text);
     failure
-}
-
-/// An `engine_cli` failure: output the engine's `engine.output` mode can't read.
-fn bad_output(message: impl Into<String>, usage: Option<TurnUsage>) -> TurnOutput {
-    TurnOutput {
-        usage,
-        ..TurnOutput::failed(ErrorCode::EngineCli, message)
-    }
 }
 
 /// The last [`MESSAGE_LINES`] non-empty lines of `text`, joined and bounded.
