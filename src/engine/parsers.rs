@@ -125,14 +125,16 @@ pub fn codex(stdout: &str) -> Result<Report, Unreadable> {
         usage: TurnUsage::default(),
         session_id: None,
     };
-    let mut events = 0;
-    let mut last_usage = None;
-    let events_of = stdout
+    let events: Vec<Value> = stdout
         .lines()
         .filter_map(|line| serde_json::from_str::<Value>(line).ok())
-        .filter(Value::is_object);
-    for event in events_of {
-        events += 1;
+        .filter(Value::is_object)
+        .collect();
+    if events.is_empty() {
+        return Err(Unreadable::NotStructured);
+    }
+    let mut last_usage = None;
+    for event in &events {
         match event.get("type").and_then(Value::as_str) {
             Some("thread.started") => report.session_id = session_id(event.get("thread_id")),
             Some("item.completed") => {
@@ -143,7 +145,7 @@ pub fn codex(stdout: &str) -> Result<Report, Unreadable> {
                 }
             }
             Some("turn.completed") => {
-                last_usage = event.get("usage").cloned();
+                last_usage = event.get("usage");
                 // An `error` event the turn went on from (a reconnection) failed nothing.
                 report.error = None;
             }
@@ -158,11 +160,8 @@ pub fn codex(stdout: &str) -> Result<Report, Unreadable> {
             _ => {}
         }
     }
-    if events == 0 {
-        return Err(Unreadable::NotStructured);
-    }
     report.usage = tokens(
-        last_usage.as_ref(),
+        last_usage,
         "turn.completed.usage",
         ["input_tokens", "output_tokens", "cached_input_tokens"],
     )?;
