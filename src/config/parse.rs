@@ -88,7 +88,7 @@ fn remove_field(top: &mut Map<String, Value>, path: &str) -> bool {
 
 /// [`parse`] of the object `top`, stopping at its first problem.
 fn parse_object(top: &Map<String, Value>) -> Result<Config, ConfigError> {
-    keys::check(top, &TOP)?;
+    let section = Section::new(top, &TOP)?;
 
     let bus = match top.get("bus") {
         Some(Value::Bool(true)) => BusConfig::open(),
@@ -97,7 +97,7 @@ fn parse_object(top: &Map<String, Value>) -> Result<Config, ConfigError> {
         _ => BusConfig::default(),
     };
 
-    let budget_usd = optional_usd(top.get("budgetUsd"), "budgetUsd")?;
+    let budget_usd = section.usd("budgetUsd")?;
 
     let engine = match top.get("engine") {
         None | Some(Value::Null) => None,
@@ -134,10 +134,6 @@ impl Section<'_> {
         Ok(Section { fields, object })
     }
 
-    fn path_of(&self, key: &str) -> String {
-        self.object.path_of(key)
-    }
-
     /// Field `key` as `convert` reads it, or `default` when it is missing. When `convert`
     /// refuses the value, an error naming the field with `message`.
     fn get<T>(
@@ -145,18 +141,21 @@ impl Section<'_> {
         key: &str,
         default: T,
         convert: impl FnOnce(&Value) -> Option<T>,
-        message: &'static str,
+        message: impl Into<String>,
     ) -> Result<T, ConfigError> {
         match self.fields.get(key) {
             None => Ok(default),
-            Some(value) => {
-                convert(value).ok_or_else(|| ConfigError::field_error(self.path_of(key), message))
-            }
+            Some(value) => convert(value)
+                .ok_or_else(|| ConfigError::field_error(self.object.path_of(key), message)),
         }
     }
 
-    /// Field `key` as a list of strings (non-empty ones if `non_empty`), or `default`.
     /// The integer `key` in `min..=max` (converted to `T`), or `default` when absent.
+    /// It is read as [`non_negative_integer`] reads it (`1.0` is 1; strings, fractions
+    /// and negative numbers are not integers), with one difference kept from before the
+    /// readers were merged: a number beyond `u64::MAX` is refused here rather than
+    /// saturated, so that a typo like `1e30` in a config is an error and not
+    /// "unlimited".
     fn int<T: TryFrom<u64>>(
         &self,
         key: &str,
@@ -169,14 +168,36 @@ impl Section<'_> {
         } else {
             format!("must be an integer from {min} to {max}")
         };
-        match self.fields.get(key) {
-            None => Ok(default),
-            Some(value) => integer_in(value, min, max)
-                .and_then(|n| T::try_from(n).ok())
-                .ok_or_else(|| ConfigError::field_error(self.path_of(key), message)),
-        }
+        let read = |value: &Value| {
+            if value.as_f64().is_some_and(|f| f > u64::MAX as f64) {
+                return None;
+            }
+            let n = non_negative_integer(value).filter(|n| (min..=max).contains(n))?;
+            T::try_from(n).ok()
+        };
+        self.get(key, default, read, message)
     }
 
+    /// Field `key` as one of `options` (by name), or `default` when it is missing.
+    fn choice<T: Copy>(
+        &self,
+        key: &str,
+        default: T,
+        options: &[(&str, T)],
+    ) -> Result<T, ConfigError> {
+        let quoted: Vec<String> = options
+            .iter()
+            .map(|(name, _)| format!("\"{name}\""))
+            .collect();
+        let mut message = format!("must be {}", quoted.join(", "));
+        if let Some(at) = message.rfind(", ") {
+            message.replace_range(at..at + 2, " or ");
+        }
+        let read = |v: &Value| options.iter().find(|(name, _)| v.as_str() == Some(name));
+        self.get(key, default, |v| read(v).map(|(_, t)| *t), message)
+    }
+
+    /// Field `key` as a list of strings (non-empty ones if `non_empty`), or `default`.
     fn strings(
         &self,
         key: &str,
@@ -185,16 +206,14 @@ impl Section<'_> {
     ) -> Result<Vec<String>, ConfigError> {
         match self.fields.get(key) {
             None => Ok(default),
-            Some(value) => string_list(value, &self.path_of(key), non_empty),
+            Some(value) => string_list(value, &self.object.path_of(key), non_empty),
         }
     }
-}
 
-impl Section<'_> {
     /// Field `key` as a list of instance names (empty when absent), naming the first
     /// bad item by index.
     fn names(&self, key: &str) -> Result<Vec<InstanceName>, ConfigError> {
-        let path = self.path_of(key);
+        let path = self.object.path_of(key);
         self.strings(key, Vec::new(), false)?
             .into_iter()
             .enumerate()
@@ -204,6 +223,19 @@ impl Section<'_> {
                 })
             })
             .collect()
+    }
+
+    /// Field `key`, an amount of US dollars that may be left out: missing or `null` is
+    /// `None`, else a finite number `>= 0`.
+    fn usd(&self, key: &str) -> Result<Option<f64>, ConfigError> {
+        let read = |value: &Value| match value {
+            Value::Null => Some(None),
+            _ => value
+                .as_f64()
+                .filter(|usd| usd.is_finite() && *usd >= 0.0)
+                .map(Some),
+        };
+        self.get(key, None, read, "must be a non-negative number")
     }
 }
 
@@ -271,8 +303,8 @@ fn parse_peers(value: Option<&Value>) -> Result<(bool, Peers), ConfigError> {
         None | Some(Value::Bool(true)) => Ok((true, Peers::Any)),
         Some(Value::String(s)) if s == "*" => Ok((true, Peers::Any)),
         Some(Value::Bool(false)) => Ok((false, Peers::Only(Vec::new()))),
-        Some(Value::Array(items)) => {
-            let names = string_items(items, "bus.peers", true)?;
+        Some(value @ Value::Array(_)) => {
+            let names = string_list(value, "bus.peers", true)?;
             Ok((!names.is_empty(), Peers::Only(names)))
         }
         Some(_) => Err(ConfigError::field_error(
@@ -286,12 +318,8 @@ fn parse_engine(fields: &Map<String, Value>) -> Result<EngineConfig, ConfigError
     let engine = Section::new(fields, &ENGINE)?;
     // A preset gives the defaults of `command`, `prompt` and `output`; each key set
     // overrides its own.
-    let preset = engine.get(
-        "preset",
-        None,
-        |v| v.as_str().and_then(Preset::from_name).map(Some),
-        "must be \"claude\", \"codex\" or \"gemini\"",
-    )?;
+    let presets = Preset::ALL.map(|p| (p.name(), Some(p)));
+    let preset = engine.choice("preset", None, &presets)?;
     let defaults = match preset {
         Some(preset) => EngineConfig::from_preset(preset),
         None => EngineConfig::new(Vec::new()),
@@ -301,27 +329,21 @@ fn parse_engine(fields: &Map<String, Value>) -> Result<EngineConfig, ConfigError
             (None, Some(_)) => defaults.command,
             (command, _) => parse_command(command)?,
         },
-        prompt: engine.get(
+        prompt: engine.choice(
             "prompt",
             defaults.prompt,
-            |v| match v.as_str()? {
-                "stdin" => Some(PromptMode::Stdin),
-                "arg" => Some(PromptMode::Arg),
-                _ => None,
-            },
-            "must be \"stdin\" or \"arg\"",
+            &[("stdin", PromptMode::Stdin), ("arg", PromptMode::Arg)],
         )?,
-        output: engine.get(
+        output: engine.choice(
             "output",
             defaults.output,
-            |v| match v.as_str()? {
-                "text" => Some(OutputMode::Text),
-                "json" => Some(OutputMode::Json),
-                "codex-jsonl" => Some(OutputMode::CodexJsonl),
-                "gemini-json" => Some(OutputMode::GeminiJson),
-                _ => None,
-            },
-            "must be \"text\", \"json\", \"codex-jsonl\" or \"gemini-json\"",
+            &[
+                OutputMode::Text,
+                OutputMode::Json,
+                OutputMode::CodexJsonl,
+                OutputMode::GeminiJson,
+            ]
+            .map(|o| (o.as_str(), o)),
         )?,
         timeout_secs: engine.int("timeoutSecs", DEFAULT_ENGINE_TIMEOUT_SECS, 1, u64::MAX)?,
         max_output_bytes: engine.int(
@@ -330,7 +352,7 @@ fn parse_engine(fields: &Map<String, Value>) -> Result<EngineConfig, ConfigError
             1,
             u64::MAX,
         )?,
-        max_turn_cost_usd: optional_usd(fields.get("maxTurnCostUsd"), "engine.maxTurnCostUsd")?,
+        max_turn_cost_usd: engine.usd("maxTurnCostUsd")?,
         cwd: engine.get(
             "cwd",
             None,
@@ -364,8 +386,8 @@ fn parse_command(value: Option<&Value>) -> Result<Vec<String>, ConfigError> {
                 "is required (or set engine.preset)",
             ))
         }
-        Some(Value::Array(items)) if !items.is_empty() => {
-            string_items(items, "engine.command", false)?
+        Some(value @ Value::Array(items)) if !items.is_empty() => {
+            string_list(value, "engine.command", false)?
         }
         Some(_) => {
             return Err(ConfigError::field_error(
@@ -415,47 +437,24 @@ fn parse_env(vars: &Map<String, Value>) -> Result<BTreeMap<String, String>, Conf
     Ok(env)
 }
 
-/// An amount of US dollars that may be left out: missing or `null` is `None`, else a
-/// finite number `>= 0`.
-fn optional_usd(value: Option<&Value>, path: &str) -> Result<Option<f64>, ConfigError> {
-    match value {
-        None | Some(Value::Null) => Ok(None),
-        Some(value) => match value.as_f64() {
-            Some(usd) if usd.is_finite() && usd >= 0.0 => Ok(Some(usd)),
-            _ => Err(ConfigError::field_error(
-                path,
-                "must be a non-negative number",
-            )),
-        },
-    }
-}
-
 fn non_empty_string(value: &Value) -> Option<String> {
     value.as_str().filter(|s| !s.is_empty()).map(str::to_owned)
 }
 
-/// What a string item must be: `"non-empty string"` or `"string"`.
-fn string_kind(non_empty: bool) -> &'static str {
-    if non_empty {
+/// `value` as a list of strings (non-empty ones if `non_empty`), naming the first bad
+/// item by index.
+fn string_list(value: &Value, path: &str, non_empty: bool) -> Result<Vec<String>, ConfigError> {
+    let kind = if non_empty {
         "non-empty string"
     } else {
         "string"
-    }
-}
-
-/// `value` as a list of strings (non-empty ones if `non_empty`).
-fn string_list(value: &Value, path: &str, non_empty: bool) -> Result<Vec<String>, ConfigError> {
-    match value {
-        Value::Array(items) => string_items(items, path, non_empty),
-        _ => Err(ConfigError::field_error(
+    };
+    let Value::Array(items) = value else {
+        return Err(ConfigError::field_error(
             path,
-            format!("must be an array of {}s", string_kind(non_empty)),
-        )),
-    }
-}
-
-/// The items of an array as strings, naming the first bad item by index.
-fn string_items(items: &[Value], path: &str, non_empty: bool) -> Result<Vec<String>, ConfigError> {
+            format!("must be an array of {kind}s"),
+        ));
+    };
     items
         .iter()
         .enumerate()
@@ -463,22 +462,10 @@ fn string_items(items: &[Value], path: &str, non_empty: bool) -> Result<Vec<Stri
             Value::String(s) if !(non_empty && s.is_empty()) => Ok(s.clone()),
             _ => Err(ConfigError::field_error(
                 format!("{path}[{i}]"),
-                format!("must be a {}", string_kind(non_empty)),
+                format!("must be a {kind}"),
             )),
         })
         .collect()
-}
-
-/// `value` as an integer in `min..=max`, read as [`non_negative_integer`] reads it
-/// (`1.0` is 1; strings, fractions and negative numbers are not integers), with one
-/// difference kept from before the readers were merged: a number beyond `u64::MAX`
-/// is refused here rather than saturated, so that a typo like `1e30` in a config is
-/// an error and not "unlimited".
-fn integer_in(value: &Value, min: u64, max: u64) -> Option<u64> {
-    if value.as_f64().is_some_and(|f| f > u64::MAX as f64) {
-        return None;
-    }
-    non_negative_integer(value).filter(|n| (min..=max).contains(n))
 }
 
 #[cfg(test)]
