@@ -18,7 +18,7 @@
 //! recycled; then the group is killed and the engine reaped.
 
 use super::cancel::CancelToken;
-use super::outcome::{self, Exit, TurnOutput, TurnResult};
+use super::outcome::{self, TurnOutput, TurnResult};
 use super::preflight;
 use super::running::{RunningEngines, Spawned};
 use crate::config::{EngineConfig, PromptMode};
@@ -196,8 +196,7 @@ pub fn run(launch: &Launch<'_>, running: &RunningEngines) -> TurnOutput {
         running.signal(&spawned, Signal::KILL);
     }
     let status = running.reap(&mut spawned);
-    let interpret =
-        |status| outcome::interpret(engine.output, Exit::from(status), &stdout, &stderr);
+    let interpret = |status| outcome::interpret(engine.output, status, &stdout, &stderr);
     match (stop, status) {
         (Err(e), _) => TurnOutput::failed(
             ErrorCode::EngineCli,
