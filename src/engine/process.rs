@@ -20,7 +20,7 @@
 use super::cancel::CancelToken;
 use super::outcome::{self, TurnOutput, TurnResult};
 use super::preflight;
-use super::running::{RunningEngines, Spawned};
+use super::running::RunningEngines;
 use crate::config::{EngineConfig, PromptMode};
 use crate::protocol::ErrorCode;
 use rustix::event::{PollFd, PollFlags, Timespec};
@@ -29,7 +29,7 @@ use rustix::process::{Pid, Signal, WaitId, WaitIdOptions};
 use std::ffi::OsString;
 use std::io;
 use std::os::unix::process::CommandExt;
-use std::process::{Command, Stdio};
+use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 /// How much of the engine's stderr is kept for classification and messages; the rest
@@ -165,8 +165,8 @@ pub fn run(launch: &Launch<'_>, running: &RunningEngines) -> TurnOutput {
         return TurnOutput::without_usage(TurnResult::Failed(super::cancelled()));
     }
     let started = Instant::now();
-    let mut spawned = match running.spawn(&mut command) {
-        Ok(spawned) => spawned,
+    let mut child = match running.spawn(&mut command) {
+        Ok(child) => child,
         Err(e) => {
             let failure = preflight::spawn_failure(engine, &e);
             return TurnOutput::without_usage(TurnResult::Failed(failure));
@@ -176,10 +176,10 @@ pub fn run(launch: &Launch<'_>, running: &RunningEngines) -> TurnOutput {
     let max_output = usize::try_from(engine.max_output_bytes).unwrap_or(usize::MAX);
     let (mut stdout, mut stderr) = (Vec::new(), Vec::new());
     let cancel_fd = launch.cancel.arm();
-    let stop = pipes(&mut spawned, launch.prompt, max_output).and_then(|mut io| {
+    let stop = pipes(&mut child, launch.prompt, max_output).and_then(|mut io| {
         let cancel = launch.cancel;
         let stop = supervise(
-            &spawned,
+            &child,
             running,
             &mut io,
             deadline,
@@ -193,9 +193,9 @@ pub fn run(launch: &Launch<'_>, running: &RunningEngines) -> TurnOutput {
     launch.cancel.disarm();
     if matches!(stop, Err(_) | Ok(Some(Stop::WatchFailed))) {
         // It may still run: it must exit before it is reaped.
-        running.signal(&spawned, Signal::KILL);
+        running.signal(&child, Signal::KILL);
     }
-    let status = running.reap(&mut spawned);
+    let status = running.reap(&mut child);
     let interpret = |status| outcome::interpret(engine.output, status, &stdout, &stderr);
     match (stop, status) {
         (Err(e), _) => TurnOutput::failed(
@@ -242,8 +242,7 @@ struct Io {
 
 /// Takes the child's pipes: stdin with the prompt to write (none in `arg` mode),
 /// stdout and stderr with what to keep of them.
-fn pipes(spawned: &mut Spawned, prompt: &str, max_output: usize) -> io::Result<Io> {
-    let child = &mut spawned.child;
+fn pipes(child: &mut Child, prompt: &str, max_output: usize) -> io::Result<Io> {
     Ok(Io {
         stdin: Pipe::new(child.stdin.take(), prompt.as_bytes().to_vec(), 0)?,
         stdout: Pipe::new(child.stdout.take(), Vec::new(), max_output)?,
@@ -256,14 +255,14 @@ fn pipes(spawned: &mut Spawned, prompt: &str, max_output: usize) -> io::Result<I
 /// stopping it when `cancel` is cancelled (its eventfd `cancel_fd` where the OS gave
 /// one). Returns why the turn stopped it, if it did.
 fn supervise(
-    spawned: &Spawned,
+    child: &Child,
     running: &RunningEngines,
     io: &mut Io,
     deadline: Option<Instant>,
     cancel: &CancelToken,
     cancel_fd: Option<&OwnedFd>,
 ) -> io::Result<Option<Stop>> {
-    let pid = Pid::from_raw(i32::try_from(spawned.pid).unwrap_or(0))
+    let pid = Pid::from_raw(i32::try_from(child.id()).unwrap_or(0))
         .ok_or_else(|| io::Error::other("engine pid out of range"))?;
     let pidfd = rustix::process::pidfd_open(pid, rustix::process::PidfdFlags::empty()).ok();
     // The exit is learned through the pidfd when there is one.
@@ -281,7 +280,7 @@ fn supervise(
         let now = Instant::now();
         if exited_at.is_none() && stop.is_none() && cancel.is_cancelled() {
             stop = Some(Stop::Cancelled);
-            running.signal(spawned, Signal::TERM);
+            running.signal(child, Signal::TERM);
             termed_at = Some(now);
         }
         let kill_at = termed_at.map(|at| at + KILL_GRACE);
@@ -293,7 +292,7 @@ fn supervise(
                     if !group_waits {
                         // Whatever the engine left running in its group goes with it;
                         // what left the group is the reaper's now.
-                        running.signal(spawned, Signal::KILL);
+                        running.signal(child, Signal::KILL);
                     }
                     running.nudge();
                     io.stdin = None;
@@ -302,8 +301,8 @@ fn supervise(
                 Err(_) => return Ok(Some(stop.unwrap_or(Stop::WatchFailed))),
             }
         }
-        if group_waits && (kill_at.is_none_or(|k| now >= k) || !running.group_alive(spawned)) {
-            running.signal(spawned, Signal::KILL);
+        if group_waits && (kill_at.is_none_or(|k| now >= k) || !running.group_alive(child)) {
+            running.signal(child, Signal::KILL);
             group_waits = false;
         }
         let drain_until = exited_at.map(|at| at + PIPE_DRAIN_GRACE);
@@ -320,7 +319,7 @@ fn supervise(
             }
             let kill_due = kill_at.is_none_or(|k| now >= k);
             if stop.is_some() && kill_due && killed_at.is_none_or(|at| now >= at + KILL_RETRY) {
-                running.signal(spawned, Signal::KILL);
+                running.signal(child, Signal::KILL);
                 killed_at = Some(now);
             }
         }

@@ -35,7 +35,7 @@ struct Shared {
 pub(super) struct State {
     /// The pids of the engines spawned and not yet reaped (each also its process
     /// group's id). An unreaped pid cannot be reused, so it names one engine.
-    engines: HashSet<u32>,
+    pub(super) engines: HashSet<u32>,
     /// An engine exited since the reaper last looked.
     pub(super) nudged: bool,
     /// The leftover reaper runs ([`super::contain_leftovers`]).
@@ -44,22 +44,6 @@ pub(super) struct State {
     passes: u64,
     /// Leftovers the reaper is still killing, as of its last pass.
     leftovers: usize,
-}
-
-impl State {
-    /// Whether `pid` is a running engine.
-    pub(super) fn is_engine(&self, pid: u32) -> bool {
-        self.engines.contains(&pid)
-    }
-}
-
-/// A spawned engine: its registration and its process.
-#[derive(Debug)]
-pub struct Spawned {
-    /// The engine's process (reaped by [`RunningEngines::reap`]).
-    pub child: Child,
-    /// Its pid, which is also its process group's id.
-    pub pid: u32,
 }
 
 impl RunningEngines {
@@ -120,21 +104,20 @@ impl RunningEngines {
     ///
     /// # Errors
     /// The spawn failed.
-    pub(super) fn spawn(&self, command: &mut Command) -> io::Result<Spawned> {
+    pub(super) fn spawn(&self, command: &mut Command) -> io::Result<Child> {
         let mut state = self.lock();
         let child = command.spawn()?;
-        let pid = child.id();
-        state.engines.insert(pid);
-        Ok(Spawned { child, pid })
+        state.engines.insert(child.id());
+        Ok(child)
     }
 
     /// Reaps an engine that has exited and unregisters it, under the lock, so that
     /// nothing signals its pid once it can be recycled; then tells the reaper its
     /// leftovers may be waiting.
-    pub(super) fn reap(&self, spawned: &mut Spawned) -> io::Result<ExitStatus> {
+    pub(super) fn reap(&self, engine: &mut Child) -> io::Result<ExitStatus> {
         let mut state = self.lock();
-        state.engines.remove(&spawned.pid);
-        let status = spawned.child.wait();
+        state.engines.remove(&engine.id());
+        let status = engine.wait();
         drop(state);
         self.nudge();
         status
@@ -146,21 +129,22 @@ impl RunningEngines {
         self.shared.nudged.notify_all();
     }
 
-    /// Sends `signal` to the engine `spawned` (its pid and its group), which is not
-    /// reaped yet: SIGTERM is the first step of a cancel, SIGKILL every other stop.
-    pub(super) fn signal(&self, spawned: &Spawned, signal: Signal) {
+    /// Sends `signal` to `engine` (its pid and its group), which is not reaped yet:
+    /// SIGTERM is the first step of a cancel, SIGKILL every other stop.
+    pub(super) fn signal(&self, engine: &Child, signal: Signal) {
         let _state = self.lock();
-        kill_tree(spawned.pid, signal);
+        kill_tree(engine.id(), signal);
     }
 
-    /// Whether a process that has not exited is left in the group of `spawned`, which
+    /// Whether a process that has not exited is left in the group of `engine`, which
     /// is not reaped yet (so its group id is still its own): one besides the engine.
-    pub(super) fn group_alive(&self, spawned: &Spawned) -> bool {
-        let gone = i32::try_from(spawned.pid)
+    pub(super) fn group_alive(&self, engine: &Child) -> bool {
+        let pid = engine.id();
+        let gone = i32::try_from(pid)
             .ok()
             .and_then(Pid::from_raw)
             .is_none_or(|pid| rustix::process::test_kill_process_group(pid).is_err());
-        !gone && crate::files::group_has_live_member(spawned.pid, spawned.pid)
+        !gone && crate::files::group_has_live_member(pid, pid)
     }
 
     /// Waits until an engine exited ([`RunningEngines::nudge`]) or `timeout` passed.
