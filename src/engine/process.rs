@@ -90,27 +90,19 @@ struct Pipe {
 
 impl Pipe {
     /// `fd` (if there is one) made non-blocking.
-    fn new(
-        fd: Option<impl Into<OwnedFd>>,
-        bytes: Vec<u8>,
-        keep: usize,
-    ) -> io::Result<Option<Pipe>> {
-        let Some(fd) = fd.map(Into::into) else {
-            return Ok(None);
-        };
-        let flags = rustix::fs::fcntl_getfl(&fd)?;
-        rustix::fs::fcntl_setfl(&fd, flags | rustix::fs::OFlags::NONBLOCK)?;
-        Ok(Some(Pipe {
-            fd: Some(fd),
+    fn new(fd: Option<impl Into<OwnedFd>>, bytes: Vec<u8>, keep: usize) -> io::Result<Pipe> {
+        let fd = fd.map(Into::into);
+        if let Some(fd) = &fd {
+            let flags = rustix::fs::fcntl_getfl(fd)?;
+            rustix::fs::fcntl_setfl(fd, flags | rustix::fs::OFlags::NONBLOCK)?;
+        }
+        Ok(Pipe {
+            fd,
             bytes,
             offset: 0,
             keep,
             overflowed: false,
-        }))
-    }
-
-    fn is_open(&self) -> bool {
-        self.fd.is_some()
+        })
     }
 
     /// Reads what is there; closes the pipe at end of file.
@@ -186,8 +178,7 @@ pub fn run(launch: &Launch<'_>, running: &RunningEngines) -> TurnOutput {
             cancel,
             cancel_fd.as_deref(),
         );
-        let output = |p: Option<Pipe>| p.map(|p| p.bytes).unwrap_or_default();
-        (stdout, stderr) = (output(io.stdout), output(io.stderr));
+        (stdout, stderr) = (io.stdout.bytes, io.stderr.bytes);
         stop
     });
     launch.cancel.disarm();
@@ -233,11 +224,11 @@ pub fn run(launch: &Launch<'_>, running: &RunningEngines) -> TurnOutput {
     }
 }
 
-/// The engine's three pipes, our ends.
+/// The engine's three pipes, our ends (stdin closed at once in `arg` mode).
 struct Io {
-    stdin: Option<Pipe>,
-    stdout: Option<Pipe>,
-    stderr: Option<Pipe>,
+    stdin: Pipe,
+    stdout: Pipe,
+    stderr: Pipe,
 }
 
 /// Takes the child's pipes: stdin with the prompt to write (none in `arg` mode),
@@ -295,7 +286,7 @@ fn supervise(
                         running.signal(child, Signal::KILL);
                     }
                     running.nudge();
-                    io.stdin = None;
+                    io.stdin.fd = None;
                 }
                 Ok(false) => {}
                 Err(_) => return Ok(Some(stop.unwrap_or(Stop::WatchFailed))),
@@ -308,7 +299,8 @@ fn supervise(
         let drain_until = exited_at.map(|at| at + PIPE_DRAIN_GRACE);
         if exited_at.is_some()
             && !group_waits
-            && (!(open(&io.stdout) || open(&io.stderr)) || drain_until.is_some_and(|d| now >= d))
+            && (io.stdout.fd.is_none() && io.stderr.fd.is_none()
+                || drain_until.is_some_and(|d| now >= d))
         {
             // Closes our ends: a process that escaped the group gets EPIPE.
             return Ok(stop);
@@ -346,21 +338,13 @@ fn supervise(
         }
         let pidfd = pidfd.as_ref().filter(|_| exited_at.is_none());
         wait_ready(io, pidfd, cancel_fd, wake)?;
-        if let Some(pipe) = &mut io.stdin {
-            pipe.write_ready();
-        }
-        for pipe in [&mut io.stdout, &mut io.stderr].into_iter().flatten() {
-            pipe.read_ready()?;
-        }
-        if io.stdout.as_ref().is_some_and(|p| p.overflowed) && stop.is_none() {
+        io.stdin.write_ready();
+        io.stdout.read_ready()?;
+        io.stderr.read_ready()?;
+        if io.stdout.overflowed && stop.is_none() {
             stop = Some(Stop::OutputTooLarge);
         }
     }
-}
-
-/// Whether `pipe` is there and open.
-fn open(pipe: &Option<Pipe>) -> bool {
-    pipe.as_ref().is_some_and(Pipe::is_open)
 }
 
 /// Polls the pipes that are open (and the pidfd and the cancel eventfd) for at most
@@ -371,18 +355,17 @@ fn wait_ready(
     cancel: Option<&OwnedFd>,
     timeout: Option<Duration>,
 ) -> io::Result<()> {
-    let mut fds = Vec::with_capacity(4);
-    if let Some(fd) = io.stdin.as_ref().and_then(|p| p.fd.as_ref()) {
-        fds.push(PollFd::new(fd, PollFlags::OUT));
-    }
-    for p in [&io.stdout, &io.stderr].into_iter().flatten() {
-        if let Some(fd) = &p.fd {
-            fds.push(PollFd::new(fd, PollFlags::IN));
-        }
-    }
-    for fd in [pidfd, cancel].into_iter().flatten() {
-        fds.push(PollFd::new(fd, PollFlags::IN));
-    }
+    let pipes = [
+        (io.stdin.fd.as_ref(), PollFlags::OUT),
+        (io.stdout.fd.as_ref(), PollFlags::IN),
+        (io.stderr.fd.as_ref(), PollFlags::IN),
+        (pidfd, PollFlags::IN),
+        (cancel, PollFlags::IN),
+    ];
+    let mut fds: Vec<PollFd<'_>> = pipes
+        .into_iter()
+        .filter_map(|(fd, flags)| Some(PollFd::new(fd?, flags)))
+        .collect();
     // A timeout too large for a timespec waits without one: the deadline is far off.
     let timeout = timeout.and_then(|t| Timespec::try_from(t).ok());
     match rustix::event::poll(&mut fds, timeout.as_ref()) {
