@@ -10,10 +10,9 @@ use super::CONFIG_FILE;
 #[derive(Debug)]
 pub struct ConfigError {
     pub(super) file: String,
-    pub(super) problem: Problem,
-    /// Further problems of the same file found in the same run, at most
-    /// [`MAX_CONFIG_PROBLEMS`] in all, shown one a line after the first.
-    pub(super) more: Box<[Problem]>,
+    /// The problems of the file found in one run, at least one and at most
+    /// [`MAX_CONFIG_PROBLEMS`], shown one a line; the first is the error's.
+    pub(super) problems: Vec<Problem>,
 }
 
 /// Most problems one config error reports (unknown keys and wrong values, each on its
@@ -54,7 +53,7 @@ impl ConfigError {
     /// `engine.env.HOME`) or unknown key (`bus.peer`), or `None` when the problem is not
     /// one field's.
     pub fn field(&self) -> Option<&str> {
-        match &self.problem {
+        match self.problems.first()? {
             Problem::Field { path, .. }
             | Problem::UnknownKey { path, .. }
             | Problem::DuplicateKey { path } => Some(path),
@@ -70,15 +69,14 @@ impl ConfigError {
 
     /// Whether the file does not exist (so that a command can suggest `loopbus init`).
     pub fn is_not_found(&self) -> bool {
-        matches!(&self.problem, Problem::Read(err) if err.kind() == io::ErrorKind::NotFound)
+        matches!(self.problems.first(), Some(Problem::Read(err)) if err.kind() == io::ErrorKind::NotFound)
     }
 
     /// `problem` in `config.json`.
     pub(super) fn new(problem: Problem) -> ConfigError {
         ConfigError {
             file: CONFIG_FILE.to_owned(),
-            problem,
-            more: Box::default(),
+            problems: vec![problem],
         }
     }
 
@@ -92,9 +90,8 @@ impl ConfigError {
 
 impl fmt::Display for ConfigError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        show(f, &self.file, &self.problem)?;
-        for problem in &self.more {
-            f.write_str("\n")?;
+        for (i, problem) in self.problems.iter().enumerate() {
+            f.write_str(if i == 0 { "" } else { "\n" })?;
             show(f, &self.file, problem)?;
         }
         Ok(())
@@ -147,7 +144,7 @@ fn shown_key(path: &str) -> String {
 
 impl std::error::Error for ConfigError {
     fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
-        match &self.problem {
+        match self.problems.first()? {
             Problem::Read(err) => Some(err),
             _ => None,
         }

@@ -7,7 +7,7 @@ use serde_json::{Map, Value};
 use super::error::{ConfigError, Problem, MAX_CONFIG_PROBLEMS};
 use super::keys::{self, Object, BUS, ENGINE, TOP};
 use super::{
-    BusConfig, Config, EngineConfig, OutputMode, Peers, Preset, PromptMode,
+    BusConfig, Config, EngineConfig, OutputMode, Peers, Preset, PromptMode, CONFIG_FILE,
     DEFAULT_ENGINE_MAX_OUTPUT_BYTES, DEFAULT_ENGINE_TIMEOUT_SECS, MAX_CONCURRENT_TURNS_LIMIT,
     MAX_QUEUED_TURNS_LIMIT, MAX_REATTACH_SECS,
 };
@@ -46,9 +46,8 @@ pub fn parse(bytes: &[u8]) -> Result<Config, ConfigError> {
             Ok(_) => break,
             // A required field, taken out, is missing now: said once is enough.
             Err(e)
-                if found
-                    .iter()
-                    .any(|f| f.field().is_some() && f.field() == e.field()) =>
+                if e.field()
+                    .is_some_and(|at| found.iter().any(|f| f.field() == Some(at))) =>
             {
                 break
             }
@@ -61,11 +60,10 @@ pub fn parse(bytes: &[u8]) -> Result<Config, ConfigError> {
             }
         }
     }
-    let mut problems = found.into_iter().map(|e| e.problem);
-    let first = problems.next().map_or(Problem::NotAnObject, |p| p);
-    let mut error = ConfigError::new(first);
-    error.more = problems.collect();
-    Err(error)
+    Err(ConfigError {
+        file: CONFIG_FILE.to_owned(),
+        problems: found.into_iter().flat_map(|e| e.problems).collect(),
+    })
 }
 
 /// Takes the field at `path` (`bus.peers`, `bus.peers[1]` takes all of `peers`,
