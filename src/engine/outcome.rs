@@ -150,47 +150,40 @@ fn failed_exit(
     stdout: &str,
     stderr: &str,
 ) -> Failure {
-    let message = said
-        .clone()
-        .or_else(|| last_lines(stderr))
-        .or_else(|| last_lines(stdout))
-        .unwrap_or_default();
-    let documented = match (output, exit.code()) {
-        (OutputMode::GeminiJson, Some(status)) => parsers::gemini_exit(status),
-        _ => None,
-    };
-    let mut how = match (exit.code(), exit.signal()) {
+    let mut text = match (exit.code(), exit.signal()) {
         (Some(code), _) => format!("engine exited with status {code}"),
         (None, Some(signal)) => format!("engine was killed by signal {signal}"),
         (None, None) => "engine failed".to_owned(),
     };
-    let mut failure = match &documented {
+    let documented = match (output, exit.code()) {
+        (OutputMode::GeminiJson, Some(status)) => parsers::gemini_exit(status),
+        _ => None,
+    };
+    let mut failure = match documented {
         Some((code, retryable, meaning)) => {
-            how.push_str(&format!(" (Gemini CLI: {meaning})"));
+            text.push_str(&format!(" (Gemini CLI: {meaning})"));
             Failure {
-                retryable: *retryable,
-                ..Failure::new(code.clone(), "")
+                retryable,
+                ..Failure::new(code, "")
             }
         }
         None => {
-            let text = match &said {
+            let classified = match &said {
                 Some(said) => format!("{said}\n{stderr}"),
                 None => format!("{stderr}\n{stdout}"),
             };
-            Failure::new(classify(&text).unwrap_or(ErrorCode::EngineCli), "")
+            Failure::new(classify(&classified).unwrap_or(ErrorCode::EngineCli), "")
         }
     };
-    let mut text = if message.is_empty() {
-        how
-    } else {
-        format!("{how}: {message}")
-    };
-    if documented.is_none()
-        && failure.code == ErrorCode::EngineCli
-        && exit
-            .code()
-            .is_some_and(|c| COMMAND_NOT_FOUND_STATUSES.contains(&c))
-    {
+    let said = said
+        .or_else(|| last_lines(stderr))
+        .or_else(|| last_lines(stdout));
+    if let Some(message) = said.filter(|m| !m.is_empty()) {
+        text = format!("{text}: {message}");
+    }
+    // (No documented Gemini CLI code is one of these.)
+    let status = exit.code().unwrap_or_default();
+    if failure.code == ErrorCode::EngineCli && COMMAND_NOT_FOUND_STATUSES.contains(&status) {
         // A command the engine runs is missing: retrying cannot fix that.
         failure.retryable = false;
         let lower = format!("{stderr}\n{stdout}").to_lowercase();
