@@ -62,24 +62,6 @@ pub struct TurnTrace {
     pub span_id: String,
 }
 
-/// The trace variables an engine gets: empty ones (which a client reads as unset)
-/// for a turn without a trace, so that none is inherited from the server's own
-/// environment.
-fn trace_env(trace: Option<&TurnTrace>) -> [(&'static str, std::ffi::OsString); 3] {
-    let (trace_id, request_id, traceparent) = trace.map_or_else(Default::default, |t| {
-        (
-            t.trace_id.to_string(),
-            t.request_id.to_string(),
-            format_traceparent(&t.trace_id, &t.span_id),
-        )
-    });
-    [
-        (TRACE_ID_VAR, trace_id.into()),
-        (REQUEST_ID_VAR, request_id.into()),
-        (TRACEPARENT_VAR, traceparent.into()),
-    ]
-}
-
 /// The failure of a cancelled turn (contract 8.1: `cancelled`, not retryable).
 pub fn cancelled() -> Failure {
     Failure::new(ErrorCode::Cancelled, "the turn was cancelled by its caller")
@@ -173,13 +155,25 @@ impl Engine {
             return TurnOutput::without_usage(TurnResult::Reply(turn.request.prompt.clone()));
         };
         let request = &turn.request;
-        let mut env = vec![
+        // The trace variables are empty (which a client reads as unset) for a turn
+        // without a trace, so that none is inherited from the server's own environment.
+        let (trace_id, request_id, traceparent) = match &turn.trace {
+            Some(t) => (
+                t.trace_id.to_string(),
+                t.request_id.to_string(),
+                format_traceparent(&t.trace_id, &t.span_id),
+            ),
+            None => Default::default(),
+        };
+        let env = vec![
             ("LOOPBUS_INSTANCE", self.instance.clone().into()),
             ("LOOPBUS_STATE_DIR", self.state_dir.clone().into()),
             ("LOOPBUS_FROM", request.from_instance.clone().into()),
             ("LOOPBUS_DEPTH", request.depth.to_string().into()),
+            (TRACE_ID_VAR, trace_id.into()),
+            (REQUEST_ID_VAR, request_id.into()),
+            (TRACEPARENT_VAR, traceparent.into()),
         ];
-        env.extend(trace_env(turn.trace.as_ref()));
         let launch = Launch {
             cancel: &turn.cancel,
             engine,
