@@ -393,20 +393,16 @@ fn command(launch: &Launch<'_>) -> Option<Command> {
     let (program, args) = engine.command.split_first()?;
     let mut command = Command::new(program);
     command.args(args);
-    if engine.prompt == PromptMode::Arg {
-        command.arg(launch.prompt);
-    }
+    match engine.prompt {
+        PromptMode::Arg => command.arg(launch.prompt).stdin(Stdio::null()),
+        PromptMode::Stdin => command.stdin(Stdio::piped()),
+    };
     if let Some(cwd) = &engine.cwd {
         command.current_dir(cwd);
     }
     command
         .envs(&engine.env)
         .envs(launch.env.iter().map(|(k, v)| (*k, v)))
-        .stdin(if engine.prompt == PromptMode::Stdin {
-            Stdio::piped()
-        } else {
-            Stdio::null()
-        })
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         // A group of its own, so timeouts and shutdown can kill everything it started.
