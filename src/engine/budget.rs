@@ -86,21 +86,12 @@ impl Reservations {
     ) -> Result<Reservation<'_>, Failure> {
         // Held across the read and the reservation, so admissions are one at a time.
         let mut state = self.lock();
-        let spent = match usage.current() {
-            Ok(spent) => spent,
-            Err(e @ UsageFileError::Corrupt(_)) => {
-                return Err(Failure::new(
-                    ErrorCode::BudgetExhausted,
-                    format!("Budget unknown: {e}."),
-                ))
+        let spent = usage.current().map_err(|e| match e {
+            UsageFileError::Corrupt(_) => {
+                Failure::new(ErrorCode::BudgetExhausted, format!("Budget unknown: {e}."))
             }
-            Err(e) => {
-                return Err(Failure::new(
-                    ErrorCode::InternalError,
-                    format!("cannot read usage: {e}"),
-                ))
-            }
-        };
+            _ => Failure::new(ErrorCode::InternalError, format!("cannot read usage: {e}")),
+        })?;
         let total = spent.total_cost_usd;
         if total + state.reserved >= budget {
             let mut message = usage::budget_message(total, budget);

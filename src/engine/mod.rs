@@ -139,15 +139,13 @@ impl Engine {
     /// (see `engine/budget.rs`); an engine turn's usage is then recorded.
     pub fn run(&self, turn: &Turn) -> TurnOutput {
         let engine = turn.config.engine.as_ref();
-        let reservation = match turn.config.budget_usd {
-            Some(budget) => {
-                let cap = engine.and_then(|e| e.max_turn_cost_usd);
-                match self.reservations.admit(&self.usage, budget, cap) {
-                    Ok(reservation) => Some(reservation),
-                    Err(refusal) => return TurnOutput::without_usage(TurnResult::Failed(refusal)),
-                }
-            }
-            None => None,
+        let cap = engine.and_then(|e| e.max_turn_cost_usd);
+        let admitted = (turn.config.budget_usd)
+            .map(|budget| self.reservations.admit(&self.usage, budget, cap))
+            .transpose();
+        let reservation = match admitted {
+            Ok(reservation) => reservation,
+            Err(refusal) => return TurnOutput::without_usage(TurnResult::Failed(refusal)),
         };
         // The built-in echo engine, used when no `engine` is configured: the reply is
         // the prompt. No process, no cost, no usage record.
