@@ -377,43 +377,26 @@ fn parse_engine(fields: &Map<String, Value>) -> Result<EngineConfig, ConfigError
 
 /// `engine.command`: a non-empty argv whose program name is not empty.
 fn parse_command(value: Option<&Value>) -> Result<Vec<String>, ConfigError> {
+    let path = "engine.command";
+    let refuse = |at: String, message| Err(ConfigError::field_error(at, message));
     let command = match value {
-        None => {
-            return Err(ConfigError::field_error(
-                "engine.command",
-                "is required (or set engine.preset)",
-            ))
-        }
-        Some(value @ Value::Array(items)) if !items.is_empty() => {
-            string_list(value, "engine.command", false)?
-        }
-        Some(_) => {
-            return Err(ConfigError::field_error(
-                "engine.command",
-                "must be a non-empty array of strings",
-            ))
-        }
+        None => return refuse(path.into(), "is required (or set engine.preset)"),
+        Some(value @ Value::Array(items)) if !items.is_empty() => string_list(value, path, false)?,
+        Some(_) => return refuse(path.into(), "must be a non-empty array of strings"),
     };
     if command.first().is_some_and(String::is_empty) {
-        return Err(ConfigError::field_error(
-            "engine.command[0]",
-            "must be a non-empty string",
-        ));
+        return refuse(format!("{path}[0]"), "must be a non-empty string");
     }
     // A NUL byte can't be passed to exec; say so now rather than at the first turn.
-    if let Some(i) = command.iter().position(|arg| arg.contains('\0')) {
-        return Err(ConfigError::field_error(
-            format!("engine.command[{i}]"),
-            "must not contain a NUL character",
-        ));
+    match command.iter().position(|arg| arg.contains('\0')) {
+        Some(i) => refuse(format!("{path}[{i}]"), "must not contain a NUL character"),
+        None => Ok(command),
     }
-    Ok(command)
 }
 
 /// `engine.env`: names that can be environment variables, string values.
 fn parse_env(vars: &Map<String, Value>) -> Result<BTreeMap<String, String>, ConfigError> {
-    let mut env = BTreeMap::new();
-    for (name, value) in vars {
+    let var = |(name, value): (&String, &Value)| {
         if name.is_empty() || name.contains('=') || name.contains('\0') {
             return Err(ConfigError::field_error(
                 "engine.env",
@@ -421,18 +404,14 @@ fn parse_env(vars: &Map<String, Value>) -> Result<BTreeMap<String, String>, Conf
             ));
         }
         match value {
-            Value::String(s) if !s.contains('\0') => {
-                env.insert(name.clone(), s.clone());
-            }
-            _ => {
-                return Err(ConfigError::field_error(
-                    format!("engine.env.{name}"),
-                    "must be a string without NUL",
-                ))
-            }
+            Value::String(s) if !s.contains('\0') => Ok((name.clone(), s.clone())),
+            _ => Err(ConfigError::field_error(
+                format!("engine.env.{name}"),
+                "must be a string without NUL",
+            )),
         }
-    }
-    Ok(env)
+    };
+    vars.iter().map(var).collect()
 }
 
 fn non_empty_string(value: &Value) -> Option<String> {
