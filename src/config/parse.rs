@@ -396,20 +396,14 @@ fn parse_command(value: Option<&Value>) -> Result<Vec<String>, ConfigError> {
 
 /// `engine.env`: names that can be environment variables, string values.
 fn parse_env(vars: &Map<String, Value>) -> Result<BTreeMap<String, String>, ConfigError> {
-    let var = |(name, value): (&String, &Value)| {
-        if name.is_empty() || name.contains('=') || name.contains('\0') {
-            return Err(ConfigError::field_error(
-                "engine.env",
-                "variable names must be non-empty, without '=' or NUL",
-            ));
-        }
-        match value {
-            Value::String(s) if !s.contains('\0') => Ok((name.clone(), s.clone())),
-            _ => Err(ConfigError::field_error(
-                format!("engine.env.{name}"),
-                "must be a string without NUL",
-            )),
-        }
+    let refuse = |at: String, message| Err(ConfigError::field_error(at, message));
+    let var = |(name, value): (&String, &Value)| match value {
+        _ if name.is_empty() || name.contains('=') || name.contains('\0') => refuse(
+            "engine.env".into(),
+            "variable names must be non-empty, without '=' or NUL",
+        ),
+        Value::String(s) if !s.contains('\0') => Ok((name.clone(), s.clone())),
+        _ => refuse(format!("engine.env.{name}"), "must be a string without NUL"),
     };
     vars.iter().map(var).collect()
 }
