@@ -240,10 +240,11 @@ impl Section<'_> {
 fn parse_bus(fields: &Map<String, Value>) -> Result<BusConfig, ConfigError> {
     let bus = Section::new(fields, &BUS)?;
     let defaults = BusConfig::default();
-    let (enabled, peers) = parse_peers(fields.get("peers"))?;
+    let peers = parse_peers(fields.get("peers"))?;
     // Fields are checked in this order; the first bad one is reported.
     Ok(BusConfig {
-        enabled,
+        // Allowing nobody turns the bus off.
+        enabled: peers != Peers::Only(Vec::new()),
         peers,
         max_depth: bus.int("maxDepth", defaults.max_depth, 1, u64::MAX)?,
         port: bus.int("port", defaults.port, 0, u64::from(u16::MAX))?,
@@ -295,16 +296,13 @@ fn parse_bus(fields: &Map<String, Value>) -> Result<BusConfig, ConfigError> {
     })
 }
 
-/// `bus.peers`: whether it leaves the bus on, and who it allows.
-fn parse_peers(value: Option<&Value>) -> Result<(bool, Peers), ConfigError> {
+/// `bus.peers`: who it allows.
+fn parse_peers(value: Option<&Value>) -> Result<Peers, ConfigError> {
     match value {
-        None | Some(Value::Bool(true)) => Ok((true, Peers::Any)),
-        Some(Value::String(s)) if s == "*" => Ok((true, Peers::Any)),
-        Some(Value::Bool(false)) => Ok((false, Peers::Only(Vec::new()))),
-        Some(value @ Value::Array(_)) => {
-            let names = string_list(value, "bus.peers", true)?;
-            Ok((!names.is_empty(), Peers::Only(names)))
-        }
+        None | Some(Value::Bool(true)) => Ok(Peers::Any),
+        Some(Value::String(s)) if s == "*" => Ok(Peers::Any),
+        Some(Value::Bool(false)) => Ok(Peers::Only(Vec::new())),
+        Some(value @ Value::Array(_)) => Ok(Peers::Only(string_list(value, "bus.peers", true)?)),
         Some(_) => Err(ConfigError::field_error(
             "bus.peers",
             "must be \"*\", true, false or an array of names",
