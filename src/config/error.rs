@@ -79,13 +79,18 @@ impl ConfigError {
             problems: vec![problem],
         }
     }
+}
 
-    pub(super) fn field_error(path: impl Into<String>, message: impl Into<String>) -> ConfigError {
-        ConfigError::new(Problem::Field {
-            path: path.into(),
-            message: message.into(),
-        })
-    }
+/// The error of a field, at `path`, whose value it may not have: `message` says what
+/// it must be.
+pub(super) fn refuse<T>(
+    path: impl Into<String>,
+    message: impl Into<String>,
+) -> Result<T, ConfigError> {
+    Err(ConfigError::new(Problem::Field {
+        path: path.into(),
+        message: message.into(),
+    }))
 }
 
 impl fmt::Display for ConfigError {

@@ -4,7 +4,7 @@ use std::collections::BTreeMap;
 
 use serde_json::{Map, Value};
 
-use super::error::{ConfigError, Problem, MAX_CONFIG_PROBLEMS};
+use super::error::{refuse, ConfigError, Problem, MAX_CONFIG_PROBLEMS};
 use super::keys::{self, Object, BUS, ENGINE, TOP};
 use super::{
     BusConfig, Config, EngineConfig, OutputMode, Peers, Preset, PromptMode, CONFIG_FILE,
@@ -100,12 +100,7 @@ fn parse_object(top: &Map<String, Value>) -> Result<Config, ConfigError> {
     let engine = match top.get("engine") {
         None | Some(Value::Null) => None,
         Some(Value::Object(section)) => Some(parse_engine(section)?),
-        Some(_) => {
-            return Err(ConfigError::field_error(
-                "engine",
-                "must be an object or null",
-            ))
-        }
+        Some(_) => return refuse("engine", "must be an object or null"),
     };
 
     Ok(Config {
@@ -143,8 +138,9 @@ impl Section<'_> {
     ) -> Result<T, ConfigError> {
         match self.fields.get(key) {
             None => Ok(default),
-            Some(value) => convert(value)
-                .ok_or_else(|| ConfigError::field_error(self.object.path_of(key), message)),
+            Some(value) => {
+                convert(value).map_or_else(|| refuse(self.object.path_of(key), message), Ok)
+            }
         }
     }
 
@@ -216,9 +212,8 @@ impl Section<'_> {
             .into_iter()
             .enumerate()
             .map(|(i, name)| {
-                InstanceName::new(name).map_err(|_| {
-                    ConfigError::field_error(format!("{path}[{i}]"), "must be an instance name")
-                })
+                InstanceName::new(name)
+                    .or_else(|_| refuse(format!("{path}[{i}]"), "must be an instance name"))
             })
             .collect()
     }
@@ -303,10 +298,10 @@ fn parse_peers(value: Option<&Value>) -> Result<Peers, ConfigError> {
         Some(Value::String(s)) if s == "*" => Ok(Peers::Any),
         Some(Value::Bool(false)) => Ok(Peers::Only(Vec::new())),
         Some(value @ Value::Array(_)) => Ok(Peers::Only(string_list(value, "bus.peers", true)?)),
-        Some(_) => Err(ConfigError::field_error(
+        Some(_) => refuse(
             "bus.peers",
             "must be \"*\", true, false or an array of names",
-        )),
+        ),
     }
 }
 
@@ -359,16 +354,7 @@ fn parse_engine(fields: &Map<String, Value>) -> Result<EngineConfig, ConfigError
             },
             "must be a non-empty string",
         )?,
-        env: match fields.get("env") {
-            None => BTreeMap::new(),
-            Some(Value::Object(vars)) => parse_env(vars)?,
-            Some(_) => {
-                return Err(ConfigError::field_error(
-                    "engine.env",
-                    "must be an object of strings",
-                ))
-            }
-        },
+        env: parse_env(fields.get("env"))?,
         preset,
     })
 }
@@ -376,11 +362,10 @@ fn parse_engine(fields: &Map<String, Value>) -> Result<EngineConfig, ConfigError
 /// `engine.command`: a non-empty argv whose program name is not empty.
 fn parse_command(value: Option<&Value>) -> Result<Vec<String>, ConfigError> {
     let path = "engine.command";
-    let refuse = |at: String, message| Err(ConfigError::field_error(at, message));
     let command = match value {
-        None => return refuse(path.into(), "is required (or set engine.preset)"),
+        None => return refuse(path, "is required (or set engine.preset)"),
         Some(value @ Value::Array(items)) if !items.is_empty() => string_list(value, path, false)?,
-        Some(_) => return refuse(path.into(), "must be a non-empty array of strings"),
+        Some(_) => return refuse(path, "must be a non-empty array of strings"),
     };
     if command.first().is_some_and(String::is_empty) {
         return refuse(format!("{path}[0]"), "must be a non-empty string");
@@ -393,11 +378,15 @@ fn parse_command(value: Option<&Value>) -> Result<Vec<String>, ConfigError> {
 }
 
 /// `engine.env`: names that can be environment variables, string values.
-fn parse_env(vars: &Map<String, Value>) -> Result<BTreeMap<String, String>, ConfigError> {
-    let refuse = |at: String, message| Err(ConfigError::field_error(at, message));
+fn parse_env(value: Option<&Value>) -> Result<BTreeMap<String, String>, ConfigError> {
+    let vars = match value {
+        None => return Ok(BTreeMap::new()),
+        Some(Value::Object(vars)) => vars,
+        Some(_) => return refuse("engine.env", "must be an object of strings"),
+    };
     let var = |(name, value): (&String, &Value)| match value {
         _ if name.is_empty() || name.contains('=') || name.contains('\0') => refuse(
-            "engine.env".into(),
+            "engine.env",
             "variable names must be non-empty, without '=' or NUL",
         ),
         Value::String(s) if !s.contains('\0') => Ok((name.clone(), s.clone())),
@@ -419,20 +408,14 @@ fn string_list(value: &Value, path: &str, non_empty: bool) -> Result<Vec<String>
         "string"
     };
     let Value::Array(items) = value else {
-        return Err(ConfigError::field_error(
-            path,
-            format!("must be an array of {kind}s"),
-        ));
+        return refuse(path, format!("must be an array of {kind}s"));
     };
     items
         .iter()
         .enumerate()
         .map(|(i, item)| match item {
             Value::String(s) if !(non_empty && s.is_empty()) => Ok(s.clone()),
-            _ => Err(ConfigError::field_error(
-                format!("{path}[{i}]"),
-                format!("must be a {kind}"),
-            )),
+            _ => refuse(format!("{path}[{i}]"), format!("must be a {kind}")),
         })
         .collect()
 }
