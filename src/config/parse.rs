@@ -191,24 +191,14 @@ impl Section<'_> {
         self.get(key, default, |v| read(v).map(|(_, t)| *t), message)
     }
 
-    /// Field `key` as a list of strings (non-empty ones if `non_empty`), or `default`.
-    fn strings(
-        &self,
-        key: &str,
-        default: Vec<String>,
-        non_empty: bool,
-    ) -> Result<Vec<String>, ConfigError> {
-        match self.fields.get(key) {
-            None => Ok(default),
-            Some(value) => string_list(value, &self.object.path_of(key), non_empty),
-        }
-    }
-
     /// Field `key` as a list of instance names (empty when absent), naming the first
     /// bad item by index.
     fn names(&self, key: &str) -> Result<Vec<InstanceName>, ConfigError> {
         let path = self.object.path_of(key);
-        self.strings(key, Vec::new(), false)?
+        let Some(value) = self.fields.get(key) else {
+            return Ok(Vec::new());
+        };
+        string_list(value, &path, false)?
             .into_iter()
             .enumerate()
             .map(|(i, name)| {
@@ -256,7 +246,10 @@ fn parse_bus(fields: &Map<String, Value>) -> Result<BusConfig, ConfigError> {
             non_empty_string,
             "must be a non-empty string",
         )?,
-        accept_kinds: bus.strings("acceptKinds", defaults.accept_kinds, true)?,
+        accept_kinds: match fields.get("acceptKinds") {
+            None => defaults.accept_kinds,
+            Some(kinds) => string_list(kinds, "bus.acceptKinds", true)?,
+        },
         max_concurrent_turns: bus.int(
             "maxConcurrentTurns",
             defaults.max_concurrent_turns,
