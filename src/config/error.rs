@@ -24,13 +24,9 @@ pub const MAX_CONFIG_PROBLEMS: usize = 10;
 pub(super) enum Problem {
     /// The file could not be read.
     Read(io::Error),
-    /// The bytes are not JSON: where, and what the parser found there (`trailing
-    /// comma`, `EOF while parsing an object`; never a value from the file).
-    Syntax {
-        line: usize,
-        column: usize,
-        found: String,
-    },
+    /// The bytes are not JSON: where, and what the parser found there (`at line 2
+    /// column 1: trailing comma`; never a value from the file).
+    Syntax(String),
     /// The JSON is not an object.
     NotAnObject,
     /// A field has a value it may not have.
@@ -107,14 +103,7 @@ impl fmt::Display for ConfigError {
 fn show(f: &mut fmt::Formatter<'_>, file: &str, problem: &Problem) -> fmt::Result {
     match problem {
         Problem::Read(err) => write!(f, "{file}: cannot read: {err}"),
-        Problem::Syntax {
-            line,
-            column,
-            found,
-        } => write!(
-            f,
-            "{file}: not valid JSON at line {line} column {column}: {found}"
-        ),
+        Problem::Syntax(what) => write!(f, "{file}: not valid JSON {what}"),
         Problem::NotAnObject => write!(f, "{file}: must be a JSON object"),
         // A path can carry a name from the file (`engine.env.<name>`): shown like a key.
         Problem::Field { path, message } => write!(f, "{file}: {}: {message}", shown_key(path)),

@@ -25,14 +25,11 @@ pub fn parse(bytes: &[u8]) -> Result<Config, ConfigError> {
         return Err(ConfigError::new(Problem::DuplicateKey { path }));
     }
     let value: Value = serde_json::from_slice(bytes).map_err(|err| {
-        // serde_json's text is what it found, then where: keep the what.
-        let at = format!(" at line {} column {}", err.line(), err.column());
+        // serde_json's text is what it found, then where: the where goes first.
+        let at = format!("at line {} column {}", err.line(), err.column());
         let text = err.to_string();
-        ConfigError::new(Problem::Syntax {
-            line: err.line(),
-            column: err.column(),
-            found: text.strip_suffix(&at).unwrap_or(&text).to_owned(),
-        })
+        let found = text.strip_suffix(&format!(" {at}")).unwrap_or(&text);
+        ConfigError::new(Problem::Syntax(format!("{at}: {found}")))
     })?;
     let Value::Object(mut top) = value else {
         return Err(ConfigError::new(Problem::NotAnObject));
