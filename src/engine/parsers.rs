@@ -102,10 +102,7 @@ pub fn claude(stdout: &str) -> Result<Report, Unreadable> {
     Ok(Report {
         reply: result.filter(|_| !failed).map(str::to_owned),
         error: failed.then(message),
-        fallback: match subtype {
-            Some(_) => ErrorCode::EngineCli,
-            None => ErrorCode::Unknown,
-        },
+        fallback: subtype.map_or(ErrorCode::Unknown, |_| ErrorCode::EngineCli),
         usage,
         session_id: session_id(value.get("session_id")),
     })

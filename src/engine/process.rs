@@ -156,7 +156,7 @@ pub fn run(launch: &Launch<'_>, running: &RunningEngines) -> TurnOutput {
     if launch.cancel.is_cancelled() {
         return TurnOutput::without_usage(TurnResult::Failed(super::cancelled()));
     }
-    let started = Instant::now();
+    let deadline = Instant::now().checked_add(Duration::from_secs(engine.timeout_secs));
     let mut child = match running.spawn(&mut command) {
         Ok(child) => child,
         Err(e) => {
@@ -164,7 +164,6 @@ pub fn run(launch: &Launch<'_>, running: &RunningEngines) -> TurnOutput {
             return TurnOutput::without_usage(TurnResult::Failed(failure));
         }
     };
-    let deadline = started.checked_add(Duration::from_secs(engine.timeout_secs));
     let max_output = usize::try_from(engine.max_output_bytes).unwrap_or(usize::MAX);
     let (mut stdout, mut stderr) = (Vec::new(), Vec::new());
     let cancel_fd = launch.cancel.arm();
