@@ -105,19 +105,14 @@ impl Reservations {
             }
             return Err(Failure::new(ErrorCode::BudgetExhausted, message));
         }
-        let estimate = max_turn_cost.unwrap_or_else(|| {
-            if state.recent.is_empty() {
-                match spent.request_count {
-                    0 => 0.0,
-                    n => total / n as f64,
-                }
-            } else {
-                state.recent.iter().sum::<f64>() / state.recent.len() as f64
-            }
+        let recent = &state.recent;
+        let estimate = max_turn_cost.unwrap_or(match (recent.len(), spent.request_count) {
+            (0, 0) => 0.0,
+            (0, n) => total / n as f64,
+            (len, _) => recent.iter().sum::<f64>() / len as f64,
         });
         state.reserved += estimate;
         state.running += 1;
-        drop(state);
         Ok(Reservation {
             owner: self,
             estimate,
