@@ -155,16 +155,13 @@ fn failed_exit(
         (None, Some(signal)) => format!("engine was killed by signal {signal}"),
         (None, None) => "engine failed".to_owned(),
     };
-    let documented = match (output, exit.code()) {
-        (OutputMode::GeminiJson, Some(status)) => parsers::gemini_exit(status),
-        _ => None,
-    };
-    let mut failure = match documented {
-        Some((code, retryable, meaning)) => {
+    let gemini = exit.code().filter(|_| output == OutputMode::GeminiJson);
+    let mut failure = match gemini.and_then(parsers::gemini_exit) {
+        Some((_, code, retryable, meaning)) => {
             text.push_str(&format!(" (Gemini CLI: {meaning})"));
             Failure {
-                retryable,
-                ..Failure::new(code, "")
+                retryable: *retryable,
+                ..Failure::new(code.clone(), "")
             }
         }
         None => {

@@ -228,11 +228,8 @@ pub const GEMINI_EXIT_CODES: [(i32, ErrorCode, bool, &str); 8] = [
 ];
 
 /// The row of [`GEMINI_EXIT_CODES`] for `status`, if it has one.
-pub fn gemini_exit(status: i32) -> Option<(ErrorCode, bool, &'static str)> {
-    GEMINI_EXIT_CODES
-        .iter()
-        .find(|(code, ..)| *code == status)
-        .map(|(_, code, retryable, meaning)| (code.clone(), *retryable, *meaning))
+pub fn gemini_exit(status: i32) -> Option<&'static (i32, ErrorCode, bool, &'static str)> {
+    GEMINI_EXIT_CODES.iter().find(|(code, ..)| *code == status)
 }
 
 /// The engine's JSON object: the whole of stdout, or else what follows the last line
@@ -540,7 +537,8 @@ mod tests {
 
     #[test]
     fn gemini_exit_codes() {
-        let code = |status| gemini_exit(status).map(|(code, retryable, _)| (code, retryable));
+        let code =
+            |status| gemini_exit(status).map(|(_, code, retryable, _)| (code.clone(), *retryable));
         assert_eq!(code(41), Some((ErrorCode::Auth, false)));
         assert_eq!(code(55), Some((ErrorCode::EngineCli, false)));
         assert_eq!(code(54), Some((ErrorCode::EngineCli, true)));
