@@ -179,10 +179,8 @@ impl Engine {
             env,
         };
         let run = process::run(&launch, &self.running);
-        if let Some(turn_usage) = &run.usage {
-            if let Err(e) = self.usage.record(turn_usage) {
-                log::error!("cannot record usage: {e}");
-            }
+        if let Some(Err(e)) = run.usage.as_ref().map(|u| self.usage.record(u)) {
+            log::error!("cannot record usage: {e}");
         }
         if let Some(reservation) = reservation {
             reservation.finish(run.usage.map(|u| u.cost_usd));

@@ -19,16 +19,11 @@ pub const SHUTDOWN_CONTAIN_LIMIT: Duration = Duration::from_secs(5);
 /// and the leftover reaper can tell them apart from leftovers.
 #[derive(Debug, Default, Clone)]
 pub struct RunningEngines {
-    shared: Arc<Shared>,
-}
-
-#[derive(Debug, Default)]
-struct Shared {
-    state: Mutex<State>,
+    state: Arc<Mutex<State>>,
     /// Signalled when an engine exited: its leftovers may now be ours.
-    nudged: Condvar,
+    nudged: Arc<Condvar>,
     /// Signalled when the reaper finished a pass ([`State::passes`]).
-    passed: Condvar,
+    passed: Arc<Condvar>,
 }
 
 #[derive(Debug, Default)]
@@ -52,7 +47,7 @@ impl RunningEngines {
     pub(super) fn passed(&self, state: &mut State, leftovers: usize) {
         state.passes = state.passes.wrapping_add(1);
         state.leftovers = leftovers;
-        self.shared.passed.notify_all();
+        self.passed.notify_all();
     }
 
     /// Waits, at most [`SHUTDOWN_CONTAIN_LIMIT`], until no engine runs and the leftover reaper has looked
@@ -81,9 +76,8 @@ impl RunningEngines {
             }
             // Look at once rather than at the next scan interval.
             state.nudged = true;
-            self.shared.nudged.notify_all();
+            self.nudged.notify_all();
             state = self
-                .shared
                 .passed
                 .wait_timeout(state, deadline - now)
                 .unwrap_or_else(PoisonError::into_inner)
@@ -93,10 +87,7 @@ impl RunningEngines {
 
     pub(super) fn lock(&self) -> MutexGuard<'_, State> {
         // Nothing panics while holding this lock.
-        self.shared
-            .state
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
     /// Spawns `command` and registers it, under the lock, so that the reaper never sees
@@ -126,7 +117,7 @@ impl RunningEngines {
     /// Tells the reaper that an engine has exited: its leftovers are ours now.
     pub(super) fn nudge(&self) {
         self.lock().nudged = true;
-        self.shared.nudged.notify_all();
+        self.nudged.notify_all();
     }
 
     /// Sends `signal` to `engine` (its pid and its group), which is not reaped yet:
@@ -151,7 +142,6 @@ impl RunningEngines {
     pub(super) fn wait_nudged(&self, timeout: Duration) {
         let state = self.lock();
         let (mut state, _) = self
-            .shared
             .nudged
             .wait_timeout_while(state, timeout, |s| !s.nudged)
             .unwrap_or_else(PoisonError::into_inner);
