@@ -31,7 +31,6 @@ use crate::protocol::{
     TRACEPARENT_VAR, TRACE_ID_VAR,
 };
 use crate::usage::UsageStore;
-use process::Launch;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
@@ -172,13 +171,7 @@ impl Engine {
             (REQUEST_ID_VAR, request_id.into()),
             (TRACEPARENT_VAR, traceparent.into()),
         ];
-        let launch = Launch {
-            cancel: &turn.cancel,
-            engine,
-            prompt: &request.prompt,
-            env,
-        };
-        let run = process::run(&launch, &self.running);
+        let run = process::run(engine, turn, env, &self.running);
         if let Some(Err(e)) = run.usage.as_ref().map(|u| self.usage.record(u)) {
             log::error!("cannot record usage: {e}");
         }

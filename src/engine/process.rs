@@ -21,6 +21,7 @@ use super::cancel::CancelToken;
 use super::outcome::{self, TurnOutput, TurnResult};
 use super::preflight;
 use super::running::RunningEngines;
+use super::Turn;
 use crate::config::{EngineConfig, PromptMode};
 use crate::protocol::ErrorCode;
 use rustix::event::{PollFd, PollFlags, Timespec};
@@ -53,19 +54,6 @@ pub const KILL_GRACE: Duration = Duration::from_secs(3);
 /// group is gone (and, where no eventfd can be had, how often a running turn looks
 /// whether it was cancelled).
 pub const CANCEL_POLL: Duration = Duration::from_millis(20);
-
-/// One engine process to run.
-#[derive(Debug)]
-pub struct Launch<'a> {
-    /// The configured command, prompt mode, working directory, environment and limits.
-    pub engine: &'a EngineConfig,
-    /// The prompt, fed on stdin or as the last argument (`engine.prompt`).
-    pub prompt: &'a str,
-    /// Variables set on top of `engine.env`.
-    pub env: Vec<(&'static str, OsString)>,
-    /// Cancelled when the turn's caller gives up.
-    pub cancel: &'a CancelToken,
-}
 
 /// Why the turn stopped the engine (the first reason wins).
 #[derive(Debug, Clone, Copy)]
@@ -143,17 +131,23 @@ impl Pipe {
     }
 }
 
-/// Runs `launch` to its end, tracked in `running` while it runs, and interprets how it
-/// ended.
-pub fn run(launch: &Launch<'_>, running: &RunningEngines) -> TurnOutput {
-    let engine = launch.engine;
-    if let Some(refusal) = preflight::refusal(engine, launch.prompt) {
+/// Runs `engine` on `turn`'s prompt (fed on stdin or as the last argument), with `env`
+/// set on top of `engine.env`, to its end or `turn`'s cancel, tracked in `running` while
+/// it runs, and interprets how it ended.
+pub fn run(
+    engine: &EngineConfig,
+    turn: &Turn,
+    env: Vec<(&'static str, OsString)>,
+    running: &RunningEngines,
+) -> TurnOutput {
+    let (prompt, cancel) = (turn.request.prompt.as_str(), &turn.cancel);
+    if let Some(refusal) = preflight::refusal(engine, prompt) {
         return TurnOutput::without_usage(TurnResult::Failed(refusal));
     }
-    let Some(mut command) = command(launch) else {
+    let Some(mut command) = command(engine, prompt, env) else {
         return TurnOutput::failed(ErrorCode::EngineCli, "engine.command is empty");
     };
-    if launch.cancel.is_cancelled() {
+    if cancel.is_cancelled() {
         return TurnOutput::without_usage(TurnResult::Failed(super::cancelled()));
     }
     let deadline = Instant::now().checked_add(Duration::from_secs(engine.timeout_secs));
@@ -166,9 +160,8 @@ pub fn run(launch: &Launch<'_>, running: &RunningEngines) -> TurnOutput {
     };
     let max_output = usize::try_from(engine.max_output_bytes).unwrap_or(usize::MAX);
     let (mut stdout, mut stderr) = (Vec::new(), Vec::new());
-    let cancel_fd = launch.cancel.arm();
-    let stop = pipes(&mut child, launch.prompt, max_output).and_then(|mut io| {
-        let cancel = launch.cancel;
+    let cancel_fd = cancel.arm();
+    let stop = pipes(&mut child, prompt, max_output).and_then(|mut io| {
         let stop = supervise(
             &child,
             running,
@@ -180,7 +173,7 @@ pub fn run(launch: &Launch<'_>, running: &RunningEngines) -> TurnOutput {
         (stdout, stderr) = (io.stdout.bytes, io.stderr.bytes);
         stop
     });
-    launch.cancel.disarm();
+    cancel.disarm();
     if matches!(stop, Err(_) | Ok(Some(Stop::WatchFailed))) {
         // It may still run: it must exit before it is reaped.
         running.signal(&child, Signal::KILL);
@@ -385,15 +378,14 @@ fn exited(id: &WaitId<'_>) -> io::Result<bool> {
     }
 }
 
-/// The command for `launch`: its own process group, the prompt on stdin or as the last
-/// argument, stdout and stderr piped. `None` if `engine.command` is empty.
-fn command(launch: &Launch<'_>) -> Option<Command> {
-    let engine = launch.engine;
+/// The command for `engine`: its own process group, `prompt` on stdin or as the last
+/// argument, `env` added, stdout and stderr piped. `None` if `engine.command` is empty.
+fn command(engine: &EngineConfig, prompt: &str, env: Vec<(&str, OsString)>) -> Option<Command> {
     let (program, args) = engine.command.split_first()?;
     let mut command = Command::new(program);
     command.args(args);
     match engine.prompt {
-        PromptMode::Arg => command.arg(launch.prompt).stdin(Stdio::null()),
+        PromptMode::Arg => command.arg(prompt).stdin(Stdio::null()),
         PromptMode::Stdin => command.stdin(Stdio::piped()),
     };
     if let Some(cwd) = &engine.cwd {
@@ -401,7 +393,7 @@ fn command(launch: &Launch<'_>) -> Option<Command> {
     }
     command
         .envs(&engine.env)
-        .envs(launch.env.iter().map(|(k, v)| (*k, v)))
+        .envs(env)
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         // A group of its own, so timeouts and shutdown can kill everything it started.
@@ -429,21 +421,27 @@ mod tests {
         }
     }
 
-    fn launch<'a>(engine: &'a EngineConfig, prompt: &'a str) -> Launch<'a> {
-        with_cancel(engine, prompt, Box::leak(Box::new(CancelToken::new())))
+    /// Runs `engine` on `prompt`, cancelled through `cancel`, with one variable of its
+    /// own.
+    fn run_with(
+        engine: &EngineConfig,
+        prompt: &str,
+        cancel: CancelToken,
+        running: &RunningEngines,
+    ) -> TurnOutput {
+        let turn = Turn {
+            request: crate::protocol::TalkRequest::new("caller", prompt, 1),
+            config: Default::default(),
+            cancel,
+            trace: None,
+        };
+        let env = vec![("LOOPBUS_TEST_VAR", "from-launch".into())];
+        run(engine, &turn, env, running)
     }
 
-    fn with_cancel<'a>(
-        engine: &'a EngineConfig,
-        prompt: &'a str,
-        cancel: &'a CancelToken,
-    ) -> Launch<'a> {
-        Launch {
-            engine,
-            prompt,
-            env: vec![("LOOPBUS_TEST_VAR", "from-launch".into())],
-            cancel,
-        }
+    /// [`run_with`] a token nobody cancels.
+    fn go(engine: &EngineConfig, prompt: &str, running: &RunningEngines) -> TurnOutput {
+        run_with(engine, prompt, CancelToken::new(), running)
     }
 
     /// What the turn answered: the reply or the failure.
@@ -464,7 +462,7 @@ mod tests {
         let watcher = running.clone();
         let token = CancelToken::new();
         let cancel = token.clone();
-        let turn = thread::spawn(move || run(&with_cancel(&e, "", &token), &watcher));
+        let turn = thread::spawn(move || run_with(&e, "", token, &watcher));
         let started = Instant::now();
         while !ready.exists() {
             assert!(started.elapsed() < Duration::from_secs(30), "never ready");
@@ -552,7 +550,7 @@ mod tests {
         let e = engine(&["touch", mark.to_str().unwrap()], PromptMode::Stdin);
         let token = CancelToken::new();
         token.cancel();
-        let output = run(&with_cancel(&e, "", &token), &Default::default());
+        let output = run_with(&e, "", token, &Default::default());
         let cancelled = TurnResult::Failed(crate::engine::cancelled());
         assert_eq!(output, TurnOutput::without_usage(cancelled));
         assert!(!mark.exists());
@@ -562,15 +560,12 @@ mod tests {
     fn prompt_on_stdin_output_and_status() {
         let running = RunningEngines::default();
         let e = engine(&["cat"], PromptMode::Stdin);
-        assert_eq!(
-            answer(run(&launch(&e, "hello"), &running)),
-            Ok("hello".into())
-        );
+        assert_eq!(answer(go(&e, "hello", &running)), Ok("hello".into()));
         let e = engine(
             &["sh", "-c", "cat; echo oops >&2; exit 3"],
             PromptMode::Stdin,
         );
-        let failure = answer(run(&launch(&e, "hello"), &running)).unwrap_err();
+        let failure = answer(go(&e, "hello", &running)).unwrap_err();
         assert_eq!(failure.error, "engine exited with status 3: oops");
         assert_eq!(running.count(), 0);
     }
@@ -586,7 +581,7 @@ mod tests {
             ],
             PromptMode::Arg,
         );
-        let output = run(&launch(&e, "the prompt"), &Default::default());
+        let output = go(&e, "the prompt", &Default::default());
         assert_eq!(answer(output), Ok("the prompt|from-launch".into()));
     }
 
@@ -598,7 +593,7 @@ mod tests {
         );
         e.max_output_bytes = 1000;
         let running = RunningEngines::default();
-        let failure = answer(run(&launch(&e, ""), &running)).unwrap_err();
+        let failure = answer(go(&e, "", &running)).unwrap_err();
         assert_eq!(
             failure.error,
             "engine output exceeded 1000 bytes (engine.maxOutputBytes); output cut"
@@ -610,7 +605,7 @@ mod tests {
     fn past_the_deadline_it_is_killed() {
         let mut e = engine(&["sleep", "30"], PromptMode::Stdin);
         e.timeout_secs = 0;
-        let failure = answer(run(&launch(&e, ""), &Default::default())).unwrap_err();
+        let failure = answer(go(&e, "", &Default::default())).unwrap_err();
         assert_eq!(failure.code, ErrorCode::Timeout);
     }
 
@@ -619,7 +614,7 @@ mod tests {
         let e = engine(&["sleep", "30"], PromptMode::Stdin);
         let running = RunningEngines::default();
         let watcher = running.clone();
-        let turn = thread::spawn(move || run(&launch(&e, ""), &watcher));
+        let turn = thread::spawn(move || go(&e, "", &watcher));
         while running.count() == 0 {
             thread::sleep(Duration::from_millis(5));
         }
@@ -633,11 +628,11 @@ mod tests {
     fn a_large_prompt_goes_through_and_one_left_unread_blocks_nothing() {
         let prompt = "p".repeat(1024 * 1024);
         let e = engine(&["cat"], PromptMode::Stdin);
-        let output = run(&launch(&e, &prompt), &Default::default());
+        let output = go(&e, &prompt, &Default::default());
         assert_eq!(answer(output).map(|reply| reply.len()), Ok(prompt.len()));
         // An engine that never reads its (pipe-filling) input still ends its turn.
         let e = engine(&["sh", "-c", "echo done"], PromptMode::Stdin);
-        let output = run(&launch(&e, &prompt), &Default::default());
+        let output = go(&e, &prompt, &Default::default());
         assert_eq!(answer(output), Ok("done".into()));
     }
 
@@ -656,7 +651,7 @@ mod tests {
         let mut e = engine(&["python3", "-c", script], PromptMode::Stdin);
         e.timeout_secs = 1;
         let running = RunningEngines::default();
-        let failure = answer(run(&launch(&e, ""), &running)).unwrap_err();
+        let failure = answer(go(&e, "", &running)).unwrap_err();
         assert_eq!(failure.code, ErrorCode::Timeout);
         assert_eq!(running.count(), 0);
     }
@@ -664,10 +659,10 @@ mod tests {
     #[test]
     fn nothing_to_start() {
         let e = engine(&[], PromptMode::Stdin);
-        let failure = answer(run(&launch(&e, ""), &Default::default())).unwrap_err();
+        let failure = answer(go(&e, "", &Default::default())).unwrap_err();
         assert_eq!(failure.error, "engine.command is empty");
         let e = engine(&["/nonexistent/loopbus-engine"], PromptMode::Stdin);
-        let failure = answer(run(&launch(&e, ""), &Default::default())).unwrap_err();
+        let failure = answer(go(&e, "", &Default::default())).unwrap_err();
         assert!(failure.error.contains("not found"), "{failure:?}");
         assert!(!failure.retryable);
     }
