@@ -29,26 +29,24 @@ pub fn not_retryable(message: impl Into<String>) -> Failure {
 /// The failure of a turn that cannot start, found before spawning: `engine.cwd` is not
 /// a directory we may enter, or the prompt cannot be passed as an argument.
 pub fn refusal(engine: &EngineConfig, prompt: &str) -> Option<Failure> {
-    if let Some(problem) = engine.cwd.as_deref().and_then(cwd_problem) {
-        return Some(not_retryable(problem));
-    }
-    if engine.prompt == PromptMode::Arg {
-        if prompt.len() >= MAX_ARG_STRLEN {
-            return Some(not_retryable(format!(
-                "the prompt is {} bytes, over Linux's limit of {} bytes for one argument \
-                 (MAX_ARG_STRLEN); engine.prompt \"arg\" cannot pass it, \"stdin\" can",
-                prompt.len(),
-                MAX_ARG_STRLEN - 1
-            )));
-        }
-        if prompt.contains('\0') {
-            return Some(not_retryable(
-                "the prompt contains a NUL character, which cannot be passed as an argument \
-                 (engine.prompt \"arg\"); \"stdin\" can",
-            ));
-        }
-    }
-    None
+    let arg = engine.prompt == PromptMode::Arg;
+    let problem = if let Some(problem) = engine.cwd.as_deref().and_then(cwd_problem) {
+        problem
+    } else if arg && prompt.len() >= MAX_ARG_STRLEN {
+        format!(
+            "the prompt is {} bytes, over Linux's limit of {} bytes for one argument \
+             (MAX_ARG_STRLEN); engine.prompt \"arg\" cannot pass it, \"stdin\" can",
+            prompt.len(),
+            MAX_ARG_STRLEN - 1
+        )
+    } else if arg && prompt.contains('\0') {
+        "the prompt contains a NUL character, which cannot be passed as an argument \
+         (engine.prompt \"arg\"); \"stdin\" can"
+            .to_owned()
+    } else {
+        return None;
+    };
+    Some(not_retryable(problem))
 }
 
 /// The failure for a spawn error: a program that is missing or not executable, or an
