@@ -268,8 +268,10 @@ fn supervise(
         }
         let kill_at = termed_at.map(|at| at + KILL_GRACE);
         if exited_at.is_none() {
-            match exited(&id) {
-                Ok(true) => {
+            // Learned without reaping it. It never waits, so it is never interrupted.
+            let options = WaitIdOptions::EXITED | WaitIdOptions::NOWAIT | WaitIdOptions::NOHANG;
+            match rustix::process::waitid(id.clone(), options) {
+                Ok(Some(_)) => {
                     exited_at = Some(now);
                     group_waits = kill_at.is_some_and(|k| now < k);
                     if !group_waits {
@@ -280,7 +282,7 @@ fn supervise(
                     running.nudge();
                     io.stdin.fd = None;
                 }
-                Ok(false) => {}
+                Ok(None) => {}
                 Err(_) => return Ok(Some(stop.unwrap_or(Stop::WatchFailed))),
             }
         }
@@ -363,18 +365,6 @@ fn wait_ready(
     match rustix::event::poll(&mut fds, timeout.as_ref()) {
         Ok(_) | Err(rustix::io::Errno::INTR) => Ok(()),
         Err(e) => Err(e.into()),
-    }
-}
-
-/// Whether the engine `id` has exited, learned without reaping it.
-fn exited(id: &WaitId<'_>) -> io::Result<bool> {
-    let options = WaitIdOptions::EXITED | WaitIdOptions::NOWAIT | WaitIdOptions::NOHANG;
-    loop {
-        match rustix::process::waitid(id.clone(), options) {
-            Ok(status) => return Ok(status.is_some()),
-            Err(rustix::io::Errno::INTR) => {}
-            Err(e) => return Err(e.into()),
-        }
     }
 }
 
