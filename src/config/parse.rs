@@ -84,26 +84,19 @@ fn remove_field(top: &mut Map<String, Value>, path: &str) -> bool {
 /// [`parse`] of the object `top`, stopping at its first problem.
 fn parse_object(top: &Map<String, Value>) -> Result<Config, ConfigError> {
     let section = Section::new(top, &TOP)?;
-
-    let bus = match top.get("bus") {
-        Some(Value::Bool(true)) => BusConfig::open(),
-        Some(Value::Object(section)) => parse_bus(section)?,
-        // Missing, null, false, or any other non-object: the bus is off.
-        _ => BusConfig::default(),
-    };
-
-    let budget_usd = section.usd("budgetUsd")?;
-
-    let engine = match top.get("engine") {
-        None | Some(Value::Null) => None,
-        Some(Value::Object(section)) => Some(parse_engine(section)?),
-        Some(_) => return refuse("engine", "must be an object or null"),
-    };
-
     Ok(Config {
-        bus,
-        budget_usd,
-        engine,
+        bus: match top.get("bus") {
+            Some(Value::Bool(true)) => BusConfig::open(),
+            Some(Value::Object(section)) => parse_bus(section)?,
+            // Missing, null, false, or any other non-object: the bus is off.
+            _ => BusConfig::default(),
+        },
+        budget_usd: section.usd("budgetUsd")?,
+        engine: match top.get("engine") {
+            None | Some(Value::Null) => None,
+            Some(Value::Object(section)) => Some(parse_engine(section)?),
+            Some(_) => return refuse("engine", "must be an object or null"),
+        },
     })
 }
 
