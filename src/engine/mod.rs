@@ -139,7 +139,9 @@ impl Engine {
     pub fn run(&self, turn: &Turn) -> TurnOutput {
         let engine = turn.config.engine.as_ref();
         let cap = engine.and_then(|e| e.max_turn_cost_usd);
-        let admitted = (turn.config.budget_usd)
+        let admitted = turn
+            .config
+            .budget_usd
             .map(|budget| self.reservations.admit(&self.usage, budget, cap))
             .transpose();
         let reservation = match admitted {
