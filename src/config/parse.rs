@@ -153,10 +153,8 @@ impl Section<'_> {
             format!("must be an integer from {min} to {max}")
         };
         let read = |value: &Value| {
-            if value.as_f64().is_some_and(|f| f > u64::MAX as f64) {
-                return None;
-            }
-            let n = non_negative_integer(value).filter(|n| (min..=max).contains(n))?;
+            let huge = value.as_f64().is_some_and(|f| f > u64::MAX as f64);
+            let n = non_negative_integer(value).filter(|n| !huge && (min..=max).contains(n))?;
             T::try_from(n).ok()
         };
         self.get(key, default, read, message)
