@@ -199,11 +199,8 @@ fn last_lines(text: &str) -> Option<String> {
         .map(str::trim)
         .filter(|l| !l.is_empty())
         .collect();
-    if lines.is_empty() {
-        return None;
-    }
     let start = lines.len().saturating_sub(MESSAGE_LINES);
-    Some(bounded(&lines[start..].join(" | ")))
+    (!lines.is_empty()).then(|| bounded(&lines[start..].join(" | ")))
 }
 
 /// `text` trimmed and cut to [`MAX_ENGINE_MESSAGE_CHARS`].

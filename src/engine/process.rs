@@ -216,7 +216,7 @@ pub fn run(
     }
 }
 
-/// The engine's three pipes, our ends (stdin closed at once in `arg` mode).
+/// The engine's three pipes, our ends (no stdin in `arg` mode).
 struct Io {
     stdin: Pipe,
     stdout: Pipe,
