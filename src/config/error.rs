@@ -10,10 +10,9 @@ use super::CONFIG_FILE;
 #[derive(Debug)]
 pub struct ConfigError {
     pub(super) file: String,
-    pub(super) problem: Problem,
-    /// Further problems of the same file found in the same run, at most
-    /// [`MAX_CONFIG_PROBLEMS`] in all, shown one a line after the first.
-    pub(super) more: Box<[Problem]>,
+    /// The problems of the file found in one run, at least one and at most
+    /// [`MAX_CONFIG_PROBLEMS`], shown one a line; the first is the error's.
+    pub(super) problems: Vec<Problem>,
 }
 
 /// Most problems one config error reports (unknown keys and wrong values, each on its
@@ -25,13 +24,9 @@ pub const MAX_CONFIG_PROBLEMS: usize = 10;
 pub(super) enum Problem {
     /// The file could not be read.
     Read(io::Error),
-    /// The bytes are not JSON: where, and what the parser found there (`trailing
-    /// comma`, `EOF while parsing an object`; never a value from the file).
-    Syntax {
-        line: usize,
-        column: usize,
-        found: String,
-    },
+    /// The bytes are not JSON: where, and what the parser found there (`at line 2
+    /// column 1: trailing comma`; never a value from the file).
+    Syntax(String),
     /// The JSON is not an object.
     NotAnObject,
     /// A field has a value it may not have.
@@ -54,7 +49,7 @@ impl ConfigError {
     /// `engine.env.HOME`) or unknown key (`bus.peer`), or `None` when the problem is not
     /// one field's.
     pub fn field(&self) -> Option<&str> {
-        match &self.problem {
+        match self.problems.first()? {
             Problem::Field { path, .. }
             | Problem::UnknownKey { path, .. }
             | Problem::DuplicateKey { path } => Some(path),
@@ -70,31 +65,34 @@ impl ConfigError {
 
     /// Whether the file does not exist (so that a command can suggest `loopbus init`).
     pub fn is_not_found(&self) -> bool {
-        matches!(&self.problem, Problem::Read(err) if err.kind() == io::ErrorKind::NotFound)
+        matches!(self.problems.first(), Some(Problem::Read(err)) if err.kind() == io::ErrorKind::NotFound)
     }
 
     /// `problem` in `config.json`.
     pub(super) fn new(problem: Problem) -> ConfigError {
         ConfigError {
             file: CONFIG_FILE.to_owned(),
-            problem,
-            more: Box::default(),
+            problems: vec![problem],
         }
     }
+}
 
-    pub(super) fn field_error(path: impl Into<String>, message: impl Into<String>) -> ConfigError {
-        ConfigError::new(Problem::Field {
-            path: path.into(),
-            message: message.into(),
-        })
-    }
+/// The error of a field, at `path`, whose value it may not have: `message` says what
+/// it must be.
+pub(super) fn refuse<T>(
+    path: impl Into<String>,
+    message: impl Into<String>,
+) -> Result<T, ConfigError> {
+    Err(ConfigError::new(Problem::Field {
+        path: path.into(),
+        message: message.into(),
+    }))
 }
 
 impl fmt::Display for ConfigError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        show(f, &self.file, &self.problem)?;
-        for problem in &self.more {
-            f.write_str("\n")?;
+        for (i, problem) in self.problems.iter().enumerate() {
+            f.write_str(if i == 0 { "" } else { "\n" })?;
             show(f, &self.file, problem)?;
         }
         Ok(())
@@ -105,14 +103,7 @@ impl fmt::Display for ConfigError {
 fn show(f: &mut fmt::Formatter<'_>, file: &str, problem: &Problem) -> fmt::Result {
     match problem {
         Problem::Read(err) => write!(f, "{file}: cannot read: {err}"),
-        Problem::Syntax {
-            line,
-            column,
-            found,
-        } => write!(
-            f,
-            "{file}: not valid JSON at line {line} column {column}: {found}"
-        ),
+        Problem::Syntax(what) => write!(f, "{file}: not valid JSON {what}"),
         Problem::NotAnObject => write!(f, "{file}: must be a JSON object"),
         // A path can carry a name from the file (`engine.env.<name>`): shown like a key.
         Problem::Field { path, message } => write!(f, "{file}: {}: {message}", shown_key(path)),
@@ -147,7 +138,7 @@ fn shown_key(path: &str) -> String {
 
 impl std::error::Error for ConfigError {
     fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
-        match &self.problem {
+        match self.problems.first()? {
             Problem::Read(err) => Some(err),
             _ => None,
         }

@@ -4,10 +4,10 @@ use std::collections::BTreeMap;
 
 use serde_json::{Map, Value};
 
-use super::error::{ConfigError, Problem, MAX_CONFIG_PROBLEMS};
+use super::error::{refuse, ConfigError, Problem, MAX_CONFIG_PROBLEMS};
 use super::keys::{self, Object, BUS, ENGINE, TOP};
 use super::{
-    BusConfig, Config, EngineConfig, OutputMode, Peers, Preset, PromptMode,
+    BusConfig, Config, EngineConfig, OutputMode, Peers, Preset, PromptMode, CONFIG_FILE,
     DEFAULT_ENGINE_MAX_OUTPUT_BYTES, DEFAULT_ENGINE_TIMEOUT_SECS, MAX_CONCURRENT_TURNS_LIMIT,
     MAX_QUEUED_TURNS_LIMIT, MAX_REATTACH_SECS,
 };
@@ -25,14 +25,11 @@ pub fn parse(bytes: &[u8]) -> Result<Config, ConfigError> {
         return Err(ConfigError::new(Problem::DuplicateKey { path }));
     }
     let value: Value = serde_json::from_slice(bytes).map_err(|err| {
-        // serde_json's text is what it found, then where: keep the what.
-        let at = format!(" at line {} column {}", err.line(), err.column());
+        // serde_json's text is what it found, then where: the where goes first.
+        let at = format!("at line {} column {}", err.line(), err.column());
         let text = err.to_string();
-        ConfigError::new(Problem::Syntax {
-            line: err.line(),
-            column: err.column(),
-            found: text.strip_suffix(&at).unwrap_or(&text).to_owned(),
-        })
+        let found = text.strip_suffix(&format!(" {at}")).unwrap_or(&text);
+        ConfigError::new(Problem::Syntax(format!("{at}: {found}")))
     })?;
     let Value::Object(mut top) = value else {
         return Err(ConfigError::new(Problem::NotAnObject));
@@ -46,9 +43,8 @@ pub fn parse(bytes: &[u8]) -> Result<Config, ConfigError> {
             Ok(_) => break,
             // A required field, taken out, is missing now: said once is enough.
             Err(e)
-                if found
-                    .iter()
-                    .any(|f| f.field().is_some() && f.field() == e.field()) =>
+                if e.field()
+                    .is_some_and(|at| found.iter().any(|f| f.field() == Some(at))) =>
             {
                 break
             }
@@ -61,11 +57,10 @@ pub fn parse(bytes: &[u8]) -> Result<Config, ConfigError> {
             }
         }
     }
-    let mut problems = found.into_iter().map(|e| e.problem);
-    let first = problems.next().map_or(Problem::NotAnObject, |p| p);
-    let mut error = ConfigError::new(first);
-    error.more = problems.collect();
-    Err(error)
+    Err(ConfigError {
+        file: CONFIG_FILE.to_owned(),
+        problems: found.into_iter().flat_map(|e| e.problems).collect(),
+    })
 }
 
 /// Takes the field at `path` (`bus.peers`, `bus.peers[1]` takes all of `peers`,
@@ -88,32 +83,20 @@ fn remove_field(top: &mut Map<String, Value>, path: &str) -> bool {
 
 /// [`parse`] of the object `top`, stopping at its first problem.
 fn parse_object(top: &Map<String, Value>) -> Result<Config, ConfigError> {
-    keys::check(top, &TOP)?;
-
-    let bus = match top.get("bus") {
-        Some(Value::Bool(true)) => BusConfig::open(),
-        Some(Value::Object(section)) => parse_bus(section)?,
-        // Missing, null, false, or any other non-object: the bus is off.
-        _ => BusConfig::default(),
-    };
-
-    let budget_usd = optional_usd(top.get("budgetUsd"), "budgetUsd")?;
-
-    let engine = match top.get("engine") {
-        None | Some(Value::Null) => None,
-        Some(Value::Object(section)) => Some(parse_engine(section)?),
-        Some(_) => {
-            return Err(ConfigError::field_error(
-                "engine",
-                "must be an object or null",
-            ))
-        }
-    };
-
+    let section = Section::new(top, &TOP)?;
     Ok(Config {
-        bus,
-        budget_usd,
-        engine,
+        bus: match top.get("bus") {
+            Some(Value::Bool(true)) => BusConfig::open(),
+            Some(Value::Object(section)) => parse_bus(section)?,
+            // Missing, null, false, or any other non-object: the bus is off.
+            _ => BusConfig::default(),
+        },
+        budget_usd: section.usd("budgetUsd")?,
+        engine: match top.get("engine") {
+            None | Some(Value::Null) => None,
+            Some(Value::Object(section)) => Some(parse_engine(section)?),
+            Some(_) => return refuse("engine", "must be an object or null"),
+        },
     })
 }
 
@@ -134,10 +117,6 @@ impl Section<'_> {
         Ok(Section { fields, object })
     }
 
-    fn path_of(&self, key: &str) -> String {
-        self.object.path_of(key)
-    }
-
     /// Field `key` as `convert` reads it, or `default` when it is missing. When `convert`
     /// refuses the value, an error naming the field with `message`.
     fn get<T>(
@@ -145,18 +124,22 @@ impl Section<'_> {
         key: &str,
         default: T,
         convert: impl FnOnce(&Value) -> Option<T>,
-        message: &'static str,
+        message: impl Into<String>,
     ) -> Result<T, ConfigError> {
         match self.fields.get(key) {
             None => Ok(default),
             Some(value) => {
-                convert(value).ok_or_else(|| ConfigError::field_error(self.path_of(key), message))
+                convert(value).map_or_else(|| refuse(self.object.path_of(key), message), Ok)
             }
         }
     }
 
-    /// Field `key` as a list of strings (non-empty ones if `non_empty`), or `default`.
     /// The integer `key` in `min..=max` (converted to `T`), or `default` when absent.
+    /// It is read as [`non_negative_integer`] reads it (`1.0` is 1; strings, fractions
+    /// and negative numbers are not integers), with one difference kept from before the
+    /// readers were merged: a number beyond `u64::MAX` is refused here rather than
+    /// saturated, so that a typo like `1e30` in a config is an error and not
+    /// "unlimited".
     fn int<T: TryFrom<u64>>(
         &self,
         key: &str,
@@ -169,51 +152,72 @@ impl Section<'_> {
         } else {
             format!("must be an integer from {min} to {max}")
         };
-        match self.fields.get(key) {
-            None => Ok(default),
-            Some(value) => integer_in(value, min, max)
-                .and_then(|n| T::try_from(n).ok())
-                .ok_or_else(|| ConfigError::field_error(self.path_of(key), message)),
-        }
+        let read = |value: &Value| {
+            let huge = value.as_f64().is_some_and(|f| f > u64::MAX as f64);
+            let n = non_negative_integer(value).filter(|n| !huge && (min..=max).contains(n))?;
+            T::try_from(n).ok()
+        };
+        self.get(key, default, read, message)
     }
 
-    fn strings(
+    /// Field `key` as one of `options` (by name), or `default` when it is missing.
+    fn choice<T: Copy>(
         &self,
         key: &str,
-        default: Vec<String>,
-        non_empty: bool,
-    ) -> Result<Vec<String>, ConfigError> {
-        match self.fields.get(key) {
-            None => Ok(default),
-            Some(value) => string_list(value, &self.path_of(key), non_empty),
+        default: T,
+        options: &[(&str, T)],
+    ) -> Result<T, ConfigError> {
+        let quoted: Vec<String> = options
+            .iter()
+            .map(|(name, _)| format!("\"{name}\""))
+            .collect();
+        let mut message = format!("must be {}", quoted.join(", "));
+        if let Some(at) = message.rfind(", ") {
+            message.replace_range(at..at + 2, " or ");
         }
+        let read = |v: &Value| options.iter().find(|(name, _)| v.as_str() == Some(name));
+        self.get(key, default, |v| read(v).map(|(_, t)| *t), message)
     }
-}
 
-impl Section<'_> {
     /// Field `key` as a list of instance names (empty when absent), naming the first
     /// bad item by index.
     fn names(&self, key: &str) -> Result<Vec<InstanceName>, ConfigError> {
-        let path = self.path_of(key);
-        self.strings(key, Vec::new(), false)?
+        let path = self.object.path_of(key);
+        let Some(value) = self.fields.get(key) else {
+            return Ok(Vec::new());
+        };
+        string_list(value, &path, false)?
             .into_iter()
             .enumerate()
             .map(|(i, name)| {
-                InstanceName::new(name).map_err(|_| {
-                    ConfigError::field_error(format!("{path}[{i}]"), "must be an instance name")
-                })
+                InstanceName::new(name)
+                    .or_else(|_| refuse(format!("{path}[{i}]"), "must be an instance name"))
             })
             .collect()
+    }
+
+    /// Field `key`, an amount of US dollars that may be left out: missing or `null` is
+    /// `None`, else a finite number `>= 0`.
+    fn usd(&self, key: &str) -> Result<Option<f64>, ConfigError> {
+        let read = |value: &Value| match value {
+            Value::Null => Some(None),
+            _ => value
+                .as_f64()
+                .filter(|usd| usd.is_finite() && *usd >= 0.0)
+                .map(Some),
+        };
+        self.get(key, None, read, "must be a non-negative number")
     }
 }
 
 fn parse_bus(fields: &Map<String, Value>) -> Result<BusConfig, ConfigError> {
     let bus = Section::new(fields, &BUS)?;
     let defaults = BusConfig::default();
-    let (enabled, peers) = parse_peers(fields.get("peers"))?;
+    let peers = parse_peers(fields.get("peers"))?;
     // Fields are checked in this order; the first bad one is reported.
     Ok(BusConfig {
-        enabled,
+        // Allowing nobody turns the bus off.
+        enabled: peers != Peers::Only(Vec::new()),
         peers,
         max_depth: bus.int("maxDepth", defaults.max_depth, 1, u64::MAX)?,
         port: bus.int("port", defaults.port, 0, u64::from(u16::MAX))?,
@@ -230,7 +234,10 @@ fn parse_bus(fields: &Map<String, Value>) -> Result<BusConfig, ConfigError> {
             non_empty_string,
             "must be a non-empty string",
         )?,
-        accept_kinds: bus.strings("acceptKinds", defaults.accept_kinds, true)?,
+        accept_kinds: match fields.get("acceptKinds") {
+            None => defaults.accept_kinds,
+            Some(kinds) => string_list(kinds, "bus.acceptKinds", true)?,
+        },
         max_concurrent_turns: bus.int(
             "maxConcurrentTurns",
             defaults.max_concurrent_turns,
@@ -265,20 +272,17 @@ fn parse_bus(fields: &Map<String, Value>) -> Result<BusConfig, ConfigError> {
     })
 }
 
-/// `bus.peers`: whether it leaves the bus on, and who it allows.
-fn parse_peers(value: Option<&Value>) -> Result<(bool, Peers), ConfigError> {
+/// `bus.peers`: who it allows.
+fn parse_peers(value: Option<&Value>) -> Result<Peers, ConfigError> {
     match value {
-        None | Some(Value::Bool(true)) => Ok((true, Peers::Any)),
-        Some(Value::String(s)) if s == "*" => Ok((true, Peers::Any)),
-        Some(Value::Bool(false)) => Ok((false, Peers::Only(Vec::new()))),
-        Some(Value::Array(items)) => {
-            let names = string_items(items, "bus.peers", true)?;
-            Ok((!names.is_empty(), Peers::Only(names)))
-        }
-        Some(_) => Err(ConfigError::field_error(
+        None | Some(Value::Bool(true)) => Ok(Peers::Any),
+        Some(Value::String(s)) if s == "*" => Ok(Peers::Any),
+        Some(Value::Bool(false)) => Ok(Peers::Only(Vec::new())),
+        Some(value @ Value::Array(_)) => Ok(Peers::Only(string_list(value, "bus.peers", true)?)),
+        Some(_) => refuse(
             "bus.peers",
             "must be \"*\", true, false or an array of names",
-        )),
+        ),
     }
 }
 
@@ -286,12 +290,8 @@ fn parse_engine(fields: &Map<String, Value>) -> Result<EngineConfig, ConfigError
     let engine = Section::new(fields, &ENGINE)?;
     // A preset gives the defaults of `command`, `prompt` and `output`; each key set
     // overrides its own.
-    let preset = engine.get(
-        "preset",
-        None,
-        |v| v.as_str().and_then(Preset::from_name).map(Some),
-        "must be \"claude\", \"codex\" or \"gemini\"",
-    )?;
+    let presets = Preset::ALL.map(|p| (p.name(), Some(p)));
+    let preset = engine.choice("preset", None, &presets)?;
     let defaults = match preset {
         Some(preset) => EngineConfig::from_preset(preset),
         None => EngineConfig::new(Vec::new()),
@@ -301,27 +301,21 @@ fn parse_engine(fields: &Map<String, Value>) -> Result<EngineConfig, ConfigError
             (None, Some(_)) => defaults.command,
             (command, _) => parse_command(command)?,
         },
-        prompt: engine.get(
+        prompt: engine.choice(
             "prompt",
             defaults.prompt,
-            |v| match v.as_str()? {
-                "stdin" => Some(PromptMode::Stdin),
-                "arg" => Some(PromptMode::Arg),
-                _ => None,
-            },
-            "must be \"stdin\" or \"arg\"",
+            &[("stdin", PromptMode::Stdin), ("arg", PromptMode::Arg)],
         )?,
-        output: engine.get(
+        output: engine.choice(
             "output",
             defaults.output,
-            |v| match v.as_str()? {
-                "text" => Some(OutputMode::Text),
-                "json" => Some(OutputMode::Json),
-                "codex-jsonl" => Some(OutputMode::CodexJsonl),
-                "gemini-json" => Some(OutputMode::GeminiJson),
-                _ => None,
-            },
-            "must be \"text\", \"json\", \"codex-jsonl\" or \"gemini-json\"",
+            &[
+                OutputMode::Text,
+                OutputMode::Json,
+                OutputMode::CodexJsonl,
+                OutputMode::GeminiJson,
+            ]
+            .map(|o| (o.as_str(), o)),
         )?,
         timeout_secs: engine.int("timeoutSecs", DEFAULT_ENGINE_TIMEOUT_SECS, 1, u64::MAX)?,
         max_output_bytes: engine.int(
@@ -330,7 +324,7 @@ fn parse_engine(fields: &Map<String, Value>) -> Result<EngineConfig, ConfigError
             1,
             u64::MAX,
         )?,
-        max_turn_cost_usd: optional_usd(fields.get("maxTurnCostUsd"), "engine.maxTurnCostUsd")?,
+        max_turn_cost_usd: engine.usd("maxTurnCostUsd")?,
         cwd: engine.get(
             "cwd",
             None,
@@ -341,144 +335,70 @@ fn parse_engine(fields: &Map<String, Value>) -> Result<EngineConfig, ConfigError
             },
             "must be a non-empty string",
         )?,
-        env: match fields.get("env") {
-            None => BTreeMap::new(),
-            Some(Value::Object(vars)) => parse_env(vars)?,
-            Some(_) => {
-                return Err(ConfigError::field_error(
-                    "engine.env",
-                    "must be an object of strings",
-                ))
-            }
-        },
+        env: parse_env(fields.get("env"))?,
         preset,
     })
 }
 
 /// `engine.command`: a non-empty argv whose program name is not empty.
 fn parse_command(value: Option<&Value>) -> Result<Vec<String>, ConfigError> {
+    let path = "engine.command";
     let command = match value {
-        None => {
-            return Err(ConfigError::field_error(
-                "engine.command",
-                "is required (or set engine.preset)",
-            ))
-        }
-        Some(Value::Array(items)) if !items.is_empty() => {
-            string_items(items, "engine.command", false)?
-        }
-        Some(_) => {
-            return Err(ConfigError::field_error(
-                "engine.command",
-                "must be a non-empty array of strings",
-            ))
-        }
+        None => return refuse(path, "is required (or set engine.preset)"),
+        Some(value @ Value::Array(items)) if !items.is_empty() => string_list(value, path, false)?,
+        Some(_) => return refuse(path, "must be a non-empty array of strings"),
     };
     if command.first().is_some_and(String::is_empty) {
-        return Err(ConfigError::field_error(
-            "engine.command[0]",
-            "must be a non-empty string",
-        ));
+        return refuse(format!("{path}[0]"), "must be a non-empty string");
     }
     // A NUL byte can't be passed to exec; say so now rather than at the first turn.
-    if let Some(i) = command.iter().position(|arg| arg.contains('\0')) {
-        return Err(ConfigError::field_error(
-            format!("engine.command[{i}]"),
-            "must not contain a NUL character",
-        ));
+    match command.iter().position(|arg| arg.contains('\0')) {
+        Some(i) => refuse(format!("{path}[{i}]"), "must not contain a NUL character"),
+        None => Ok(command),
     }
-    Ok(command)
 }
 
 /// `engine.env`: names that can be environment variables, string values.
-fn parse_env(vars: &Map<String, Value>) -> Result<BTreeMap<String, String>, ConfigError> {
-    let mut env = BTreeMap::new();
-    for (name, value) in vars {
-        if name.is_empty() || name.contains('=') || name.contains('\0') {
-            return Err(ConfigError::field_error(
-                "engine.env",
-                "variable names must be non-empty, without '=' or NUL",
-            ));
-        }
-        match value {
-            Value::String(s) if !s.contains('\0') => {
-                env.insert(name.clone(), s.clone());
-            }
-            _ => {
-                return Err(ConfigError::field_error(
-                    format!("engine.env.{name}"),
-                    "must be a string without NUL",
-                ))
-            }
-        }
-    }
-    Ok(env)
-}
-
-/// An amount of US dollars that may be left out: missing or `null` is `None`, else a
-/// finite number `>= 0`.
-fn optional_usd(value: Option<&Value>, path: &str) -> Result<Option<f64>, ConfigError> {
-    match value {
-        None | Some(Value::Null) => Ok(None),
-        Some(value) => match value.as_f64() {
-            Some(usd) if usd.is_finite() && usd >= 0.0 => Ok(Some(usd)),
-            _ => Err(ConfigError::field_error(
-                path,
-                "must be a non-negative number",
-            )),
-        },
-    }
+fn parse_env(value: Option<&Value>) -> Result<BTreeMap<String, String>, ConfigError> {
+    let vars = match value {
+        None => return Ok(BTreeMap::new()),
+        Some(Value::Object(vars)) => vars,
+        Some(_) => return refuse("engine.env", "must be an object of strings"),
+    };
+    let var = |(name, value): (&String, &Value)| match value {
+        _ if name.is_empty() || name.contains('=') || name.contains('\0') => refuse(
+            "engine.env",
+            "variable names must be non-empty, without '=' or NUL",
+        ),
+        Value::String(s) if !s.contains('\0') => Ok((name.clone(), s.clone())),
+        _ => refuse(format!("engine.env.{name}"), "must be a string without NUL"),
+    };
+    vars.iter().map(var).collect()
 }
 
 fn non_empty_string(value: &Value) -> Option<String> {
     value.as_str().filter(|s| !s.is_empty()).map(str::to_owned)
 }
 
-/// What a string item must be: `"non-empty string"` or `"string"`.
-fn string_kind(non_empty: bool) -> &'static str {
-    if non_empty {
+/// `value` as a list of strings (non-empty ones if `non_empty`), naming the first bad
+/// item by index.
+fn string_list(value: &Value, path: &str, non_empty: bool) -> Result<Vec<String>, ConfigError> {
+    let kind = if non_empty {
         "non-empty string"
     } else {
         "string"
-    }
-}
-
-/// `value` as a list of strings (non-empty ones if `non_empty`).
-fn string_list(value: &Value, path: &str, non_empty: bool) -> Result<Vec<String>, ConfigError> {
-    match value {
-        Value::Array(items) => string_items(items, path, non_empty),
-        _ => Err(ConfigError::field_error(
-            path,
-            format!("must be an array of {}s", string_kind(non_empty)),
-        )),
-    }
-}
-
-/// The items of an array as strings, naming the first bad item by index.
-fn string_items(items: &[Value], path: &str, non_empty: bool) -> Result<Vec<String>, ConfigError> {
+    };
+    let Value::Array(items) = value else {
+        return refuse(path, format!("must be an array of {kind}s"));
+    };
     items
         .iter()
         .enumerate()
         .map(|(i, item)| match item {
             Value::String(s) if !(non_empty && s.is_empty()) => Ok(s.clone()),
-            _ => Err(ConfigError::field_error(
-                format!("{path}[{i}]"),
-                format!("must be a {}", string_kind(non_empty)),
-            )),
+            _ => refuse(format!("{path}[{i}]"), format!("must be a {kind}")),
         })
         .collect()
-}
-
-/// `value` as an integer in `min..=max`, read as [`non_negative_integer`] reads it
-/// (`1.0` is 1; strings, fractions and negative numbers are not integers), with one
-/// difference kept from before the readers were merged: a number beyond `u64::MAX`
-/// is refused here rather than saturated, so that a typo like `1e30` in a config is
-/// an error and not "unlimited".
-fn integer_in(value: &Value, min: u64, max: u64) -> Option<u64> {
-    if value.as_f64().is_some_and(|f| f > u64::MAX as f64) {
-        return None;
-    }
-    non_negative_integer(value).filter(|n| (min..=max).contains(n))
 }
 
 #[cfg(test)]

@@ -22,8 +22,7 @@ pub const MAX_CONFIG_BYTES: u64 = 1 << 20;
 pub fn read_file(path: &Path) -> Result<Vec<u8>, ConfigError> {
     files::read_regular_file(path, MAX_CONFIG_BYTES).map_err(|err| ConfigError {
         file: path.display().to_string(),
-        problem: Problem::Read(err),
-        more: Box::default(),
+        ..ConfigError::new(Problem::Read(err))
     })
 }
 

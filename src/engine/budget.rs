@@ -86,21 +86,12 @@ impl Reservations {
     ) -> Result<Reservation<'_>, Failure> {
         // Held across the read and the reservation, so admissions are one at a time.
         let mut state = self.lock();
-        let spent = match usage.current() {
-            Ok(spent) => spent,
-            Err(e @ UsageFileError::Corrupt(_)) => {
-                return Err(Failure::new(
-                    ErrorCode::BudgetExhausted,
-                    format!("Budget unknown: {e}."),
-                ))
+        let spent = usage.current().map_err(|e| match e {
+            UsageFileError::Corrupt(_) => {
+                Failure::new(ErrorCode::BudgetExhausted, format!("Budget unknown: {e}."))
             }
-            Err(e) => {
-                return Err(Failure::new(
-                    ErrorCode::InternalError,
-                    format!("cannot read usage: {e}"),
-                ))
-            }
-        };
+            _ => Failure::new(ErrorCode::InternalError, format!("cannot read usage: {e}")),
+        })?;
         let total = spent.total_cost_usd;
         if total + state.reserved >= budget {
             let mut message = usage::budget_message(total, budget);
@@ -114,19 +105,14 @@ impl Reservations {
             }
             return Err(Failure::new(ErrorCode::BudgetExhausted, message));
         }
-        let estimate = max_turn_cost.unwrap_or_else(|| {
-            if state.recent.is_empty() {
-                match spent.request_count {
-                    0 => 0.0,
-                    n => total / n as f64,
-                }
-            } else {
-                state.recent.iter().sum::<f64>() / state.recent.len() as f64
-            }
+        let recent = &state.recent;
+        let estimate = max_turn_cost.unwrap_or(match (recent.len(), spent.request_count) {
+            (0, 0) => 0.0,
+            (0, n) => total / n as f64,
+            (len, _) => recent.iter().sum::<f64>() / len as f64,
         });
         state.reserved += estimate;
         state.running += 1;
-        drop(state);
         Ok(Reservation {
             owner: self,
             estimate,

@@ -13,14 +13,9 @@ use std::sync::{Arc, Mutex, PoisonError};
 /// Cloning shares the one flag.
 #[derive(Debug, Clone, Default)]
 pub struct CancelToken {
-    inner: Arc<Inner>,
-}
-
-#[derive(Debug, Default)]
-struct Inner {
-    cancelled: AtomicBool,
+    cancelled: Arc<AtomicBool>,
     /// Readable once cancelled, while armed.
-    wake: Mutex<Option<Arc<OwnedFd>>>,
+    wake: Arc<Mutex<Option<Arc<OwnedFd>>>>,
 }
 
 impl CancelToken {
@@ -32,7 +27,7 @@ impl CancelToken {
     /// Cancels: the turn stops its engine (SIGTERM, then SIGKILL after
     /// [`super::process::KILL_GRACE`]) or, if it has not started one, does not start it.
     pub fn cancel(&self) {
-        self.inner.cancelled.store(true, Ordering::SeqCst);
+        self.cancelled.store(true, Ordering::SeqCst);
         let wake = self.wake_lock().clone();
         if let Some(fd) = wake {
             // The counter only has to become non-zero; a full counter is readable too.
@@ -42,7 +37,7 @@ impl CancelToken {
 
     /// Whether [`CancelToken::cancel`] was called.
     pub fn is_cancelled(&self) -> bool {
-        self.inner.cancelled.load(Ordering::SeqCst)
+        self.cancelled.load(Ordering::SeqCst)
     }
 
     /// Creates the eventfd a running engine's turn polls beside its pipes: readable
@@ -66,10 +61,7 @@ impl CancelToken {
 
     fn wake_lock(&self) -> std::sync::MutexGuard<'_, Option<Arc<OwnedFd>>> {
         // Nothing panics while holding this lock.
-        self.inner
-            .wake
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
+        self.wake.lock().unwrap_or_else(PoisonError::into_inner)
     }
 }
 

@@ -25,14 +25,12 @@ pub use process::KILL_GRACE;
 pub use reaper::contain_leftovers;
 pub use running::RunningEngines;
 
-use crate::config::{Config, EngineConfig};
+use crate::config::Config;
 use crate::protocol::{
     format_traceparent, ErrorCode, Failure, RequestId, TalkRequest, TraceId, REQUEST_ID_VAR,
     TRACEPARENT_VAR, TRACE_ID_VAR,
 };
 use crate::usage::UsageStore;
-use outcome::Exit;
-use process::{Ended, Launch};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
@@ -63,33 +61,9 @@ pub struct TurnTrace {
     pub span_id: String,
 }
 
-/// The trace variables an engine gets: empty ones (which a client reads as unset)
-/// for a turn without a trace, so that none is inherited from the server's own
-/// environment.
-fn trace_env(trace: Option<&TurnTrace>) -> [(&'static str, std::ffi::OsString); 3] {
-    let (trace_id, request_id, traceparent) = trace.map_or_else(Default::default, |t| {
-        (
-            t.trace_id.to_string(),
-            t.request_id.to_string(),
-            format_traceparent(&t.trace_id, &t.span_id),
-        )
-    });
-    [
-        (TRACE_ID_VAR, trace_id.into()),
-        (REQUEST_ID_VAR, request_id.into()),
-        (TRACEPARENT_VAR, traceparent.into()),
-    ]
-}
-
 /// The failure of a cancelled turn (contract 8.1: `cancelled`, not retryable).
 pub fn cancelled() -> Failure {
     Failure::new(ErrorCode::Cancelled, "the turn was cancelled by its caller")
-}
-
-/// The built-in echo engine, used when no `engine` is configured: the reply is the
-/// prompt. No process, no cost, no usage record.
-pub fn echo(request: &TalkRequest) -> TurnResult {
-    TurnResult::Reply(request.prompt.clone())
 }
 
 /// Runs one turn of `config`'s engine (the echo engine when it has none) for the
@@ -164,98 +138,49 @@ impl Engine {
     /// (see `engine/budget.rs`); an engine turn's usage is then recorded.
     pub fn run(&self, turn: &Turn) -> TurnOutput {
         let engine = turn.config.engine.as_ref();
-        let reservation = match turn.config.budget_usd {
-            Some(budget) => {
-                let cap = engine.and_then(|e| e.max_turn_cost_usd);
-                match self.reservations.admit(&self.usage, budget, cap) {
-                    Ok(reservation) => Some(reservation),
-                    Err(refusal) => return TurnOutput::without_usage(TurnResult::Failed(refusal)),
-                }
-            }
-            None => None,
+        let cap = engine.and_then(|e| e.max_turn_cost_usd);
+        let admitted = turn
+            .config
+            .budget_usd
+            .map(|budget| self.reservations.admit(&self.usage, budget, cap))
+            .transpose();
+        let reservation = match admitted {
+            Ok(reservation) => reservation,
+            Err(refusal) => return TurnOutput::without_usage(TurnResult::Failed(refusal)),
         };
+        // The built-in echo engine, used when no `engine` is configured: the reply is
+        // the prompt. No process, no cost, no usage record.
         let Some(engine) = engine else {
-            return TurnOutput::without_usage(echo(&turn.request));
+            return TurnOutput::without_usage(TurnResult::Reply(turn.request.prompt.clone()));
         };
-        let run = self.run_command(engine, turn);
-        if let Some(turn_usage) = &run.usage {
-            if let Err(e) = self.usage.record(turn_usage) {
-                log::error!("cannot record usage: {e}");
-            }
+        let request = &turn.request;
+        // The trace variables are empty (which a client reads as unset) for a turn
+        // without a trace, so that none is inherited from the server's own environment.
+        let (trace_id, request_id, traceparent) = match &turn.trace {
+            Some(t) => (
+                t.trace_id.to_string(),
+                t.request_id.to_string(),
+                format_traceparent(&t.trace_id, &t.span_id),
+            ),
+            None => Default::default(),
+        };
+        let env = vec![
+            ("LOOPBUS_INSTANCE", self.instance.clone().into()),
+            ("LOOPBUS_STATE_DIR", self.state_dir.clone().into()),
+            ("LOOPBUS_FROM", request.from_instance.clone().into()),
+            ("LOOPBUS_DEPTH", request.depth.to_string().into()),
+            (TRACE_ID_VAR, trace_id.into()),
+            (REQUEST_ID_VAR, request_id.into()),
+            (TRACEPARENT_VAR, traceparent.into()),
+        ];
+        let run = process::run(engine, turn, env, &self.running);
+        if let Some(Err(e)) = run.usage.as_ref().map(|u| self.usage.record(u)) {
+            log::error!("cannot record usage: {e}");
         }
         if let Some(reservation) = reservation {
             reservation.finish(run.usage.map(|u| u.cost_usd));
         }
         run
-    }
-
-    /// Runs the engine command for `turn` and interprets how it ended.
-    fn run_command(&self, engine: &EngineConfig, turn: &Turn) -> TurnOutput {
-        let request = &turn.request;
-        let mut env = vec![
-            ("LOOPBUS_INSTANCE", self.instance.clone().into()),
-            ("LOOPBUS_STATE_DIR", self.state_dir.clone().into()),
-            ("LOOPBUS_FROM", request.from_instance.clone().into()),
-            ("LOOPBUS_DEPTH", request.depth.to_string().into()),
-        ];
-        env.extend(trace_env(turn.trace.as_ref()));
-        let launch = Launch {
-            cancel: &turn.cancel,
-            engine,
-            prompt: &request.prompt,
-            env,
-        };
-        if let Some(refusal) = preflight::refusal(engine, &request.prompt) {
-            return TurnOutput::without_usage(TurnResult::Failed(refusal));
-        }
-        match process::run(&launch, &self.running) {
-            Ended::NoCommand => TurnOutput::failed(ErrorCode::EngineCli, "engine.command is empty"),
-            Ended::SpawnFailed(e) => {
-                TurnOutput::without_usage(TurnResult::Failed(preflight::spawn_failure(engine, &e)))
-            }
-            Ended::WaitFailed(e) => TurnOutput::failed(
-                ErrorCode::EngineCli,
-                format!("cannot wait for the engine: {e}"),
-            ),
-            Ended::TimedOut => TurnOutput::failed(
-                ErrorCode::Timeout,
-                format!(
-                    "engine did not finish within {} s (engine.timeoutSecs)",
-                    engine.timeout_secs
-                ),
-            ),
-            Ended::OutputTooLarge => TurnOutput::failed(
-                ErrorCode::EngineCli,
-                format!(
-                    "engine output exceeded {} bytes (engine.maxOutputBytes); output cut",
-                    engine.max_output_bytes
-                ),
-            ),
-            Ended::Cancelled {
-                status,
-                stdout,
-                stderr,
-            } => {
-                // An engine that ran counts as a turn, with the usage it reported
-                // before it stopped.
-                let ran = status.map(|status| {
-                    outcome::interpret(engine.output, Exit::from(status), &stdout, &stderr)
-                });
-                TurnOutput {
-                    result: TurnResult::Failed(cancelled()),
-                    usage: ran.as_ref().map(|ran| ran.usage.unwrap_or_default()),
-                    session_id: ran.and_then(|ran| ran.session_id),
-                }
-            }
-            Ended::Lost => {
-                TurnOutput::failed(ErrorCode::EngineCli, "lost track of the engine process")
-            }
-            Ended::Exited {
-                status,
-                stdout,
-                stderr,
-            } => outcome::interpret(engine.output, Exit::from(status), &stdout, &stderr),
-        }
     }
 }
 

@@ -3,7 +3,7 @@
 //!
 //! Nothing here touches a process or a file, so every rule is tested with plain values.
 
-use super::parsers::{self, Unreadable};
+use super::parsers::{self, Report, Unreadable};
 use crate::config::OutputMode;
 use crate::protocol::classify;
 use crate::protocol::{ErrorCode, Failure};
@@ -31,27 +31,6 @@ pub enum TurnResult {
     /// A classified failure (200, failure envelope). Output the engine was not meant
     /// to write is one too (`engine_cli`), never a 500.
     Failed(Failure),
-}
-
-/// How an engine process ended.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Exit {
-    /// It exited with this status code (0 is success).
-    Code(i32),
-    /// A signal killed it.
-    Signal(i32),
-    /// Neither is known.
-    Unknown,
-}
-
-impl From<ExitStatus> for Exit {
-    fn from(status: ExitStatus) -> Exit {
-        match (status.code(), status.signal()) {
-            (Some(code), _) => Exit::Code(code),
-            (None, Some(signal)) => Exit::Signal(signal),
-            (None, None) => Exit::Unknown,
-        }
-    }
 }
 
 /// What one turn produced: its answer, the usage its engine reported (`None`: nothing
@@ -90,7 +69,7 @@ impl TurnOutput {
 /// message, else the last lines of stderr, else of stdout. A successful exit replies
 /// with stdout (text, one trailing newline dropped) or the structured reply, unless the
 /// structured output reports a failure (see `engine/parsers.rs`).
-pub fn interpret(output: OutputMode, exit: Exit, stdout: &[u8], stderr: &[u8]) -> TurnOutput {
+pub fn interpret(output: OutputMode, exit: ExitStatus, stdout: &[u8], stderr: &[u8]) -> TurnOutput {
     let stdout_text = String::from_utf8_lossy(stdout);
     let stderr_text = String::from_utf8_lossy(stderr);
     // Gemini CLI writes its JSON error object to stderr, not stdout.
@@ -105,68 +84,58 @@ pub fn interpret(output: OutputMode, exit: Exit, stdout: &[u8], stderr: &[u8]) -
         // Bad usage is bad output, whatever else the engine said. The turn still
         // counts, at no cost: nothing it reported can be trusted.
         Err(Unreadable::BadUsage(bad)) => {
-            return bad_output(bounded(&bad), Some(TurnUsage::default()))
+            return TurnOutput {
+                usage: Some(TurnUsage::default()),
+                ..TurnOutput::failed(ErrorCode::EngineCli, bounded(&bad))
+            }
         }
         Err(Unreadable::NotStructured) => None,
     };
-    let usage = report.as_ref().map(|r| r.usage);
-    let session_id = report.as_ref().and_then(|r| r.session_id.clone());
-    let with = |result| TurnOutput {
-        result,
-        usage,
-        session_id: session_id.clone(),
-    };
-    if exit != Exit::Code(0) {
-        let said = report
+    let engine_cli = |message| TurnResult::Failed(Failure::new(ErrorCode::EngineCli, message));
+    TurnOutput {
+        // Without a report (a text engine reports none, other output is unreadable) a
+        // turn that exited 0 still counts, at no cost.
+        usage: report
             .as_ref()
-            .and_then(|r| r.error.clone().or(r.reply.clone()));
-        return with(TurnResult::Failed(failed_exit(
-            output,
-            exit,
-            said,
-            &stdout_text,
-            &stderr_text,
-        )));
-    }
-    let Some(report) = report else {
-        if output != OutputMode::Text {
-            let why = format!(
+            .map(|r| r.usage)
+            .or(exit.success().then(TurnUsage::default)),
+        session_id: report.as_ref().and_then(|r| r.session_id.clone()),
+        result: match report {
+            _ if !exit.success() => {
+                let said = report.and_then(|r| r.error.or(r.reply));
+                TurnResult::Failed(failed_exit(output, exit, said, &stdout_text, &stderr_text))
+            }
+            None if output != OutputMode::Text => engine_cli(format!(
                 "engine output is not what engine.output \"{}\" reads",
                 output.as_str()
-            );
-            return bad_output(why, Some(TurnUsage::default()));
-        }
-        // A text engine reports no usage; the turn still counts.
-        let usage = Some(TurnUsage::default());
-        let Ok(text) = std::str::from_utf8(stdout) else {
-            return bad_output(
-                "engine output is not UTF-8 (engine.output is \"text\")",
-                usage,
-            );
-        };
-        let text = text
-            .strip_suffix('\n')
-            .map(|t| t.strip_suffix('\r').unwrap_or(t))
-            .unwrap_or(text);
-        return TurnOutput {
-            result: TurnResult::Reply(text.to_owned()),
-            usage,
-            session_id: None,
-        };
-    };
-    match (report.error, report.reply) {
-        (Some(error), _) => {
-            let code = classify(&error).unwrap_or(report.fallback);
-            with(TurnResult::Failed(Failure::new(code, bounded(&error))))
-        }
-        (None, Some(reply)) => with(TurnResult::Reply(reply)),
-        (None, None) => with(TurnResult::Failed(Failure::new(
-            ErrorCode::EngineCli,
-            format!(
+            )),
+            None => match std::str::from_utf8(stdout) {
+                Ok(text) => TurnResult::Reply(
+                    text.strip_suffix('\n')
+                        .map(|t| t.strip_suffix('\r').unwrap_or(t))
+                        .unwrap_or(text)
+                        .to_owned(),
+                ),
+                Err(_) => {
+                    engine_cli("engine output is not UTF-8 (engine.output is \"text\")".into())
+                }
+            },
+            Some(Report {
+                error: Some(error),
+                fallback,
+                ..
+            }) => {
+                let code = classify(&error).unwrap_or(fallback);
+                TurnResult::Failed(Failure::new(code, bounded(&error)))
+            }
+            Some(Report {
+                reply: Some(reply), ..
+            }) => TurnResult::Reply(reply),
+            Some(_) => engine_cli(format!(
                 "engine output has no reply (engine.output \"{}\")",
                 output.as_str()
-            ),
-        ))),
+            )),
+        },
     }
 }
 
@@ -176,50 +145,42 @@ pub fn interpret(output: OutputMode, exit: Exit, stdout: &[u8], stderr: &[u8]) -
 /// code of [`parsers::GEMINI_EXIT_CODES`] decides the code itself.
 fn failed_exit(
     output: OutputMode,
-    exit: Exit,
+    exit: ExitStatus,
     said: Option<String>,
     stdout: &str,
     stderr: &str,
 ) -> Failure {
-    let message = said
-        .clone()
-        .or_else(|| last_lines(stderr))
-        .or_else(|| last_lines(stdout))
-        .unwrap_or_default();
-    let documented = match (output, exit) {
-        (OutputMode::GeminiJson, Exit::Code(status)) => parsers::gemini_exit(status),
-        _ => None,
+    let mut text = match (exit.code(), exit.signal()) {
+        (Some(code), _) => format!("engine exited with status {code}"),
+        (None, Some(signal)) => format!("engine was killed by signal {signal}"),
+        (None, None) => "engine failed".to_owned(),
     };
-    let mut how = match exit {
-        Exit::Code(code) => format!("engine exited with status {code}"),
-        Exit::Signal(signal) => format!("engine was killed by signal {signal}"),
-        Exit::Unknown => "engine failed".to_owned(),
-    };
-    let mut failure = match &documented {
-        Some((code, retryable, meaning)) => {
-            how.push_str(&format!(" (Gemini CLI: {meaning})"));
+    let gemini = exit.code().filter(|_| output == OutputMode::GeminiJson);
+    let mut failure = match gemini.and_then(parsers::gemini_exit) {
+        Some((_, code, retryable, meaning)) => {
+            text.push_str(&format!(" (Gemini CLI: {meaning})"));
             Failure {
                 retryable: *retryable,
                 ..Failure::new(code.clone(), "")
             }
         }
         None => {
-            let text = match &said {
+            let classified = match &said {
                 Some(said) => format!("{said}\n{stderr}"),
                 None => format!("{stderr}\n{stdout}"),
             };
-            Failure::new(classify(&text).unwrap_or(ErrorCode::EngineCli), "")
+            Failure::new(classify(&classified).unwrap_or(ErrorCode::EngineCli), "")
         }
     };
-    let mut text = if message.is_empty() {
-        how
-    } else {
-        format!("{how}: {message}")
-    };
-    if documented.is_none()
-        && failure.code == ErrorCode::EngineCli
-        && matches!(exit, Exit::Code(c) if COMMAND_NOT_FOUND_STATUSES.contains(&c))
-    {
+    let said = said
+        .or_else(|| last_lines(stderr))
+        .or_else(|| last_lines(stdout));
+    if let Some(message) = said.filter(|m| !m.is_empty()) {
+        text = format!("{text}: {message}");
+    }
+    // (No documented Gemini CLI code is one of these.)
+    let status = exit.code().unwrap_or_default();
+    if failure.code == ErrorCode::EngineCli && COMMAND_NOT_FOUND_STATUSES.contains(&status) {
         // A command the engine runs is missing: retrying cannot fix that.
         failure.retryable = false;
         let lower = format!("{stderr}\n{stdout}").to_lowercase();
@@ -231,14 +192,6 @@ fn failed_exit(
     failure
 }
 
-/// An `engine_cli` failure: output the engine's `engine.output` mode can't read.
-fn bad_output(message: impl Into<String>, usage: Option<TurnUsage>) -> TurnOutput {
-    TurnOutput {
-        usage,
-        ..TurnOutput::failed(ErrorCode::EngineCli, message)
-    }
-}
-
 /// The last [`MESSAGE_LINES`] non-empty lines of `text`, joined and bounded.
 fn last_lines(text: &str) -> Option<String> {
     let lines: Vec<&str> = text
@@ -246,11 +199,8 @@ fn last_lines(text: &str) -> Option<String> {
         .map(str::trim)
         .filter(|l| !l.is_empty())
         .collect();
-    if lines.is_empty() {
-        return None;
-    }
     let start = lines.len().saturating_sub(MESSAGE_LINES);
-    Some(bounded(&lines[start..].join(" | ")))
+    (!lines.is_empty()).then(|| bounded(&lines[start..].join(" | ")))
 }
 
 /// `text` trimmed and cut to [`MAX_ENGINE_MESSAGE_CHARS`].
@@ -300,131 +250,107 @@ mod tests {
         // (mode, exit, stdout, stderr, expected: Ok(reply) | Err(code))
         type Row = (
             OutputMode,
-            Exit,
+            ExitStatus,
             &'static [u8],
             &'static str,
             Result<&'static str, &'static str>,
         );
         let rows: &[Row] = &[
-            (OutputMode::Text, Exit::Code(0), b"hello\n", "", Ok("hello")),
-            (OutputMode::Text, Exit::Code(0), b"crlf\r\n", "", Ok("crlf")),
+            (OutputMode::Text, code(0), b"hello\n", "", Ok("hello")),
+            (OutputMode::Text, code(0), b"crlf\r\n", "", Ok("crlf")),
             (
                 OutputMode::Text,
-                Exit::Code(0),
+                code(0),
                 b"two\nlines\n\n",
                 "",
                 Ok("two\nlines\n"),
             ),
-            (OutputMode::Text, Exit::Code(0), b"", "noise", Ok("")),
+            (OutputMode::Text, code(0), b"", "noise", Ok("")),
             (
                 OutputMode::Text,
-                Exit::Code(0),
+                code(0),
                 b"caf\xc3\xa9",
                 "",
                 Ok("caf\u{e9}"),
             ),
+            (OutputMode::Text, code(0), b"caf\xe9", "", Err("engine_cli")),
             (
                 OutputMode::Text,
-                Exit::Code(0),
-                b"caf\xe9",
-                "",
-                Err("engine_cli"),
-            ),
-            (
-                OutputMode::Text,
-                Exit::Code(1),
+                code(1),
                 b"",
                 "Invalid API key · Please run /login",
                 Err("auth"),
             ),
+            (OutputMode::Text, code(2), b"", "boom", Err("engine_cli")),
+            (OutputMode::Text, signal(9), b"", "", Err("engine_cli")),
+            (OutputMode::Text, unknown(), b"", "", Err("engine_cli")),
             (
                 OutputMode::Text,
-                Exit::Code(2),
-                b"",
-                "boom",
-                Err("engine_cli"),
-            ),
-            (
-                OutputMode::Text,
-                Exit::Signal(9),
-                b"",
-                "",
-                Err("engine_cli"),
-            ),
-            (OutputMode::Text, Exit::Unknown, b"", "", Err("engine_cli")),
-            (
-                OutputMode::Text,
-                Exit::Code(1),
+                code(1),
                 b"",
                 "rm: Permission denied",
                 Err("write_permission"),
             ),
             (
                 OutputMode::Json,
-                Exit::Code(0),
+                code(0),
                 br#"{"result":"ok","total_cost_usd":0.5}"#,
                 "",
                 Ok("ok"),
             ),
             (
                 OutputMode::Json,
-                Exit::Code(0),
+                code(0),
                 br#"{"result":"No conversation found","is_error":true}"#,
                 "",
                 Err("session_state"),
             ),
             (
                 OutputMode::Json,
-                Exit::Code(0),
+                code(0),
                 br#"{"result":"weird","is_error":true}"#,
                 "",
                 Err("unknown"),
             ),
             (
                 OutputMode::Json,
-                Exit::Code(0),
+                code(0),
                 br#"{"result":"fine","is_error":false}"#,
                 "",
                 Ok("fine"),
             ),
             (
                 OutputMode::Json,
-                Exit::Code(1),
+                code(1),
                 br#"{"result":"Invalid API key","is_error":true}"#,
                 "",
                 Err("auth"),
             ),
             (
                 OutputMode::Json,
-                Exit::Code(0),
+                code(0),
                 b"not json",
                 "",
                 Err("engine_cli"),
             ),
+            (OutputMode::Json, code(0), b"[1]", "", Err("engine_cli")),
             (
                 OutputMode::Json,
-                Exit::Code(0),
-                b"[1]",
-                "",
-                Err("engine_cli"),
-            ),
-            (
-                OutputMode::Json,
-                Exit::Code(0),
+                code(0),
                 br#"{"text":"no result"}"#,
                 "",
                 Err("engine_cli"),
             ),
             (
                 OutputMode::Json,
-                Exit::Code(0),
+                code(0),
                 br#"{"result":7}"#,
                 "",
                 Err("engine_cli"),
             ),
             (
                 OutputMode::Json,
-                Exit::Code(0),
+                code(0),
                 b"warning: old\n{\"result\":\"ok\"}\n",
                 "",
                 Ok("ok"),
@@ -447,7 +373,7 @@ mod tests {
         // (mode, exit, stdout, stderr, code, retryable, words of the message)
         type Row = (
             OutputMode,
-            Exit,
+            ExitStatus,
             &'static str,
             &'static str,
             &'static str,
@@ -457,7 +383,7 @@ mod tests {
         let rows: &[Row] = &[
             (
                 OutputMode::Json,
-                Exit::Code(1),
+                code(1),
                 r#"{"type":"result","subtype":"success","is_error":true,"result":"Not logged in · Please run /login"}"#,
                 "",
                 "auth",
@@ -466,7 +392,7 @@ mod tests {
             ),
             (
                 OutputMode::Json,
-                Exit::Code(0),
+                code(0),
                 r#"{"type":"result","subtype":"error_max_turns","is_error":true,"num_turns":8}"#,
                 "",
                 "engine_cli",
@@ -475,7 +401,7 @@ mod tests {
             ),
             (
                 OutputMode::CodexJsonl,
-                Exit::Code(1),
+                code(1),
                 "{\"type\":\"thread.started\",\"thread_id\":\"t\"}\n{\"type\":\"turn.failed\",\"error\":{\"message\":\"unexpected status 401 Unauthorized\"}}\n",
                 "Reading prompt from stdin...",
                 "auth",
@@ -484,7 +410,7 @@ mod tests {
             ),
             (
                 OutputMode::CodexJsonl,
-                Exit::Code(0),
+                code(0),
                 r#"{"type":"error","message":"Not logged in"}"#,
                 "",
                 "auth",
@@ -494,7 +420,7 @@ mod tests {
             // A tool's output that says "permission denied" is not the CLI's failure.
             (
                 OutputMode::CodexJsonl,
-                Exit::Code(1),
+                code(1),
                 "{\"type\":\"item.completed\",\"item\":{\"type\":\"command_execution\",\"aggregated_output\":\"permission denied\"}}\n{\"type\":\"turn.failed\",\"error\":{\"message\":\"stream disconnected\"}}",
                 "",
                 "engine_cli",
@@ -503,7 +429,7 @@ mod tests {
             ),
             (
                 OutputMode::CodexJsonl,
-                Exit::Code(0),
+                code(0),
                 r#"{"type":"turn.completed","usage":{"input_tokens":1}}"#,
                 "",
                 "engine_cli",
@@ -512,7 +438,7 @@ mod tests {
             ),
             (
                 OutputMode::GeminiJson,
-                Exit::Code(41),
+                code(41),
                 r#"{"session_id":"g","error":{"type":"Error","message":"Please set an Auth method","code":41}}"#,
                 "",
                 "auth",
@@ -523,7 +449,7 @@ mod tests {
             // error object pretty-printed on stderr.
             (
                 OutputMode::GeminiJson,
-                Exit::Code(41),
+                code(41),
                 "",
                 "{\n  \"session_id\": \"g\",\n  \"error\": {\n    \"type\": \"Error\",\n    \"message\": \"Please set an Auth method in your settings.json\",\n    \"code\": 41\n  }\n}\n",
                 "auth",
@@ -532,7 +458,7 @@ mod tests {
             ),
             (
                 OutputMode::GeminiJson,
-                Exit::Code(55),
+                code(55),
                 "",
                 "folder is not trusted",
                 "engine_cli",
@@ -541,7 +467,7 @@ mod tests {
             ),
             (
                 OutputMode::GeminiJson,
-                Exit::Code(130),
+                code(130),
                 "",
                 "",
                 "engine_cli",
@@ -550,7 +476,7 @@ mod tests {
             ),
             (
                 OutputMode::GeminiJson,
-                Exit::Code(0),
+                code(0),
                 "plain text",
                 "",
                 "engine_cli",
@@ -573,7 +499,7 @@ mod tests {
         // The session id comes through a failure too.
         let run = interpret(
             OutputMode::GeminiJson,
-            Exit::Code(41),
+            code(41),
             br#"{"session_id":"g-1","error":{"message":"x"}}"#,
             b"",
         );
@@ -583,11 +509,17 @@ mod tests {
     #[test]
     fn failure_message_table() {
         // (mode, exit, stdout, stderr, the envelope's `error`)
-        type Row = (OutputMode, Exit, &'static str, &'static str, &'static str);
+        type Row = (
+            OutputMode,
+            ExitStatus,
+            &'static str,
+            &'static str,
+            &'static str,
+        );
         let rows: &[Row] = &[
             (
                 OutputMode::Text,
-                Exit::Code(1),
+                code(1),
                 "",
                 "Invalid API key \u{b7} Please run /login\n",
                 "engine exited with status 1: Invalid API key · Please run /login",
@@ -595,7 +527,7 @@ mod tests {
             // Only the last lines of stderr, joined.
             (
                 OutputMode::Text,
-                Exit::Code(3),
+                code(3),
                 "out",
                 "a\n\nb\nc\nd\n",
                 "engine exited with status 3: b | c | d",
@@ -603,30 +535,30 @@ mod tests {
             // Stdout when stderr is empty.
             (
                 OutputMode::Text,
-                Exit::Code(1),
+                code(1),
                 "only stdout\n",
                 "  \n",
                 "engine exited with status 1: only stdout",
             ),
             (
                 OutputMode::Text,
-                Exit::Signal(9),
+                signal(9),
                 "",
                 "",
                 "engine was killed by signal 9",
             ),
-            (OutputMode::Text, Exit::Unknown, "", "", "engine failed"),
+            (OutputMode::Text, unknown(), "", "", "engine failed"),
             // The engine's JSON `result` before stderr.
             (
                 OutputMode::Json,
-                Exit::Code(1),
+                code(1),
                 r#"{"result":"structured","is_error":true}"#,
                 "stderr text",
                 "engine exited with status 1: structured",
             ),
             (
                 OutputMode::Json,
-                Exit::Code(0),
+                code(0),
                 r#"{"result":"  said so  ","is_error":true}"#,
                 "",
                 "said so",
@@ -645,12 +577,7 @@ mod tests {
 
     #[test]
     fn an_auth_failure_is_not_retryable() {
-        let run = interpret(
-            OutputMode::Text,
-            Exit::Code(1),
-            b"",
-            b"Error: not logged in",
-        );
+        let run = interpret(OutputMode::Text, code(1), b"", b"Error: not logged in");
         let TurnResult::Failed(f) = run.result else {
             panic!("not a failure")
         };
@@ -662,7 +589,7 @@ mod tests {
     fn bug_loopbus_missing_on_a_nested_engines_path_was_retryable() {
         let run = interpret(
             OutputMode::Text,
-            Exit::Code(127),
+            code(127),
             b"",
             b"engine.sh: 3: loopbus: not found",
         );
@@ -673,12 +600,12 @@ mod tests {
         assert!(!f.retryable);
         assert!(f.error.starts_with(NESTED_LOOPBUS_HINT), "{f:?}");
         // Another missing command: not retryable, no hint; another status: retryable.
-        let run = interpret(OutputMode::Text, Exit::Code(127), b"", b"jq: not found");
+        let run = interpret(OutputMode::Text, code(127), b"", b"jq: not found");
         let TurnResult::Failed(f) = run.result else {
             panic!("not a failure")
         };
         assert!(!f.retryable && !f.error.contains("loopbus"), "{f:?}");
-        let run = interpret(OutputMode::Text, Exit::Code(1), b"", b"loopbus: boom");
+        let run = interpret(OutputMode::Text, code(1), b"", b"loopbus: boom");
         let TurnResult::Failed(f) = run.result else {
             panic!("not a failure")
         };
@@ -688,7 +615,7 @@ mod tests {
     #[test]
     fn failure_message_is_bounded() {
         let long = "x".repeat(MAX_ENGINE_MESSAGE_CHARS * 2);
-        let run = interpret(OutputMode::Text, Exit::Code(1), b"", long.as_bytes());
+        let run = interpret(OutputMode::Text, code(1), b"", long.as_bytes());
         let TurnResult::Failed(f) = run.result else {
             panic!("not a failure")
         };
@@ -706,40 +633,35 @@ mod tests {
             tokens_reported: true,
         };
         // (mode, exit, stdout, the usage to record)
-        let rows: &[(OutputMode, Exit, &str, Option<TurnUsage>)] = &[
+        let rows: &[(OutputMode, ExitStatus, &str, Option<TurnUsage>)] = &[
             (
                 OutputMode::Json,
-                Exit::Code(0),
+                code(0),
                 r#"{"result":"x","total_cost_usd":0.25,"usage":{"input_tokens":3,"output_tokens":4,"cache_read_input_tokens":5}}"#,
                 Some(full),
             ),
             // Absent and null fields count as 0.
             (
                 OutputMode::Json,
-                Exit::Code(0),
+                code(0),
                 r#"{"result":"x","total_cost_usd":null,"usage":{"input_tokens":null}}"#,
                 Some(TurnUsage::default()),
             ),
             // A failed JSON engine that still reported its cost: it counts.
             (
                 OutputMode::Json,
-                Exit::Code(1),
+                code(1),
                 r#"{"result":"x","total_cost_usd":0.25,"usage":{"input_tokens":3,"output_tokens":4,"cache_read_input_tokens":5}}"#,
                 Some(full),
             ),
             // A failed exit without JSON: nothing to record.
-            (OutputMode::Json, Exit::Code(1), "crash", None),
-            (OutputMode::Text, Exit::Code(1), "crash", None),
+            (OutputMode::Json, code(1), "crash", None),
+            (OutputMode::Text, code(1), "crash", None),
             // A successful text or malformed JSON turn counts, at zero cost.
-            (
-                OutputMode::Text,
-                Exit::Code(0),
-                "ok",
-                Some(TurnUsage::default()),
-            ),
+            (OutputMode::Text, code(0), "ok", Some(TurnUsage::default())),
             (
                 OutputMode::Json,
-                Exit::Code(0),
+                code(0),
                 "not json",
                 Some(TurnUsage::default()),
             ),
@@ -766,7 +688,7 @@ mod tests {
             r#"{"result":"x","total_cost_usd":1e400}"#,
         ];
         for out in rows {
-            for exit in [Exit::Code(0), Exit::Code(1)] {
+            for exit in [code(0), code(1)] {
                 let run = interpret(OutputMode::Json, exit, out.as_bytes(), b"");
                 let TurnResult::Failed(f) = &run.result else {
                     panic!("accepted {out}")
@@ -779,14 +701,30 @@ mod tests {
         // The bounds themselves pass.
         let at_bounds =
             r#"{"result":"x","total_cost_usd":1000,"usage":{"input_tokens":1000000000}}"#;
-        let run = interpret(OutputMode::Json, Exit::Code(0), at_bounds.as_bytes(), b"");
+        let run = interpret(OutputMode::Json, code(0), at_bounds.as_bytes(), b"");
         assert_eq!(run.result, TurnResult::Reply("x".to_owned()));
+    }
+
+    /// A status exited with `code`.
+    fn code(code: i32) -> ExitStatus {
+        ExitStatus::from_raw(code << 8)
+    }
+
+    /// A status killed by `signal`.
+    fn signal(signal: i32) -> ExitStatus {
+        ExitStatus::from_raw(signal)
+    }
+
+    /// A status that is neither (stopped by SIGSTOP).
+    fn unknown() -> ExitStatus {
+        ExitStatus::from_raw(0x137f)
     }
 
     #[test]
     fn exit_status_conversion() {
-        assert_eq!(Exit::from(ExitStatus::from_raw(0)), Exit::Code(0));
-        assert_eq!(Exit::from(ExitStatus::from_raw(2 << 8)), Exit::Code(2));
-        assert_eq!(Exit::from(ExitStatus::from_raw(9)), Exit::Signal(9));
+        assert_eq!((code(2).code(), code(2).signal()), (Some(2), None));
+        assert_eq!((signal(9).code(), signal(9).signal()), (None, Some(9)));
+        assert_eq!((unknown().code(), unknown().signal()), (None, None));
+        assert!(code(0).success());
     }
 }

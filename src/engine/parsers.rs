@@ -64,15 +64,11 @@ pub fn parse(mode: OutputMode, stdout: &str) -> Option<Result<Report, Unreadable
 /// skipped.
 pub fn claude(stdout: &str) -> Result<Report, Unreadable> {
     let value = json_object(stdout).ok_or(Unreadable::NotStructured)?;
-    let usage_of = |field: &str| value.get("usage").and_then(|u| u.get(field));
-    let mut usage = tokens(&[
-        (usage_of("input_tokens"), "usage.input_tokens"),
-        (usage_of("output_tokens"), "usage.output_tokens"),
-        (
-            usage_of("cache_read_input_tokens"),
-            "usage.cache_read_input_tokens",
-        ),
-    ])?;
+    let mut usage = tokens(
+        value.get("usage"),
+        "usage",
+        ["input_tokens", "output_tokens", "cache_read_input_tokens"],
+    )?;
     if let Some(v) = present(value.get("total_cost_usd")) {
         usage.cost_usd = v
             .as_f64()
@@ -106,10 +102,7 @@ pub fn claude(stdout: &str) -> Result<Report, Unreadable> {
     Ok(Report {
         reply: result.filter(|_| !failed).map(str::to_owned),
         error: failed.then(message),
-        fallback: match subtype {
-            Some(_) => ErrorCode::EngineCli,
-            None => ErrorCode::Unknown,
-        },
+        fallback: subtype.map_or(ErrorCode::Unknown, |_| ErrorCode::EngineCli),
         usage,
         session_id: session_id(value.get("session_id")),
     })
@@ -129,58 +122,46 @@ pub fn codex(stdout: &str) -> Result<Report, Unreadable> {
         usage: TurnUsage::default(),
         session_id: None,
     };
-    let mut events = 0;
-    let mut last_usage = None;
-    let events_of = stdout
+    let events: Vec<Value> = stdout
         .lines()
         .filter_map(|line| serde_json::from_str::<Value>(line).ok())
-        .filter(Value::is_object);
-    for event in events_of {
-        events += 1;
-        let text = |v: Option<&Value>| v.and_then(Value::as_str).map(str::to_owned);
+        .filter(Value::is_object)
+        .collect();
+    if events.is_empty() {
+        return Err(Unreadable::NotStructured);
+    }
+    let mut last_usage = None;
+    for event in &events {
         match event.get("type").and_then(Value::as_str) {
             Some("thread.started") => report.session_id = session_id(event.get("thread_id")),
             Some("item.completed") => {
                 let item = event.get("item");
                 if item.and_then(|i| i.get("type")).and_then(Value::as_str) == Some("agent_message")
                 {
-                    report.reply = text(item.and_then(|i| i.get("text"))).or(report.reply);
+                    report.reply = string(item.and_then(|i| i.get("text"))).or(report.reply);
                 }
             }
             Some("turn.completed") => {
-                last_usage = event.get("usage").cloned();
+                last_usage = event.get("usage");
                 // An `error` event the turn went on from (a reconnection) failed nothing.
                 report.error = None;
             }
             Some("turn.failed") => {
-                let message = text(event.get("error").and_then(|e| e.get("message")));
+                let message = string(event.get("error").and_then(|e| e.get("message")));
                 report.error = Some(message.unwrap_or_else(|| "codex: the turn failed".into()));
             }
             Some("error") => {
-                let message = text(event.get("message"));
+                let message = string(event.get("message"));
                 report.error = Some(message.unwrap_or_else(|| "codex reported an error".into()));
             }
             _ => {}
         }
     }
-    if events == 0 {
-        return Err(Unreadable::NotStructured);
-    }
-    let usage_of = |field: &str| last_usage.as_ref().and_then(|u| u.get(field));
-    report.usage = tokens(&[
-        (
-            usage_of("input_tokens"),
-            "turn.completed.usage.input_tokens",
-        ),
-        (
-            usage_of("output_tokens"),
-            "turn.completed.usage.output_tokens",
-        ),
-        (
-            usage_of("cached_input_tokens"),
-            "turn.completed.usage.cached_input_tokens",
-        ),
-    ])?;
+    report.usage = tokens(
+        last_usage,
+        "turn.completed.usage",
+        ["input_tokens", "output_tokens", "cached_input_tokens"],
+    )?;
     Ok(report)
 }
 
@@ -197,13 +178,11 @@ pub fn gemini(stdout: &str) -> Result<Report, Unreadable> {
         .and_then(|s| s.get("models"))
         .and_then(Value::as_object);
     for (model, stats) in models.into_iter().flatten() {
-        let of = |field: &str| stats.get("tokens").and_then(|t| t.get(field));
-        let path = |field: &str| format!("stats.models.{model}.tokens.{field}");
-        let one = tokens(&[
-            (of("prompt"), &path("prompt")),
-            (of("candidates"), &path("candidates")),
-            (of("cached"), &path("cached")),
-        ])?;
+        let one = tokens(
+            stats.get("tokens"),
+            &format!("stats.models.{model}.tokens"),
+            ["prompt", "candidates", "cached"],
+        )?;
         let sum = |a: u64, b: u64, field: &str| {
             Some(a + b).filter(|n| *n <= MAX_TURN_TOKENS).ok_or_else(|| {
                 Unreadable::BadUsage(format!(
@@ -216,16 +195,10 @@ pub fn gemini(stdout: &str) -> Result<Report, Unreadable> {
         usage.cached_tokens = sum(usage.cached_tokens, one.cached_tokens, "cached")?;
         usage.tokens_reported |= one.tokens_reported;
     }
-    let error = present(value.get("error")).map(|e| {
-        e.get("message")
-            .and_then(Value::as_str)
-            .map_or_else(|| "gemini reported an error".to_owned(), str::to_owned)
-    });
+    let error = present(value.get("error"))
+        .map(|e| string(e.get("message")).unwrap_or_else(|| "gemini reported an error".into()));
     Ok(Report {
-        reply: value
-            .get("response")
-            .and_then(Value::as_str)
-            .map(str::to_owned),
+        reply: string(value.get("response")),
         error,
         fallback: ErrorCode::EngineCli,
         usage,
@@ -255,11 +228,8 @@ pub const GEMINI_EXIT_CODES: [(i32, ErrorCode, bool, &str); 8] = [
 ];
 
 /// The row of [`GEMINI_EXIT_CODES`] for `status`, if it has one.
-pub fn gemini_exit(status: i32) -> Option<(ErrorCode, bool, &'static str)> {
-    GEMINI_EXIT_CODES
-        .iter()
-        .find(|(code, ..)| *code == status)
-        .map(|(_, code, retryable, meaning)| (code.clone(), *retryable, *meaning))
+pub fn gemini_exit(status: i32) -> Option<&'static (i32, ErrorCode, bool, &'static str)> {
+    GEMINI_EXIT_CODES.iter().find(|(code, ..)| *code == status)
 }
 
 /// The engine's JSON object: the whole of stdout, or else what follows the last line
@@ -277,22 +247,29 @@ pub fn json_object(stdout: &str) -> Option<Value> {
     })
 }
 
+/// `v` if it is a string.
+fn string(v: Option<&Value>) -> Option<String> {
+    v.and_then(Value::as_str).map(str::to_owned)
+}
+
 /// `v` unless it is absent or `null`.
 fn present(v: Option<&Value>) -> Option<&Value> {
     v.filter(|v| !v.is_null())
 }
 
-/// Input, output and cached token counts (in that order) from `fields`, each with its
-/// path for the message. Absent or null counts as 0; a present one must be an integer
-/// from 0 to [`MAX_TURN_TOKENS`].
-fn tokens(fields: &[(Option<&Value>, &str); 3]) -> Result<TurnUsage, Unreadable> {
+/// Input, output and cached token counts from the fields `names` (in that order) of
+/// `object`, which is at `path` (for the message). Absent or null counts as 0; a present
+/// one must be an integer from 0 to [`MAX_TURN_TOKENS`].
+fn tokens(object: Option<&Value>, path: &str, names: [&str; 3]) -> Result<TurnUsage, Unreadable> {
     let mut counts = [0u64; 3];
     let mut reported = false;
-    for (count, (value, path)) in counts.iter_mut().zip(fields) {
-        let Some(v) = present(*value) else { continue };
+    for (count, name) in counts.iter_mut().zip(names) {
+        let Some(v) = present(object.and_then(|o| o.get(name))) else {
+            continue;
+        };
         *count = v.as_u64().filter(|n| *n <= MAX_TURN_TOKENS).ok_or_else(|| {
             Unreadable::BadUsage(format!(
-                "engine reported {path} {v}, not a token count from 0 to {MAX_TURN_TOKENS} (MAX_TURN_TOKENS)"
+                "engine reported {path}.{name} {v}, not a token count from 0 to {MAX_TURN_TOKENS} (MAX_TURN_TOKENS)"
             ))
         })?;
         reported = true;
@@ -560,7 +537,8 @@ mod tests {
 
     #[test]
     fn gemini_exit_codes() {
-        let code = |status| gemini_exit(status).map(|(code, retryable, _)| (code, retryable));
+        let code =
+            |status| gemini_exit(status).map(|(_, code, retryable, _)| (code.clone(), *retryable));
         assert_eq!(code(41), Some((ErrorCode::Auth, false)));
         assert_eq!(code(55), Some((ErrorCode::EngineCli, false)));
         assert_eq!(code(54), Some((ErrorCode::EngineCli, true)));

@@ -29,26 +29,24 @@ pub fn not_retryable(message: impl Into<String>) -> Failure {
 /// The failure of a turn that cannot start, found before spawning: `engine.cwd` is not
 /// a directory we may enter, or the prompt cannot be passed as an argument.
 pub fn refusal(engine: &EngineConfig, prompt: &str) -> Option<Failure> {
-    if let Some(problem) = engine.cwd.as_deref().and_then(cwd_problem) {
-        return Some(not_retryable(problem));
-    }
-    if engine.prompt == PromptMode::Arg {
-        if prompt.len() >= MAX_ARG_STRLEN {
-            return Some(not_retryable(format!(
-                "the prompt is {} bytes, over Linux's limit of {} bytes for one argument \
-                 (MAX_ARG_STRLEN); engine.prompt \"arg\" cannot pass it, \"stdin\" can",
-                prompt.len(),
-                MAX_ARG_STRLEN - 1
-            )));
-        }
-        if prompt.contains('\0') {
-            return Some(not_retryable(
-                "the prompt contains a NUL character, which cannot be passed as an argument \
-                 (engine.prompt \"arg\"); \"stdin\" can",
-            ));
-        }
-    }
-    None
+    let arg = engine.prompt == PromptMode::Arg;
+    let problem = if let Some(problem) = engine.cwd.as_deref().and_then(cwd_problem) {
+        problem
+    } else if arg && prompt.len() >= MAX_ARG_STRLEN {
+        format!(
+            "the prompt is {} bytes, over Linux's limit of {} bytes for one argument \
+             (MAX_ARG_STRLEN); engine.prompt \"arg\" cannot pass it, \"stdin\" can",
+            prompt.len(),
+            MAX_ARG_STRLEN - 1
+        )
+    } else if arg && prompt.contains('\0') {
+        "the prompt contains a NUL character, which cannot be passed as an argument \
+         (engine.prompt \"arg\"); \"stdin\" can"
+            .to_owned()
+    } else {
+        return None;
+    };
+    Some(not_retryable(problem))
 }
 
 /// The failure for a spawn error: a program that is missing or not executable, or an
@@ -106,31 +104,16 @@ pub struct Findings {
     pub delegation: Result<PathBuf, String>,
 }
 
-/// The engine's `PATH`: `engine.env.PATH` when it sets one, else ours (`None`: no
-/// engine, ours).
-fn engine_path(engine: Option<&EngineConfig>) -> OsString {
-    engine
-        .and_then(|engine| engine.env.get("PATH"))
-        .map(OsString::from)
-        .or_else(|| std::env::var_os("PATH"))
-        .unwrap_or_default()
-}
-
-/// Where [`DELEGATION_PROGRAM`] is on `path_var`, or the problem's line.
-fn find_delegation(path_var: &OsString) -> Result<PathBuf, String> {
-    find_program(DELEGATION_PROGRAM, path_var, None).ok_or_else(|| {
-        format!(
-            "`{DELEGATION_PROGRAM}` is not on the engine's PATH; an engine that delegates \
-             with `{DELEGATION_PROGRAM} talk` will fail (set engine.env.PATH)"
-        )
-    })
-}
-
 /// Runs the checks of [`Findings`] on `engine` (`None`: the built-in echo engine, which
 /// has no command and no cwd; only [`Findings::delegation`] is checked, on our `PATH`).
 /// Reads the file system only; starts nothing.
 pub fn findings(engine: Option<&EngineConfig>) -> Findings {
-    let path_var = engine_path(engine);
+    // The engine's `PATH`: `engine.env.PATH` when it sets one, else ours.
+    let path_var = engine
+        .and_then(|engine| engine.env.get("PATH"))
+        .map(OsString::from)
+        .or_else(|| std::env::var_os("PATH"))
+        .unwrap_or_default();
     let engine_cwd = engine.and_then(|engine| engine.cwd.as_deref());
     let cwd = engine_cwd.and_then(cwd_problem);
     let program = match engine.and_then(|engine| engine.command.first()) {
@@ -167,7 +150,12 @@ pub fn findings(engine: Option<&EngineConfig>) -> Findings {
     Findings {
         cwd,
         program,
-        delegation: find_delegation(&path_var),
+        delegation: find_program(DELEGATION_PROGRAM, &path_var, None).ok_or_else(|| {
+            format!(
+                "`{DELEGATION_PROGRAM}` is not on the engine's PATH; an engine that delegates \
+                 with `{DELEGATION_PROGRAM} talk` will fail (set engine.env.PATH)"
+            )
+        }),
     }
 }
 

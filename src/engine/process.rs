@@ -18,15 +18,19 @@
 //! recycled; then the group is killed and the engine reaped.
 
 use super::cancel::CancelToken;
-use super::running::{RunningEngines, Spawned};
+use super::outcome::{self, TurnOutput, TurnResult};
+use super::preflight;
+use super::running::RunningEngines;
+use super::Turn;
 use crate::config::{EngineConfig, PromptMode};
+use crate::protocol::ErrorCode;
 use rustix::event::{PollFd, PollFlags, Timespec};
-use rustix::fd::{AsFd, BorrowedFd, OwnedFd};
+use rustix::fd::{AsFd, OwnedFd};
 use rustix::process::{Pid, Signal, WaitId, WaitIdOptions};
 use std::ffi::OsString;
 use std::io;
 use std::os::unix::process::CommandExt;
-use std::process::{Command, ExitStatus, Stdio};
+use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 /// How much of the engine's stderr is kept for classification and messages; the rest
@@ -51,56 +55,6 @@ pub const KILL_GRACE: Duration = Duration::from_secs(3);
 /// whether it was cancelled).
 pub const CANCEL_POLL: Duration = Duration::from_millis(20);
 
-/// One engine process to run.
-#[derive(Debug)]
-pub struct Launch<'a> {
-    /// The configured command, prompt mode, working directory, environment and limits.
-    pub engine: &'a EngineConfig,
-    /// The prompt, fed on stdin or as the last argument (`engine.prompt`).
-    pub prompt: &'a str,
-    /// Variables set on top of `engine.env`.
-    pub env: Vec<(&'static str, OsString)>,
-    /// Cancelled when the turn's caller gives up.
-    pub cancel: &'a CancelToken,
-}
-
-/// How an engine process ended.
-#[derive(Debug)]
-pub enum Ended {
-    /// `engine.command` is empty: nothing was started.
-    NoCommand,
-    /// The program could not be started.
-    SpawnFailed(io::Error),
-    /// Its pipes or its exit could not be watched; it was killed.
-    WaitFailed(io::Error),
-    /// It ran past `engine.timeoutSecs`; it was killed.
-    TimedOut,
-    /// Its stdout passed `engine.maxOutputBytes`; it was killed.
-    OutputTooLarge,
-    /// Its exit status could not be learned.
-    Lost,
-    /// The turn was cancelled: the engine got SIGTERM (SIGKILL after [`KILL_GRACE`]),
-    /// or was never started. What it wrote may still report usage.
-    Cancelled {
-        /// Its exit status, if it ran and its status was learned.
-        status: Option<ExitStatus>,
-        /// What it wrote on stdout.
-        stdout: Vec<u8>,
-        /// What it wrote on stderr.
-        stderr: Vec<u8>,
-    },
-    /// It exited by itself, having written this (stdout capped at
-    /// `engine.maxOutputBytes`, stderr at [`MAX_STDERR_KEPT`]).
-    Exited {
-        /// Its exit status.
-        status: ExitStatus,
-        /// What it wrote on stdout.
-        stdout: Vec<u8>,
-        /// What it wrote on stderr.
-        stderr: Vec<u8>,
-    },
-}
-
 /// Why the turn stopped the engine (the first reason wins).
 #[derive(Debug, Clone, Copy)]
 enum Stop {
@@ -123,21 +77,20 @@ struct Pipe {
 }
 
 impl Pipe {
-    fn new(fd: impl Into<OwnedFd>, bytes: Vec<u8>, keep: usize) -> io::Result<Pipe> {
-        let fd = fd.into();
-        let flags = rustix::fs::fcntl_getfl(&fd)?;
-        rustix::fs::fcntl_setfl(&fd, flags | rustix::fs::OFlags::NONBLOCK)?;
+    /// `fd` (if there is one) made non-blocking.
+    fn new(fd: Option<impl Into<OwnedFd>>, bytes: Vec<u8>, keep: usize) -> io::Result<Pipe> {
+        let fd = fd.map(Into::into);
+        if let Some(fd) = &fd {
+            let flags = rustix::fs::fcntl_getfl(fd)?;
+            rustix::fs::fcntl_setfl(fd, flags | rustix::fs::OFlags::NONBLOCK)?;
+        }
         Ok(Pipe {
-            fd: Some(fd),
+            fd,
             bytes,
             offset: 0,
             keep,
             overflowed: false,
         })
-    }
-
-    fn is_open(&self) -> bool {
-        self.fd.is_some()
     }
 
     /// Reads what is there; closes the pipe at end of file.
@@ -178,120 +131,127 @@ impl Pipe {
     }
 }
 
-/// Runs `launch` to its end, tracked in `running` while it runs.
-pub fn run(launch: &Launch<'_>, running: &RunningEngines) -> Ended {
-    let Some(mut command) = command(launch) else {
-        return Ended::NoCommand;
-    };
-    if launch.cancel.is_cancelled() {
-        return Ended::Cancelled {
-            status: None,
-            stdout: Vec::new(),
-            stderr: Vec::new(),
-        };
+/// Runs `engine` on `turn`'s prompt (fed on stdin or as the last argument), with `env`
+/// set on top of `engine.env`, to its end or `turn`'s cancel, tracked in `running` while
+/// it runs, and interprets how it ended.
+pub fn run(
+    engine: &EngineConfig,
+    turn: &Turn,
+    env: Vec<(&'static str, OsString)>,
+    running: &RunningEngines,
+) -> TurnOutput {
+    let (prompt, cancel) = (turn.request.prompt.as_str(), &turn.cancel);
+    if let Some(refusal) = preflight::refusal(engine, prompt) {
+        return TurnOutput::without_usage(TurnResult::Failed(refusal));
     }
-    let started = Instant::now();
-    let mut spawned = match running.spawn(&mut command) {
-        Ok(spawned) => spawned,
-        Err(e) => return Ended::SpawnFailed(e),
+    let Some(mut command) = command(engine, prompt, env) else {
+        return TurnOutput::failed(ErrorCode::EngineCli, "engine.command is empty");
     };
-    let deadline = started.checked_add(Duration::from_secs(launch.engine.timeout_secs));
-    let max_output = usize::try_from(launch.engine.max_output_bytes).unwrap_or(usize::MAX);
-    let (stop, stdout, stderr) = match pipes(&mut spawned, launch.prompt, max_output) {
-        Ok(mut io) => {
-            let stop = supervise(&spawned, running, &mut io, deadline, launch.cancel);
-            if matches!(stop, Err(_) | Ok(Some(Stop::WatchFailed))) {
-                // It may still run: it must exit before it is reaped.
-                running.signal(&spawned, Signal::KILL);
-            }
-            let output = |p: Option<Pipe>| p.map(|p| p.bytes).unwrap_or_default();
-            (stop, output(io.stdout), output(io.stderr))
-        }
+    if cancel.is_cancelled() {
+        return TurnOutput::without_usage(TurnResult::Failed(super::cancelled()));
+    }
+    let deadline = Instant::now().checked_add(Duration::from_secs(engine.timeout_secs));
+    let mut child = match running.spawn(&mut command) {
+        Ok(child) => child,
         Err(e) => {
-            running.signal(&spawned, Signal::KILL);
-            let _ = exited(&spawned, None, true);
-            (Err(e), Vec::new(), Vec::new())
+            let failure = preflight::spawn_failure(engine, &e);
+            return TurnOutput::without_usage(TurnResult::Failed(failure));
         }
     };
-    let status = running.reap(&mut spawned);
+    let max_output = usize::try_from(engine.max_output_bytes).unwrap_or(usize::MAX);
+    let (mut stdout, mut stderr) = (Vec::new(), Vec::new());
+    let cancel_fd = cancel.arm();
+    let stop = pipes(&mut child, prompt, max_output).and_then(|mut io| {
+        let stop = supervise(
+            &child,
+            running,
+            &mut io,
+            deadline,
+            cancel,
+            cancel_fd.as_deref(),
+        );
+        (stdout, stderr) = (io.stdout.bytes, io.stderr.bytes);
+        stop
+    });
+    cancel.disarm();
+    if matches!(stop, Err(_) | Ok(Some(Stop::WatchFailed))) {
+        // It may still run: it must exit before it is reaped.
+        running.signal(&child, Signal::KILL);
+    }
+    let status = running.reap(&mut child);
+    let interpret = |status| outcome::interpret(engine.output, status, &stdout, &stderr);
     match (stop, status) {
-        (Err(e), _) => Ended::WaitFailed(e),
-        (Ok(Some(Stop::Cancelled)), status) => Ended::Cancelled {
-            status: status.ok(),
-            stdout,
-            stderr,
-        },
-        (Ok(Some(Stop::TimedOut)), _) => Ended::TimedOut,
-        (Ok(Some(Stop::OutputTooLarge)), _) => Ended::OutputTooLarge,
-        (Ok(Some(Stop::WatchFailed)), _) | (Ok(None), Err(_)) => Ended::Lost,
-        (Ok(None), Ok(status)) => Ended::Exited {
-            status,
-            stdout,
-            stderr,
-        },
+        (Err(e), _) => TurnOutput::failed(
+            ErrorCode::EngineCli,
+            format!("cannot wait for the engine: {e}"),
+        ),
+        (Ok(Some(Stop::Cancelled)), status) => {
+            // An engine that ran counts as a turn, with the usage it reported before it
+            // stopped.
+            let ran = status.ok().map(interpret);
+            TurnOutput {
+                result: TurnResult::Failed(super::cancelled()),
+                usage: ran.as_ref().map(|ran| ran.usage.unwrap_or_default()),
+                session_id: ran.and_then(|ran| ran.session_id),
+            }
+        }
+        (Ok(Some(Stop::TimedOut)), _) => TurnOutput::failed(
+            ErrorCode::Timeout,
+            format!(
+                "engine did not finish within {} s (engine.timeoutSecs)",
+                engine.timeout_secs
+            ),
+        ),
+        (Ok(Some(Stop::OutputTooLarge)), _) => TurnOutput::failed(
+            ErrorCode::EngineCli,
+            format!(
+                "engine output exceeded {} bytes (engine.maxOutputBytes); output cut",
+                engine.max_output_bytes
+            ),
+        ),
+        (Ok(Some(Stop::WatchFailed)), _) | (Ok(None), Err(_)) => {
+            TurnOutput::failed(ErrorCode::EngineCli, "lost track of the engine process")
+        }
+        (Ok(None), Ok(status)) => interpret(status),
     }
 }
 
-/// The engine's three pipes, our ends.
+/// The engine's three pipes, our ends (no stdin in `arg` mode).
 struct Io {
-    stdin: Option<Pipe>,
-    stdout: Option<Pipe>,
-    stderr: Option<Pipe>,
+    stdin: Pipe,
+    stdout: Pipe,
+    stderr: Pipe,
 }
 
 /// Takes the child's pipes: stdin with the prompt to write (none in `arg` mode),
 /// stdout and stderr with what to keep of them.
-fn pipes(spawned: &mut Spawned, prompt: &str, max_output: usize) -> io::Result<Io> {
-    let child = &mut spawned.child;
-    let stdin = child
-        .stdin
-        .take()
-        .map(|s| Pipe::new(s, prompt.as_bytes().to_vec(), 0));
-    let stdout = child
-        .stdout
-        .take()
-        .map(|s| Pipe::new(s, Vec::new(), max_output));
-    let stderr = child
-        .stderr
-        .take()
-        .map(|s| Pipe::new(s, Vec::new(), MAX_STDERR_KEPT));
+fn pipes(child: &mut Child, prompt: &str, max_output: usize) -> io::Result<Io> {
     Ok(Io {
-        stdin: stdin.transpose()?,
-        stdout: stdout.transpose()?,
-        stderr: stderr.transpose()?,
+        stdin: Pipe::new(child.stdin.take(), prompt.as_bytes().to_vec(), 0)?,
+        stdout: Pipe::new(child.stdout.take(), Vec::new(), max_output)?,
+        stderr: Pipe::new(child.stderr.take(), Vec::new(), MAX_STDERR_KEPT)?,
     })
 }
 
 /// Feeds and drains the engine until it has exited and its output is drained (or
 /// [`PIPE_DRAIN_GRACE`] passed), killing it at the deadline or on output overflow, and
-/// stopping it when `cancel` is cancelled. Returns why the turn stopped it, if it did.
+/// stopping it when `cancel` is cancelled (its eventfd `cancel_fd` where the OS gave
+/// one). Returns why the turn stopped it, if it did.
 fn supervise(
-    spawned: &Spawned,
+    child: &Child,
     running: &RunningEngines,
     io: &mut Io,
     deadline: Option<Instant>,
     cancel: &CancelToken,
+    cancel_fd: Option<&OwnedFd>,
 ) -> io::Result<Option<Stop>> {
-    let pidfd = Pid::from_raw(i32::try_from(spawned.pid).unwrap_or(0)).and_then(|pid| {
-        rustix::process::pidfd_open(pid, rustix::process::PidfdFlags::empty()).ok()
-    });
-    let cancel_fd = cancel.arm();
-    let stopped = watch(spawned, running, io, deadline, cancel, pidfd, cancel_fd);
-    cancel.disarm();
-    stopped
-}
-
-/// [`supervise`]'s loop, with the engine's pidfd and the cancel eventfd where the OS
-/// gave them.
-fn watch(
-    spawned: &Spawned,
-    running: &RunningEngines,
-    io: &mut Io,
-    deadline: Option<Instant>,
-    cancel: &CancelToken,
-    pidfd: Option<OwnedFd>,
-    cancel_fd: Option<std::sync::Arc<OwnedFd>>,
-) -> io::Result<Option<Stop>> {
+    let pid = Pid::from_raw(i32::try_from(child.id()).unwrap_or(0))
+        .ok_or_else(|| io::Error::other("engine pid out of range"))?;
+    let pidfd = rustix::process::pidfd_open(pid, rustix::process::PidfdFlags::empty()).ok();
+    // The exit is learned through the pidfd when there is one.
+    let id = pidfd
+        .as_ref()
+        .map_or(WaitId::Pid(pid), |fd| WaitId::PidFd(fd.as_fd()));
     let mut stop: Option<Stop> = None;
     let mut killed_at: Option<Instant> = None;
     let mut exited_at: Option<Instant> = None;
@@ -303,35 +263,38 @@ fn watch(
         let now = Instant::now();
         if exited_at.is_none() && stop.is_none() && cancel.is_cancelled() {
             stop = Some(Stop::Cancelled);
-            running.signal(spawned, Signal::TERM);
+            running.signal(child, Signal::TERM);
             termed_at = Some(now);
         }
         let kill_at = termed_at.map(|at| at + KILL_GRACE);
         if exited_at.is_none() {
-            match exited(spawned, pidfd.as_ref(), false) {
-                Ok(true) => {
+            // Learned without reaping it. It never waits, so it is never interrupted.
+            let options = WaitIdOptions::EXITED | WaitIdOptions::NOWAIT | WaitIdOptions::NOHANG;
+            match rustix::process::waitid(id.clone(), options) {
+                Ok(Some(_)) => {
                     exited_at = Some(now);
                     group_waits = kill_at.is_some_and(|k| now < k);
                     if !group_waits {
                         // Whatever the engine left running in its group goes with it;
                         // what left the group is the reaper's now.
-                        running.signal(spawned, Signal::KILL);
+                        running.signal(child, Signal::KILL);
                     }
                     running.nudge();
-                    io.stdin = None;
+                    io.stdin.fd = None;
                 }
-                Ok(false) => {}
+                Ok(None) => {}
                 Err(_) => return Ok(Some(stop.unwrap_or(Stop::WatchFailed))),
             }
         }
-        if group_waits && (kill_at.is_none_or(|k| now >= k) || !running.group_alive(spawned)) {
-            running.signal(spawned, Signal::KILL);
+        if group_waits && (kill_at.is_none_or(|k| now >= k) || !running.group_alive(child)) {
+            running.signal(child, Signal::KILL);
             group_waits = false;
         }
         let drain_until = exited_at.map(|at| at + PIPE_DRAIN_GRACE);
         if exited_at.is_some()
             && !group_waits
-            && (!(open(&io.stdout) || open(&io.stderr)) || drain_until.is_some_and(|d| now >= d))
+            && (io.stdout.fd.is_none() && io.stderr.fd.is_none()
+                || drain_until.is_some_and(|d| now >= d))
         {
             // Closes our ends: a process that escaped the group gets EPIPE.
             return Ok(stop);
@@ -342,16 +305,13 @@ fn watch(
             }
             let kill_due = kill_at.is_none_or(|k| now >= k);
             if stop.is_some() && kill_due && killed_at.is_none_or(|at| now >= at + KILL_RETRY) {
-                running.signal(spawned, Signal::KILL);
+                running.signal(child, Signal::KILL);
                 killed_at = Some(now);
             }
         }
         // Sleep until something is ready or the next thing to do.
         let watch_cancel = stop.is_none() && exited_at.is_none();
-        let cancel_fd = cancel_fd
-            .as_deref()
-            .map(AsFd::as_fd)
-            .filter(|_| watch_cancel);
+        let cancel_fd = cancel_fd.filter(|_| watch_cancel);
         let mut wake = [
             deadline.filter(|_| stop.is_none() && exited_at.is_none()),
             killed_at
@@ -371,45 +331,35 @@ fn watch(
             *w += Duration::from_millis(1);
         }
         let pidfd = pidfd.as_ref().filter(|_| exited_at.is_none());
-        wait_ready(io, pidfd.map(AsFd::as_fd), cancel_fd, wake)?;
-        if let Some(pipe) = &mut io.stdin {
-            pipe.write_ready();
-        }
-        for pipe in [&mut io.stdout, &mut io.stderr].into_iter().flatten() {
-            pipe.read_ready()?;
-        }
-        if io.stdout.as_ref().is_some_and(|p| p.overflowed) && stop.is_none() {
+        wait_ready(io, pidfd, cancel_fd, wake)?;
+        io.stdin.write_ready();
+        io.stdout.read_ready()?;
+        io.stderr.read_ready()?;
+        if io.stdout.overflowed && stop.is_none() {
             stop = Some(Stop::OutputTooLarge);
         }
     }
-}
-
-/// Whether `pipe` is there and open.
-fn open(pipe: &Option<Pipe>) -> bool {
-    pipe.as_ref().is_some_and(Pipe::is_open)
 }
 
 /// Polls the pipes that are open (and the pidfd and the cancel eventfd) for at most
 /// `timeout` (`None`: until one is ready).
 fn wait_ready(
     io: &Io,
-    pidfd: Option<BorrowedFd<'_>>,
-    cancel: Option<BorrowedFd<'_>>,
+    pidfd: Option<&OwnedFd>,
+    cancel: Option<&OwnedFd>,
     timeout: Option<Duration>,
 ) -> io::Result<()> {
-    let mut fds = Vec::with_capacity(4);
-    if let Some(fd) = io.stdin.as_ref().and_then(|p| p.fd.as_ref()) {
-        fds.push(PollFd::new(fd, PollFlags::OUT));
-    }
-    for p in [&io.stdout, &io.stderr].into_iter().flatten() {
-        if let Some(fd) = &p.fd {
-            fds.push(PollFd::new(fd, PollFlags::IN));
-        }
-    }
-    let extra = [pidfd, cancel];
-    for fd in extra.iter().flatten() {
-        fds.push(PollFd::new(fd, PollFlags::IN));
-    }
+    let pipes = [
+        (io.stdin.fd.as_ref(), PollFlags::OUT),
+        (io.stdout.fd.as_ref(), PollFlags::IN),
+        (io.stderr.fd.as_ref(), PollFlags::IN),
+        (pidfd, PollFlags::IN),
+        (cancel, PollFlags::IN),
+    ];
+    let mut fds: Vec<PollFd<'_>> = pipes
+        .into_iter()
+        .filter_map(|(fd, flags)| Some(PollFd::new(fd?, flags)))
+        .collect();
     // A timeout too large for a timespec waits without one: the deadline is far off.
     let timeout = timeout.and_then(|t| Timespec::try_from(t).ok());
     match rustix::event::poll(&mut fds, timeout.as_ref()) {
@@ -418,52 +368,22 @@ fn wait_ready(
     }
 }
 
-/// Whether the engine has exited, learned without reaping it (through the pidfd when
-/// there is one); with `block`, waits until it has.
-fn exited(spawned: &Spawned, pidfd: Option<&OwnedFd>, block: bool) -> io::Result<bool> {
-    let options = WaitIdOptions::EXITED | WaitIdOptions::NOWAIT;
-    let id = match pidfd {
-        Some(fd) => WaitId::PidFd(fd.as_fd()),
-        None => match Pid::from_raw(i32::try_from(spawned.pid).unwrap_or(0)) {
-            Some(pid) => WaitId::Pid(pid),
-            None => return Err(io::Error::other("engine pid out of range")),
-        },
-    };
-    let options = if block {
-        options
-    } else {
-        options | WaitIdOptions::NOHANG
-    };
-    loop {
-        match rustix::process::waitid(id.clone(), options) {
-            Ok(status) => return Ok(status.is_some()),
-            Err(rustix::io::Errno::INTR) => {}
-            Err(e) => return Err(e.into()),
-        }
-    }
-}
-
-/// The command for `launch`: its own process group, the prompt on stdin or as the last
-/// argument, stdout and stderr piped. `None` if `engine.command` is empty.
-fn command(launch: &Launch<'_>) -> Option<Command> {
-    let engine = launch.engine;
+/// The command for `engine`: its own process group, `prompt` on stdin or as the last
+/// argument, `env` added, stdout and stderr piped. `None` if `engine.command` is empty.
+fn command(engine: &EngineConfig, prompt: &str, env: Vec<(&str, OsString)>) -> Option<Command> {
     let (program, args) = engine.command.split_first()?;
     let mut command = Command::new(program);
     command.args(args);
-    if engine.prompt == PromptMode::Arg {
-        command.arg(launch.prompt);
-    }
+    match engine.prompt {
+        PromptMode::Arg => command.arg(prompt).stdin(Stdio::null()),
+        PromptMode::Stdin => command.stdin(Stdio::piped()),
+    };
     if let Some(cwd) = &engine.cwd {
         command.current_dir(cwd);
     }
     command
         .envs(&engine.env)
-        .envs(launch.env.iter().map(|(k, v)| (*k, v)))
-        .stdin(if engine.prompt == PromptMode::Stdin {
-            Stdio::piped()
-        } else {
-            Stdio::null()
-        })
+        .envs(env)
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         // A group of its own, so timeouts and shutdown can kill everything it started.
@@ -475,7 +395,6 @@ fn command(launch: &Launch<'_>) -> Option<Command> {
 mod tests {
     use super::*;
     use crate::config::OutputMode;
-    use std::os::unix::process::ExitStatusExt;
     use std::thread;
 
     fn engine(command: &[&str], prompt: PromptMode) -> EngineConfig {
@@ -492,56 +411,84 @@ mod tests {
         }
     }
 
-    fn launch<'a>(engine: &'a EngineConfig, prompt: &'a str) -> Launch<'a> {
-        with_cancel(engine, prompt, Box::leak(Box::new(CancelToken::new())))
+    /// Runs `engine` on `prompt`, cancelled through `cancel`, with one variable of its
+    /// own.
+    fn run_with(
+        engine: &EngineConfig,
+        prompt: &str,
+        cancel: CancelToken,
+        running: &RunningEngines,
+    ) -> TurnOutput {
+        let turn = Turn {
+            request: crate::protocol::TalkRequest::new("caller", prompt, 1),
+            config: Default::default(),
+            cancel,
+            trace: None,
+        };
+        let env = vec![("LOOPBUS_TEST_VAR", "from-launch".into())];
+        run(engine, &turn, env, running)
     }
 
-    fn with_cancel<'a>(
-        engine: &'a EngineConfig,
-        prompt: &'a str,
-        cancel: &'a CancelToken,
-    ) -> Launch<'a> {
-        Launch {
-            engine,
-            prompt,
-            env: vec![("LOOPBUS_TEST_VAR", "from-launch".into())],
-            cancel,
+    /// [`run_with`] a token nobody cancels.
+    fn go(engine: &EngineConfig, prompt: &str, running: &RunningEngines) -> TurnOutput {
+        run_with(engine, prompt, CancelToken::new(), running)
+    }
+
+    /// What the turn answered: the reply or the failure.
+    fn answer(output: TurnOutput) -> Result<String, crate::protocol::Failure> {
+        match output.result {
+            TurnResult::Reply(text) => Ok(text),
+            TurnResult::Failed(failure) => Err(failure),
         }
     }
 
     /// Runs `e` on a thread with a token to cancel it; cancels once `ready` exists.
-    fn run_and_cancel(e: EngineConfig, ready: &std::path::Path) -> (Ended, RunningEngines) {
+    /// Also returns how long the turn took after the cancel.
+    fn run_and_cancel(
+        e: EngineConfig,
+        ready: &std::path::Path,
+    ) -> (TurnOutput, RunningEngines, Duration) {
         let running = RunningEngines::default();
         let watcher = running.clone();
         let token = CancelToken::new();
         let cancel = token.clone();
-        let turn = thread::spawn(move || run(&with_cancel(&e, "", &token), &watcher));
+        let turn = thread::spawn(move || run_with(&e, "", token, &watcher));
         let started = Instant::now();
         while !ready.exists() {
             assert!(started.elapsed() < Duration::from_secs(30), "never ready");
             thread::sleep(Duration::from_millis(5));
         }
+        let cancelled_at = Instant::now();
         cancel.cancel();
-        (turn.join().unwrap(), running)
+        let output = turn.join().unwrap();
+        (output, running, cancelled_at.elapsed())
+    }
+
+    /// A cancelled turn that ran fails `cancelled` and counts (usage is recorded).
+    fn assert_cancelled(output: &TurnOutput) {
+        assert_eq!(
+            output.result,
+            TurnResult::Failed(crate::engine::cancelled())
+        );
+        assert!(output.usage.is_some(), "{output:?}");
     }
 
     #[test]
     fn a_cancelled_engine_gets_sigterm_and_its_turn_ends() {
         let dir = crate::files::test_support::TestDir::new("cancel-term");
         let ready = dir.path().join("ready");
-        let mut e = engine(
-            &["sh", "-c", "touch \"$READY\"; exec sleep 60"],
-            PromptMode::Stdin,
-        );
+        let mark = dir.path().join("mark");
+        let script = "trap 'echo TERM > \"$MARK\"; exit 0' TERM; touch \"$READY\"; \
+                      sleep 60 & wait";
+        let mut e = engine(&["sh", "-c", script], PromptMode::Stdin);
         e.env.insert("READY".into(), ready.display().to_string());
-        let (ended, running) = run_and_cancel(e, &ready);
-        let Ended::Cancelled { status, .. } = ended else {
-            panic!("not cancelled: {ended:?}")
-        };
+        e.env.insert("MARK".into(), mark.display().to_string());
+        let (output, running, _) = run_and_cancel(e, &ready);
+        assert_cancelled(&output);
         assert_eq!(
-            status.and_then(|s| s.signal()),
-            Some(15),
-            "SIGTERM ended it"
+            std::fs::read_to_string(&mark).unwrap(),
+            "TERM\n",
+            "SIGTERM came"
         );
         assert_eq!(running.count(), 0);
     }
@@ -555,11 +502,13 @@ mod tests {
             PromptMode::Stdin,
         );
         e.env.insert("READY".into(), ready.display().to_string());
-        let (ended, running) = run_and_cancel(e, &ready);
-        let Ended::Cancelled { status, .. } = ended else {
-            panic!("not cancelled: {ended:?}")
-        };
-        assert_eq!(status.and_then(|s| s.signal()), Some(9), "SIGKILL ended it");
+        // Only SIGKILL ends it before the sleep does, and not before the grace.
+        let (output, running, took) = run_and_cancel(e, &ready);
+        assert_cancelled(&output);
+        assert!(
+            took >= KILL_GRACE && took < Duration::from_secs(60),
+            "{took:?}"
+        );
         assert_eq!(running.count(), 0);
     }
 
@@ -578,8 +527,8 @@ mod tests {
         let mut e = engine(&["sh", "-c", script], PromptMode::Stdin);
         e.env.insert("READY".into(), ready.display().to_string());
         e.env.insert("MARK".into(), mark.display().to_string());
-        let (ended, running) = run_and_cancel(e, &ready);
-        assert!(matches!(ended, Ended::Cancelled { .. }), "{ended:?}");
+        let (output, running, _) = run_and_cancel(e, &ready);
+        assert_cancelled(&output);
         assert_eq!(std::fs::read_to_string(&mark).unwrap(), "passed\n");
         assert_eq!(running.count(), 0);
     }
@@ -591,32 +540,23 @@ mod tests {
         let e = engine(&["touch", mark.to_str().unwrap()], PromptMode::Stdin);
         let token = CancelToken::new();
         token.cancel();
-        let ended = run(&with_cancel(&e, "", &token), &Default::default());
-        assert!(
-            matches!(ended, Ended::Cancelled { status: None, .. }),
-            "{ended:?}"
-        );
+        let output = run_with(&e, "", token, &Default::default());
+        let cancelled = TurnResult::Failed(crate::engine::cancelled());
+        assert_eq!(output, TurnOutput::without_usage(cancelled));
         assert!(!mark.exists());
     }
 
     #[test]
     fn prompt_on_stdin_output_and_status() {
+        let running = RunningEngines::default();
+        let e = engine(&["cat"], PromptMode::Stdin);
+        assert_eq!(answer(go(&e, "hello", &running)), Ok("hello".into()));
         let e = engine(
             &["sh", "-c", "cat; echo oops >&2; exit 3"],
             PromptMode::Stdin,
         );
-        let running = RunningEngines::default();
-        let Ended::Exited {
-            status,
-            stdout,
-            stderr,
-        } = run(&launch(&e, "hello"), &running)
-        else {
-            panic!("did not exit")
-        };
-        assert_eq!(status.code(), Some(3));
-        assert_eq!(stdout, b"hello");
-        assert_eq!(stderr, b"oops\n");
+        let failure = answer(go(&e, "hello", &running)).unwrap_err();
+        assert_eq!(failure.error, "engine exited with status 3: oops");
         assert_eq!(running.count(), 0);
     }
 
@@ -631,11 +571,8 @@ mod tests {
             ],
             PromptMode::Arg,
         );
-        let Ended::Exited { stdout, .. } = run(&launch(&e, "the prompt"), &Default::default())
-        else {
-            panic!("did not exit")
-        };
-        assert_eq!(stdout, b"the prompt|from-launch");
+        let output = go(&e, "the prompt", &Default::default());
+        assert_eq!(answer(output), Ok("the prompt|from-launch".into()));
     }
 
     #[test]
@@ -646,10 +583,11 @@ mod tests {
         );
         e.max_output_bytes = 1000;
         let running = RunningEngines::default();
-        assert!(matches!(
-            run(&launch(&e, ""), &running),
-            Ended::OutputTooLarge
-        ));
+        let failure = answer(go(&e, "", &running)).unwrap_err();
+        assert_eq!(
+            failure.error,
+            "engine output exceeded 1000 bytes (engine.maxOutputBytes); output cut"
+        );
         assert_eq!(running.count(), 0);
     }
 
@@ -657,10 +595,8 @@ mod tests {
     fn past_the_deadline_it_is_killed() {
         let mut e = engine(&["sleep", "30"], PromptMode::Stdin);
         e.timeout_secs = 0;
-        assert!(matches!(
-            run(&launch(&e, ""), &Default::default()),
-            Ended::TimedOut
-        ));
+        let failure = answer(go(&e, "", &Default::default())).unwrap_err();
+        assert_eq!(failure.code, ErrorCode::Timeout);
     }
 
     #[test]
@@ -668,15 +604,13 @@ mod tests {
         let e = engine(&["sleep", "30"], PromptMode::Stdin);
         let running = RunningEngines::default();
         let watcher = running.clone();
-        let turn = thread::spawn(move || run(&launch(&e, ""), &watcher));
+        let turn = thread::spawn(move || go(&e, "", &watcher));
         while running.count() == 0 {
             thread::sleep(Duration::from_millis(5));
         }
         running.kill_all();
-        let Ended::Exited { status, .. } = turn.join().unwrap() else {
-            panic!("did not exit")
-        };
-        assert_eq!(status.signal(), Some(9));
+        let failure = answer(turn.join().unwrap()).unwrap_err();
+        assert_eq!(failure.error, "engine was killed by signal 9");
         assert_eq!(running.count(), 0);
     }
 
@@ -684,16 +618,12 @@ mod tests {
     fn a_large_prompt_goes_through_and_one_left_unread_blocks_nothing() {
         let prompt = "p".repeat(1024 * 1024);
         let e = engine(&["cat"], PromptMode::Stdin);
-        let Ended::Exited { stdout, .. } = run(&launch(&e, &prompt), &Default::default()) else {
-            panic!("did not exit")
-        };
-        assert_eq!(stdout.len(), prompt.len());
+        let output = go(&e, &prompt, &Default::default());
+        assert_eq!(answer(output).map(|reply| reply.len()), Ok(prompt.len()));
         // An engine that never reads its (pipe-filling) input still ends its turn.
         let e = engine(&["sh", "-c", "echo done"], PromptMode::Stdin);
-        let Ended::Exited { stdout, .. } = run(&launch(&e, &prompt), &Default::default()) else {
-            panic!("did not exit")
-        };
-        assert_eq!(stdout, b"done\n");
+        let output = go(&e, &prompt, &Default::default());
+        assert_eq!(answer(output), Ok("done".into()));
     }
 
     #[test]
@@ -711,21 +641,19 @@ mod tests {
         let mut e = engine(&["python3", "-c", script], PromptMode::Stdin);
         e.timeout_secs = 1;
         let running = RunningEngines::default();
-        assert!(matches!(run(&launch(&e, ""), &running), Ended::TimedOut));
+        let failure = answer(go(&e, "", &running)).unwrap_err();
+        assert_eq!(failure.code, ErrorCode::Timeout);
         assert_eq!(running.count(), 0);
     }
 
     #[test]
     fn nothing_to_start() {
         let e = engine(&[], PromptMode::Stdin);
-        assert!(matches!(
-            run(&launch(&e, ""), &Default::default()),
-            Ended::NoCommand
-        ));
+        let failure = answer(go(&e, "", &Default::default())).unwrap_err();
+        assert_eq!(failure.error, "engine.command is empty");
         let e = engine(&["/nonexistent/loopbus-engine"], PromptMode::Stdin);
-        assert!(matches!(
-            run(&launch(&e, ""), &Default::default()),
-            Ended::SpawnFailed(_)
-        ));
+        let failure = answer(go(&e, "", &Default::default())).unwrap_err();
+        assert!(failure.error.contains("not found"), "{failure:?}");
+        assert!(!failure.retryable);
     }
 }

@@ -70,7 +70,10 @@ fn reap_forever(running: &RunningEngines) {
         let candidates = children_of(me);
         let mut state = running.lock();
         for pid in candidates {
-            if state.is_engine(pid) || leftovers.contains_key(&pid) || parent_of(pid) != Some(me) {
+            if state.engines.contains(&pid)
+                || leftovers.contains_key(&pid)
+                || parent_of(pid) != Some(me)
+            {
                 continue;
             }
             log::info!("killing process {pid}, left behind by an engine that exited");

@@ -19,23 +19,18 @@ pub const SHUTDOWN_CONTAIN_LIMIT: Duration = Duration::from_secs(5);
 /// and the leftover reaper can tell them apart from leftovers.
 #[derive(Debug, Default, Clone)]
 pub struct RunningEngines {
-    shared: Arc<Shared>,
-}
-
-#[derive(Debug, Default)]
-struct Shared {
-    state: Mutex<State>,
+    state: Arc<Mutex<State>>,
     /// Signalled when an engine exited: its leftovers may now be ours.
-    nudged: Condvar,
+    nudged: Arc<Condvar>,
     /// Signalled when the reaper finished a pass ([`State::passes`]).
-    passed: Condvar,
+    passed: Arc<Condvar>,
 }
 
 #[derive(Debug, Default)]
 pub(super) struct State {
     /// The pids of the engines spawned and not yet reaped (each also its process
     /// group's id). An unreaped pid cannot be reused, so it names one engine.
-    engines: HashSet<u32>,
+    pub(super) engines: HashSet<u32>,
     /// An engine exited since the reaper last looked.
     pub(super) nudged: bool,
     /// The leftover reaper runs ([`super::contain_leftovers`]).
@@ -46,29 +41,13 @@ pub(super) struct State {
     leftovers: usize,
 }
 
-impl State {
-    /// Whether `pid` is a running engine.
-    pub(super) fn is_engine(&self, pid: u32) -> bool {
-        self.engines.contains(&pid)
-    }
-}
-
-/// A spawned engine: its registration and its process.
-#[derive(Debug)]
-pub struct Spawned {
-    /// The engine's process (reaped by [`RunningEngines::reap`]).
-    pub child: Child,
-    /// Its pid, which is also its process group's id.
-    pub pid: u32,
-}
-
 impl RunningEngines {
     /// Records, for [`RunningEngines::wait_contained`], that the reaper finished a pass
     /// with `leftovers` leftovers still being killed.
     pub(super) fn passed(&self, state: &mut State, leftovers: usize) {
         state.passes = state.passes.wrapping_add(1);
         state.leftovers = leftovers;
-        self.shared.passed.notify_all();
+        self.passed.notify_all();
     }
 
     /// Waits, at most [`SHUTDOWN_CONTAIN_LIMIT`], until no engine runs and the leftover reaper has looked
@@ -97,9 +76,8 @@ impl RunningEngines {
             }
             // Look at once rather than at the next scan interval.
             state.nudged = true;
-            self.shared.nudged.notify_all();
+            self.nudged.notify_all();
             state = self
-                .shared
                 .passed
                 .wait_timeout(state, deadline - now)
                 .unwrap_or_else(PoisonError::into_inner)
@@ -109,10 +87,7 @@ impl RunningEngines {
 
     pub(super) fn lock(&self) -> MutexGuard<'_, State> {
         // Nothing panics while holding this lock.
-        self.shared
-            .state
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
     /// Spawns `command` and registers it, under the lock, so that the reaper never sees
@@ -120,21 +95,20 @@ impl RunningEngines {
     ///
     /// # Errors
     /// The spawn failed.
-    pub(super) fn spawn(&self, command: &mut Command) -> io::Result<Spawned> {
+    pub(super) fn spawn(&self, command: &mut Command) -> io::Result<Child> {
         let mut state = self.lock();
         let child = command.spawn()?;
-        let pid = child.id();
-        state.engines.insert(pid);
-        Ok(Spawned { child, pid })
+        state.engines.insert(child.id());
+        Ok(child)
     }
 
     /// Reaps an engine that has exited and unregisters it, under the lock, so that
     /// nothing signals its pid once it can be recycled; then tells the reaper its
     /// leftovers may be waiting.
-    pub(super) fn reap(&self, spawned: &mut Spawned) -> io::Result<ExitStatus> {
+    pub(super) fn reap(&self, engine: &mut Child) -> io::Result<ExitStatus> {
         let mut state = self.lock();
-        state.engines.remove(&spawned.pid);
-        let status = spawned.child.wait();
+        state.engines.remove(&engine.id());
+        let status = engine.wait();
         drop(state);
         self.nudge();
         status
@@ -143,31 +117,31 @@ impl RunningEngines {
     /// Tells the reaper that an engine has exited: its leftovers are ours now.
     pub(super) fn nudge(&self) {
         self.lock().nudged = true;
-        self.shared.nudged.notify_all();
+        self.nudged.notify_all();
     }
 
-    /// Sends `signal` to the engine `spawned` (its pid and its group), which is not
-    /// reaped yet: SIGTERM is the first step of a cancel, SIGKILL every other stop.
-    pub(super) fn signal(&self, spawned: &Spawned, signal: Signal) {
+    /// Sends `signal` to `engine` (its pid and its group), which is not reaped yet:
+    /// SIGTERM is the first step of a cancel, SIGKILL every other stop.
+    pub(super) fn signal(&self, engine: &Child, signal: Signal) {
         let _state = self.lock();
-        kill_tree(spawned.pid, signal);
+        kill_tree(engine.id(), signal);
     }
 
-    /// Whether a process that has not exited is left in the group of `spawned`, which
+    /// Whether a process that has not exited is left in the group of `engine`, which
     /// is not reaped yet (so its group id is still its own): one besides the engine.
-    pub(super) fn group_alive(&self, spawned: &Spawned) -> bool {
-        let gone = i32::try_from(spawned.pid)
+    pub(super) fn group_alive(&self, engine: &Child) -> bool {
+        let pid = engine.id();
+        let gone = i32::try_from(pid)
             .ok()
             .and_then(Pid::from_raw)
             .is_none_or(|pid| rustix::process::test_kill_process_group(pid).is_err());
-        !gone && crate::files::group_has_live_member(spawned.pid, spawned.pid)
+        !gone && crate::files::group_has_live_member(pid, pid)
     }
 
     /// Waits until an engine exited ([`RunningEngines::nudge`]) or `timeout` passed.
     pub(super) fn wait_nudged(&self, timeout: Duration) {
         let state = self.lock();
         let (mut state, _) = self
-            .shared
             .nudged
             .wait_timeout_while(state, timeout, |s| !s.nudged)
             .unwrap_or_else(PoisonError::into_inner);
