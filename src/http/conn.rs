@@ -31,6 +31,10 @@ pub(crate) const CONTINUE: &[u8] = b"HTTP/1.1 100 Continue\r\n\r\n";
 /// requests rather than kept for the next one.
 const KEEP_INPUT_CAPACITY: usize = 4096;
 
+/// What a connection without the head it serves does (never happens: a head is kept
+/// from its arrival to the end of its answer).
+const CLOSE: Action<'static> = Action::Close(CloseReason::ServerAsked);
+
 /// Why the connection decided to close.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum CloseReason {
@@ -71,13 +75,6 @@ pub enum Class {
     Authorized,
 }
 
-impl Class {
-    /// Whether a connection of this class may be closed to admit a new one.
-    pub fn evictable(self) -> bool {
-        self != Class::Authorized
-    }
-}
-
 /// What happens once the current response is written.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum After {
@@ -114,6 +111,7 @@ enum Phase {
 
 /// What the connection needs next from whoever owns its socket and its service.
 #[derive(Debug)]
+#[allow(dead_code, reason = "the loop closes whatever the reason; tests check it")]
 pub enum Action<'a> {
     /// Read at most this many bytes, then pass them to [`Conn::received`].
     Read(usize),
@@ -138,16 +136,7 @@ pub enum Action<'a> {
     /// [`Conn::begin_step`] and continue after the other connections.
     Yield,
     /// Close the connection.
-    Close(
-        #[cfg_attr(
-            not(test),
-            allow(
-                dead_code,
-                reason = "the loop closes whatever the reason; tests check it"
-            )
-        )]
-        CloseReason,
-    ),
+    Close(CloseReason),
 }
 
 /// One connection's HTTP state, without its socket.
@@ -198,15 +187,9 @@ impl Conn {
     /// action.
     pub fn poll(&mut self, now: Instant) -> Action<'_> {
         match &mut self.phase {
-            Phase::Deciding => {
-                if let Some(head) = &self.head {
-                    return Action::Head(head);
-                }
-                // A head is always kept while deciding; without one there is nothing
-                // to decide about.
-                self.phase = Phase::Closing(CloseReason::ServerAsked);
-                return Action::Close(CloseReason::ServerAsked);
-            }
+            // A head is always kept while deciding; without one there is nothing to
+            // decide about.
+            Phase::Deciding => return self.head.as_ref().map_or(CLOSE, Action::Head),
             Phase::Failing(error) => return Action::Error(*error, self.head.as_ref()),
             Phase::Closing(reason) => return Action::Close(*reason),
             Phase::Waiting => return Action::Wait,
@@ -263,14 +246,8 @@ impl Conn {
         let rest = self.inbuf.split_off(len);
         let body = std::mem::replace(&mut self.inbuf, rest);
         self.phase = Phase::Waiting;
-        match &self.head {
-            Some(head) => Action::Request(head, body),
-            None => {
-                // A body is only read for a head that is kept.
-                self.phase = Phase::Closing(CloseReason::ServerAsked);
-                Action::Close(CloseReason::ServerAsked)
-            }
-        }
+        // A body is only read for a head that is kept.
+        self.head.as_ref().map_or(CLOSE, |head| Action::Request(head, body))
     }
 
     /// `bytes` were read from the socket. Reading starts no clock: a phase's deadline
@@ -1064,7 +1041,6 @@ mod tests {
         // The service agreed to read the body: authorized from here until answered.
         conn.read_body(4, clock.now());
         assert_eq!(conn.class(), Class::Authorized);
-        assert!(!conn.class().evictable());
         conn.received(b"dy", clock.now());
         assert_eq!(
             seen(&mut conn, clock.now()),
@@ -1141,7 +1117,5 @@ mod tests {
             Class::Authorized,
         ];
         assert!(order.windows(2).all(|w| w[0] < w[1]));
-        let evictable: Vec<bool> = order.iter().map(|c| c.evictable()).collect();
-        assert_eq!(evictable, [true, true, true, true, false]);
     }
 }

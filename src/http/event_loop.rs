@@ -1,5 +1,5 @@
 //! The event loop: one `mio` poll over the listener and every connection's socket,
-//! with generation-tagged tokens, a FIFO run queue, the deadline set, accept and
+//! with generation-tagged tokens, a FIFO run queue, the deadlines, accept and
 //! eviction. Running one connection is `drive`'s job.
 
 use super::conn::{Class, STEP_MAX_READ};
@@ -8,7 +8,7 @@ use super::listener::{connection_cap, max_authorized, warn_if_reduced};
 use super::service::{Control, Service};
 use mio::net::{TcpListener, TcpStream, UnixStream};
 use mio::{Events, Interest, Poll, Token, Waker};
-use std::collections::{BTreeSet, VecDeque};
+use std::collections::VecDeque;
 use std::io::{self, ErrorKind, Read};
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -48,7 +48,7 @@ fn conn_token(slot: usize, generation: u64) -> Token {
 /// oldest. `None` when every connection holds authorized work, which is never evicted.
 fn eviction_victim(conns: impl Iterator<Item = (usize, Class, Instant)>) -> Option<usize> {
     conns
-        .filter(|(_, class, _)| class.evictable())
+        .filter(|(_, class, _)| *class != Class::Authorized)
         .min_by_key(|&(slot, class, since)| (class, since, slot))
         .map(|(slot, _, _)| slot)
 }
@@ -73,10 +73,7 @@ pub struct EventLoop {
     open: usize,
     /// [`super::MAX_CONNECTIONS`], or fewer if the open-files limit is lower.
     max_connections: usize,
-    /// Body and response bytes, and authorized connections, of every connection now.
-    in_flight: InFlight,
     next_generation: u64,
-    deadlines: BTreeSet<(Instant, usize, u64)>,
     scratch: Box<[u8]>,
     accept_paused_until: Option<Instant>,
     /// Every answer closes its connection from now on (stop accepting, or exit).
@@ -122,9 +119,7 @@ impl EventLoop {
             free: Vec::new(),
             open: 0,
             max_connections,
-            in_flight: InFlight::new(max_authorized(max_connections)),
             next_generation: 0,
-            deadlines: BTreeSet::new(),
             scratch: vec![0u8; READ_CHUNK].into_boxed_slice(),
             accept_paused_until: None,
             stopping: false,
@@ -161,7 +156,8 @@ impl EventLoop {
             if self.exiting && !self.conns.iter().flatten().any(|e| e.conn.is_writing()) {
                 return Ok(());
             }
-            let first_deadline = self.deadlines.first().map(|&(at, _, _)| at);
+            let conns = self.conns.iter().flatten();
+            let first_deadline = conns.filter_map(|e| e.conn.deadline()).min();
             let wake_at = [first_deadline, self.accept_paused_until]
                 .into_iter()
                 .flatten()
@@ -202,17 +198,9 @@ impl EventLoop {
                         let waiting = self.conns.get(slot).and_then(Option::as_ref);
                         if hung_up && waiting.is_some_and(|e| e.conn.is_waiting()) {
                             self.close(service, slot);
-                            continue;
+                        } else {
+                            self.enqueue(slot);
                         }
-                        if let Some(Some(entry)) = self.conns.get_mut(slot) {
-                            if event.is_readable() || hung_up {
-                                entry.readable = true;
-                            }
-                            if hung_up {
-                                entry.peer_closed = true;
-                            }
-                        }
-                        self.enqueue(slot);
                     }
                 }
             }
@@ -247,10 +235,12 @@ impl EventLoop {
     fn apply<S: Service>(&mut self, service: &mut S, control: Control) {
         // First, so that the answers given with the stop already say they close.
         self.stopping |= control.stop_accepting || control.exit;
+        let max_authorized = max_authorized(self.max_connections);
         for (id, response) in control.responses {
+            let in_flight = InFlight::of(&self.conns, max_authorized);
             match live(&mut self.conns, id.slot, id.generation) {
                 Some(entry) if entry.conn.is_waiting() => {
-                    entry.answer(service, response, &mut self.in_flight, self.stopping);
+                    entry.answer(service, response, &in_flight, self.stopping);
                     self.drive(service, id.slot);
                 }
                 _ => {}
@@ -325,7 +315,6 @@ impl EventLoop {
             let class = entry.conn.class();
             if class == Class::IncompleteHead && !read_again.contains(&slot) {
                 read_again.push(slot);
-                entry.readable = true;
                 self.drive(service, slot);
                 continue;
             }
@@ -363,7 +352,6 @@ impl EventLoop {
             *place = Some(entry);
         }
         self.open += 1;
-        self.refresh_deadline(slot);
         // The client may have sent its request already: an edge-triggered poll would
         // not report data that arrived before registration.
         self.drive(service, slot);
@@ -373,11 +361,7 @@ impl EventLoop {
         let Some(mut entry) = self.conns.get_mut(slot).and_then(Option::take) else {
             return;
         };
-        if let Some(deadline) = entry.deadline {
-            self.deadlines.remove(&(deadline, slot, entry.generation));
-        }
         let _ = self.poll.registry().deregister(&mut entry.stream);
-        self.in_flight.release(&entry);
         if entry.conn.is_waiting() {
             service.on_abandoned(entry.id(slot));
         }
@@ -385,33 +369,11 @@ impl EventLoop {
         self.open -= 1;
     }
 
-    fn refresh_deadline(&mut self, slot: usize) {
-        let Some(Some(entry)) = self.conns.get_mut(slot) else {
-            return;
-        };
-        let new = entry.conn.deadline();
-        if new != entry.deadline {
-            if let Some(old) = entry.deadline {
-                self.deadlines.remove(&(old, slot, entry.generation));
-            }
-            if let Some(new) = new {
-                self.deadlines.insert((new, slot, entry.generation));
-            }
-            entry.deadline = new;
-        }
-    }
-
     /// Applies every deadline that has passed: the connection answers 408 or closes.
     fn expire<S: Service>(&mut self, service: &mut S) {
         let now = Instant::now();
-        while let Some(&(deadline, slot, generation)) = self.deadlines.first() {
-            if deadline > now {
-                break;
-            }
-            self.deadlines.pop_first();
-            if let Some(entry) = live(&mut self.conns, slot, generation) {
-                entry.deadline = None;
-                entry.conn.expire(now);
+        for slot in 0..self.conns.len() {
+            if self.conns[slot].as_mut().is_some_and(|e| e.conn.expire(now)) {
                 self.drive(service, slot);
             }
         }
@@ -427,7 +389,8 @@ impl EventLoop {
             service,
             slot,
             &mut self.scratch,
-            &mut self.in_flight,
+            &self.conns,
+            max_authorized(self.max_connections),
             self.stopping,
         );
         // An answer begun before the stop, now written, leaves a kept-alive connection
@@ -439,11 +402,8 @@ impl EventLoop {
         match step {
             Step::Close => self.close(service, slot),
             _ if done => self.close(service, slot),
-            Step::Park => self.refresh_deadline(slot),
-            Step::Yield => {
-                self.refresh_deadline(slot);
-                self.enqueue(slot);
-            }
+            Step::Park => {}
+            Step::Yield => self.enqueue(slot),
         }
     }
 
