@@ -34,17 +34,9 @@ impl Head {
             .map(|(_, v)| v.as_slice())
     }
 
-    /// The first value of the header `name`, if any.
-    pub fn header(&self, name: &str) -> Option<&[u8]> {
-        self.headers
-            .iter()
-            .find(|(n, _)| n.eq_ignore_ascii_case(name))
-            .map(|(_, v)| v.as_slice())
-    }
-
     /// Whether the header `name` is present at all.
     pub fn has_header(&self, name: &str) -> bool {
-        self.header(name).is_some()
+        self.header_values(name).next().is_some()
     }
 
     /// The body length the head declares, by the rule both directions share
@@ -390,7 +382,8 @@ mod tests {
         .unwrap()
         .unwrap();
         assert_eq!(head.path(), "/api/talk");
-        assert_eq!(head.header("Content-Length"), Some(&b"5"[..]));
+        let lengths: Vec<&[u8]> = head.header_values("Content-Length").collect();
+        assert_eq!(lengths, [b"5"]);
         assert!(!head.wants_keep_alive());
         assert!(head.announces_body());
         let (head, _) = parse(b"GET / HTTP/1.0\r\nContent-Length: 0\r\n\r\n")
