@@ -111,7 +111,7 @@ enum Phase {
 
 /// What the connection needs next from whoever owns its socket and its service.
 #[derive(Debug)]
-#[allow(dead_code, reason = "the loop closes whatever the reason; tests check it")]
+#[allow(dead_code, reason = "Close's reason: the loop closes whatever it is")]
 pub enum Action<'a> {
     /// Read at most this many bytes, then pass them to [`Conn::received`].
     Read(usize),
@@ -186,37 +186,29 @@ impl Conn {
     /// The next thing to do; no I/O happens here. Call it again after doing each
     /// action.
     pub fn poll(&mut self, now: Instant) -> Action<'_> {
-        match &mut self.phase {
+        let share_used = self.step_heads >= STEP_MAX_HEADS || self.step_read >= STEP_MAX_READ;
+        match self.phase {
             // A head is always kept while deciding; without one there is nothing to
             // decide about.
-            Phase::Deciding => return self.head.as_ref().map_or(CLOSE, Action::Head),
-            Phase::Failing(error) => return Action::Error(*error, self.head.as_ref()),
-            Phase::Closing(reason) => return Action::Close(*reason),
-            Phase::Waiting => return Action::Wait,
+            Phase::Deciding => self.head.as_ref().map_or(CLOSE, Action::Head),
+            Phase::Failing(error) => Action::Error(error, self.head.as_ref()),
+            Phase::Closing(reason) => Action::Close(reason),
+            Phase::Waiting => Action::Wait,
             Phase::ReadingBody {
                 send_continue: true,
                 ..
-            } => return Action::SendContinue,
-            Phase::Lingering { shut_down } if !*shut_down => {
-                *shut_down = true;
-                return Action::ShutdownWrite;
+            } => Action::SendContinue,
+            Phase::Lingering { shut_down: false } => {
+                self.phase = Phase::Lingering { shut_down: true };
+                Action::ShutdownWrite
             }
-            _ => {}
-        }
-        if self.step_heads >= STEP_MAX_HEADS || self.step_read >= STEP_MAX_READ {
-            return Action::Yield;
-        }
-        match self.phase {
+            _ if share_used => Action::Yield,
             Phase::ReadingHead => self.poll_head(now),
             Phase::ReadingBody { len, .. } => self.poll_body(len),
             Phase::Writing {
                 ref out, written, ..
             } => Action::Write(&out[written..]),
             Phase::Lingering { .. } => Action::Read(usize::MAX),
-            // Handled above.
-            Phase::Deciding | Phase::Failing(_) | Phase::Closing(_) | Phase::Waiting => {
-                Action::Wait
-            }
         }
     }
 
@@ -247,7 +239,9 @@ impl Conn {
         let body = std::mem::replace(&mut self.inbuf, rest);
         self.phase = Phase::Waiting;
         // A body is only read for a head that is kept.
-        self.head.as_ref().map_or(CLOSE, |head| Action::Request(head, body))
+        self.head
+            .as_ref()
+            .map_or(CLOSE, |head| Action::Request(head, body))
     }
 
     /// `bytes` were read from the socket. Reading starts no clock: a phase's deadline

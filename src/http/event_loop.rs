@@ -10,7 +10,6 @@ use mio::net::{TcpListener, TcpStream, UnixStream};
 use mio::{Events, Interest, Poll, Token, Waker};
 use std::collections::VecDeque;
 use std::io::{self, ErrorKind, Read};
-use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -45,12 +44,13 @@ fn conn_token(slot: usize, generation: u64) -> Token {
 
 /// The connection to close to admit a new one, from each one's slot, [`Class`] and
 /// when that class began: the first class in eviction order, and within it the
-/// oldest. `None` when every connection holds authorized work, which is never evicted.
-fn eviction_victim(conns: impl Iterator<Item = (usize, Class, Instant)>) -> Option<usize> {
+/// oldest, with its class. `None` when every connection holds authorized work, which is
+/// never evicted.
+fn eviction_victim(conns: impl Iterator<Item = (usize, Class, Instant)>) -> Option<(usize, Class)> {
     conns
         .filter(|(_, class, _)| *class != Class::Authorized)
         .min_by_key(|&(slot, class, since)| (class, since, slot))
-        .map(|(slot, _, _)| slot)
+        .map(|(slot, class, _)| (slot, class))
 }
 
 /// The connection in `slot`, if it is still the one of `generation`.
@@ -65,12 +65,11 @@ fn live(conns: &mut [Option<OpenConn>], slot: usize, generation: u64) -> Option<
 pub struct EventLoop {
     poll: Poll,
     listener: Option<TcpListener>,
-    local_addr: SocketAddr,
-    interrupt: Option<UnixStream>,
+    interrupt: UnixStream,
     waker: Arc<Waker>,
     conns: Vec<Option<OpenConn>>,
+    /// The empty slots of `conns`: every other slot holds an open connection.
     free: Vec<usize>,
-    open: usize,
     /// [`super::MAX_CONNECTIONS`], or fewer if the open-files limit is lower.
     max_connections: usize,
     next_generation: u64,
@@ -86,8 +85,8 @@ pub struct EventLoop {
 }
 
 impl EventLoop {
-    /// Creates a loop serving `listener`. `interrupt`, when given, is a stream that
-    /// becomes readable when the process is asked to stop (see `signal-hook`'s pipe).
+    /// Creates a loop serving `listener`. `interrupt` is a stream that becomes readable
+    /// when the process is asked to stop (see `signal-hook`'s pipe).
     /// `concurrent_turns` engines may run at once: the connection cap leaves their
     /// descriptors free (see [`connection_cap`]).
     ///
@@ -95,29 +94,24 @@ impl EventLoop {
     /// The OS refused to create the poll instance or to register a source.
     pub fn new(
         mut listener: TcpListener,
-        mut interrupt: Option<UnixStream>,
+        mut interrupt: UnixStream,
         concurrent_turns: usize,
     ) -> io::Result<EventLoop> {
         let poll = Poll::new()?;
-        let local_addr = listener.local_addr()?;
         poll.registry()
             .register(&mut listener, LISTENER, Interest::READABLE)?;
         let waker = Arc::new(Waker::new(poll.registry(), WAKER)?);
-        if let Some(stream) = interrupt.as_mut() {
-            poll.registry()
-                .register(stream, INTERRUPT, Interest::READABLE)?;
-        }
+        poll.registry()
+            .register(&mut interrupt, INTERRUPT, Interest::READABLE)?;
         let max_connections = connection_cap(concurrent_turns);
         warn_if_reduced(max_connections, concurrent_turns);
         Ok(EventLoop {
             poll,
             listener: Some(listener),
-            local_addr,
             interrupt,
             waker,
             conns: Vec::new(),
             free: Vec::new(),
-            open: 0,
             max_connections,
             next_generation: 0,
             scratch: vec![0u8; READ_CHUNK].into_boxed_slice(),
@@ -127,11 +121,6 @@ impl EventLoop {
             ready: VecDeque::new(),
             next_tick: Instant::now(),
         })
-    }
-
-    /// The address the listener is bound to.
-    pub fn local_addr(&self) -> SocketAddr {
-        self.local_addr
     }
 
     /// A waker that makes the loop call [`Service::on_wake`]; safe to use from any thread.
@@ -162,15 +151,12 @@ impl EventLoop {
                 .into_iter()
                 .flatten()
                 .fold(self.next_tick, Instant::min);
-            let mut timeout = wake_at.saturating_duration_since(Instant::now());
-            if !self.ready.is_empty() {
-                timeout = Duration::ZERO;
-            }
-            if let Err(e) = self.poll.poll(&mut events, Some(timeout)) {
-                if e.kind() == ErrorKind::Interrupted {
-                    continue;
-                }
-                return Err(e);
+            // Work left on the run queue: only look for new events.
+            let wake_at = if self.ready.is_empty() { wake_at } else { now };
+            let timeout = wake_at.saturating_duration_since(Instant::now());
+            match self.poll.poll(&mut events, Some(timeout)) {
+                Err(e) if e.kind() == ErrorKind::Interrupted => continue,
+                polled => polled?,
             }
             // New connections first, so that a health check is not accepted only after
             // a round over every busy connection.
@@ -182,10 +168,8 @@ impl EventLoop {
                     LISTENER => {}
                     WAKER => self.call(service, S::on_wake),
                     INTERRUPT => {
-                        if let Some(stream) = self.interrupt.as_mut() {
-                            let mut buf = [0u8; 64];
-                            while matches!(stream.read(&mut buf), Ok(n) if n > 0) {}
-                        }
+                        let mut buf = [0u8; 64];
+                        while matches!(self.interrupt.read(&mut buf), Ok(n) if n > 0) {}
                         self.call(service, S::on_interrupt);
                     }
                     Token(token) => {
@@ -297,22 +281,19 @@ impl EventLoop {
     /// bounded by the connections open.
     fn make_room<S: Service>(&mut self, service: &mut S, failed_accept: bool) -> bool {
         let mut read_again = Vec::new();
-        let open_before = self.open;
+        let open_before = self.open();
         loop {
-            if self.open < open_before || (!failed_accept && self.open < self.max_connections) {
+            let open = self.open();
+            if open < open_before || (!failed_accept && open < self.max_connections) {
                 return true; // reading one closed it
             }
             let open = self.conns.iter().enumerate().filter_map(|(slot, e)| {
                 e.as_ref()
                     .map(|e| (slot, e.conn.class(), e.conn.class_since()))
             });
-            let Some(slot) = eviction_victim(open) else {
+            let Some((slot, class)) = eviction_victim(open) else {
                 return false;
             };
-            let Some(Some(entry)) = self.conns.get_mut(slot) else {
-                return false; // a victim is always an open connection
-            };
-            let class = entry.conn.class();
             if class == Class::IncompleteHead && !read_again.contains(&slot) {
                 read_again.push(slot);
                 self.drive(service, slot);
@@ -325,7 +306,7 @@ impl EventLoop {
     }
 
     fn admit<S: Service>(&mut self, service: &mut S, mut stream: TcpStream) {
-        if self.open >= self.max_connections && !self.make_room(service, false) {
+        if self.open() >= self.max_connections && !self.make_room(service, false) {
             log::warn!(
                 "connection limit reached and every connection holds authorized work; \
                  refusing one"
@@ -347,11 +328,7 @@ impl EventLoop {
             return;
         }
         self.next_generation += 1;
-        let entry = OpenConn::new(stream, self.next_generation, Instant::now());
-        if let Some(place) = self.conns.get_mut(slot) {
-            *place = Some(entry);
-        }
-        self.open += 1;
+        self.conns[slot] = Some(OpenConn::new(stream, self.next_generation, Instant::now()));
         // The client may have sent its request already: an edge-triggered poll would
         // not report data that arrived before registration.
         self.drive(service, slot);
@@ -366,14 +343,21 @@ impl EventLoop {
             service.on_abandoned(entry.id(slot));
         }
         self.free.push(slot);
-        self.open -= 1;
+    }
+
+    /// How many connections are open.
+    fn open(&self) -> usize {
+        self.conns.len() - self.free.len()
     }
 
     /// Applies every deadline that has passed: the connection answers 408 or closes.
     fn expire<S: Service>(&mut self, service: &mut S) {
         let now = Instant::now();
         for slot in 0..self.conns.len() {
-            if self.conns[slot].as_mut().is_some_and(|e| e.conn.expire(now)) {
+            if self.conns[slot]
+                .as_mut()
+                .is_some_and(|e| e.conn.expire(now))
+            {
                 self.drive(service, slot);
             }
         }
@@ -396,9 +380,7 @@ impl EventLoop {
         // An answer begun before the stop, now written, leaves a kept-alive connection
         // that will never get another: close it.
         let done = self.stopping && entry.conn.is_between_requests();
-        if let Some(place) = self.conns.get_mut(slot) {
-            *place = Some(entry);
-        }
+        self.conns[slot] = Some(entry);
         match step {
             Step::Close => self.close(service, slot),
             _ if done => self.close(service, slot),
@@ -487,7 +469,8 @@ mod tests {
             ),
         ];
         for (context, conns, want) in cases {
-            let got = eviction_victim(conns.iter().map(|&(slot, c, s)| (slot, c, at(s))));
+            let got = eviction_victim(conns.iter().map(|&(slot, c, s)| (slot, c, at(s))))
+                .map(|(slot, _)| slot);
             assert_eq!(got, *want, "{context}");
         }
     }
