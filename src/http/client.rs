@@ -304,17 +304,16 @@ impl Connection {
             .map_err(ClientError::Io)?;
         // One write for head and body: written apart, the server's loop wakes for the
         // head, runs its checks and sleeps again before the body comes.
-        let written = self.stream.write_all(&[head, body].concat());
-        if let Err(e) = written {
-            if is_timeout(&e) {
-                return Err(ClientError::Timeout);
-            }
+        match self.stream.write_all(&[head, body].concat()) {
+            Err(e) if is_timeout(&e) => Err(ClientError::Timeout),
             // The server may have answered from the head alone and closed; its answer
             // can still be waiting in our receive buffer.
-            return self.read_response(deadline).map_err(|_| ClientError::Io(e));
+            Err(e) => self.read_response(deadline).map_err(|_| ClientError::Io(e)),
+            Ok(()) => {
+                self.sent = true;
+                self.read_response(deadline)
+            }
         }
-        self.sent = true;
-        self.read_response(deadline)
     }
 
     /// Reads more bytes into the buffer. `Ok(false)` at end of stream.

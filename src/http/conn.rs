@@ -26,7 +26,7 @@ pub const STEP_MAX_HEADS: usize = 8;
 /// See [`STEP_MAX_HEADS`].
 pub const STEP_MAX_READ: usize = 256 * 1024;
 /// The answer to `Expect: 100-continue`.
-pub(crate) const CONTINUE: &[u8] = b"HTTP/1.1 100 Continue\r\n\r\n";
+pub(super) const CONTINUE: &[u8] = b"HTTP/1.1 100 Continue\r\n\r\n";
 /// A kept-alive connection's input buffer larger than this is released between
 /// requests rather than kept for the next one.
 const KEEP_INPUT_CAPACITY: usize = 4096;
@@ -91,7 +91,8 @@ enum Phase {
     ReadingHead,
     /// A complete head waits for the service's decision.
     Deciding,
-    /// Reading `len` body bytes; `send_continue` until `100 Continue` is written.
+    /// Reading `len` body bytes; `send_continue` until [`CONTINUE`] is written (whole,
+    /// or the connection closes).
     ReadingBody { len: usize, send_continue: bool },
     /// The service answers later.
     Waiting,
@@ -117,8 +118,6 @@ pub enum Action<'a> {
     Read(usize),
     /// Write (a prefix of) these bytes, then report with [`Conn::wrote`].
     Write(&'a [u8]),
-    /// Write [`CONTINUE`] whole (else close), then call [`Conn::continue_sent`].
-    SendContinue,
     /// Shut down the socket's write side: the answer is out, lingering begins.
     ShutdownWrite,
     /// A complete head: the service decides, then [`Conn::respond`],
@@ -194,10 +193,11 @@ impl Conn {
             Phase::Failing(error) => Action::Error(error, self.head.as_ref()),
             Phase::Closing(reason) => Action::Close(reason),
             Phase::Waiting => Action::Wait,
+            // Tell a waiting client (curl, for one) to send the body now.
             Phase::ReadingBody {
                 send_continue: true,
                 ..
-            } => Action::SendContinue,
+            } => Action::Write(CONTINUE),
             Phase::Lingering { shut_down: false } => {
                 self.phase = Phase::Lingering { shut_down: true };
                 Action::ShutdownWrite
@@ -262,6 +262,15 @@ impl Conn {
 
     /// `n` bytes of the [`Action::Write`] slice were written at `now`.
     pub fn wrote(&mut self, n: usize, now: Instant) {
+        if let Phase::ReadingBody { send_continue, .. } = &mut self.phase {
+            // A fresh socket's buffer takes `100 Continue` whole; if not, give up.
+            if n < CONTINUE.len() {
+                self.phase = Phase::Closing(CloseReason::ServerAsked);
+            } else {
+                *send_continue = false;
+            }
+            return;
+        }
         let Phase::Writing {
             out,
             written,
@@ -292,13 +301,6 @@ impl Conn {
                 Phase::ReadingHead
             }
         };
-    }
-
-    /// The `100 Continue` of [`Action::SendContinue`] is written.
-    pub fn continue_sent(&mut self) {
-        if let Phase::ReadingBody { send_continue, .. } = &mut self.phase {
-            *send_continue = false;
-        }
     }
 
     /// After [`Action::Head`]: read exactly `len` body bytes, from `now` on.
@@ -480,7 +482,6 @@ mod tests {
     enum Seen {
         Read(usize),
         Write(Vec<u8>),
-        SendContinue,
         ShutdownWrite,
         Head(String, String),
         Request(String, Vec<u8>),
@@ -494,7 +495,6 @@ mod tests {
         match conn.poll(now) {
             Action::Read(n) => Seen::Read(n),
             Action::Write(bytes) => Seen::Write(bytes.to_vec()),
-            Action::SendContinue => Seen::SendContinue,
             Action::ShutdownWrite => Seen::ShutdownWrite,
             Action::Head(head) => Seen::Head(head.method.clone(), head.target.clone()),
             Action::Request(head, body) => Seen::Request(head.target.clone(), body),
@@ -541,10 +541,6 @@ mod tests {
                     out.extend_from_slice(bytes);
                     let n = bytes.len();
                     conn.wrote(n, now);
-                }
-                Action::SendContinue => {
-                    out.extend_from_slice(CONTINUE);
-                    conn.continue_sent();
                 }
                 Action::ShutdownWrite => {}
                 other => {

@@ -1,7 +1,7 @@
 //! Running one connection: the reads, writes and [`Service`] calls its [`Conn`] asks
 //! for, and the budgets all connections share.
 
-use super::conn::{Action, Class, Conn, CONTINUE};
+use super::conn::{Action, Class, Conn};
 use super::message::{HttpError, Response};
 use super::service::{ConnId, HeadAction, Service};
 use mio::net::TcpStream;
@@ -144,14 +144,6 @@ impl OpenConn {
                     Err(e) if e.kind() == ErrorKind::Interrupted => {}
                     Err(_) => return Step::Close,
                 },
-                Action::SendContinue => {
-                    // Tell a waiting client (curl, for one) to send the body now. A
-                    // fresh socket's buffer takes these bytes whole; if not, give up.
-                    if !matches!(self.stream.write(CONTINUE), Ok(n) if n == CONTINUE.len()) {
-                        return Step::Close;
-                    }
-                    self.conn.continue_sent();
-                }
                 Action::ShutdownWrite => {
                     let _ = self.stream.shutdown(Shutdown::Write);
                 }

@@ -89,21 +89,15 @@ pub struct Response {
 impl Response {
     pub(super) fn serialize(&self, close: bool) -> Vec<u8> {
         let mut out = Vec::with_capacity(192 + self.body.len());
+        let status = self.status;
         // Writing into a Vec cannot fail.
-        let _ = write!(
-            out,
-            "HTTP/1.1 {} {}\r\n",
-            self.status,
-            reason_phrase(self.status)
-        );
+        let _ = write!(out, "HTTP/1.1 {status} {}\r\n", reason_phrase(status));
         for (name, value) in &self.headers {
             let _ = write!(out, "{name}: {value}\r\n");
         }
-        let _ = write!(out, "Content-Length: {}\r\n", self.body.len());
-        if close {
-            out.extend_from_slice(b"Connection: close\r\n");
-        }
-        out.extend_from_slice(b"\r\n");
+        let length = self.body.len();
+        let connection = if close { "Connection: close\r\n" } else { "" };
+        let _ = write!(out, "Content-Length: {length}\r\n{connection}\r\n");
         out.extend_from_slice(&self.body);
         out
     }
