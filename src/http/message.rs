@@ -2,6 +2,7 @@
 //! limits, the responses the server writes, and the errors the HTTP layer answers itself.
 
 use super::headers::{self, LengthError, MAX_HEADERS, MAX_HEAD_BYTES};
+use httparse::Status;
 use std::io::Write;
 use std::time::Instant;
 
@@ -194,19 +195,15 @@ pub(super) fn parse_head(
     // two reads. Whatever the reads, a parse is tried once the bytes hold an end.
     let lead = leading_empty_lines(window);
     let from = (*scanned).min(window.len()).saturating_sub(2).max(lead);
-    let tail = &window[from..];
-    if !has_blank_line(tail) {
-        *scanned = window.len();
-        return if buf.len() > MAX_HEAD_BYTES {
-            Err(HttpError::HeadTooLarge)
-        } else {
-            Ok(None)
-        };
-    }
     let mut headers = [httparse::EMPTY_HEADER; MAX_HEADERS];
     let mut request = httparse::Request::new(&mut headers);
-    match request.parse(window) {
-        Ok(httparse::Status::Complete(consumed)) if consumed <= MAX_HEAD_BYTES => {
+    let parsed = if has_blank_line(&window[from..]) {
+        request.parse(window)
+    } else {
+        Ok(Status::Partial)
+    };
+    match parsed {
+        Ok(Status::Complete(consumed)) if consumed <= MAX_HEAD_BYTES => {
             let head = Head {
                 method: request.method.unwrap_or("").to_owned(),
                 target: request.path.unwrap_or("").to_owned(),
@@ -220,9 +217,9 @@ pub(super) fn parse_head(
             };
             Ok(Some((head, consumed)))
         }
-        Ok(httparse::Status::Complete(_)) => Err(HttpError::HeadTooLarge),
-        Ok(httparse::Status::Partial) if buf.len() > MAX_HEAD_BYTES => Err(HttpError::HeadTooLarge),
-        Ok(httparse::Status::Partial) => {
+        Ok(Status::Complete(_)) => Err(HttpError::HeadTooLarge),
+        Ok(Status::Partial) if buf.len() > MAX_HEAD_BYTES => Err(HttpError::HeadTooLarge),
+        Ok(Status::Partial) => {
             *scanned = window.len();
             Ok(None)
         }
