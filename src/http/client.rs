@@ -120,19 +120,13 @@ pub fn parse_response_head(bytes: &[u8]) -> Result<Option<(ResponseHead, usize)>
     let mut slots = [httparse::EMPTY_HEADER; MAX_HEADERS];
     let mut response = httparse::Response::new(&mut slots);
     let head_len = match response.parse(bytes) {
-        Ok(httparse::Status::Complete(len)) => len,
-        Ok(httparse::Status::Partial) if bytes.len() >= MAX_HEAD_BYTES => {
-            return Err(ClientError::Malformed("response head too large"))
-        }
-        Ok(httparse::Status::Partial) => return Ok(None),
-        Err(httparse::Error::TooManyHeaders) => {
-            return Err(ClientError::Malformed("too many response headers"))
-        }
-        Err(_) => return Err(ClientError::Malformed("malformed response head")),
-    };
-    if head_len > MAX_HEAD_BYTES {
-        return Err(ClientError::Malformed("response head too large"));
+        Ok(httparse::Status::Complete(len)) if len <= MAX_HEAD_BYTES => Ok(len),
+        Ok(httparse::Status::Partial) if bytes.len() < MAX_HEAD_BYTES => return Ok(None),
+        Ok(_) => Err("response head too large"),
+        Err(httparse::Error::TooManyHeaders) => Err("too many response headers"),
+        Err(_) => Err("malformed response head"),
     }
+    .map_err(ClientError::Malformed)?;
     // A complete parse always sets the version and the code.
     let (Some(minor_version), Some(status)) = (response.version, response.code) else {
         return Err(ClientError::Malformed("malformed status line"));
@@ -144,12 +138,8 @@ pub fn parse_response_head(bytes: &[u8]) -> Result<Option<(ResponseHead, usize)>
         Err(LengthError::Missing) => None,
         Err(invalid) => return Err(ClientError::Malformed(invalid.as_str())),
     };
-    let close = headers::asks_to_close(
-        pairs
-            .filter(|(name, _)| name.eq_ignore_ascii_case("connection"))
-            .map(|(_, value)| value),
-    );
-    let keep_alive = minor_version == 1 && !close;
+    let connection = pairs.filter(|(name, _)| name.eq_ignore_ascii_case("connection"));
+    let keep_alive = minor_version == 1 && !headers::asks_to_close(connection.map(|(_, v)| v));
     let head = ResponseHead {
         status,
         content_length,

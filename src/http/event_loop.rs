@@ -392,10 +392,8 @@ impl EventLoop {
     /// The slot an event's token names, if that connection is still the one open there.
     fn event_slot(&self, token: usize) -> Option<usize> {
         let slot = (token & SLOT_MASK).checked_sub(FIRST_CONN)?;
-        match self.conns.get(slot) {
-            Some(Some(entry)) if conn_token(slot, entry.generation).0 == token => Some(slot),
-            _ => None,
-        }
+        let entry = self.conns.get(slot)?.as_ref()?;
+        (conn_token(slot, entry.generation).0 == token).then_some(slot)
     }
 
     /// Puts a connection on the run queue (once, however many events it has).
