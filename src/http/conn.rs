@@ -251,9 +251,8 @@ impl Conn {
         match self.phase {
             Phase::Lingering { .. } => {}
             Phase::ReadingBody { len, .. } => {
-                if self.inbuf.capacity() == 0 {
-                    self.inbuf.reserve_exact(len);
-                }
+                self.inbuf
+                    .reserve_exact(len.saturating_sub(self.inbuf.len()));
                 self.inbuf.extend_from_slice(bytes);
             }
             _ => self.inbuf.extend_from_slice(bytes),
@@ -323,8 +322,7 @@ impl Conn {
 
     /// Starts writing the answer to an HTTP-layer error at `now`; the connection closes
     /// afterwards, lingering so that the client can read it.
-    pub fn respond_error(&mut self, mut response: Response, now: Instant) {
-        response.close = true;
+    pub fn respond_error(&mut self, response: Response, now: Instant) {
         self.start(response, true, now);
     }
 

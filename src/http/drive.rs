@@ -92,16 +92,6 @@ pub(super) fn finalize(mut response: Response, stopping: bool) -> Response {
 }
 
 impl OpenConn {
-    /// A connection accepted at `now` on `stream`.
-    pub(super) fn new(stream: TcpStream, generation: u64, now: Instant) -> OpenConn {
-        OpenConn {
-            stream,
-            generation,
-            queued: false,
-            conn: Conn::new(now),
-        }
-    }
-
     /// This connection's id for the service, in `slot`.
     pub(super) fn id(&self, slot: usize) -> ConnId {
         ConnId {

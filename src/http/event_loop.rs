@@ -2,7 +2,7 @@
 //! with generation-tagged tokens, a FIFO run queue, the deadlines, accept and
 //! eviction. Running one connection is `drive`'s job.
 
-use super::conn::{Class, STEP_MAX_READ};
+use super::conn::{Class, Conn, STEP_MAX_READ};
 use super::drive::{InFlight, OpenConn, Step};
 use super::listener::{connection_cap, max_authorized, warn_if_reduced};
 use super::service::{Control, Service};
@@ -328,7 +328,12 @@ impl EventLoop {
             return;
         }
         self.next_generation += 1;
-        self.conns[slot] = Some(OpenConn::new(stream, self.next_generation, Instant::now()));
+        self.conns[slot] = Some(OpenConn {
+            stream,
+            generation: self.next_generation,
+            queued: false,
+            conn: Conn::new(Instant::now()),
+        });
         // The client may have sent its request already: an edge-triggered poll would
         // not report data that arrived before registration.
         self.drive(service, slot);

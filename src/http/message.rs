@@ -166,14 +166,11 @@ fn has_blank_line(bytes: &[u8]) -> bool {
 
 /// How many bytes of complete empty lines (`\r\n` or `\n`) `bytes` starts with.
 fn leading_empty_lines(bytes: &[u8]) -> usize {
-    let mut at = 0;
-    loop {
-        match bytes.get(at..) {
-            Some([b'\n', ..]) => at += 1,
-            Some([b'\r', b'\n', ..]) => at += 2,
-            _ => return at,
-        }
+    let mut rest = bytes;
+    while let [b'\n', tail @ ..] | [b'\r', b'\n', tail @ ..] = rest {
+        rest = tail;
     }
+    bytes.len() - rest.len()
 }
 
 /// Parses a request head from the start of `buf`, enforcing [`MAX_HEAD_BYTES`] and
