@@ -30,20 +30,13 @@ pub(super) struct InFlight {
     bodies: usize,
     responses: usize,
     authorized: usize,
-    /// Most connections that may hold authorized work: the connection cap less
-    /// [`super::HEALTH_RESERVE`].
-    max_authorized: usize,
 }
 
 impl InFlight {
-    /// What `conns` hold now, of which at most `max_authorized` may hold authorized
-    /// work. Summed when a budget is asked, so nothing is counted twice or left behind
-    /// by a connection that closed.
-    pub(super) fn of(conns: &[Option<OpenConn>], max_authorized: usize) -> InFlight {
-        let mut sum = InFlight {
-            max_authorized,
-            ..InFlight::default()
-        };
+    /// What `conns` hold now. Summed when a budget is asked, so nothing is counted
+    /// twice or left behind by a connection that closed.
+    pub(super) fn of(conns: &[Option<OpenConn>]) -> InFlight {
+        let mut sum = InFlight::default();
         for conn in conns.iter().flatten().map(|entry| &entry.conn) {
             sum.bodies = sum.bodies.saturating_add(conn.body_in_flight());
             sum.responses = sum.responses.saturating_add(conn.response_in_flight());
@@ -53,10 +46,11 @@ impl InFlight {
     }
 
     /// Whether a new authorized request with a body of `len` bytes may be read: the
-    /// body fits the body budget, and a connection is left outside the health reserve.
-    fn admits_request(&self, len: usize) -> bool {
+    /// body fits the body budget, and fewer than `max_authorized` connections (the
+    /// connection cap less [`super::HEALTH_RESERVE`]) hold authorized work.
+    fn admits_request(&self, len: usize, max_authorized: usize) -> bool {
         self.bodies.saturating_add(len) <= MAX_BODY_BYTES_IN_FLIGHT
-            && self.authorized < self.max_authorized
+            && self.authorized < max_authorized
     }
 
     /// Whether an answer whose body is `len` bytes fits the response budget (always,
@@ -143,7 +137,7 @@ impl OpenConn {
                             .respond(finalize(response, stopping), Instant::now());
                     }
                     HeadAction::ReadBody(len)
-                        if InFlight::of(others, max_authorized).admits_request(len) =>
+                        if InFlight::of(others).admits_request(len, max_authorized) =>
                     {
                         self.conn.read_body(len, Instant::now());
                     }
@@ -153,8 +147,7 @@ impl OpenConn {
                 },
                 Action::Request(head, body) => {
                     if let Some(response) = service.on_request(id, head, body) {
-                        let in_flight = InFlight::of(others, max_authorized);
-                        self.answer(service, response, &in_flight, stopping);
+                        self.answer(service, response, &InFlight::of(others), stopping);
                     }
                 }
                 Action::Error(error, head) => {
@@ -207,27 +200,27 @@ mod tests {
             bodies,
             responses,
             authorized,
-            max_authorized: 2,
         }
     }
 
     #[test]
     fn the_health_reserve_refuses_authorized_work_past_its_limit() {
-        assert!(in_flight(0, 0, 0).admits_request(10));
-        assert!(in_flight(10, 0, 1).admits_request(10));
+        // At most two connections may hold authorized work.
+        assert!(in_flight(0, 0, 0).admits_request(10, 2));
+        assert!(in_flight(10, 0, 1).admits_request(10, 2));
         // Two connections hold authorized work: the rest is the reserve.
-        assert!(!in_flight(10, 0, 2).admits_request(0));
+        assert!(!in_flight(10, 0, 2).admits_request(0, 2));
         // One of them is answered and goes idle: room again.
-        assert!(in_flight(0, 0, 1).admits_request(0));
+        assert!(in_flight(0, 0, 1).admits_request(0, 2));
         // Nothing in flight counts what no open connection holds.
-        assert_eq!(InFlight::of(&[None, None], 2).authorized, 0);
+        assert_eq!(InFlight::of(&[None, None]).authorized, 0);
     }
 
     #[test]
     fn the_body_budget_refuses_a_body_past_it() {
         let in_flight = in_flight(MAX_BODY_BYTES_IN_FLIGHT - 5, 0, 1);
-        assert!(in_flight.admits_request(5));
-        assert!(!in_flight.admits_request(6));
+        assert!(in_flight.admits_request(5, usize::MAX));
+        assert!(!in_flight.admits_request(6, usize::MAX));
     }
 
     #[test]

@@ -219,9 +219,8 @@ impl EventLoop {
     fn apply<S: Service>(&mut self, service: &mut S, control: Control) {
         // First, so that the answers given with the stop already say they close.
         self.stopping |= control.stop_accepting || control.exit;
-        let max_authorized = max_authorized(self.max_connections);
         for (id, response) in control.responses {
-            let in_flight = InFlight::of(&self.conns, max_authorized);
+            let in_flight = InFlight::of(&self.conns);
             match live(&mut self.conns, id.slot, id.generation) {
                 Some(entry) if entry.conn.is_waiting() => {
                     entry.answer(service, response, &in_flight, self.stopping);

@@ -51,12 +51,9 @@ impl LengthError {
 ///
 /// # Errors
 /// See [`LengthError`]; `Transfer-Encoding` wins over any `Content-Length` problem.
-pub fn content_length<'a, I>(headers: I) -> Result<u64, LengthError>
-where
-    I: IntoIterator<Item = (&'a str, &'a [u8])>,
-    I::IntoIter: Clone,
-{
-    let headers = headers.into_iter();
+pub fn content_length<'a>(
+    headers: impl Iterator<Item = (&'a str, &'a [u8])> + Clone,
+) -> Result<u64, LengthError> {
     if headers
         .clone()
         .any(|(name, _)| name.eq_ignore_ascii_case("transfer-encoding"))
