@@ -261,45 +261,36 @@ impl Conn {
 
     /// `n` bytes of the [`Action::Write`] slice were written at `now`.
     pub fn wrote(&mut self, n: usize, now: Instant) {
-        if let Phase::ReadingBody { send_continue, .. } = &mut self.phase {
-            // A fresh socket's buffer takes `100 Continue` whole; if not, give up.
-            if n < CONTINUE.len() {
-                self.phase = Phase::Closing(CloseReason::ServerAsked);
-            } else {
+        match &mut self.phase {
+            Phase::Writing { out, written, .. } if *written + n < out.len() => *written += n,
+            // The answer is out.
+            Phase::Writing { after, .. } => {
+                let after = *after;
+                self.head = None;
+                self.served = true;
+                self.authorized = false;
+                self.phase_started = now;
+                self.phase = match after {
+                    After::Linger => {
+                        self.inbuf = Vec::new();
+                        Phase::Lingering { shut_down: false }
+                    }
+                    After::Close(reason) => Phase::Closing(reason),
+                    After::KeepAlive => {
+                        if self.inbuf.is_empty() && self.inbuf.capacity() > KEEP_INPUT_CAPACITY {
+                            self.inbuf = Vec::new();
+                        }
+                        Phase::ReadingHead
+                    }
+                };
+            }
+            Phase::ReadingBody { send_continue, .. } if n >= CONTINUE.len() => {
                 *send_continue = false;
             }
-            return;
+            // A fresh socket's buffer takes `100 Continue` whole; if not, give up.
+            Phase::ReadingBody { .. } => self.phase = Phase::Closing(CloseReason::ServerAsked),
+            _ => {}
         }
-        let Phase::Writing {
-            out,
-            written,
-            after,
-        } = &mut self.phase
-        else {
-            return;
-        };
-        *written = (*written + n).min(out.len());
-        if *written < out.len() {
-            return;
-        }
-        let after = *after;
-        self.head = None;
-        self.served = true;
-        self.authorized = false;
-        self.phase_started = now;
-        self.phase = match after {
-            After::Linger => {
-                self.inbuf = Vec::new();
-                Phase::Lingering { shut_down: false }
-            }
-            After::Close(reason) => Phase::Closing(reason),
-            After::KeepAlive => {
-                if self.inbuf.is_empty() && self.inbuf.capacity() > KEEP_INPUT_CAPACITY {
-                    self.inbuf = Vec::new();
-                }
-                Phase::ReadingHead
-            }
-        };
     }
 
     /// After [`Action::Head`]: read exactly `len` body bytes, from `now` on.
