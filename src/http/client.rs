@@ -189,13 +189,10 @@ impl Connection {
         }
         let addr = SocketAddr::new(ip, port);
         let wait = remaining(deadline)?.min(CONNECT_TIMEOUT);
-        let stream = TcpStream::connect_timeout(&addr, wait).map_err(|e| {
-            if is_timeout(&e) {
-                ClientError::Timeout
-            } else {
-                ClientError::Connect(e)
-            }
-        })?;
+        let stream = match TcpStream::connect_timeout(&addr, wait) {
+            Err(e) if is_timeout(&e) => return Err(ClientError::Timeout),
+            connected => connected.map_err(ClientError::Connect)?,
+        };
         // Small requests: send them at once rather than waiting for more to coalesce.
         stream.set_nodelay(true).map_err(ClientError::Io)?;
         Ok(Connection {

@@ -319,14 +319,11 @@ impl Conn {
 
     fn start(&mut self, response: Response, linger: bool, now: Instant) {
         let keep_alive = self.head.as_ref().is_some_and(Head::wants_keep_alive);
-        let after = if linger {
-            After::Linger
-        } else if response.close {
-            After::Close(CloseReason::ServerAsked)
-        } else if !keep_alive {
-            After::Close(CloseReason::ClientAsked)
-        } else {
-            After::KeepAlive
+        let after = match (linger, response.close, keep_alive) {
+            (true, _, _) => After::Linger,
+            (false, true, _) => After::Close(CloseReason::ServerAsked),
+            (false, false, false) => After::Close(CloseReason::ClientAsked),
+            (false, false, true) => After::KeepAlive,
         };
         let mut out = response.serialize(after != After::KeepAlive);
         // An answer to HEAD has the full answer's headers and no body (RFC 9110, 9.3.2).

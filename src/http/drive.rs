@@ -111,8 +111,7 @@ impl OpenConn {
         loop {
             match self.conn.poll(Instant::now()) {
                 Action::Read(wanted) => {
-                    let cap = wanted.min(scratch.len());
-                    let buf = &mut scratch[..cap];
+                    let (buf, _) = scratch.split_at_mut(wanted.min(scratch.len()));
                     match self.stream.read(buf) {
                         Ok(0) => return Step::Close,
                         Ok(n) => self.conn.received(&buf[..n], Instant::now()),

@@ -134,7 +134,6 @@ impl EventLoop {
     /// Only if polling itself fails; per-connection errors close that connection.
     pub fn run<S: Service>(&mut self, service: &mut S) -> io::Result<()> {
         let mut events = Events::with_capacity(EVENTS_CAPACITY);
-        self.next_tick = Instant::now();
         loop {
             let now = Instant::now();
             if now >= self.next_tick {
