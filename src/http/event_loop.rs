@@ -145,10 +145,9 @@ impl EventLoop {
                 return Ok(());
             }
             let conns = self.conns.iter().flatten();
-            let first_deadline = conns.filter_map(|e| e.conn.deadline()).min();
-            let wake_at = [first_deadline, self.accept_paused_until]
-                .into_iter()
-                .flatten()
+            let wake_at = conns
+                .filter_map(|e| e.conn.deadline())
+                .chain(self.accept_paused_until)
                 .fold(self.next_tick, Instant::min);
             // Work left on the run queue: only look for new events.
             let wake_at = if self.ready.is_empty() { wake_at } else { now };
@@ -220,12 +219,10 @@ impl EventLoop {
         self.stopping |= control.stop_accepting || control.exit;
         for (id, response) in control.responses {
             let in_flight = InFlight::of(&self.conns);
-            match live(&mut self.conns, id.slot, id.generation) {
-                Some(entry) if entry.conn.is_waiting() => {
-                    entry.answer(service, response, &in_flight, self.stopping);
-                    self.drive(service, id.slot);
-                }
-                _ => {}
+            let entry = live(&mut self.conns, id.slot, id.generation);
+            if let Some(entry) = entry.filter(|e| e.conn.is_waiting()) {
+                entry.answer(service, response, &in_flight, self.stopping);
+                self.drive(service, id.slot);
             }
         }
         if control.stop_accepting {
@@ -401,11 +398,10 @@ impl EventLoop {
 
     /// Puts a connection on the run queue (once, however many events it has).
     fn enqueue(&mut self, slot: usize) {
-        if let Some(Some(entry)) = self.conns.get_mut(slot) {
-            if !entry.queued {
-                entry.queued = true;
-                self.ready.push_back((slot, entry.generation));
-            }
+        let entry = self.conns.get_mut(slot).and_then(Option::as_mut);
+        if let Some(entry) = entry.filter(|e| !e.queued) {
+            entry.queued = true;
+            self.ready.push_back((slot, entry.generation));
         }
     }
 }
