@@ -4,12 +4,12 @@
 //! It speaks just enough HTTP for the bus: `GET /api/health` and `POST /api/talk`,
 //! one request at a time on one connection. Response heads are parsed by `httparse`
 //! with the limits and the `Content-Length` rule the server side uses too
-//! ([`super::content_length`]); every read is bounded ([`MAX_RESPONSE_HEAD_BYTES`],
-//! [`MAX_RESPONSE_HEADERS`], [`MAX_RESPONSE_BODY_BYTES`]) and every wait has a
-//! deadline, so a peer that sends too much or nothing at all costs a bounded amount of
-//! memory and time.
+//! ([`super::content_length`]); every read is bounded (the head limits of both
+//! directions, [`MAX_HEAD_BYTES`] and [`MAX_HEADERS`], and [`MAX_RESPONSE_BODY_BYTES`])
+//! and every wait has a deadline, so a peer that sends too much or nothing at all costs
+//! a bounded amount of memory and time.
 //!
-//! Only loopback addresses are ever connected to: [`Connection::open`] refuses any
+//! Only loopback addresses are ever connected to: [`Connection::open_at`] refuses any
 //! other address before a socket is created.
 
 use super::headers::{
@@ -26,12 +26,6 @@ use std::time::{Duration, Instant};
 pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
 /// Longest wait for one request to be written. The server allows 10 s for a body.
 pub const REQUEST_WRITE_TIMEOUT: Duration = Duration::from_secs(10);
-/// Largest response status line plus headers accepted: the head limit of both
-/// directions, [`MAX_HEAD_BYTES`].
-pub const MAX_RESPONSE_HEAD_BYTES: usize = MAX_HEAD_BYTES;
-/// Most headers accepted in one response: the limit of both directions,
-/// [`MAX_HEADERS`].
-pub const MAX_RESPONSE_HEADERS: usize = MAX_HEADERS;
 /// Largest response body accepted: 8 MiB. A reply is at most the engine's output
 /// (`engine.maxOutputBytes`, 1 MiB by default), and JSON escaping can make one byte of
 /// it six (`\u0001`), so this leaves room for a default engine's worst case.
@@ -108,46 +102,31 @@ pub struct ReceivedResponse {
 pub struct ResponseHead {
     /// The status code.
     pub status: u16,
-    /// The minor HTTP version (1 for HTTP/1.1).
-    pub minor_version: u8,
     /// `Content-Length`, if present (repeats must agree).
     pub content_length: Option<u64>,
-    /// The peer said `Connection: close`.
-    pub close: bool,
-}
-
-impl ResponseHead {
-    /// Whether this response has no body whatever its headers say (1xx, 204, 304).
-    fn bodiless(&self) -> bool {
-        matches!(self.status, 100..=199 | 204 | 304)
-    }
+    /// HTTP/1.1 without `Connection: close`: the peer may keep the connection open.
+    pub keep_alive: bool,
 }
 
 /// Parses a response head from the start of `bytes`: `Ok(None)` while incomplete,
 /// else the head and its length in bytes.
 ///
 /// # Errors
-/// The head is malformed, longer than `MAX_RESPONSE_HEAD_BYTES`, has more than
-/// `MAX_RESPONSE_HEADERS` headers, uses `Transfer-Encoding`, or has a
+/// The head is malformed, longer than `MAX_HEAD_BYTES`, has more than
+/// `MAX_HEADERS` headers, uses `Transfer-Encoding`, or has a
 /// `Content-Length` that is not all digits or is repeated with different values (the
 /// one rule of `http::headers::content_length`).
 pub fn parse_response_head(bytes: &[u8]) -> Result<Option<(ResponseHead, usize)>, ClientError> {
-    let mut slots = [httparse::EMPTY_HEADER; MAX_RESPONSE_HEADERS];
+    let mut slots = [httparse::EMPTY_HEADER; MAX_HEADERS];
     let mut response = httparse::Response::new(&mut slots);
     let head_len = match response.parse(bytes) {
-        Ok(httparse::Status::Complete(len)) => len,
-        Ok(httparse::Status::Partial) if bytes.len() >= MAX_RESPONSE_HEAD_BYTES => {
-            return Err(ClientError::Malformed("response head too large"))
-        }
-        Ok(httparse::Status::Partial) => return Ok(None),
-        Err(httparse::Error::TooManyHeaders) => {
-            return Err(ClientError::Malformed("too many response headers"))
-        }
-        Err(_) => return Err(ClientError::Malformed("malformed response head")),
-    };
-    if head_len > MAX_RESPONSE_HEAD_BYTES {
-        return Err(ClientError::Malformed("response head too large"));
+        Ok(httparse::Status::Complete(len)) if len <= MAX_HEAD_BYTES => Ok(len),
+        Ok(httparse::Status::Partial) if bytes.len() < MAX_HEAD_BYTES => return Ok(None),
+        Ok(_) => Err("response head too large"),
+        Err(httparse::Error::TooManyHeaders) => Err("too many response headers"),
+        Err(_) => Err("malformed response head"),
     }
+    .map_err(ClientError::Malformed)?;
     // A complete parse always sets the version and the code.
     let (Some(minor_version), Some(status)) = (response.version, response.code) else {
         return Err(ClientError::Malformed("malformed status line"));
@@ -159,20 +138,14 @@ pub fn parse_response_head(bytes: &[u8]) -> Result<Option<(ResponseHead, usize)>
         Err(LengthError::Missing) => None,
         Err(invalid) => return Err(ClientError::Malformed(invalid.as_str())),
     };
-    let close = headers::asks_to_close(
-        pairs
-            .filter(|(name, _)| name.eq_ignore_ascii_case("connection"))
-            .map(|(_, value)| value),
-    );
-    Ok(Some((
-        ResponseHead {
-            status,
-            minor_version,
-            content_length,
-            close,
-        },
-        head_len,
-    )))
+    let connection = pairs.filter(|(name, _)| name.eq_ignore_ascii_case("connection"));
+    let keep_alive = minor_version == 1 && !headers::asks_to_close(connection.map(|(_, v)| v));
+    let head = ResponseHead {
+        status,
+        content_length,
+        keep_alive,
+    };
+    Ok(Some((head, head_len)))
 }
 
 /// One connection to a loopback HTTP/1.1 server.
@@ -202,24 +175,24 @@ fn is_timeout(e: &io::Error) -> bool {
 }
 
 impl Connection {
-    /// Connects to `addr`, waiting at most [`CONNECT_TIMEOUT`] and never past
-    /// `deadline`.
+    /// Connects to exactly `ip:port` (a registry entry's `host` and `port`), never to
+    /// another address or family: a listener on 127.0.0.1 must not catch a client of
+    /// an instance bound to `::1` (contract 6). Waits at most [`CONNECT_TIMEOUT`] and
+    /// never past `deadline`.
     ///
     /// # Errors
-    /// `addr` is not loopback ([`ClientError::NotLoopback`], before any socket is made),
+    /// `ip` is not loopback ([`ClientError::NotLoopback`], before any socket is made),
     /// the connect failed, or the deadline passed.
-    pub fn open(addr: SocketAddr, deadline: Instant) -> Result<Connection, ClientError> {
-        if !addr.ip().is_loopback() {
-            return Err(ClientError::NotLoopback(addr.ip()));
+    pub fn open_at(ip: IpAddr, port: u16, deadline: Instant) -> Result<Connection, ClientError> {
+        if !ip.is_loopback() {
+            return Err(ClientError::NotLoopback(ip));
         }
+        let addr = SocketAddr::new(ip, port);
         let wait = remaining(deadline)?.min(CONNECT_TIMEOUT);
-        let stream = TcpStream::connect_timeout(&addr, wait).map_err(|e| {
-            if is_timeout(&e) {
-                ClientError::Timeout
-            } else {
-                ClientError::Connect(e)
-            }
-        })?;
+        let stream = match TcpStream::connect_timeout(&addr, wait) {
+            Err(e) if is_timeout(&e) => return Err(ClientError::Timeout),
+            connected => connected.map_err(ClientError::Connect)?,
+        };
         // Small requests: send them at once rather than waiting for more to coalesce.
         stream.set_nodelay(true).map_err(ClientError::Io)?;
         Ok(Connection {
@@ -229,16 +202,6 @@ impl Connection {
             reusable: true,
             sent: false,
         })
-    }
-
-    /// Connects to exactly `ip:port` (a registry entry's `host` and `port`), never to
-    /// another address or family: a listener on 127.0.0.1 must not catch a client of
-    /// an instance bound to `::1` (contract 6).
-    ///
-    /// # Errors
-    /// As [`Connection::open`].
-    pub fn open_at(ip: IpAddr, port: u16, deadline: Instant) -> Result<Connection, ClientError> {
-        Connection::open(SocketAddr::new(ip, port), deadline)
     }
 
     /// The server's address and this end's address of the connection.
@@ -328,17 +291,16 @@ impl Connection {
             .map_err(ClientError::Io)?;
         // One write for head and body: written apart, the server's loop wakes for the
         // head, runs its checks and sleeps again before the body comes.
-        let written = self.stream.write_all(&[head, body].concat());
-        if let Err(e) = written {
-            if is_timeout(&e) {
-                return Err(ClientError::Timeout);
-            }
+        match self.stream.write_all(&[head, body].concat()) {
+            Err(e) if is_timeout(&e) => Err(ClientError::Timeout),
             // The server may have answered from the head alone and closed; its answer
             // can still be waiting in our receive buffer.
-            return self.read_response(deadline).map_err(|_| ClientError::Io(e));
+            Err(e) => self.read_response(deadline).map_err(|_| ClientError::Io(e)),
+            Ok(()) => {
+                self.sent = true;
+                self.read_response(deadline)
+            }
         }
-        self.sent = true;
-        self.read_response(deadline)
     }
 
     /// Reads more bytes into the buffer. `Ok(false)` at end of stream.
@@ -350,10 +312,9 @@ impl Connection {
         let mut chunk = [0u8; RESPONSE_READ_CHUNK];
         loop {
             match self.stream.read(&mut chunk) {
-                Ok(0) => return Ok(false),
                 Ok(n) => {
                     self.buffer.extend_from_slice(&chunk[..n]);
-                    return Ok(true);
+                    return Ok(n > 0);
                 }
                 Err(e) if e.kind() == ErrorKind::Interrupted => continue,
                 Err(e) if is_timeout(&e) => return Err(ClientError::Timeout),
@@ -365,55 +326,49 @@ impl Connection {
     /// Reads one final response (skipping interim 1xx ones).
     fn read_response(&mut self, deadline: Instant) -> Result<ReceivedResponse, ClientError> {
         let head = loop {
-            match parse_response_head(&self.buffer)? {
-                Some((head, len)) => {
-                    self.buffer.drain(..len);
-                    // 101 would switch protocols, which we never ask for.
-                    if head.status / 100 == 1 && head.status != 101 {
-                        continue;
-                    }
-                    break head;
-                }
-                None => {
-                    if !self.fill(deadline)? {
-                        return Err(ClientError::Closed);
-                    }
-                }
-            }
-        };
-        if head.status == 101 {
-            return Err(ClientError::Malformed("unexpected 101 Switching Protocols"));
-        }
-        let body = if head.bodiless() {
-            Vec::new()
-        } else if let Some(length) = head.content_length {
-            if length > MAX_RESPONSE_BODY_BYTES {
-                return Err(ClientError::Malformed("response body too large"));
-            }
-            // `length` is at most MAX_RESPONSE_BODY_BYTES, which fits in usize.
-            let length = usize::try_from(length).unwrap_or(usize::MAX);
-            while self.buffer.len() < length {
+            let Some((head, len)) = parse_response_head(&self.buffer)? else {
                 if !self.fill(deadline)? {
                     return Err(ClientError::Closed);
                 }
-            }
-            let rest = self.buffer.split_off(length);
-            std::mem::replace(&mut self.buffer, rest)
-        } else {
-            // No length: the body runs to the end of the stream.
-            loop {
-                if self.buffer.len() as u64 > MAX_RESPONSE_BODY_BYTES {
-                    return Err(ClientError::Malformed("response body too large"));
-                }
-                if !self.fill(deadline)? {
-                    break std::mem::take(&mut self.buffer);
-                }
+                continue;
+            };
+            self.buffer.drain(..len);
+            match head.status {
+                // 101 would switch protocols, which we never ask for.
+                101 => return Err(ClientError::Malformed("unexpected 101 Switching Protocols")),
+                100..=199 => {}
+                _ => break head,
             }
         };
-        self.reusable = head.minor_version == 1
-            && !head.close
-            && (head.content_length.is_some() || head.bodiless())
-            && self.buffer.is_empty();
+        // 204 and 304 have no body whatever the head says; without a length, the body
+        // runs to the end of the stream.
+        let length = match head.status {
+            204 | 304 => Some(0),
+            _ => head.content_length,
+        };
+        let too_large = ClientError::Malformed("response body too large");
+        if length.is_some_and(|length| length > MAX_RESPONSE_BODY_BYTES) {
+            return Err(too_large);
+        }
+        loop {
+            let have = self.buffer.len() as u64;
+            match length {
+                Some(length) if have >= length => break,
+                None if have > MAX_RESPONSE_BODY_BYTES => return Err(too_large),
+                _ => {}
+            }
+            if !self.fill(deadline)? {
+                if length.is_some() {
+                    return Err(ClientError::Closed);
+                }
+                break;
+            }
+        }
+        // The length is at most MAX_RESPONSE_BODY_BYTES, which fits in usize.
+        let end = length.map_or(self.buffer.len(), |n| usize::try_from(n).unwrap_or(0));
+        let rest = self.buffer.split_off(end);
+        let body = std::mem::replace(&mut self.buffer, rest);
+        self.reusable = head.keep_alive && length.is_some() && self.buffer.is_empty();
         Ok(ReceivedResponse {
             status: head.status,
             body,
@@ -428,39 +383,38 @@ mod tests {
 
     #[test]
     fn response_head_table() {
-        let head = |status, minor_version, content_length, close| ResponseHead {
+        let head = |status, content_length, keep_alive| ResponseHead {
             status,
-            minor_version,
             content_length,
-            close,
+            keep_alive,
         };
         // (bytes, parsed head; its length is up to the blank line)
         type Row = (&'static [u8], Option<ResponseHead>);
         let ok: &[Row] = &[
             (
                 b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\n{}",
-                Some(head(200, 1, Some(2), false)),
+                Some(head(200, Some(2), true)),
             ),
             (
                 b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\nContent-Length: 02\r\n\r\n",
-                Some(head(200, 1, Some(2), false)),
+                Some(head(200, Some(2), true)),
             ),
             (
                 b"HTTP/1.1 401 Unauthorized\r\nConnection: close\r\nContent-Length: 0\r\n\r\n",
-                Some(head(401, 1, Some(0), true)),
+                Some(head(401, Some(0), false)),
             ),
             (
                 b"HTTP/1.1 200 OK\r\nConnection: keep-alive, Close\r\n\r\n",
-                Some(head(200, 1, None, true)),
+                Some(head(200, None, false)),
             ),
-            (b"HTTP/1.0 200 OK\r\n\r\n", Some(head(200, 0, None, false))),
+            (b"HTTP/1.0 200 OK\r\n\r\n", Some(head(200, None, false))),
             (
                 b"HTTP/1.1 204 No Content\r\n\r\n",
-                Some(head(204, 1, None, false)),
+                Some(head(204, None, true)),
             ),
             (
                 b"HTTP/1.1 200 OK\r\nContent-Length: 99999999999999999999999\r\n\r\n",
-                Some(head(200, 1, Some(u64::MAX), false)),
+                Some(head(200, Some(u64::MAX), true)),
             ),
             (b"HTTP/1.1 200 OK\r\nContent-Len", None),
             (b"", None),
@@ -531,7 +485,7 @@ mod tests {
             "0.0.0.0:80",
         ] {
             let addr: std::net::SocketAddr = addr.parse().unwrap();
-            let refused = Connection::open(addr, soon).unwrap_err();
+            let refused = Connection::open_at(addr.ip(), addr.port(), soon).unwrap_err();
             assert!(
                 matches!(refused, ClientError::NotLoopback(_)),
                 "{addr}: {refused}"

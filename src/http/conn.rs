@@ -26,10 +26,14 @@ pub const STEP_MAX_HEADS: usize = 8;
 /// See [`STEP_MAX_HEADS`].
 pub const STEP_MAX_READ: usize = 256 * 1024;
 /// The answer to `Expect: 100-continue`.
-pub(crate) const CONTINUE: &[u8] = b"HTTP/1.1 100 Continue\r\n\r\n";
+pub(super) const CONTINUE: &[u8] = b"HTTP/1.1 100 Continue\r\n\r\n";
 /// A kept-alive connection's input buffer larger than this is released between
 /// requests rather than kept for the next one.
 const KEEP_INPUT_CAPACITY: usize = 4096;
+
+/// What a connection without the head it serves does (never happens: a head is kept
+/// from its arrival to the end of its answer).
+const CLOSE: Action<'static> = Action::Close(CloseReason::ServerAsked);
 
 /// Why the connection decided to close.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -71,13 +75,6 @@ pub enum Class {
     Authorized,
 }
 
-impl Class {
-    /// Whether a connection of this class may be closed to admit a new one.
-    pub fn evictable(self) -> bool {
-        self != Class::Authorized
-    }
-}
-
 /// What happens once the current response is written.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum After {
@@ -94,7 +91,8 @@ enum Phase {
     ReadingHead,
     /// A complete head waits for the service's decision.
     Deciding,
-    /// Reading `len` body bytes; `send_continue` until `100 Continue` is written.
+    /// Reading `len` body bytes; `send_continue` until [`CONTINUE`] is written (whole,
+    /// or the connection closes).
     ReadingBody { len: usize, send_continue: bool },
     /// The service answers later.
     Waiting,
@@ -114,13 +112,12 @@ enum Phase {
 
 /// What the connection needs next from whoever owns its socket and its service.
 #[derive(Debug)]
+#[allow(dead_code, reason = "Close's reason: the loop closes whatever it is")]
 pub enum Action<'a> {
     /// Read at most this many bytes, then pass them to [`Conn::received`].
     Read(usize),
     /// Write (a prefix of) these bytes, then report with [`Conn::wrote`].
     Write(&'a [u8]),
-    /// Write [`CONTINUE`] whole (else close), then call [`Conn::continue_sent`].
-    SendContinue,
     /// Shut down the socket's write side: the answer is out, lingering begins.
     ShutdownWrite,
     /// A complete head: the service decides, then [`Conn::respond`],
@@ -138,16 +135,7 @@ pub enum Action<'a> {
     /// [`Conn::begin_step`] and continue after the other connections.
     Yield,
     /// Close the connection.
-    Close(
-        #[cfg_attr(
-            not(test),
-            allow(
-                dead_code,
-                reason = "the loop closes whatever the reason; tests check it"
-            )
-        )]
-        CloseReason,
-    ),
+    Close(CloseReason),
 }
 
 /// One connection's HTTP state, without its socket.
@@ -197,43 +185,30 @@ impl Conn {
     /// The next thing to do; no I/O happens here. Call it again after doing each
     /// action.
     pub fn poll(&mut self, now: Instant) -> Action<'_> {
-        match &mut self.phase {
-            Phase::Deciding => {
-                if let Some(head) = &self.head {
-                    return Action::Head(head);
-                }
-                // A head is always kept while deciding; without one there is nothing
-                // to decide about.
-                self.phase = Phase::Closing(CloseReason::ServerAsked);
-                return Action::Close(CloseReason::ServerAsked);
-            }
-            Phase::Failing(error) => return Action::Error(*error, self.head.as_ref()),
-            Phase::Closing(reason) => return Action::Close(*reason),
-            Phase::Waiting => return Action::Wait,
+        let share_used = self.step_heads >= STEP_MAX_HEADS || self.step_read >= STEP_MAX_READ;
+        match self.phase {
+            // A head is always kept while deciding; without one there is nothing to
+            // decide about.
+            Phase::Deciding => self.head.as_ref().map_or(CLOSE, Action::Head),
+            Phase::Failing(error) => Action::Error(error, self.head.as_ref()),
+            Phase::Closing(reason) => Action::Close(reason),
+            Phase::Waiting => Action::Wait,
+            // Tell a waiting client (curl, for one) to send the body now.
             Phase::ReadingBody {
                 send_continue: true,
                 ..
-            } => return Action::SendContinue,
-            Phase::Lingering { shut_down } if !*shut_down => {
-                *shut_down = true;
-                return Action::ShutdownWrite;
+            } => Action::Write(CONTINUE),
+            Phase::Lingering { shut_down: false } => {
+                self.phase = Phase::Lingering { shut_down: true };
+                Action::ShutdownWrite
             }
-            _ => {}
-        }
-        if self.step_heads >= STEP_MAX_HEADS || self.step_read >= STEP_MAX_READ {
-            return Action::Yield;
-        }
-        match self.phase {
+            _ if share_used => Action::Yield,
             Phase::ReadingHead => self.poll_head(now),
             Phase::ReadingBody { len, .. } => self.poll_body(len),
             Phase::Writing {
                 ref out, written, ..
             } => Action::Write(&out[written..]),
             Phase::Lingering { .. } => Action::Read(usize::MAX),
-            // Handled above.
-            Phase::Deciding | Phase::Failing(_) | Phase::Closing(_) | Phase::Waiting => {
-                Action::Wait
-            }
         }
     }
 
@@ -263,14 +238,10 @@ impl Conn {
         let rest = self.inbuf.split_off(len);
         let body = std::mem::replace(&mut self.inbuf, rest);
         self.phase = Phase::Waiting;
-        match &self.head {
-            Some(head) => Action::Request(head, body),
-            None => {
-                // A body is only read for a head that is kept.
-                self.phase = Phase::Closing(CloseReason::ServerAsked);
-                Action::Close(CloseReason::ServerAsked)
-            }
-        }
+        // A body is only read for a head that is kept.
+        self.head
+            .as_ref()
+            .map_or(CLOSE, |head| Action::Request(head, body))
     }
 
     /// `bytes` were read from the socket. Reading starts no clock: a phase's deadline
@@ -280,9 +251,8 @@ impl Conn {
         match self.phase {
             Phase::Lingering { .. } => {}
             Phase::ReadingBody { len, .. } => {
-                if self.inbuf.capacity() == 0 {
-                    self.inbuf.reserve_exact(len);
-                }
+                self.inbuf
+                    .reserve_exact(len.saturating_sub(self.inbuf.len()));
                 self.inbuf.extend_from_slice(bytes);
             }
             _ => self.inbuf.extend_from_slice(bytes),
@@ -291,42 +261,35 @@ impl Conn {
 
     /// `n` bytes of the [`Action::Write`] slice were written at `now`.
     pub fn wrote(&mut self, n: usize, now: Instant) {
-        let Phase::Writing {
-            out,
-            written,
-            after,
-        } = &mut self.phase
-        else {
-            return;
-        };
-        *written = (*written + n).min(out.len());
-        if *written < out.len() {
-            return;
-        }
-        let after = *after;
-        self.head = None;
-        self.served = true;
-        self.authorized = false;
-        self.phase_started = now;
-        self.phase = match after {
-            After::Linger => {
-                self.inbuf = Vec::new();
-                Phase::Lingering { shut_down: false }
+        match &mut self.phase {
+            Phase::Writing { out, written, .. } if *written + n < out.len() => *written += n,
+            // The answer is out.
+            Phase::Writing { after, .. } => {
+                let after = *after;
+                self.head = None;
+                self.served = true;
+                self.authorized = false;
+                self.phase_started = now;
+                self.phase = match after {
+                    After::Linger => {
+                        self.inbuf = Vec::new();
+                        Phase::Lingering { shut_down: false }
+                    }
+                    After::Close(reason) => Phase::Closing(reason),
+                    After::KeepAlive => {
+                        if self.inbuf.is_empty() && self.inbuf.capacity() > KEEP_INPUT_CAPACITY {
+                            self.inbuf = Vec::new();
+                        }
+                        Phase::ReadingHead
+                    }
+                };
             }
-            After::Close(reason) => Phase::Closing(reason),
-            After::KeepAlive => {
-                if self.inbuf.is_empty() && self.inbuf.capacity() > KEEP_INPUT_CAPACITY {
-                    self.inbuf = Vec::new();
-                }
-                Phase::ReadingHead
+            Phase::ReadingBody { send_continue, .. } if n >= CONTINUE.len() => {
+                *send_continue = false;
             }
-        };
-    }
-
-    /// The `100 Continue` of [`Action::SendContinue`] is written.
-    pub fn continue_sent(&mut self) {
-        if let Phase::ReadingBody { send_continue, .. } = &mut self.phase {
-            *send_continue = false;
+            // A fresh socket's buffer takes `100 Continue` whole; if not, give up.
+            Phase::ReadingBody { .. } => self.phase = Phase::Closing(CloseReason::ServerAsked),
+            _ => {}
         }
     }
 
@@ -350,21 +313,17 @@ impl Conn {
 
     /// Starts writing the answer to an HTTP-layer error at `now`; the connection closes
     /// afterwards, lingering so that the client can read it.
-    pub fn respond_error(&mut self, mut response: Response, now: Instant) {
-        response.close = true;
+    pub fn respond_error(&mut self, response: Response, now: Instant) {
         self.start(response, true, now);
     }
 
     fn start(&mut self, response: Response, linger: bool, now: Instant) {
         let keep_alive = self.head.as_ref().is_some_and(Head::wants_keep_alive);
-        let after = if linger {
-            After::Linger
-        } else if response.close {
-            After::Close(CloseReason::ServerAsked)
-        } else if !keep_alive {
-            After::Close(CloseReason::ClientAsked)
-        } else {
-            After::KeepAlive
+        let after = match (linger, response.close, keep_alive) {
+            (true, _, _) => After::Linger,
+            (false, true, _) => After::Close(CloseReason::ServerAsked),
+            (false, false, false) => After::Close(CloseReason::ClientAsked),
+            (false, false, true) => After::KeepAlive,
         };
         let mut out = response.serialize(after != After::KeepAlive);
         // An answer to HEAD has the full answer's headers and no body (RFC 9110, 9.3.2).
@@ -509,7 +468,6 @@ mod tests {
     enum Seen {
         Read(usize),
         Write(Vec<u8>),
-        SendContinue,
         ShutdownWrite,
         Head(String, String),
         Request(String, Vec<u8>),
@@ -523,7 +481,6 @@ mod tests {
         match conn.poll(now) {
             Action::Read(n) => Seen::Read(n),
             Action::Write(bytes) => Seen::Write(bytes.to_vec()),
-            Action::SendContinue => Seen::SendContinue,
             Action::ShutdownWrite => Seen::ShutdownWrite,
             Action::Head(head) => Seen::Head(head.method.clone(), head.target.clone()),
             Action::Request(head, body) => Seen::Request(head.target.clone(), body),
@@ -570,10 +527,6 @@ mod tests {
                     out.extend_from_slice(bytes);
                     let n = bytes.len();
                     conn.wrote(n, now);
-                }
-                Action::SendContinue => {
-                    out.extend_from_slice(CONTINUE);
-                    conn.continue_sent();
                 }
                 Action::ShutdownWrite => {}
                 other => {
@@ -1064,7 +1017,6 @@ mod tests {
         // The service agreed to read the body: authorized from here until answered.
         conn.read_body(4, clock.now());
         assert_eq!(conn.class(), Class::Authorized);
-        assert!(!conn.class().evictable());
         conn.received(b"dy", clock.now());
         assert_eq!(
             seen(&mut conn, clock.now()),
@@ -1141,7 +1093,5 @@ mod tests {
             Class::Authorized,
         ];
         assert!(order.windows(2).all(|w| w[0] < w[1]));
-        let evictable: Vec<bool> = order.iter().map(|c| c.evictable()).collect();
-        assert_eq!(evictable, [true, true, true, true, false]);
     }
 }

@@ -1,7 +1,7 @@
 //! Running one connection: the reads, writes and [`Service`] calls its [`Conn`] asks
 //! for, and the budgets all connections share.
 
-use super::conn::{Action, Class, Conn, CONTINUE};
+use super::conn::{Action, Class, Conn};
 use super::message::{HttpError, Response};
 use super::service::{ConnId, HeadAction, Service};
 use mio::net::TcpStream;
@@ -23,70 +23,34 @@ pub const MAX_BODY_BYTES_IN_FLIGHT: usize = 8 * 1024 * 1024;
 /// by it.
 pub const MAX_RESPONSE_BYTES_IN_FLIGHT: usize = 16 * 1024 * 1024;
 
-/// What all connections hold now: body bytes being read, response bytes being written,
-/// and connections holding authorized work (see [`super::conn::Class::Authorized`]).
+/// What the other connections hold now: body bytes being read, response bytes being
+/// written, and connections holding authorized work (see [`Class::Authorized`]).
 #[derive(Debug, Default)]
 pub(super) struct InFlight {
     bodies: usize,
     responses: usize,
     authorized: usize,
-    /// Most connections that may hold authorized work: the connection cap less
-    /// [`super::HEALTH_RESERVE`].
-    max_authorized: usize,
-}
-
-/// One connection's share of [`InFlight`], as last counted.
-#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
-pub(super) struct Share {
-    body: usize,
-    response: usize,
-    authorized: bool,
-}
-
-impl Share {
-    fn of(conn: &Conn) -> Share {
-        Share {
-            body: conn.body_in_flight(),
-            response: conn.response_in_flight(),
-            authorized: conn.class() == Class::Authorized,
-        }
-    }
 }
 
 impl InFlight {
-    /// Nothing in flight; at most `max_authorized` connections may hold authorized work.
-    pub(super) fn new(max_authorized: usize) -> InFlight {
-        InFlight {
-            max_authorized,
-            ..InFlight::default()
+    /// What `conns` hold now. Summed when a budget is asked, so nothing is counted
+    /// twice or left behind by a connection that closed.
+    pub(super) fn of(conns: &[Option<OpenConn>]) -> InFlight {
+        let mut sum = InFlight::default();
+        for conn in conns.iter().flatten().map(|entry| &entry.conn) {
+            sum.bodies = sum.bodies.saturating_add(conn.body_in_flight());
+            sum.responses = sum.responses.saturating_add(conn.response_in_flight());
+            sum.authorized += usize::from(conn.class() == Class::Authorized);
         }
-    }
-
-    /// Brings `entry`'s share up to date with what its connection holds now.
-    fn account(&mut self, entry: &mut OpenConn) {
-        let now = Share::of(&entry.conn);
-        self.replace(entry.counted, now);
-        entry.counted = now;
-    }
-
-    fn replace(&mut self, old: Share, new: Share) {
-        let swap = |total: usize, old, new| total.saturating_sub(old).saturating_add(new);
-        self.bodies = swap(self.bodies, old.body, new.body);
-        self.responses = swap(self.responses, old.response, new.response);
-        let (old_one, new_one) = (usize::from(old.authorized), usize::from(new.authorized));
-        self.authorized = swap(self.authorized, old_one, new_one);
-    }
-
-    /// Gives back `entry`'s share: its connection is closing.
-    pub(super) fn release(&mut self, entry: &OpenConn) {
-        self.replace(entry.counted, Share::default());
+        sum
     }
 
     /// Whether a new authorized request with a body of `len` bytes may be read: the
-    /// body fits the body budget, and a connection is left outside the health reserve.
-    fn admits_request(&self, len: usize) -> bool {
+    /// body fits the body budget, and fewer than `max_authorized` connections (the
+    /// connection cap less [`super::HEALTH_RESERVE`]) hold authorized work.
+    fn admits_request(&self, len: usize, max_authorized: usize) -> bool {
         self.bodies.saturating_add(len) <= MAX_BODY_BYTES_IN_FLIGHT
-            && self.authorized < self.max_authorized
+            && self.authorized < max_authorized
     }
 
     /// Whether an answer whose body is `len` bytes fits the response budget (always,
@@ -96,20 +60,12 @@ impl InFlight {
     }
 }
 
-/// One open connection: its socket, what the poll said of it, and its HTTP state.
+/// One open connection: its socket, its place on the run queue, and its HTTP state.
 pub(super) struct OpenConn {
     pub(super) stream: TcpStream,
     pub(super) generation: u64,
     /// Whether the connection is on the run queue.
     pub(super) queued: bool,
-    /// Whether a read may find data (see [`read_some`]).
-    pub(super) readable: bool,
-    /// A readiness event said the peer hung up (or an error is pending).
-    pub(super) peer_closed: bool,
-    /// The deadline registered in the loop's set for this connection.
-    pub(super) deadline: Option<Instant>,
-    /// This connection's share of [`InFlight`].
-    counted: Share,
     pub(super) conn: Conn,
 }
 
@@ -130,20 +86,6 @@ pub(super) fn finalize(mut response: Response, stopping: bool) -> Response {
 }
 
 impl OpenConn {
-    /// A connection accepted at `now` on `stream`.
-    pub(super) fn new(stream: TcpStream, generation: u64, now: Instant) -> OpenConn {
-        OpenConn {
-            stream,
-            generation,
-            queued: false,
-            readable: true,
-            peer_closed: false,
-            deadline: None,
-            counted: Share::default(),
-            conn: Conn::new(now),
-        }
-    }
-
     /// This connection's id for the service, in `slot`.
     pub(super) fn id(&self, slot: usize) -> ConnId {
         ConnId {
@@ -153,27 +95,29 @@ impl OpenConn {
     }
 
     /// Does what the connection asks, one [`Action`] at a time, until it has to wait:
-    /// reads into `scratch`, writes, and calls `service`.
+    /// reads into `scratch`, writes, and calls `service`. `others` are the other
+    /// connections, whose shares the budgets count.
     pub(super) fn step<S: Service>(
         &mut self,
         service: &mut S,
         slot: usize,
         scratch: &mut [u8],
-        in_flight: &mut InFlight,
+        others: &[Option<OpenConn>],
+        max_authorized: usize,
         stopping: bool,
     ) -> Step {
         let id = self.id(slot);
         self.conn.begin_step();
         loop {
-            in_flight.account(self);
             match self.conn.poll(Instant::now()) {
                 Action::Read(wanted) => {
-                    let cap = wanted.min(scratch.len());
-                    let buf = &mut scratch[..cap];
-                    match read_some(&mut self.stream, &mut self.readable, self.peer_closed, buf) {
-                        ReadOutcome::Data(n) => self.conn.received(&buf[..n], Instant::now()),
-                        ReadOutcome::WouldBlock => return Step::Park,
-                        ReadOutcome::Closed => return Step::Close,
+                    let (buf, _) = scratch.split_at_mut(wanted.min(scratch.len()));
+                    match self.stream.read(buf) {
+                        Ok(0) => return Step::Close,
+                        Ok(n) => self.conn.received(&buf[..n], Instant::now()),
+                        Err(e) if e.kind() == ErrorKind::WouldBlock => return Step::Park,
+                        Err(e) if e.kind() == ErrorKind::Interrupted => {}
+                        Err(_) => return Step::Close,
                     }
                 }
                 Action::Write(bytes) => match self.stream.write(bytes) {
@@ -183,14 +127,6 @@ impl OpenConn {
                     Err(e) if e.kind() == ErrorKind::Interrupted => {}
                     Err(_) => return Step::Close,
                 },
-                Action::SendContinue => {
-                    // Tell a waiting client (curl, for one) to send the body now. A
-                    // fresh socket's buffer takes these bytes whole; if not, give up.
-                    if !matches!(self.stream.write(CONTINUE), Ok(n) if n == CONTINUE.len()) {
-                        return Step::Close;
-                    }
-                    self.conn.continue_sent();
-                }
                 Action::ShutdownWrite => {
                     let _ = self.stream.shutdown(Shutdown::Write);
                 }
@@ -199,7 +135,9 @@ impl OpenConn {
                         self.conn
                             .respond(finalize(response, stopping), Instant::now());
                     }
-                    HeadAction::ReadBody(len) if in_flight.admits_request(len) => {
+                    HeadAction::ReadBody(len)
+                        if InFlight::of(others).admits_request(len, max_authorized) =>
+                    {
                         self.conn.read_body(len, Instant::now());
                     }
                     // Past the body budget, or into the health reserve: refused the
@@ -208,7 +146,7 @@ impl OpenConn {
                 },
                 Action::Request(head, body) => {
                     if let Some(response) = service.on_request(id, head, body) {
-                        self.answer(service, response, in_flight, stopping);
+                        self.answer(service, response, &InFlight::of(others), stopping);
                     }
                 }
                 Action::Error(error, head) => {
@@ -223,13 +161,13 @@ impl OpenConn {
     }
 
     /// Starts writing `response`, the answer to this connection's authorized request
-    /// (now or deferred), if it fits the response budget; otherwise a small 503 from
-    /// the service, after which the connection closes.
+    /// (now or deferred), if it fits the response budget beside what is `in_flight`;
+    /// otherwise a small 503 from the service, after which the connection closes.
     pub(super) fn answer<S: Service>(
         &mut self,
         service: &mut S,
         response: Response,
-        in_flight: &mut InFlight,
+        in_flight: &InFlight,
         stopping: bool,
     ) {
         if in_flight.admits_response(response.body.len()) {
@@ -243,8 +181,6 @@ impl OpenConn {
             );
             self.overloaded(service);
         }
-        // Counted now, so that the next answer decided before this one is driven sees it.
-        in_flight.account(self);
     }
 
     /// The service's answer to [`HttpError::Overloaded`], after which it closes.
@@ -254,93 +190,45 @@ impl OpenConn {
     }
 }
 
-enum ReadOutcome {
-    Data(usize),
-    WouldBlock,
-    Closed,
-}
-
-/// Reads once. `readable` is false when the last read already drained the socket and
-/// no readiness event came since: then there is nothing to read, and the syscall (which
-/// would only say `WouldBlock`) is skipped. With edge-triggered polling, any byte that
-/// arrives after a draining read brings a new event, which sets `readable` again.
-fn read_some(
-    stream: &mut TcpStream,
-    readable: &mut bool,
-    peer_closed: bool,
-    buf: &mut [u8],
-) -> ReadOutcome {
-    // Once the peer has hung up, the read that finds the end must still happen.
-    if !*readable && !peer_closed {
-        return ReadOutcome::WouldBlock;
-    }
-    loop {
-        match stream.read(buf) {
-            Ok(0) => return ReadOutcome::Closed,
-            Ok(n) => {
-                // A short read emptied the receive queue.
-                *readable = n == buf.len();
-                return ReadOutcome::Data(n);
-            }
-            Err(e) if e.kind() == ErrorKind::WouldBlock => {
-                *readable = false;
-                return ReadOutcome::WouldBlock;
-            }
-            Err(e) if e.kind() == ErrorKind::Interrupted => {}
-            Err(_) => return ReadOutcome::Closed,
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    fn share(body: usize, response: usize, authorized: bool) -> Share {
-        Share {
-            body,
-            response,
+    fn in_flight(bodies: usize, responses: usize, authorized: usize) -> InFlight {
+        InFlight {
+            bodies,
+            responses,
             authorized,
         }
     }
 
     #[test]
     fn the_health_reserve_refuses_authorized_work_past_its_limit() {
-        let mut in_flight = InFlight::new(2);
-        assert!(in_flight.admits_request(10));
-        in_flight.replace(Share::default(), share(10, 0, true));
-        assert!(in_flight.admits_request(10));
-        in_flight.replace(Share::default(), share(0, 0, true));
+        // At most two connections may hold authorized work.
+        assert!(in_flight(0, 0, 0).admits_request(10, 2));
+        assert!(in_flight(10, 0, 1).admits_request(10, 2));
         // Two connections hold authorized work: the rest is the reserve.
-        assert!(!in_flight.admits_request(0));
+        assert!(!in_flight(10, 0, 2).admits_request(0, 2));
         // One of them is answered and goes idle: room again.
-        in_flight.replace(share(10, 0, true), Share::default());
-        assert!(in_flight.admits_request(0));
+        assert!(in_flight(0, 0, 1).admits_request(0, 2));
+        // Nothing in flight counts what no open connection holds.
+        assert_eq!(InFlight::of(&[None, None]).authorized, 0);
     }
 
     #[test]
     fn the_body_budget_refuses_a_body_past_it() {
-        let mut in_flight = InFlight::new(usize::MAX);
-        in_flight.replace(
-            Share::default(),
-            share(MAX_BODY_BYTES_IN_FLIGHT - 5, 0, true),
-        );
-        assert!(in_flight.admits_request(5));
-        assert!(!in_flight.admits_request(6));
+        let in_flight = in_flight(MAX_BODY_BYTES_IN_FLIGHT - 5, 0, 1);
+        assert!(in_flight.admits_request(5, usize::MAX));
+        assert!(!in_flight.admits_request(6, usize::MAX));
     }
 
     #[test]
     fn the_response_budget_refuses_an_answer_past_it_but_never_the_only_one() {
-        let mut in_flight = InFlight::new(usize::MAX);
         // Nothing in flight: any answer goes, however large.
-        assert!(in_flight.admits_response(MAX_RESPONSE_BYTES_IN_FLIGHT * 2));
-        let big = share(0, MAX_RESPONSE_BYTES_IN_FLIGHT - 100, true);
-        in_flight.replace(Share::default(), big);
-        assert!(in_flight.admits_response(100));
-        assert!(!in_flight.admits_response(101));
-        // Released when that answer is written (or its connection closes).
-        in_flight.replace(big, Share::default());
-        assert!(in_flight.admits_response(MAX_RESPONSE_BYTES_IN_FLIGHT));
+        assert!(in_flight(0, 0, 0).admits_response(MAX_RESPONSE_BYTES_IN_FLIGHT * 2));
+        let big = in_flight(0, MAX_RESPONSE_BYTES_IN_FLIGHT - 100, 1);
+        assert!(big.admits_response(100));
+        assert!(!big.admits_response(101));
     }
 
     #[test]

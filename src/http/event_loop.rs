@@ -1,16 +1,15 @@
 //! The event loop: one `mio` poll over the listener and every connection's socket,
-//! with generation-tagged tokens, a FIFO run queue, the deadline set, accept and
+//! with generation-tagged tokens, a FIFO run queue, the deadlines, accept and
 //! eviction. Running one connection is `drive`'s job.
 
-use super::conn::{Class, STEP_MAX_READ};
+use super::conn::{Class, Conn, STEP_MAX_READ};
 use super::drive::{InFlight, OpenConn, Step};
 use super::listener::{connection_cap, max_authorized, warn_if_reduced};
 use super::service::{Control, Service};
 use mio::net::{TcpListener, TcpStream, UnixStream};
 use mio::{Events, Interest, Poll, Token, Waker};
-use std::collections::{BTreeSet, VecDeque};
+use std::collections::VecDeque;
 use std::io::{self, ErrorKind, Read};
-use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -45,12 +44,13 @@ fn conn_token(slot: usize, generation: u64) -> Token {
 
 /// The connection to close to admit a new one, from each one's slot, [`Class`] and
 /// when that class began: the first class in eviction order, and within it the
-/// oldest. `None` when every connection holds authorized work, which is never evicted.
-fn eviction_victim(conns: impl Iterator<Item = (usize, Class, Instant)>) -> Option<usize> {
+/// oldest, with its class. `None` when every connection holds authorized work, which is
+/// never evicted.
+fn eviction_victim(conns: impl Iterator<Item = (usize, Class, Instant)>) -> Option<(usize, Class)> {
     conns
-        .filter(|(_, class, _)| class.evictable())
+        .filter(|(_, class, _)| *class != Class::Authorized)
         .min_by_key(|&(slot, class, since)| (class, since, slot))
-        .map(|(slot, _, _)| slot)
+        .map(|(slot, class, _)| (slot, class))
 }
 
 /// The connection in `slot`, if it is still the one of `generation`.
@@ -65,18 +65,14 @@ fn live(conns: &mut [Option<OpenConn>], slot: usize, generation: u64) -> Option<
 pub struct EventLoop {
     poll: Poll,
     listener: Option<TcpListener>,
-    local_addr: SocketAddr,
-    interrupt: Option<UnixStream>,
+    interrupt: UnixStream,
     waker: Arc<Waker>,
     conns: Vec<Option<OpenConn>>,
+    /// The empty slots of `conns`: every other slot holds an open connection.
     free: Vec<usize>,
-    open: usize,
     /// [`super::MAX_CONNECTIONS`], or fewer if the open-files limit is lower.
     max_connections: usize,
-    /// Body and response bytes, and authorized connections, of every connection now.
-    in_flight: InFlight,
     next_generation: u64,
-    deadlines: BTreeSet<(Instant, usize, u64)>,
     scratch: Box<[u8]>,
     accept_paused_until: Option<Instant>,
     /// Every answer closes its connection from now on (stop accepting, or exit).
@@ -89,8 +85,8 @@ pub struct EventLoop {
 }
 
 impl EventLoop {
-    /// Creates a loop serving `listener`. `interrupt`, when given, is a stream that
-    /// becomes readable when the process is asked to stop (see `signal-hook`'s pipe).
+    /// Creates a loop serving `listener`. `interrupt` is a stream that becomes readable
+    /// when the process is asked to stop (see `signal-hook`'s pipe).
     /// `concurrent_turns` engines may run at once: the connection cap leaves their
     /// descriptors free (see [`connection_cap`]).
     ///
@@ -98,33 +94,26 @@ impl EventLoop {
     /// The OS refused to create the poll instance or to register a source.
     pub fn new(
         mut listener: TcpListener,
-        mut interrupt: Option<UnixStream>,
+        mut interrupt: UnixStream,
         concurrent_turns: usize,
     ) -> io::Result<EventLoop> {
         let poll = Poll::new()?;
-        let local_addr = listener.local_addr()?;
         poll.registry()
             .register(&mut listener, LISTENER, Interest::READABLE)?;
         let waker = Arc::new(Waker::new(poll.registry(), WAKER)?);
-        if let Some(stream) = interrupt.as_mut() {
-            poll.registry()
-                .register(stream, INTERRUPT, Interest::READABLE)?;
-        }
+        poll.registry()
+            .register(&mut interrupt, INTERRUPT, Interest::READABLE)?;
         let max_connections = connection_cap(concurrent_turns);
         warn_if_reduced(max_connections, concurrent_turns);
         Ok(EventLoop {
             poll,
             listener: Some(listener),
-            local_addr,
             interrupt,
             waker,
             conns: Vec::new(),
             free: Vec::new(),
-            open: 0,
             max_connections,
-            in_flight: InFlight::new(max_authorized(max_connections)),
             next_generation: 0,
-            deadlines: BTreeSet::new(),
             scratch: vec![0u8; READ_CHUNK].into_boxed_slice(),
             accept_paused_until: None,
             stopping: false,
@@ -132,11 +121,6 @@ impl EventLoop {
             ready: VecDeque::new(),
             next_tick: Instant::now(),
         })
-    }
-
-    /// The address the listener is bound to.
-    pub fn local_addr(&self) -> SocketAddr {
-        self.local_addr
     }
 
     /// A waker that makes the loop call [`Service::on_wake`]; safe to use from any thread.
@@ -150,7 +134,6 @@ impl EventLoop {
     /// Only if polling itself fails; per-connection errors close that connection.
     pub fn run<S: Service>(&mut self, service: &mut S) -> io::Result<()> {
         let mut events = Events::with_capacity(EVENTS_CAPACITY);
-        self.next_tick = Instant::now();
         loop {
             let now = Instant::now();
             if now >= self.next_tick {
@@ -161,20 +144,17 @@ impl EventLoop {
             if self.exiting && !self.conns.iter().flatten().any(|e| e.conn.is_writing()) {
                 return Ok(());
             }
-            let first_deadline = self.deadlines.first().map(|&(at, _, _)| at);
-            let wake_at = [first_deadline, self.accept_paused_until]
-                .into_iter()
-                .flatten()
+            let conns = self.conns.iter().flatten();
+            let wake_at = conns
+                .filter_map(|e| e.conn.deadline())
+                .chain(self.accept_paused_until)
                 .fold(self.next_tick, Instant::min);
-            let mut timeout = wake_at.saturating_duration_since(Instant::now());
-            if !self.ready.is_empty() {
-                timeout = Duration::ZERO;
-            }
-            if let Err(e) = self.poll.poll(&mut events, Some(timeout)) {
-                if e.kind() == ErrorKind::Interrupted {
-                    continue;
-                }
-                return Err(e);
+            // Work left on the run queue: only look for new events.
+            let wake_at = if self.ready.is_empty() { wake_at } else { now };
+            let timeout = wake_at.saturating_duration_since(Instant::now());
+            match self.poll.poll(&mut events, Some(timeout)) {
+                Err(e) if e.kind() == ErrorKind::Interrupted => continue,
+                polled => polled?,
             }
             // New connections first, so that a health check is not accepted only after
             // a round over every busy connection.
@@ -186,10 +166,8 @@ impl EventLoop {
                     LISTENER => {}
                     WAKER => self.call(service, S::on_wake),
                     INTERRUPT => {
-                        if let Some(stream) = self.interrupt.as_mut() {
-                            let mut buf = [0u8; 64];
-                            while matches!(stream.read(&mut buf), Ok(n) if n > 0) {}
-                        }
+                        let mut buf = [0u8; 64];
+                        while matches!(self.interrupt.read(&mut buf), Ok(n) if n > 0) {}
                         self.call(service, S::on_interrupt);
                     }
                     Token(token) => {
@@ -202,17 +180,9 @@ impl EventLoop {
                         let waiting = self.conns.get(slot).and_then(Option::as_ref);
                         if hung_up && waiting.is_some_and(|e| e.conn.is_waiting()) {
                             self.close(service, slot);
-                            continue;
+                        } else {
+                            self.enqueue(slot);
                         }
-                        if let Some(Some(entry)) = self.conns.get_mut(slot) {
-                            if event.is_readable() || hung_up {
-                                entry.readable = true;
-                            }
-                            if hung_up {
-                                entry.peer_closed = true;
-                            }
-                        }
-                        self.enqueue(slot);
                     }
                 }
             }
@@ -248,12 +218,11 @@ impl EventLoop {
         // First, so that the answers given with the stop already say they close.
         self.stopping |= control.stop_accepting || control.exit;
         for (id, response) in control.responses {
-            match live(&mut self.conns, id.slot, id.generation) {
-                Some(entry) if entry.conn.is_waiting() => {
-                    entry.answer(service, response, &mut self.in_flight, self.stopping);
-                    self.drive(service, id.slot);
-                }
-                _ => {}
+            let in_flight = InFlight::of(&self.conns);
+            let entry = live(&mut self.conns, id.slot, id.generation);
+            if let Some(entry) = entry.filter(|e| e.conn.is_waiting()) {
+                entry.answer(service, response, &in_flight, self.stopping);
+                self.drive(service, id.slot);
             }
         }
         if control.stop_accepting {
@@ -307,25 +276,21 @@ impl EventLoop {
     /// bounded by the connections open.
     fn make_room<S: Service>(&mut self, service: &mut S, failed_accept: bool) -> bool {
         let mut read_again = Vec::new();
-        let open_before = self.open;
+        let open_before = self.open();
         loop {
-            if self.open < open_before || (!failed_accept && self.open < self.max_connections) {
+            let open = self.open();
+            if open < open_before || (!failed_accept && open < self.max_connections) {
                 return true; // reading one closed it
             }
             let open = self.conns.iter().enumerate().filter_map(|(slot, e)| {
                 e.as_ref()
                     .map(|e| (slot, e.conn.class(), e.conn.class_since()))
             });
-            let Some(slot) = eviction_victim(open) else {
+            let Some((slot, class)) = eviction_victim(open) else {
                 return false;
             };
-            let Some(Some(entry)) = self.conns.get_mut(slot) else {
-                return false; // a victim is always an open connection
-            };
-            let class = entry.conn.class();
             if class == Class::IncompleteHead && !read_again.contains(&slot) {
                 read_again.push(slot);
-                entry.readable = true;
                 self.drive(service, slot);
                 continue;
             }
@@ -336,7 +301,7 @@ impl EventLoop {
     }
 
     fn admit<S: Service>(&mut self, service: &mut S, mut stream: TcpStream) {
-        if self.open >= self.max_connections && !self.make_room(service, false) {
+        if self.open() >= self.max_connections && !self.make_room(service, false) {
             log::warn!(
                 "connection limit reached and every connection holds authorized work; \
                  refusing one"
@@ -358,12 +323,12 @@ impl EventLoop {
             return;
         }
         self.next_generation += 1;
-        let entry = OpenConn::new(stream, self.next_generation, Instant::now());
-        if let Some(place) = self.conns.get_mut(slot) {
-            *place = Some(entry);
-        }
-        self.open += 1;
-        self.refresh_deadline(slot);
+        self.conns[slot] = Some(OpenConn {
+            stream,
+            generation: self.next_generation,
+            queued: false,
+            conn: Conn::new(Instant::now()),
+        });
         // The client may have sent its request already: an edge-triggered poll would
         // not report data that arrived before registration.
         self.drive(service, slot);
@@ -373,45 +338,26 @@ impl EventLoop {
         let Some(mut entry) = self.conns.get_mut(slot).and_then(Option::take) else {
             return;
         };
-        if let Some(deadline) = entry.deadline {
-            self.deadlines.remove(&(deadline, slot, entry.generation));
-        }
         let _ = self.poll.registry().deregister(&mut entry.stream);
-        self.in_flight.release(&entry);
         if entry.conn.is_waiting() {
             service.on_abandoned(entry.id(slot));
         }
         self.free.push(slot);
-        self.open -= 1;
     }
 
-    fn refresh_deadline(&mut self, slot: usize) {
-        let Some(Some(entry)) = self.conns.get_mut(slot) else {
-            return;
-        };
-        let new = entry.conn.deadline();
-        if new != entry.deadline {
-            if let Some(old) = entry.deadline {
-                self.deadlines.remove(&(old, slot, entry.generation));
-            }
-            if let Some(new) = new {
-                self.deadlines.insert((new, slot, entry.generation));
-            }
-            entry.deadline = new;
-        }
+    /// How many connections are open.
+    fn open(&self) -> usize {
+        self.conns.len() - self.free.len()
     }
 
     /// Applies every deadline that has passed: the connection answers 408 or closes.
     fn expire<S: Service>(&mut self, service: &mut S) {
         let now = Instant::now();
-        while let Some(&(deadline, slot, generation)) = self.deadlines.first() {
-            if deadline > now {
-                break;
-            }
-            self.deadlines.pop_first();
-            if let Some(entry) = live(&mut self.conns, slot, generation) {
-                entry.deadline = None;
-                entry.conn.expire(now);
+        for slot in 0..self.conns.len() {
+            if self.conns[slot]
+                .as_mut()
+                .is_some_and(|e| e.conn.expire(now))
+            {
                 self.drive(service, slot);
             }
         }
@@ -427,42 +373,35 @@ impl EventLoop {
             service,
             slot,
             &mut self.scratch,
-            &mut self.in_flight,
+            &self.conns,
+            max_authorized(self.max_connections),
             self.stopping,
         );
         // An answer begun before the stop, now written, leaves a kept-alive connection
         // that will never get another: close it.
         let done = self.stopping && entry.conn.is_between_requests();
-        if let Some(place) = self.conns.get_mut(slot) {
-            *place = Some(entry);
-        }
+        self.conns[slot] = Some(entry);
         match step {
             Step::Close => self.close(service, slot),
             _ if done => self.close(service, slot),
-            Step::Park => self.refresh_deadline(slot),
-            Step::Yield => {
-                self.refresh_deadline(slot);
-                self.enqueue(slot);
-            }
+            Step::Park => {}
+            Step::Yield => self.enqueue(slot),
         }
     }
 
     /// The slot an event's token names, if that connection is still the one open there.
     fn event_slot(&self, token: usize) -> Option<usize> {
         let slot = (token & SLOT_MASK).checked_sub(FIRST_CONN)?;
-        match self.conns.get(slot) {
-            Some(Some(entry)) if conn_token(slot, entry.generation).0 == token => Some(slot),
-            _ => None,
-        }
+        let entry = self.conns.get(slot)?.as_ref()?;
+        (conn_token(slot, entry.generation).0 == token).then_some(slot)
     }
 
     /// Puts a connection on the run queue (once, however many events it has).
     fn enqueue(&mut self, slot: usize) {
-        if let Some(Some(entry)) = self.conns.get_mut(slot) {
-            if !entry.queued {
-                entry.queued = true;
-                self.ready.push_back((slot, entry.generation));
-            }
+        let entry = self.conns.get_mut(slot).and_then(Option::as_mut);
+        if let Some(entry) = entry.filter(|e| !e.queued) {
+            entry.queued = true;
+            self.ready.push_back((slot, entry.generation));
         }
     }
 }
@@ -527,7 +466,8 @@ mod tests {
             ),
         ];
         for (context, conns, want) in cases {
-            let got = eviction_victim(conns.iter().map(|&(slot, c, s)| (slot, c, at(s))));
+            let got = eviction_victim(conns.iter().map(|&(slot, c, s)| (slot, c, at(s))))
+                .map(|(slot, _)| slot);
             assert_eq!(got, *want, "{context}");
         }
     }

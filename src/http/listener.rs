@@ -49,24 +49,13 @@ pub fn bind_loopback(addr: SocketAddr) -> io::Result<TcpListener> {
             "loopbus listens on the loopback addresses 127.0.0.1 (localhost) and [::1] only",
         ));
     }
-    use rustix::net::{AddressFamily, SocketFlags, SocketType};
-    let family = if addr.is_ipv4() {
-        AddressFamily::INET
-    } else {
-        AddressFamily::INET6
-    };
-    let socket = rustix::net::socket_with(
-        family,
-        SocketType::STREAM,
-        SocketFlags::CLOEXEC | SocketFlags::NONBLOCK,
-        None,
-    )?;
-    rustix::net::sockopt::set_socket_reuseaddr(&socket, true)?;
-    rustix::net::bind(&socket, &addr)?;
-    // std and mio listen with a backlog of 128; a burst of new connections larger
-    // than that would be dropped by the kernel before the loop could evict idle ones.
-    rustix::net::listen(&socket, LISTEN_BACKLOG)?;
-    Ok(TcpListener::from_std(std::net::TcpListener::from(socket)))
+    // std binds with SO_REUSEADDR and close-on-exec, and listens with a smaller
+    // backlog; a burst of new connections larger than that would be dropped by the
+    // kernel before the loop could evict idle ones. Listening again raises it.
+    let listener = std::net::TcpListener::bind(addr)?;
+    rustix::net::listen(&listener, LISTEN_BACKLOG)?;
+    listener.set_nonblocking(true)?;
+    Ok(TcpListener::from_std(listener))
 }
 
 /// The connection cap this process can honour with `concurrent_turns` engines running

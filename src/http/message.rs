@@ -2,6 +2,7 @@
 //! limits, the responses the server writes, and the errors the HTTP layer answers itself.
 
 use super::headers::{self, LengthError, MAX_HEADERS, MAX_HEAD_BYTES};
+use httparse::Status;
 use std::io::Write;
 use std::time::Instant;
 
@@ -34,17 +35,9 @@ impl Head {
             .map(|(_, v)| v.as_slice())
     }
 
-    /// The first value of the header `name`, if any.
-    pub fn header(&self, name: &str) -> Option<&[u8]> {
-        self.headers
-            .iter()
-            .find(|(n, _)| n.eq_ignore_ascii_case(name))
-            .map(|(_, v)| v.as_slice())
-    }
-
     /// Whether the header `name` is present at all.
     pub fn has_header(&self, name: &str) -> bool {
-        self.header(name).is_some()
+        self.header_values(name).next().is_some()
     }
 
     /// The body length the head declares, by the rule both directions share
@@ -97,21 +90,15 @@ pub struct Response {
 impl Response {
     pub(super) fn serialize(&self, close: bool) -> Vec<u8> {
         let mut out = Vec::with_capacity(192 + self.body.len());
+        let status = self.status;
         // Writing into a Vec cannot fail.
-        let _ = write!(
-            out,
-            "HTTP/1.1 {} {}\r\n",
-            self.status,
-            reason_phrase(self.status)
-        );
+        let _ = write!(out, "HTTP/1.1 {status} {}\r\n", reason_phrase(status));
         for (name, value) in &self.headers {
             let _ = write!(out, "{name}: {value}\r\n");
         }
-        let _ = write!(out, "Content-Length: {}\r\n", self.body.len());
-        if close {
-            out.extend_from_slice(b"Connection: close\r\n");
-        }
-        out.extend_from_slice(b"\r\n");
+        let length = self.body.len();
+        let connection = if close { "Connection: close\r\n" } else { "" };
+        let _ = write!(out, "Content-Length: {length}\r\n{connection}\r\n");
         out.extend_from_slice(&self.body);
         out
     }
@@ -179,14 +166,11 @@ fn has_blank_line(bytes: &[u8]) -> bool {
 
 /// How many bytes of complete empty lines (`\r\n` or `\n`) `bytes` starts with.
 fn leading_empty_lines(bytes: &[u8]) -> usize {
-    let mut at = 0;
-    loop {
-        match bytes.get(at..) {
-            Some([b'\n', ..]) => at += 1,
-            Some([b'\r', b'\n', ..]) => at += 2,
-            _ => return at,
-        }
+    let mut rest = bytes;
+    while let [b'\n', tail @ ..] | [b'\r', b'\n', tail @ ..] = rest {
+        rest = tail;
     }
+    bytes.len() - rest.len()
 }
 
 /// Parses a request head from the start of `buf`, enforcing [`MAX_HEAD_BYTES`] and
@@ -208,19 +192,15 @@ pub(super) fn parse_head(
     // two reads. Whatever the reads, a parse is tried once the bytes hold an end.
     let lead = leading_empty_lines(window);
     let from = (*scanned).min(window.len()).saturating_sub(2).max(lead);
-    let tail = &window[from..];
-    if !has_blank_line(tail) {
-        *scanned = window.len();
-        return if buf.len() > MAX_HEAD_BYTES {
-            Err(HttpError::HeadTooLarge)
-        } else {
-            Ok(None)
-        };
-    }
     let mut headers = [httparse::EMPTY_HEADER; MAX_HEADERS];
     let mut request = httparse::Request::new(&mut headers);
-    match request.parse(window) {
-        Ok(httparse::Status::Complete(consumed)) if consumed <= MAX_HEAD_BYTES => {
+    let parsed = if has_blank_line(&window[from..]) {
+        request.parse(window)
+    } else {
+        Ok(Status::Partial)
+    };
+    match parsed {
+        Ok(Status::Complete(consumed)) if consumed <= MAX_HEAD_BYTES => {
             let head = Head {
                 method: request.method.unwrap_or("").to_owned(),
                 target: request.path.unwrap_or("").to_owned(),
@@ -234,9 +214,9 @@ pub(super) fn parse_head(
             };
             Ok(Some((head, consumed)))
         }
-        Ok(httparse::Status::Complete(_)) => Err(HttpError::HeadTooLarge),
-        Ok(httparse::Status::Partial) if buf.len() > MAX_HEAD_BYTES => Err(HttpError::HeadTooLarge),
-        Ok(httparse::Status::Partial) => {
+        Ok(Status::Complete(_)) => Err(HttpError::HeadTooLarge),
+        Ok(Status::Partial) if buf.len() > MAX_HEAD_BYTES => Err(HttpError::HeadTooLarge),
+        Ok(Status::Partial) => {
             *scanned = window.len();
             Ok(None)
         }
@@ -390,7 +370,8 @@ mod tests {
         .unwrap()
         .unwrap();
         assert_eq!(head.path(), "/api/talk");
-        assert_eq!(head.header("Content-Length"), Some(&b"5"[..]));
+        let lengths: Vec<&[u8]> = head.header_values("Content-Length").collect();
+        assert_eq!(lengths, [b"5"]);
         assert!(!head.wants_keep_alive());
         assert!(head.announces_body());
         let (head, _) = parse(b"GET / HTTP/1.0\r\nContent-Length: 0\r\n\r\n")

@@ -12,7 +12,7 @@
 //! ([`Action::Read`]), as the event loop's do; the clock stands still while input
 //! remains, then jumps from deadline to deadline until the connection closes.
 
-use super::conn::{Action, Conn};
+use super::conn::{Action, Conn, CONTINUE};
 use super::headers::LengthError;
 use super::message::{parse_head, Head, HttpError, Response};
 use std::time::{Duration, Instant};
@@ -165,14 +165,15 @@ fn run(conn: &mut Conn, now: Instant, out: &mut Replayed) -> Next {
         match conn.poll(now) {
             Action::Read(n) => return Next::Read(n),
             Action::Close(reason) => return Next::Closed(reason),
+            // The stub's answers are never just an interim `100 Continue`.
+            Action::Write(CONTINUE) => {
+                out.continues += 1;
+                conn.wrote(CONTINUE.len(), now);
+            }
             Action::Write(bytes) => {
                 out.answers.written.extend_from_slice(bytes);
                 let n = bytes.len();
                 conn.wrote(n, now);
-            }
-            Action::SendContinue => {
-                out.continues += 1;
-                conn.continue_sent();
             }
             Action::ShutdownWrite | Action::Yield => conn.begin_step(),
             Action::Head(head) => {

@@ -243,9 +243,11 @@ impl Instance {
         } else {
             Vec::new()
         };
-        let event_loop = EventLoop::new(listener, Some(interrupt), config.bus.max_concurrent_turns)
+        let addr = listener
+            .local_addr()
             .map_err(setup("start the event loop"))?;
-        let addr = event_loop.local_addr();
+        let event_loop = EventLoop::new(listener, interrupt, config.bus.max_concurrent_turns)
+            .map_err(setup("start the event loop"))?;
 
         let engine = Engine::new(&name, state_dir.clone());
         let running = engine.running.clone();
