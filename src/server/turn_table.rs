@@ -41,10 +41,10 @@
 //! ```
 //!
 //! Each waiter gets the turn's envelope as its own request negotiated it. A turn's
-//! request id is running in the request store exactly while the turn is in the table.
+//! request id is in the table's `running` map exactly while the turn is in the table.
 
 use super::answer::TalkMeta;
-use super::requests::{self, RequestKey, RequestStore, Seen};
+use super::requests::{self, RequestDigest, RequestKey, RequestStore};
 use super::Refusal;
 use crate::config::BusConfig;
 use crate::engine::{self, CancelToken, TurnOutput, TurnResult};
@@ -104,8 +104,8 @@ struct TurnState<C> {
     /// The first request, for the audit line; its envelope's `durationMs` counts from
     /// its `received_at`.
     meta: TalkMeta,
-    /// Its (`fromInstance`, `requestId`), if it named an id.
-    key: Option<RequestKey>,
+    /// Its (`fromInstance`, `requestId`) and what that id stands for, if it named one.
+    named: Option<(RequestKey, RequestDigest)>,
     /// Stops its engine.
     cancel: CancelToken,
     /// Why it was cancelled, once it was.
@@ -126,7 +126,6 @@ struct TurnState<C> {
 #[derive(Debug)]
 pub(super) struct NewTurn<C> {
     pub(super) id: TurnId,
-    digest: Option<requests::RequestDigest>,
     state: TurnState<C>,
 }
 
@@ -208,9 +207,11 @@ pub(super) struct TurnTable<C> {
     turns: HashMap<TurnId, TurnState<C>>,
     /// Which turn each waiting connection waits on.
     waiting: HashMap<C, TurnId>,
-    /// Request ids of running and recently answered turns (contract 8.2). An id is
-    /// running here exactly while its turn is in `turns`.
-    requests: RequestStore<TurnId, Envelope>,
+    /// Which turn runs under each request id: an id is here exactly while its turn is
+    /// in `turns` (`insert` and `remove` keep them so).
+    running: HashMap<RequestKey, TurnId>,
+    /// The stored answers of finished turns that named an id (contract 8.2).
+    requests: RequestStore<Envelope>,
     next_id: u64,
 }
 
@@ -220,6 +221,7 @@ impl<C: Copy + Eq + Hash> TurnTable<C> {
             name,
             turns: HashMap::new(),
             waiting: HashMap::new(),
+            running: HashMap::new(),
             requests: RequestStore::default(),
             next_id: 0,
         }
@@ -247,20 +249,34 @@ impl<C: Copy + Eq + Hash> TurnTable<C> {
             .filter(|_| !cancel)
             .map(|_| requests::digest(&request.prompt, request.depth));
         if let Some(key) = &key {
-            match self.requests.look(key, digest.as_ref(), now) {
-                Seen::Mismatch => return Admit::Refused(Refusal::RequestIdReused),
-                Seen::Running(turn) if self.turns.contains_key(&turn) => {
-                    self.attach(waiter, turn);
-                    return if cancel {
-                        Admit::Cancel(turn)
-                    } else {
-                        Admit::Attached
-                    };
+            let reused = |known: &RequestDigest| digest.is_some_and(|d| d != *known);
+            let running = self
+                .running
+                .get(key)
+                .and_then(|t| self.turns.get_key_value(t));
+            if let Some((
+                &turn,
+                TurnState {
+                    named: Some((_, known)),
+                    ..
+                },
+            )) = running
+            {
+                if reused(known) {
+                    return Admit::Refused(Refusal::RequestIdReused);
                 }
-                Seen::Answered(envelope) => return Admit::Stored(waiter.negotiate(&envelope)),
-                // An id runs exactly while its turn is here; should that ever not hold,
-                // the request runs as a new turn rather than wait on nothing.
-                Seen::New | Seen::Running(_) => {}
+                self.attach(waiter, turn);
+                return if cancel {
+                    Admit::Cancel(turn)
+                } else {
+                    Admit::Attached
+                };
+            }
+            if let Some((known, envelope)) = self.requests.get(key, now) {
+                if reused(&known) {
+                    return Admit::Refused(Refusal::RequestIdReused);
+                }
+                return Admit::Stored(waiter.negotiate(&envelope));
             }
         }
         if cancel {
@@ -271,7 +287,7 @@ impl<C: Copy + Eq + Hash> TurnTable<C> {
         let state = TurnState {
             waiters: vec![waiter],
             meta,
-            key,
+            named: key.zip(digest),
             cancel: CancelToken::new(),
             cancelled: None,
             started_at: None,
@@ -279,14 +295,14 @@ impl<C: Copy + Eq + Hash> TurnTable<C> {
             orphaned_at: None,
             abandoned: false,
         };
-        Admit::New(NewTurn { id, digest, state })
+        Admit::New(NewTurn { id, state })
     }
 
     /// Holds `new`, which the pool accepted.
     pub(super) fn insert(&mut self, new: NewTurn<C>) {
-        let NewTurn { id, digest, state } = new;
-        if let (Some(key), Some(digest)) = (&state.key, digest) {
-            self.requests.running(key.clone(), digest, id);
+        let NewTurn { id, state } = new;
+        if let Some((key, _)) = &state.named {
+            self.running.insert(key.clone(), id);
         }
         for waiter in &state.waiters {
             self.waiting.insert(waiter.conn, id);
@@ -332,7 +348,7 @@ impl<C: Copy + Eq + Hash> TurnTable<C> {
         if !state.waiters.is_empty() || state.cancelled.is_some() {
             return HangUp::Nothing;
         }
-        if state.key.is_some() && (bus.reattach_secs > 0 || !bus.cancel_on_hangup) {
+        if state.named.is_some() && (bus.reattach_secs > 0 || !bus.cancel_on_hangup) {
             state.orphaned_at = Some(now);
             return HangUp::Kept(caller(&state.meta).to_owned());
         }
@@ -385,18 +401,14 @@ impl<C: Copy + Eq + Hash> TurnTable<C> {
             TurnResult::Failed(failure) => Envelope::failure(&self.name, failure, took),
         }
         .with_usage(usage);
-        if let Some(key) = &state.key {
-            let storable = match &envelope.failure {
-                None => true,
-                Some(f) => !f.retryable && f.code != ErrorCode::BudgetExhausted,
-            };
-            if storable {
-                let size = envelope.to_json().len();
-                self.requests
-                    .answered(key, Arc::new(envelope.clone()), size, now);
-            } else {
-                self.requests.forget(key);
-            }
+        let storable = match &envelope.failure {
+            None => true,
+            Some(f) => !f.retryable && f.code != ErrorCode::BudgetExhausted,
+        };
+        if let Some((key, digest)) = state.named.as_ref().filter(|_| storable) {
+            let size = envelope.to_json().len();
+            let answer = Arc::new(envelope.clone());
+            self.requests.store(key, *digest, answer, size, now);
         }
         Some(ended(state, Ok(envelope)))
     }
@@ -406,9 +418,6 @@ impl<C: Copy + Eq + Hash> TurnTable<C> {
     pub(super) fn refuse(&mut self, turn: TurnId, refusal: Refusal) -> Option<Ended<C>> {
         let state = self.remove(turn)?;
         state.cancel.cancel();
-        if let Some(key) = &state.key {
-            self.requests.forget(key);
-        }
         Some(ended(state, Err(refusal)))
     }
 
@@ -463,6 +472,9 @@ impl<C: Copy + Eq + Hash> TurnTable<C> {
         let state = self.turns.remove(&turn)?;
         for waiter in &state.waiters {
             self.waiting.remove(&waiter.conn);
+        }
+        if let Some((key, _)) = &state.named {
+            self.running.remove(key);
         }
         Some(state)
     }
@@ -715,6 +727,28 @@ mod tests {
         ));
         // The pool's late report finds nothing.
         assert!(table.finish(turn, reply("x"), t0).is_none());
+    }
+
+    /// A retryable failure is not stored: a retry of its id runs again, and its
+    /// answer is stored then.
+    #[test]
+    fn a_retryable_failure_forgets_the_id() {
+        let t0 = Instant::now();
+        let mut table = table();
+        let named = request("p", Some(9), false);
+        let turn = start(&mut table, 1, &named, t0);
+        let failure = protocol::Failure::new(ErrorCode::Timeout, "slow");
+        assert!(failure.retryable);
+        let outcome = TurnOutput::without_usage(TurnResult::Failed(failure));
+        let ended = table.finish(turn, Outcome::Finished(outcome), t0).unwrap();
+        assert_eq!(answers(&ended), "1 timeout");
+        let turn = start(&mut table, 2, &named, t0);
+        table.finish(turn, reply("ok"), t0).unwrap();
+        let meta = TalkMeta::of(&named, t0);
+        assert!(matches!(
+            table.admit(3, &named, meta, SECS, t0),
+            Admit::Stored(_)
+        ));
     }
 
     #[test]
