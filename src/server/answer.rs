@@ -151,8 +151,12 @@ impl Bus {
             if proof::is_valid_nonce(nonce) {
                 // A valid nonce is ASCII hex, so this conversion is lossless.
                 let nonce = String::from_utf8_lossy(nonce);
-                let message =
-                    proof::proof_message(self.name.as_str(), self.host, self.port, &nonce);
+                let message = proof::proof_message(
+                    self.name.as_str(),
+                    self.addr.ip(),
+                    self.addr.port(),
+                    &nonce,
+                );
                 body.proof = Some(self.secret.proof(&message));
             }
         }

@@ -14,7 +14,7 @@ use crate::http::{
 use crate::protocol::InstanceName;
 use crate::secret::Secret;
 use crate::turns::TurnPool;
-use std::net::IpAddr;
+use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Instant;
@@ -43,17 +43,14 @@ pub struct Bus {
     pub(super) stopping_since: Option<Instant>,
     /// When the shutdown killed the engines that outlived its grace, if it did.
     pub(super) engines_killed_at: Option<Instant>,
-    /// The `Host` values check 1 accepts ([`checks::allowed_hosts`]).
-    pub(super) allowed_hosts: [String; 3],
     /// The audit log, its writer thread running.
     pub(super) audit: AuditLog,
     /// The engines running now, killed if they outlive the shutdown grace.
     pub(super) running: RunningEngines,
     /// This process's id, for health (asked once: it is a syscall).
     pub(super) pid: u32,
-    /// The bound address and port, which every connection arrives on.
-    pub(super) host: IpAddr,
-    pub(super) port: u16,
+    /// The bound address, which every connection arrives on.
+    pub(super) addr: SocketAddr,
 }
 
 impl Bus {
@@ -72,7 +69,7 @@ impl Bus {
 
 impl Service for Bus {
     fn on_head(&mut self, _id: ConnId, head: &Head) -> HeadAction {
-        let checked = checks::check_origin(head, &self.allowed_hosts).and_then(|()| {
+        let checked = checks::check_origin(head, self.addr.port()).and_then(|()| {
             match (head.path(), head.method.as_str()) {
                 // HEAD gets the GET answer; the HTTP layer leaves out its body (contract 3).
                 (HEALTH_PATH, "GET" | "HEAD") => Ok(None),

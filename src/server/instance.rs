@@ -4,15 +4,16 @@
 //! then deregisters. An instance dropped without `run` deregisters too, and stops its
 //! threads.
 
+use super::error::setup;
 use super::registry_check::Registration;
 use super::startup::{
-    check_turns_fit, claim_name, interrupt_pair, prune_registry, read_config,
-    remove_stale_temp_files, route_signals, warn_about_modes,
+    check_config, claim_name, interrupt_pair, parse_config, prune_registry, read_trusted_config,
+    ready_line, remove_stale_temp_files, route_signals,
 };
 use super::turn_table::TurnTable;
 use super::{Bus, ServeError};
 use crate::audit::AuditLog;
-use crate::config::{Config, EngineConfig, CONFIG_FILE};
+use crate::config::{EngineConfig, CONFIG_FILE};
 use crate::engine::{Engine, Turn};
 use crate::files;
 use crate::http::{self, EventLoop};
@@ -40,16 +41,6 @@ pub enum EngineOverride {
     Echo,
     /// This engine command.
     Command(EngineConfig),
-}
-
-impl EngineOverride {
-    /// `config` with its `engine` replaced by this choice.
-    pub(crate) fn apply(&self, config: &mut Config) {
-        config.engine = match self {
-            EngineOverride::Echo => None,
-            EngineOverride::Command(engine) => Some(engine.clone()),
-        };
-    }
 }
 
 /// How to start an [`Instance`]. Only the state directory is required; the rest have
@@ -149,7 +140,6 @@ impl ShutdownHandle {
 /// registry entry (the fields drop in this order).
 pub struct Instance {
     root: PathBuf,
-    addr: SocketAddr,
     event_loop: EventLoop,
     bus: Bus,
     registration: Registration,
@@ -165,7 +155,7 @@ impl fmt::Debug for Instance {
         f.debug_struct("Instance")
             .field("name", &self.bus.name)
             .field("root", &self.root)
-            .field("addr", &self.addr)
+            .field("addr", &self.bus.addr)
             .field("pid", &self.bus.pid)
             .finish_non_exhaustive()
     }
@@ -185,42 +175,25 @@ impl Instance {
         // through LOOPBUS_STATE_DIR.
         let state_dir =
             std::path::absolute(&options.state_dir).unwrap_or(options.state_dir.clone());
-        let name = match options.name {
-            Some(name) => name,
-            None => registry::default_name(&state_dir).ok_or_else(|| {
+        let name = options
+            .name
+            .or_else(|| registry::default_name(&state_dir))
+            .ok_or_else(|| {
                 ServeError::InvalidName(format!(
                     "{}: cannot take an instance name from this path; pass --name",
                     state_dir.display()
                 ))
-            })?,
-        };
+            })?;
         let name = InstanceName::new(name).map_err(|e| ServeError::InvalidName(e.to_string()))?;
         let root = registry::channel_root(&state_dir);
         let config_path = state_dir.join(CONFIG_FILE);
-        let (mut config, config_bytes) = read_config(&state_dir)?;
+        let config_bytes = read_trusted_config(&config_path)?;
+        let config = parse_config(&config_path, &config_bytes, options.engine.as_ref())?;
         remove_stale_temp_files(&[&state_dir, &root]);
-        if let Some(engine) = &options.engine {
-            engine.apply(&mut config);
-        }
-        if let Some(weakness) = config.bus.secret.as_ref().and_then(Secret::weakness) {
-            return Err(ServeError::WeakSecret {
-                config_path,
-                weakness,
-            });
-        }
-        check_turns_fit(&config, &config_path)?;
-        warn_about_modes(&config_path);
-        if let Some(engine) = &config.engine {
-            crate::engine::warnings(engine)
-                .iter()
-                .for_each(|w| log::warn!("{}: {w}", config_path.display()));
-        }
+        check_config(&config, &config_path)?;
 
         let serving = files::hold_lock(&state_dir.join(SERVE_LOCK_FILE))
-            .map_err(|source| ServeError::Lock {
-                state_dir: state_dir.clone(),
-                source,
-            })?
+            .map_err(setup(format!("{}: cannot lock", state_dir.display())))?
             .ok_or_else(|| ServeError::AlreadyServing(state_dir.clone()))?;
         prune_registry(&root, &name);
 
@@ -231,20 +204,17 @@ impl Instance {
         })?;
         let secret = match &config.bus.secret {
             Some(secret) => secret.clone(),
-            None => Secret::generate().map_err(|source| ServeError::Setup {
-                what: "read random bytes from the OS",
-                source,
-            })?,
+            None => Secret::generate().map_err(setup("cannot read random bytes from the OS"))?,
         };
-        let setup = |what| move |source| ServeError::Setup { what, source };
-        let (interrupt, shutdown) = interrupt_pair().map_err(setup("set up the stop pipe"))?;
+        let (interrupt, shutdown) =
+            interrupt_pair().map_err(setup("cannot set up the stop pipe"))?;
         let signals = if options.handle_signals {
-            route_signals(&shutdown).map_err(setup("set up signal handling"))?
+            route_signals(&shutdown).map_err(setup("cannot set up signal handling"))?
         } else {
             Vec::new()
         };
         let event_loop = EventLoop::new(listener, Some(interrupt), config.bus.max_concurrent_turns)
-            .map_err(setup("start the event loop"))?;
+            .map_err(setup("cannot start the event loop"))?;
         let addr = event_loop.local_addr();
 
         let engine = Engine::new(&name, state_dir.clone());
@@ -267,19 +237,20 @@ impl Instance {
                 let _ = waker.wake();
             },
         )
-        .map_err(setup("start turn workers"))?;
-        let audit = AuditLog::start(&state_dir, &name).map_err(setup("start the audit writer"))?;
+        .map_err(setup("cannot start turn workers"))?;
+        let audit =
+            AuditLog::start(&state_dir, &name).map_err(setup("cannot start the audit writer"))?;
 
         let pid = std::process::id();
         // Started before registering, so that no failure comes after it; its first
         // check is one interval away.
         let registration =
             Registration::start(root.clone(), name.clone(), addr, pid, secret.clone())
-                .map_err(setup("start the registry check"))?;
+                .map_err(setup("cannot start the registry check"))?;
         // Refused, the registration is dropped: its check stops, and the entry, not
         // ours, stays.
         claim_name(&root, &name, addr, pid, &secret)?;
-        log::info!("{}", super::startup::ready_line(&name, addr, pid, &config));
+        log::info!("{}", ready_line(&name, addr, pid, &config));
         if !config.bus.enabled {
             super::upkeep::warn_bus_disabled(&config_path);
         }
@@ -294,16 +265,13 @@ impl Instance {
             pool,
             stopping_since: None,
             engines_killed_at: None,
-            allowed_hosts: super::checks::allowed_hosts(addr.port()),
             audit,
             running,
             pid,
-            host: addr.ip(),
-            port: addr.port(),
+            addr,
         };
         Ok(Instance {
             root,
-            addr,
             event_loop,
             bus,
             registration,
@@ -320,7 +288,7 @@ impl Instance {
 
     /// The address it listens on (with the port the OS picked, for port 0).
     pub fn addr(&self) -> SocketAddr {
-        self.addr
+        self.bus.addr
     }
 
     /// The channel root it is registered under.

@@ -13,8 +13,7 @@ use crate::secret::Secret;
 use std::io;
 use std::net::SocketAddr;
 use std::path::PathBuf;
-use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender, SyncSender};
-use std::sync::Arc;
+use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender};
 use std::time::Duration;
 
 /// How often the instance checks that its registry entry is still there (and writes it
@@ -25,20 +24,13 @@ pub const REGISTRY_CHECK_INTERVAL: Duration = Duration::from_secs(1);
 /// unless the file system itself hangs.
 const STOP_PATIENCE: Duration = Duration::from_secs(5);
 
-/// The entry as registered: what the check writes again, and what is removed.
-struct OwnEntry {
-    root: PathBuf,
-    name: InstanceName,
-    addr: SocketAddr,
-    pid: u32,
-    secret: Secret,
-}
-
 /// The running self-check. Dropping it stops the check (waiting at most
 /// [`STOP_PATIENCE`] for one in progress), then removes the entry if it is still this
 /// process's (its pid).
 pub(super) struct Registration {
-    entry: Arc<OwnEntry>,
+    root: PathBuf,
+    name: InstanceName,
+    pid: u32,
     /// Dropped (disconnected) to ask the thread to stop.
     stop: Option<Sender<()>>,
     /// Signalled (or disconnected) when the thread has ended.
@@ -58,22 +50,44 @@ impl Registration {
         pid: u32,
         secret: Secret,
     ) -> io::Result<Registration> {
-        let entry = Arc::new(OwnEntry {
-            root,
-            name,
-            addr,
-            pid,
-            secret,
-        });
-        let (stop, stop_asked) = mpsc::channel();
+        let (stop, stop_asked) = mpsc::channel::<()>();
         // One slot: the thread signals once, and never waits to do so.
         let (stopped_tx, stopped) = mpsc::sync_channel(1);
-        let checked = Arc::clone(&entry);
+        let (checked_root, checked_name) = (root.clone(), name.clone());
         std::thread::Builder::new()
             .name("loopbus-registry".to_owned())
-            .spawn(move || run(&checked, &stop_asked, &stopped_tx))?;
+            .spawn(move || {
+                let (root, name) = (checked_root, checked_name);
+                let mut last_error = None;
+                // Nothing is ever sent: the channel disconnects when a stop is asked for.
+                while let Err(RecvTimeoutError::Timeout) =
+                    stop_asked.recv_timeout(REGISTRY_CHECK_INTERVAL)
+                {
+                    let path = registry::registry_path(&root);
+                    let error = match registry::ensure_registered(&root, &name, addr, pid, &secret)
+                    {
+                        Ok(true) => {
+                            let path = path.display();
+                            log::warn!("{path}: the entry of {name} was missing; registered again");
+                            None
+                        }
+                        Ok(false) => None,
+                        Err(e) => Some(e.to_string()),
+                    };
+                    // Warned about when it differs from the last one, so that a lasting
+                    // problem is not repeated every interval.
+                    if let Some(error) = error.as_ref().filter(|e| last_error.as_ref() != Some(*e))
+                    {
+                        log::warn!("cannot check {}: {error}", path.display());
+                    }
+                    last_error = error;
+                }
+                let _ = stopped_tx.try_send(());
+            })?;
         Ok(Registration {
-            entry,
+            root,
+            name,
+            pid,
             stop: Some(stop),
             stopped,
         })
@@ -89,48 +103,11 @@ impl Drop for Registration {
                 STOP_PATIENCE.as_secs()
             );
         }
-        let OwnEntry { root, name, .. } = &*self.entry;
-        if let Err(e) = registry::deregister(root, name, self.entry.pid) {
+        if let Err(e) = registry::deregister(&self.root, &self.name, self.pid) {
             log::warn!(
                 "cannot deregister from {}: {e}",
-                registry::registry_path(root).display()
+                registry::registry_path(&self.root).display()
             );
-        }
-    }
-}
-
-fn run(entry: &OwnEntry, stop_asked: &Receiver<()>, stopped: &SyncSender<()>) {
-    let mut last_error = None;
-    // Nothing is ever sent: the channel disconnects when a stop is asked for.
-    while let Err(RecvTimeoutError::Timeout) = stop_asked.recv_timeout(REGISTRY_CHECK_INTERVAL) {
-        check(entry, &mut last_error);
-    }
-    let _ = stopped.try_send(());
-}
-
-/// Writes the entry again if it went missing. An error is warned about when it differs
-/// from the last one, so a lasting problem is not repeated every interval.
-fn check(entry: &OwnEntry, last_error: &mut Option<String>) {
-    let OwnEntry { root, name, .. } = entry;
-    match registry::ensure_registered(root, name, entry.addr, entry.pid, &entry.secret) {
-        Ok(written) => {
-            if written {
-                log::warn!(
-                    "{}: the entry of {name} was missing; registered again",
-                    registry::registry_path(root).display()
-                );
-            }
-            *last_error = None;
-        }
-        Err(e) => {
-            let error = e.to_string();
-            if last_error.as_deref() != Some(error.as_str()) {
-                log::warn!(
-                    "cannot check {}: {error}",
-                    registry::registry_path(root).display()
-                );
-            }
-            *last_error = Some(error);
         }
     }
 }

@@ -2,8 +2,9 @@
 //! checking its config and files, claiming its name, the stop pipe and the signals
 //! routed to it.
 
-use super::ServeError;
-use crate::config::{self, Config, CONFIG_FILE};
+use super::error::setup;
+use super::{EngineOverride, ServeError};
+use crate::config::{self, Config, ConfigError};
 use crate::files;
 use crate::http;
 use crate::protocol::InstanceName;
@@ -14,15 +15,30 @@ use std::net::SocketAddr;
 use std::os::unix::net::UnixStream;
 use std::path::Path;
 
-/// Reads and parses `<state_dir>/config.json` after [`read_trusted_config`].
-pub(super) fn read_config(state_dir: &Path) -> Result<(Config, Vec<u8>), ServeError> {
-    let path = state_dir.join(CONFIG_FILE);
-    let bytes = read_trusted_config(&path)?;
-    let config = config::parse_file(&path, &bytes).map_err(|error| ServeError::Config {
+/// Parses the `bytes` of config.json at `config_path`, with `engine` in place of its
+/// own: at start-up and at every reload.
+pub(super) fn parse_config(
+    config_path: &Path,
+    bytes: &[u8],
+    engine: Option<&EngineOverride>,
+) -> Result<Config, ServeError> {
+    let mut config = config::parse_file(config_path, bytes).map_err(config_error(config_path))?;
+    match engine {
+        Some(EngineOverride::Echo) => config.engine = None,
+        Some(EngineOverride::Command(engine)) => config.engine = Some(engine.clone()),
+        None => {}
+    }
+    Ok(config)
+}
+
+/// A [`ServeError::Config`] of config.json at `config_path`, for `map_err`.
+fn config_error(config_path: &Path) -> impl FnOnce(ConfigError) -> ServeError + '_ {
+    // `config_path` is always `<state dir>/config.json`, so it has a parent.
+    let state_dir = config_path.parent().unwrap_or(Path::new("."));
+    |error| ServeError::Config {
         state_dir: state_dir.to_path_buf(),
         error,
-    })?;
-    Ok((config, bytes))
+    }
 }
 
 /// The bytes of config.json at `config_path` (`<state dir>/config.json`), once the
@@ -31,13 +47,9 @@ pub(super) fn read_config(state_dir: &Path) -> Result<(Config, Vec<u8>), ServeEr
 /// one gate for config.json, at start-up and at every reload: a reload that skipped it
 /// ran the engine another user wrote after a mode slip.
 pub(super) fn read_trusted_config(config_path: &Path) -> Result<Vec<u8>, ServeError> {
-    // `config_path` is always `<state dir>/config.json`, so it has a parent.
     let state_dir = config_path.parent().unwrap_or(Path::new("."));
     check_ownership(&registry::channel_root(state_dir), state_dir, config_path)?;
-    config::read_file(config_path).map_err(|error| ServeError::Config {
-        state_dir: state_dir.to_path_buf(),
-        error,
-    })
+    config::read_file(config_path).map_err(config_error(config_path))
 }
 
 /// Removes the temp files that a writer killed mid-write left in `dirs` (the state
@@ -56,11 +68,21 @@ pub(super) fn remove_stale_temp_files(dirs: &[&Path]) {
     }
 }
 
-/// Refuses a config whose running plus queued turns could not all wait on their
-/// callers' connections while [`http::HEALTH_RESERVE`] connections stay free (contract
-/// section 3, "open connections"), under the connection cap the event loop uses (which
-/// keeps the running engines' descriptors free).
-pub(super) fn check_turns_fit(config: &Config, config_path: &Path) -> Result<(), ServeError> {
+/// The start-up checks of a config that a reload cannot change: a `bus.secret` that is
+/// weak (contract 2) is refused, and so is one whose running plus queued turns could
+/// not all wait on their callers' connections while [`http::HEALTH_RESERVE`]
+/// connections stay free (contract section 3, "open connections"), under the
+/// connection cap the event loop uses (which keeps the running engines' descriptors
+/// free). A config.json that others may read ([`check_ownership`] refused one they may
+/// write) is warned about: it may hold the bus secret; so are the engine's problems.
+pub(super) fn check_config(config: &Config, config_path: &Path) -> Result<(), ServeError> {
+    if let Some(weakness) = config.bus.secret.as_ref().and_then(Secret::weakness) {
+        let config_path = config_path.to_path_buf();
+        return Err(ServeError::WeakSecret {
+            config_path,
+            weakness,
+        });
+    }
     let turns = config
         .bus
         .max_concurrent_turns
@@ -72,6 +94,17 @@ pub(super) fn check_turns_fit(config: &Config, config_path: &Path) -> Result<(),
             turns,
             cap,
         });
+    }
+    if let Ok(Some(mode)) = files::mode_is_wider(config_path, files::PRIVATE_FILE_MODE) {
+        log::warn!(
+            "{} has mode {mode:o}; it holds the bus secret, so 600 is advised",
+            config_path.display()
+        );
+    }
+    if let Some(engine) = &config.engine {
+        crate::engine::warnings(engine)
+            .iter()
+            .for_each(|w| log::warn!("{}: {w}", config_path.display()));
     }
     Ok(())
 }
@@ -95,17 +128,6 @@ fn check_ownership(root: &Path, state_dir: &Path, config_path: &Path) -> Result<
         }
     }
     Ok(())
-}
-
-/// Warns about a config.json that others may read ([`check_ownership`] refused one
-/// they may write): it may hold the bus secret.
-pub(super) fn warn_about_modes(config_path: &Path) {
-    if let Ok(Some(mode)) = files::mode_is_wider(config_path, files::PRIVATE_FILE_MODE) {
-        log::warn!(
-            "{} has mode {mode:o}; it holds the bus secret, so 600 is advised",
-            config_path.display()
-        );
-    }
 }
 
 /// Prunes stale registry entries (contract section 6) but `name`'s, which
@@ -144,10 +166,10 @@ pub(super) fn claim_name(
     let holder = registry::register_at(root, name, addr, pid, secret, |entry| {
         registry::holds_name(name, entry)
     })
-    .map_err(|source| ServeError::Register {
-        path: registry::registry_path(root),
-        source,
-    })?;
+    .map_err(setup(format!(
+        "cannot register in {}",
+        registry::registry_path(root).display()
+    )))?;
     match holder {
         None => Ok(()),
         Some(entry) => Err(ServeError::NameTaken {

@@ -8,9 +8,8 @@
 //! blocking and without following a symlink, refuses anything but a regular file, and
 //! reads at most `MAX_CONFIG_BYTES` (1 MiB) from it.
 
-use super::startup::read_trusted_config;
+use super::startup::{parse_config, read_trusted_config};
 use super::{Bus, Refusal};
-use crate::config;
 use crate::http::{Control, Service};
 use std::path::Path;
 use std::sync::Arc;
@@ -86,11 +85,9 @@ impl Bus {
         }
         self.config_bytes = bytes;
         let path = self.config_path.display();
-        match config::parse_file(&self.config_path, &self.config_bytes) {
-            Ok(mut new) => {
-                if let Some(engine) = &self.engine_override {
-                    engine.apply(&mut new);
-                }
+        let engine = self.engine_override.as_ref();
+        match parse_config(&self.config_path, &self.config_bytes, engine) {
+            Ok(new) => {
                 let (later, changed): (Vec<&str>, Vec<&str>) = self
                     .config
                     .changed_keys(&new)
