@@ -116,9 +116,6 @@ struct TurnState<C> {
     limit: Duration,
     /// Its last waiter hung up at this time (it named an id: a retry may attach).
     orphaned_at: Option<Instant>,
-    /// Its last waiter hung up and it runs on (`bus.cancelOnHangup` false, no id): the
-    /// hang-up was audited, its answer will not be.
-    abandoned: bool,
 }
 
 /// A turn the table admitted but does not hold yet: the bus hands it to the pool, then
@@ -250,22 +247,14 @@ impl<C: Copy + Eq + Hash> TurnTable<C> {
             .map(|_| requests::digest(&request.prompt, request.depth));
         if let Some(key) = &key {
             let reused = |known: &RequestDigest| digest.is_some_and(|d| d != *known);
-            let running = self
-                .running
-                .get(key)
-                .and_then(|t| self.turns.get_key_value(t));
-            if let Some((
-                &turn,
-                TurnState {
-                    named: Some((_, known)),
-                    ..
-                },
-            )) = running
-            {
-                if reused(known) {
+            let running = self.running.get(key);
+            if let Some((turn, state)) = running.and_then(|t| Some((*t, self.turns.get_mut(t)?))) {
+                if state.named.as_ref().is_some_and(|(_, known)| reused(known)) {
                     return Admit::Refused(Refusal::RequestIdReused);
                 }
-                self.attach(waiter, turn);
+                self.waiting.insert(conn, turn);
+                state.waiters.push(waiter);
+                state.orphaned_at = None;
                 return if cancel {
                     Admit::Cancel(turn)
                 } else {
@@ -293,7 +282,6 @@ impl<C: Copy + Eq + Hash> TurnTable<C> {
             started_at: None,
             limit: timeout.saturating_add(WAITER_GRACE),
             orphaned_at: None,
-            abandoned: false,
         };
         Admit::New(NewTurn { id, state })
     }
@@ -308,16 +296,6 @@ impl<C: Copy + Eq + Hash> TurnTable<C> {
             self.waiting.insert(waiter.conn, id);
         }
         self.turns.insert(id, state);
-    }
-
-    /// Makes `waiter` wait on `turn` too (which the table holds).
-    fn attach(&mut self, waiter: Waiter<C>, turn: TurnId) {
-        if let Some(state) = self.turns.get_mut(&turn) {
-            self.waiting.insert(waiter.conn, turn);
-            state.waiters.push(waiter);
-            state.orphaned_at = None;
-            state.abandoned = false;
-        }
     }
 
     /// Marks `turn` cancelled for `why` and stops its engine; the bus takes it out of
@@ -355,7 +333,6 @@ impl<C: Copy + Eq + Hash> TurnTable<C> {
         if bus.cancel_on_hangup {
             return HangUp::Cancel(turn);
         }
-        state.abandoned = true;
         HangUp::Abandoned(turn, state.meta.clone())
     }
 
@@ -482,10 +459,12 @@ impl<C: Copy + Eq + Hash> TurnTable<C> {
 
 fn ended<C>(state: TurnState<C>, answer: Result<Envelope, Refusal>) -> Ended<C> {
     Ended {
+        // Only an abandoned turn ends with no waiter, no id and not cancelled: the
+        // hang-up of its last waiter cancels it or keeps it otherwise (`hang_up`).
+        abandoned: state.waiters.is_empty() && state.named.is_none() && state.cancelled.is_none(),
         waiters: state.waiters,
         meta: state.meta,
         cancelled: state.cancelled,
-        abandoned: state.abandoned,
         answer,
     }
 }
