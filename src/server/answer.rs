@@ -4,7 +4,7 @@
 use super::{Bus, Refusal};
 use crate::audit;
 use crate::http::{Head, Response};
-use crate::protocol::{proof, Envelope, Failure, Health, UsageReport};
+use crate::protocol::{proof, Envelope, Failure, Health, TalkRequest, UsageReport};
 use std::time::Instant;
 
 /// What the audit line of one talk outcome knows about the request.
@@ -25,16 +25,24 @@ pub(super) struct TalkMeta {
 }
 
 impl TalkMeta {
-    /// A request refused before its body was read.
-    pub(super) fn at(received_at: Instant) -> TalkMeta {
+    /// `request`, whose head arrived at `received_at`; `None` if it was refused before
+    /// its body was read.
+    pub(super) fn of(request: Option<&TalkRequest>, received_at: Instant) -> TalkMeta {
+        let ext = request.map(|r| &r.ext);
         TalkMeta {
             received_at,
-            from_instance: None,
-            depth: None,
-            prompt_chars: None,
-            request_id: None,
-            trace_id: None,
-            parent_request_id: None,
+            from_instance: request.map(|r| r.from_instance.clone()),
+            depth: request.map(|r| r.depth),
+            prompt_chars: request.map(|r| r.prompt.chars().count()),
+            request_id: ext
+                .and_then(|e| e.request_id.as_ref())
+                .map(ToString::to_string),
+            trace_id: ext
+                .and_then(|e| e.trace_id.as_ref())
+                .map(ToString::to_string),
+            parent_request_id: ext
+                .and_then(|e| e.parent_request_id.as_ref())
+                .map(ToString::to_string),
             session_id: None,
         }
     }
@@ -80,9 +88,7 @@ impl Bus {
         if let Refusal::MethodNotAllowed(allow) = refusal {
             response.headers.push(("Allow", (*allow).to_owned()));
         }
-        if matches!(refusal, Refusal::Http(_)) {
-            response.close = true;
-        }
+        response.close = matches!(refusal, Refusal::Http(_));
         response
     }
 
@@ -113,8 +119,6 @@ impl Bus {
         status: Option<u16>,
         usage: Option<UsageReport>,
     ) {
-        let known = usage.map(|_| ());
-        let usage = usage.unwrap_or_default();
         self.audit.record(&audit::Record {
             outcome,
             detail,
@@ -127,10 +131,10 @@ impl Bus {
             request_id: meta.request_id.as_deref(),
             trace_id: meta.trace_id.as_deref(),
             parent_request_id: meta.parent_request_id.as_deref(),
-            cost_usd: usage.cost_usd,
-            input_tokens: known.map(|()| usage.input_tokens),
-            output_tokens: known.map(|()| usage.output_tokens),
-            cached_tokens: known.map(|()| usage.cached_tokens),
+            cost_usd: usage.and_then(|u| u.cost_usd),
+            input_tokens: usage.map(|u| u.input_tokens),
+            output_tokens: usage.map(|u| u.output_tokens),
+            cached_tokens: usage.map(|u| u.cached_tokens),
             session_id: meta.session_id.as_deref(),
         });
     }

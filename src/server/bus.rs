@@ -59,7 +59,7 @@ impl Bus {
     fn refuse(&mut self, refusal: &Refusal, head: Option<&Head>) -> Response {
         match head {
             Some(head) if head.path() == TALK_PATH => {
-                self.refuse_talk(refusal, &TalkMeta::at(head.received_at))
+                self.refuse_talk(refusal, &TalkMeta::of(None, head.received_at))
             }
             Some(head) => self.refusal_response(refusal, head.received_at),
             None => self.refusal_response(refusal, Instant::now()),

@@ -326,10 +326,14 @@ impl Instance {
         // A bug that panics the loop must still take the instance out of the registry,
         // and leave no engine running.
         let running = bus.running.clone();
-        let result =
-            std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| event_loop.run(&mut bus)));
-        let failed = !matches!(result, Ok(Ok(())));
-        if failed {
+        let result = match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            event_loop.run(&mut bus)
+        })) {
+            Ok(Ok(())) => Ok(()),
+            Ok(Err(e)) => Err(ServeError::Loop(e)),
+            Err(_) => Err(ServeError::Panicked),
+        };
+        if result.is_err() {
             log::error!(
                 "the server loop failed; killing {} engine(s)",
                 running.count()
@@ -342,11 +346,7 @@ impl Instance {
         if !running.wait_contained() {
             log::warn!("exiting with processes left behind by engines still alive");
         }
-        match result {
-            Ok(Ok(())) => {}
-            Ok(Err(e)) => return Err(ServeError::Loop(e)),
-            Err(_) => return Err(ServeError::Panicked),
-        }
+        result?;
         // Dropping the bus writes what its audit log still queues and stops the workers.
         let name = bus.name.clone();
         drop(bus);

@@ -3,14 +3,13 @@
 //! twice. Which ids have a turn running is the turn table's (`server/turn_table.rs`),
 //! which owns this store.
 //!
-//! Pure bookkeeping: no I/O, time passed in, the answer type generic (the server stores
-//! envelopes). Bounds: at most [`MAX_STORED_ANSWERS`] stored answers and
+//! Pure bookkeeping: no I/O, time passed in. Bounds: at most [`MAX_STORED_ANSWERS`] stored answers and
 //! [`MAX_STORED_BYTES`] bytes (the answer's size as given, key and
 //! [`ENTRY_OVERHEAD_BYTES`] each); beyond either, the oldest stored answer (by the time
 //! it was stored) is evicted first; an answer is kept for [`ANSWER_TTL`]. A restart
 //! forgets everything.
 
-use crate::protocol::RequestId;
+use crate::protocol::{Envelope, RequestId};
 use sha2::{Digest as _, Sha256};
 use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
@@ -50,34 +49,28 @@ pub fn digest(prompt: &str, depth: u64) -> RequestDigest {
 /// One stored answer: the digest of what its id stood for, the answer, and the bytes
 /// it counts against [`MAX_STORED_BYTES`].
 #[derive(Debug)]
-struct Stored<A> {
+struct Stored {
     digest: RequestDigest,
-    answer: Arc<A>,
+    answer: Arc<Envelope>,
     size: usize,
 }
 
-/// The store; `A` is what a finished turn answered.
-#[derive(Debug)]
-pub struct RequestStore<A> {
-    entries: HashMap<RequestKey, Stored<A>>,
+/// The store.
+#[derive(Debug, Default)]
+pub struct RequestStore {
+    entries: HashMap<RequestKey, Stored>,
     /// The keys of `entries`, oldest first, with when each was stored.
     order: VecDeque<(RequestKey, Instant)>,
     bytes: usize,
 }
 
-impl<A> Default for RequestStore<A> {
-    fn default() -> Self {
-        RequestStore {
-            entries: HashMap::new(),
-            order: VecDeque::new(),
-            bytes: 0,
-        }
-    }
-}
-
-impl<A> RequestStore<A> {
+impl RequestStore {
     /// The stored answer of `key` at `now`, and the digest of what its id stood for.
-    pub fn get(&mut self, key: &RequestKey, now: Instant) -> Option<(RequestDigest, Arc<A>)> {
+    pub fn get(
+        &mut self,
+        key: &RequestKey,
+        now: Instant,
+    ) -> Option<(RequestDigest, Arc<Envelope>)> {
         self.expire(now);
         let entry = self.entries.get(key)?;
         Some((entry.digest, Arc::clone(&entry.answer)))
@@ -91,7 +84,7 @@ impl<A> RequestStore<A> {
         &mut self,
         key: &RequestKey,
         digest: RequestDigest,
-        answer: Arc<A>,
+        answer: Arc<Envelope>,
         size: usize,
         now: Instant,
     ) {
@@ -137,7 +130,7 @@ impl<A> RequestStore<A> {
 mod tests {
     use super::*;
 
-    impl<A> RequestStore<A> {
+    impl RequestStore {
         /// How many answers are stored, and their bytes as counted against the bounds.
         pub fn stored(&self) -> (usize, usize) {
             (self.entries.len(), self.bytes)
@@ -151,14 +144,14 @@ mod tests {
         }
     }
 
-    fn body(text: &str) -> Arc<Vec<u8>> {
-        Arc::new(text.as_bytes().to_vec())
+    fn body(text: &str) -> Arc<Envelope> {
+        Arc::new(Envelope::success("worker", text.to_owned(), 0))
     }
 
     #[test]
     fn an_answer_is_kept_with_its_digest_until_its_ttl() {
         let t0 = Instant::now();
-        let mut store: RequestStore<Vec<u8>> = RequestStore::default();
+        let mut store = RequestStore::default();
         let k = key("a", 1);
         let d = digest("p", 1);
         assert_ne!(d, digest("q", 1));
@@ -183,12 +176,12 @@ mod tests {
     #[test]
     fn ten_thousand_ids_stay_within_the_bounds() {
         let t0 = Instant::now();
-        let mut store: RequestStore<Vec<u8>> = RequestStore::default();
-        let big = Arc::new(vec![b'x'; 16 * 1024]);
+        let mut store = RequestStore::default();
+        let big = body("x");
         let d = digest("p", 1);
         for n in 0..10_000u128 {
             let at = t0 + Duration::from_millis(n as u64);
-            store.store(&key("caller", n), d, Arc::clone(&big), big.len(), at);
+            store.store(&key("caller", n), d, Arc::clone(&big), 16 * 1024, at);
             let (answers, bytes) = store.stored();
             assert!(answers <= MAX_STORED_ANSWERS, "{answers}");
             assert!(bytes <= MAX_STORED_BYTES, "{bytes}");
@@ -200,7 +193,7 @@ mod tests {
         assert!(store.get(&key("caller", 9_999), t0).is_some());
         assert_eq!(store.get(&key("caller", 0), t0), None);
         // Small answers: the entry bound bites.
-        let mut store: RequestStore<Vec<u8>> = RequestStore::default();
+        let mut store = RequestStore::default();
         for n in 0..10_000u128 {
             store.store(&key("caller", n), d, body("{}"), 2, t0);
         }
@@ -214,7 +207,7 @@ mod tests {
     #[test]
     fn bug_expiry_evicted_a_fresh_answer_after_a_stale_queue_entry() {
         let t0 = Instant::now();
-        let mut store: RequestStore<Vec<u8>> = RequestStore::default();
+        let mut store = RequestStore::default();
         let (old, fresh) = (key("a", 1), key("a", 2));
         store.store(&old, digest("p", 1), body("old"), 3, t0);
         let later = t0 + ANSWER_TTL / 2;
@@ -231,15 +224,9 @@ mod tests {
     #[test]
     fn an_envelope_over_the_byte_bound_is_not_stored() {
         let t0 = Instant::now();
-        let mut store: RequestStore<Vec<u8>> = RequestStore::default();
+        let mut store = RequestStore::default();
         let k = key("a", 3);
-        store.store(
-            &k,
-            digest("p", 1),
-            Arc::new(Vec::new()),
-            MAX_STORED_BYTES,
-            t0,
-        );
+        store.store(&k, digest("p", 1), body(""), MAX_STORED_BYTES, t0);
         assert_eq!(store.get(&k, t0), None);
         assert_eq!(store.stored(), (0, 0));
     }

@@ -13,26 +13,6 @@ use crate::turns::{Busy, Outcome};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-impl TalkMeta {
-    /// A request whose body was read.
-    pub(super) fn of(request: &TalkRequest, received_at: Instant) -> TalkMeta {
-        TalkMeta {
-            received_at,
-            from_instance: Some(request.from_instance.clone()),
-            depth: Some(request.depth),
-            prompt_chars: Some(request.prompt.chars().count()),
-            request_id: request.ext.request_id.as_ref().map(|id| id.to_string()),
-            trace_id: request.ext.trace_id.as_ref().map(|id| id.to_string()),
-            parent_request_id: request
-                .ext
-                .parent_request_id
-                .as_ref()
-                .map(|id| id.to_string()),
-            session_id: None,
-        }
-    }
-}
-
 /// A new turn's place in its tree (contract 8.4): the request's trace and request ids,
 /// or fresh ones where it had none (so that the server starts a tree for a caller
 /// without trace context, and its engine's delegations still hang under this turn),
@@ -45,22 +25,18 @@ fn turn_trace(request: &TalkRequest) -> std::io::Result<TurnTrace> {
     let (fresh_trace, rest) = random.split_at(ID_HEX);
     let (fresh_request, span) = rest.split_at(ID_HEX);
     // 32 hex digits of random bytes are a request id, and a trace id unless all zeros.
-    let trace_id = match &request.ext.trace_id {
-        Some(id) => id.clone(),
-        None => TraceId::new(fresh_trace.to_owned()).map_err(std::io::Error::other)?,
-    };
-    let request_id = match &request.ext.request_id {
-        Some(id) => id.clone(),
-        None => RequestId::new(fresh_request.to_owned()).map_err(std::io::Error::other)?,
-    };
+    let trace_id = request.ext.trace_id.clone();
+    let trace_id = trace_id.map_or_else(|| TraceId::new(fresh_trace.to_owned()), Ok);
+    let request_id = request.ext.request_id.clone();
+    let request_id = request_id.map_or_else(|| RequestId::new(fresh_request.to_owned()), Ok);
     let mut span_id = span.to_owned();
     if span_id.bytes().all(|b| b == b'0') {
         // W3C forbids an all-zero span id; the odds are 2^-64.
         span_id.replace_range(..1, "1");
     }
     Ok(TurnTrace {
-        trace_id,
-        request_id,
+        trace_id: trace_id.map_err(std::io::Error::other)?,
+        request_id: request_id.map_err(std::io::Error::other)?,
         span_id,
     })
 }
@@ -76,9 +52,11 @@ impl Bus {
     ) -> Option<Response> {
         let request = match protocol::parse_talk_request(body) {
             Ok(request) => request,
-            Err(e) => return Some(self.refuse_talk(&Refusal::Body(e), &TalkMeta::at(received_at))),
+            Err(e) => {
+                return Some(self.refuse_talk(&Refusal::Body(e), &TalkMeta::of(None, received_at)))
+            }
         };
-        let meta = TalkMeta::of(&request, received_at);
+        let meta = TalkMeta::of(Some(&request), received_at);
         let bus = &self.config.bus;
         let refusal = if !bus.peers.allows(&request.from_instance) {
             Refusal::PeerNotAllowed
@@ -142,14 +120,12 @@ impl Bus {
                     None,
                 )
             }
-            Admit::Stored(envelope) if request.ext.cancel => (
-                "duplicate",
-                "a cancel request for a finished turn got its stored envelope",
-                Some(json(200, envelope.to_json())),
-            ),
             Admit::Stored(envelope) => (
                 "duplicate",
-                "a retry got the stored envelope of its request id; no engine ran",
+                match request.ext.cancel {
+                    true => "a cancel request for a finished turn got its stored envelope",
+                    false => "a retry got the stored envelope of its request id; no engine ran",
+                },
                 Some(json(200, envelope.to_json())),
             ),
         };

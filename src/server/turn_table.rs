@@ -208,7 +208,7 @@ pub(super) struct TurnTable<C> {
     /// in `turns` (`insert` and `remove` keep them so).
     running: HashMap<RequestKey, TurnId>,
     /// The stored answers of finished turns that named an id (contract 8.2).
-    requests: RequestStore<Envelope>,
+    requests: RequestStore,
     next_id: u64,
 }
 
@@ -495,7 +495,7 @@ mod tests {
 
     /// Admits `request` from `conn` as a new turn and inserts it.
     fn start(table: &mut TurnTable<u32>, conn: u32, request: &TalkRequest, t: Instant) -> TurnId {
-        let meta = TalkMeta::of(request, t);
+        let meta = TalkMeta::of(Some(request), t);
         match table.admit(conn, request, meta, 60 * SECS, t) {
             Admit::New(new) => {
                 let id = new.id;
@@ -541,7 +541,7 @@ mod tests {
         let first = request("p", Some(1), false);
         let turn = start(&mut table, 1, &first, t0);
         // A retry attaches; the same id for another prompt is refused.
-        let meta = TalkMeta::of(&first, t0);
+        let meta = TalkMeta::of(Some(&first), t0);
         assert!(matches!(
             table.admit(2, &first, meta.clone(), SECS, t0),
             Admit::Attached
@@ -570,7 +570,7 @@ mod tests {
         let mut table = table();
         let turn = start(&mut table, 1, &request("p", Some(7), false), t0);
         let cancel = request("", Some(7), true);
-        let meta = TalkMeta::of(&cancel, t0);
+        let meta = TalkMeta::of(Some(&cancel), t0);
         assert!(matches!(
             table.admit(2, &cancel, meta.clone(), SECS, t0),
             Admit::Cancel(t) if t == turn
@@ -611,7 +611,7 @@ mod tests {
         let named = request("p", Some(3), false);
         // Another waiter still waits: nothing changes.
         let turn = start(&mut table, 1, &named, t0);
-        let meta = TalkMeta::of(&named, t0);
+        let meta = TalkMeta::of(Some(&named), t0);
         assert!(matches!(
             table.admit(2, &named, meta, SECS, t0),
             Admit::Attached
@@ -658,7 +658,7 @@ mod tests {
             table.hang_up(1, &bus(true, 15), t0),
             HangUp::Kept(_)
         ));
-        let meta = TalkMeta::of(&named, t0);
+        let meta = TalkMeta::of(Some(&named), t0);
         assert!(matches!(
             table.admit(2, &named, meta, SECS, t0 + SECS),
             Admit::Attached
@@ -699,7 +699,7 @@ mod tests {
         assert_eq!(Refusal::TurnOverdue.status_and_code().0, 500);
         assert!(table.is_empty());
         // Its id is forgotten: a retry runs again.
-        let meta = TalkMeta::of(&named, t0);
+        let meta = TalkMeta::of(Some(&named), t0);
         assert!(matches!(
             table.admit(2, &named, meta, SECS, t0),
             Admit::New(_)
@@ -723,7 +723,7 @@ mod tests {
         assert_eq!(answers(&ended), "1 timeout");
         let turn = start(&mut table, 2, &named, t0);
         table.finish(turn, reply("ok"), t0).unwrap();
-        let meta = TalkMeta::of(&named, t0);
+        let meta = TalkMeta::of(Some(&named), t0);
         assert!(matches!(
             table.admit(3, &named, meta, SECS, t0),
             Admit::Stored(_)
@@ -738,7 +738,7 @@ mod tests {
         let turn = start(&mut table, 1, &named, t0);
         let ended = table.finish(turn, Outcome::Panicked, t0).unwrap();
         assert_eq!(answers(&ended), "1 internal_error");
-        let meta = TalkMeta::of(&named, t0);
+        let meta = TalkMeta::of(Some(&named), t0);
         assert!(matches!(
             table.admit(2, &named, meta, SECS, t0),
             Admit::New(_)

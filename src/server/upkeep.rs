@@ -129,16 +129,18 @@ impl Bus {
         }
     }
 
+    /// Kills the running engines at `now`, saying `why`.
+    fn kill_engines(&mut self, why: &str, now: Instant) {
+        log::warn!("{why}; killing {} engine(s)", self.running.count());
+        self.running.kill_all();
+        self.engines_killed_at = Some(now);
+    }
+
     pub(super) fn begin_shutdown(&mut self, control: &mut Control) {
         if self.stopping_since.is_some() {
             // Asked twice: the running turns lose their grace.
             if self.engines_killed_at.is_none() {
-                log::warn!(
-                    "asked again to stop: killing {} engine(s)",
-                    self.running.count()
-                );
-                self.running.kill_all();
-                self.engines_killed_at = Some(Instant::now());
+                self.kill_engines("asked again to stop", Instant::now());
             }
             return;
         }
@@ -194,13 +196,9 @@ impl Bus {
                         control.exit();
                     }
                 } else if now.duration_since(since) >= SHUTDOWN_GRACE {
-                    log::warn!(
-                        "running turns did not finish within {} s; killing {} engine(s)",
-                        SHUTDOWN_GRACE.as_secs(),
-                        self.running.count()
-                    );
-                    self.running.kill_all();
-                    self.engines_killed_at = Some(now);
+                    let secs = SHUTDOWN_GRACE.as_secs();
+                    let why = format!("running turns did not finish within {secs} s");
+                    self.kill_engines(&why, now);
                 }
                 now + SHUTDOWN_POLL
             }
