@@ -54,10 +54,7 @@ impl TalkMeta {
         let from = self.from_instance.as_ref();
         let mut parts = vec![from.map_or("caller unknown".to_owned(), |f| format!("from {f}"))];
         parts.extend(self.depth.map(|depth| format!("depth {depth}")));
-        parts.extend(
-            self.prompt_chars
-                .map(|chars| format!("prompt {chars} chars")),
-        );
+        parts.extend(self.prompt_chars.map(|n| format!("prompt {n} chars")));
         parts.join(", ")
     }
 }

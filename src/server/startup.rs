@@ -224,18 +224,12 @@ pub(super) fn interrupt_pair() -> io::Result<(mio::net::UnixStream, UnixStream)>
 /// whose default action ends the process without a fault (SIGUSR1, SIGUSR2, SIGALRM,
 /// SIGVTALRM, SIGPROF and SIGIO): left at their default, each killed serve
 /// and left its entry.
-const STOP_SIGNALS: [i32; 10] = [
-    signal_hook::consts::SIGTERM,
-    signal_hook::consts::SIGINT,
-    signal_hook::consts::SIGHUP,
-    signal_hook::consts::SIGQUIT,
-    signal_hook::consts::SIGUSR1,
-    signal_hook::consts::SIGUSR2,
-    signal_hook::consts::SIGALRM,
-    signal_hook::consts::SIGVTALRM,
-    signal_hook::consts::SIGPROF,
-    signal_hook::consts::SIGIO,
-];
+const STOP_SIGNALS: [i32; 10] = {
+    use signal_hook::consts::*;
+    [
+        SIGTERM, SIGINT, SIGHUP, SIGQUIT, SIGUSR1, SIGUSR2, SIGALRM, SIGVTALRM, SIGPROF, SIGIO,
+    ]
+};
 
 /// Routes the [`STOP_SIGNALS`] to the stop pipe.
 pub(super) fn route_signals(write: &UnixStream) -> io::Result<Vec<signal_hook::SigId>> {
