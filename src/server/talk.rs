@@ -85,12 +85,12 @@ impl Bus {
         let admitted = self.table.admit(conn, &request, meta.clone(), timeout, now);
         let (outcome, detail, answer) = match admitted {
             Admit::New(mut new) => {
-                let cancel = new.cancel_token();
+                let cancel = new.state.cancel.clone();
                 let trace = turn_trace(&request)
                     .map_err(|e| log::warn!("cannot make the turn's trace ids: {e}"))
                     .ok();
                 if let Some(trace) = &trace {
-                    let meta = new.meta_mut();
+                    let meta = &mut new.state.meta;
                     meta.trace_id = Some(trace.trace_id.to_string());
                     meta.request_id = Some(trace.request_id.to_string());
                 }

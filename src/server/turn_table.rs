@@ -97,17 +97,17 @@ impl<C> Waiter<C> {
 
 /// One admitted turn, until it ends (an [`Ended`]).
 #[derive(Debug)]
-struct TurnState<C> {
+pub(super) struct TurnState<C> {
     /// The connections waiting for its envelope: the first request's, and those of
     /// retries and cancel requests attached to it.
     waiters: Vec<Waiter<C>>,
-    /// The first request, for the audit line; its envelope's `durationMs` counts from
-    /// its `received_at`.
-    meta: TalkMeta,
+    /// The first request, for the audit line (the bus adds the ids it made for the
+    /// turn); its envelope's `durationMs` counts from its `received_at`.
+    pub(super) meta: TalkMeta,
     /// Its (`fromInstance`, `requestId`) and what that id stands for, if it named one.
     named: Option<(RequestKey, RequestDigest)>,
-    /// Stops its engine.
-    cancel: CancelToken,
+    /// Stops its engine (the job gets a clone).
+    pub(super) cancel: CancelToken,
     /// Why it was cancelled, once it was.
     cancelled: Option<&'static str>,
     /// When it was first seen out of the queue; its waiters' deadline counts from here.
@@ -123,19 +123,7 @@ struct TurnState<C> {
 #[derive(Debug)]
 pub(super) struct NewTurn<C> {
     pub(super) id: TurnId,
-    state: TurnState<C>,
-}
-
-impl<C> NewTurn<C> {
-    /// The token that stops its engine, for the job.
-    pub(super) fn cancel_token(&self) -> CancelToken {
-        self.state.cancel.clone()
-    }
-
-    /// What its audit line will say of the request (the ids the server made for it).
-    pub(super) fn meta_mut(&mut self) -> &mut TalkMeta {
-        &mut self.state.meta
-    }
+    pub(super) state: TurnState<C>,
 }
 
 /// What admitting a request that passed checks 1-9 comes to.
