@@ -139,10 +139,7 @@ impl Bus {
     /// The health answer, with a `proof` of the request's `X-Loopbus-Nonce` when it
     /// carries a well-formed one (contract 6.1).
     pub(super) fn health(&self, head: &Head) -> Response {
-        let status = match self.stopping_since {
-            Some(_) => Health::STOPPING,
-            None => Health::OK,
-        };
+        let status = self.stopping_since.map_or(Health::OK, |_| Health::STOPPING);
         let mut body = Health::new(&self.config.bus.kind, &self.name, status, self.pid);
         body.turns = Some(self.pool.load());
         body.bus_enabled = Some(self.config.bus.enabled);

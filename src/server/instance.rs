@@ -202,10 +202,8 @@ impl Instance {
             addr: requested,
             source,
         })?;
-        let secret = match &config.bus.secret {
-            Some(secret) => secret.clone(),
-            None => Secret::generate().map_err(setup("cannot read random bytes from the OS"))?,
-        };
+        let secret = config.bus.secret.clone().map_or_else(Secret::generate, Ok);
+        let secret = secret.map_err(setup("cannot read random bytes from the OS"))?;
         let (interrupt, shutdown) =
             interrupt_pair().map_err(setup("cannot set up the stop pipe"))?;
         let signals = if options.handle_signals {

@@ -189,19 +189,16 @@ pub(super) fn ready_line(
     pid: u32,
     config: &Config,
 ) -> String {
-    let engine = match &config.engine {
-        Some(engine) => engine.command.join(" "),
-        None => "built-in echo".to_owned(),
-    };
+    let engine = config.engine.as_ref().map(|e| e.command.join(" "));
+    let engine = engine.unwrap_or_else(|| "built-in echo".to_owned());
     let peers = match (&config.bus.peers, config.bus.enabled) {
         (_, false) => "none (bus disabled)".to_owned(),
         (config::Peers::Any, true) => "*".to_owned(),
         (config::Peers::Only(names), true) => names.join(","),
     };
-    let budget = match config.budget_usd {
-        Some(usd) => format!("{usd} USD"),
-        None => "none".to_owned(),
-    };
+    let budget = config
+        .budget_usd
+        .map_or("none".to_owned(), |usd| format!("{usd} USD"));
     format!(
         "ready: {name} on http://{addr} (pid {pid}), engine {engine}, peers {peers}, \
          maxDepth {}, budget {budget}",

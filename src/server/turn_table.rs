@@ -366,10 +366,8 @@ impl<C: Copy + Eq + Hash> TurnTable<C> {
             TurnResult::Failed(failure) => Envelope::failure(&self.name, failure, took),
         }
         .with_usage(usage);
-        let storable = match &envelope.failure {
-            None => true,
-            Some(f) => !f.retryable && f.code != ErrorCode::BudgetExhausted,
-        };
+        let failure = envelope.failure.as_ref();
+        let storable = failure.is_none_or(|f| !f.retryable && f.code != ErrorCode::BudgetExhausted);
         if let Some((key, digest)) = state.named.as_ref().filter(|_| storable) {
             let size = envelope.to_json().len();
             let answer = Arc::new(envelope.clone());
