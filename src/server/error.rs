@@ -105,18 +105,12 @@ impl fmt::Display for ServeError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             ServeError::InvalidName(why) => f.write_str(why),
-            ServeError::Config { state_dir, error } => {
-                // The error names the file and the field, never a value.
-                write!(f, "{error}")?;
-                if error.is_not_found() {
-                    write!(
-                        f,
-                        " (create it with `loopbus init {}`)",
-                        state_dir.display()
-                    )?;
-                }
-                Ok(())
+            // The error names the file and the field, never a value.
+            ServeError::Config { state_dir, error } if error.is_not_found() => {
+                let dir = state_dir.display();
+                write!(f, "{error} (create it with `loopbus init {dir}`)")
             }
+            ServeError::Config { error, .. } => write!(f, "{error}"),
             ServeError::TurnsExceedConnections {
                 config_path,
                 turns,

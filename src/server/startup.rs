@@ -135,19 +135,17 @@ fn check_ownership(root: &Path, state_dir: &Path, config_path: &Path) -> Result<
 /// it. A registry that can't be read or written here is only a warning; registering
 /// reports real trouble.
 pub(super) fn prune_registry(root: &Path, name: &InstanceName) {
+    let path = registry::registry_path(root);
     match registry::prune(root, Some(name)) {
         Ok(pruned) => {
             for stale in pruned {
                 log::info!(
                     "removed the stale registry entry of {stale} from {}",
-                    registry::registry_path(root).display()
+                    path.display()
                 );
             }
         }
-        Err(e) => log::warn!(
-            "cannot prune {}: {e}",
-            registry::registry_path(root).display()
-        ),
+        Err(e) => log::warn!("cannot prune {}: {e}", path.display()),
     }
 }
 

@@ -81,29 +81,31 @@ impl Bus {
     ) -> Option<Response> {
         let engine = self.config.engine.as_ref();
         let timeout = Duration::from_secs(engine.map_or(0, |e| e.timeout_secs));
-        let now = Instant::now();
-        let admitted = self.table.admit(conn, &request, meta.clone(), timeout, now);
+        // A new turn's audit line names the ids the server made for it.
+        let trace = turn_trace(&request)
+            .map_err(|e| log::warn!("cannot make the turn's trace ids: {e}"))
+            .ok();
+        let mut turn_meta = meta.clone();
+        if let Some(trace) = &trace {
+            turn_meta.trace_id = Some(trace.trace_id.to_string());
+            turn_meta.request_id = Some(trace.request_id.to_string());
+        }
+        let admitted = self
+            .table
+            .admit(conn, &request, turn_meta, timeout, Instant::now());
         let (outcome, detail, answer) = match admitted {
-            Admit::New(mut new) => {
-                let cancel = new.state.cancel.clone();
-                let trace = turn_trace(&request)
-                    .map_err(|e| log::warn!("cannot make the turn's trace ids: {e}"))
-                    .ok();
-                if let Some(trace) = &trace {
-                    let meta = &mut new.state.meta;
-                    meta.trace_id = Some(trace.trace_id.to_string());
-                    meta.request_id = Some(trace.request_id.to_string());
-                }
+            Admit::New(id, cancel) => {
+                let config = Arc::clone(&self.config);
                 let turn = Turn {
                     request,
-                    config: Arc::clone(&self.config),
+                    config,
                     cancel,
                     trace,
                 };
-                if let Err(Busy(_)) = self.pool.submit(new.id, turn) {
+                if let Err(Busy(_)) = self.pool.submit(id, turn) {
+                    self.table.remove(id);
                     return Some(self.refuse_talk(&Refusal::Busy, &meta));
                 }
-                self.table.insert(new);
                 return None;
             }
             Admit::Refused(refusal) => return Some(self.refuse_talk(&refusal, &meta)),

@@ -77,14 +77,6 @@ pub(super) struct Waiter<C> {
 }
 
 impl<C> Waiter<C> {
-    fn new(conn: C, request: &TalkRequest) -> Waiter<C> {
-        Waiter {
-            conn,
-            capabilities: protocol::negotiate(&request.capabilities),
-            wants_usage: request.lists(protocol::USAGE_REPORT),
-        }
-    }
-
     /// The turn's `envelope` as this waiter's request negotiated it.
     pub(super) fn negotiate(&self, envelope: &Envelope) -> Envelope {
         let usage = envelope.usage.filter(|_| self.wants_usage);
@@ -101,13 +93,13 @@ pub(super) struct TurnState<C> {
     /// The connections waiting for its envelope: the first request's, and those of
     /// retries and cancel requests attached to it.
     waiters: Vec<Waiter<C>>,
-    /// The first request, for the audit line (the bus adds the ids it made for the
-    /// turn); its envelope's `durationMs` counts from its `received_at`.
-    pub(super) meta: TalkMeta,
+    /// The first request, for the audit line (with the ids the bus made for the turn);
+    /// its envelope's `durationMs` counts from its `received_at`.
+    meta: TalkMeta,
     /// Its (`fromInstance`, `requestId`) and what that id stands for, if it named one.
     named: Option<(RequestKey, RequestDigest)>,
-    /// Stops its engine (the job gets a clone).
-    pub(super) cancel: CancelToken,
+    /// Stops its engine (the job holds a clone).
+    cancel: CancelToken,
     /// Why it was cancelled, once it was.
     cancelled: Option<&'static str>,
     /// When it was first seen out of the queue; its waiters' deadline counts from here.
@@ -118,19 +110,12 @@ pub(super) struct TurnState<C> {
     orphaned_at: Option<Instant>,
 }
 
-/// A turn the table admitted but does not hold yet: the bus hands it to the pool, then
-/// to [`TurnTable::insert`], or drops it when the pool is full.
-#[derive(Debug)]
-pub(super) struct NewTurn<C> {
-    pub(super) id: TurnId,
-    pub(super) state: TurnState<C>,
-}
-
 /// What admitting a request that passed checks 1-9 comes to.
 #[derive(Debug)]
-pub(super) enum Admit<C> {
-    /// A new turn, to submit.
-    New(NewTurn<C>),
+pub(super) enum Admit {
+    /// A new turn, held, to submit with the token that stops its engine; if the pool
+    /// refuses it, the bus takes it back out ([`TurnTable::remove`]).
+    New(TurnId, CancelToken),
     /// A retry joined the running turn of its id, and waits with it.
     Attached,
     /// A cancel request joined the running turn of its id: the bus cancels it.
@@ -193,7 +178,7 @@ pub(super) struct TurnTable<C> {
     /// Which turn each waiting connection waits on.
     waiting: HashMap<C, TurnId>,
     /// Which turn runs under each request id: an id is here exactly while its turn is
-    /// in `turns` (`insert` and `remove` keep them so).
+    /// in `turns` (`admit` and `remove` keep them so).
     running: HashMap<RequestKey, TurnId>,
     /// The stored answers of finished turns that named an id (contract 8.2).
     requests: RequestStore,
@@ -221,8 +206,12 @@ impl<C: Copy + Eq + Hash> TurnTable<C> {
         meta: TalkMeta,
         timeout: Duration,
         now: Instant,
-    ) -> Admit<C> {
-        let waiter = Waiter::new(conn, request);
+    ) -> Admit {
+        let waiter = Waiter {
+            conn,
+            capabilities: protocol::negotiate(&request.capabilities),
+            wants_usage: request.lists(protocol::USAGE_REPORT),
+        };
         let cancel = request.ext.cancel;
         let key = request.ext.request_id.clone().map(|id| RequestKey {
             from_instance: request.from_instance.clone(),
@@ -261,29 +250,24 @@ impl<C: Copy + Eq + Hash> TurnTable<C> {
         }
         let id = TurnId(self.next_id);
         self.next_id = self.next_id.wrapping_add(1);
+        let named = key.zip(digest);
+        if let Some((key, _)) = &named {
+            self.running.insert(key.clone(), id);
+        }
+        self.waiting.insert(conn, id);
+        let cancel = CancelToken::new();
         let state = TurnState {
             waiters: vec![waiter],
             meta,
-            named: key.zip(digest),
-            cancel: CancelToken::new(),
+            named,
+            cancel: cancel.clone(),
             cancelled: None,
             started_at: None,
             limit: timeout.saturating_add(WAITER_GRACE),
             orphaned_at: None,
         };
-        Admit::New(NewTurn { id, state })
-    }
-
-    /// Holds `new`, which the pool accepted.
-    pub(super) fn insert(&mut self, new: NewTurn<C>) {
-        let NewTurn { id, state } = new;
-        if let Some((key, _)) = &state.named {
-            self.running.insert(key.clone(), id);
-        }
-        for waiter in &state.waiters {
-            self.waiting.insert(waiter.conn, id);
-        }
         self.turns.insert(id, state);
+        Admit::New(id, cancel)
     }
 
     /// Marks `turn` cancelled for `why` and stops its engine; the bus takes it out of
@@ -431,7 +415,8 @@ impl<C: Copy + Eq + Hash> TurnTable<C> {
         self.turns.is_empty()
     }
 
-    fn remove(&mut self, turn: TurnId) -> Option<TurnState<C>> {
+    /// Takes `turn` out of the table, with its waiters and its id.
+    pub(super) fn remove(&mut self, turn: TurnId) -> Option<TurnState<C>> {
         let state = self.turns.remove(&turn)?;
         for waiter in &state.waiters {
             self.waiting.remove(&waiter.conn);
@@ -479,15 +464,11 @@ mod tests {
         TurnTable::new(InstanceName::new("worker").unwrap())
     }
 
-    /// Admits `request` from `conn` as a new turn and inserts it.
+    /// Admits `request` from `conn` as a new turn.
     fn start(table: &mut TurnTable<u32>, conn: u32, request: &TalkRequest, t: Instant) -> TurnId {
         let meta = TalkMeta::of(Some(request), t);
         match table.admit(conn, request, meta, 60 * SECS, t) {
-            Admit::New(new) => {
-                let id = new.id;
-                table.insert(new);
-                id
-            }
+            Admit::New(id, _) => id,
             other => panic!("not a new turn: {other:?}"),
         }
     }
@@ -688,7 +669,7 @@ mod tests {
         let meta = TalkMeta::of(Some(&named), t0);
         assert!(matches!(
             table.admit(2, &named, meta, SECS, t0),
-            Admit::New(_)
+            Admit::New(..)
         ));
         // The pool's late report finds nothing.
         assert!(table.finish(turn, reply("x"), t0).is_none());
@@ -727,7 +708,7 @@ mod tests {
         let meta = TalkMeta::of(Some(&named), t0);
         assert!(matches!(
             table.admit(2, &named, meta, SECS, t0),
-            Admit::New(_)
+            Admit::New(..)
         ));
     }
 }
