@@ -7,8 +7,8 @@
 use super::error::setup;
 use super::registry_check::Registration;
 use super::startup::{
-    check_config, claim_name, interrupt_pair, parse_config, prune_registry, read_trusted_config,
-    ready_line, remove_stale_temp_files, route_signals,
+    check_config, interrupt_pair, parse_config, prune_registry, read_trusted_config, ready_line,
+    remove_stale_temp_files, route_signals,
 };
 use super::turn_table::TurnTable;
 use super::{Bus, ServeError};
@@ -240,14 +240,7 @@ impl Instance {
             AuditLog::start(&state_dir, &name).map_err(setup("cannot start the audit writer"))?;
 
         let pid = std::process::id();
-        // Started before registering, so that no failure comes after it; its first
-        // check is one interval away.
-        let registration =
-            Registration::start(root.clone(), name.clone(), addr, pid, secret.clone())
-                .map_err(setup("cannot start the registry check"))?;
-        // Refused, the registration is dropped: its check stops, and the entry, not
-        // ours, stays.
-        claim_name(&root, &name, addr, pid, &secret)?;
+        let registration = Registration::claim(root.clone(), name.clone(), addr, pid, &secret)?;
         log::info!("{}", ready_line(&name, addr, pid, &config));
         if !config.bus.enabled {
             super::upkeep::warn_bus_disabled(&config_path);

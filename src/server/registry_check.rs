@@ -3,14 +3,16 @@
 //! still there and writes it again if the file was deleted, torn or rewritten without
 //! it, and the entry's removal when the registration is dropped (after `run`, or with
 //! an instance dropped without it). The check reads and writes files and takes the
-//! registry lock, so it never runs on the event loop. The instance starts it just before
-//! registering (its first check is an interval away), and dropping it stops the thread
-//! before the entry is removed, so that it cannot write the entry back.
+//! registry lock, so it never runs on the event loop. [`Registration::claim`] registers the
+//! instance, refusing a name already running, just after starting the thread (its first
+//! check is an interval away), and dropping it stops the thread before the entry is
+//! removed, so that it cannot write the entry back.
 
+use super::error::setup;
+use super::ServeError;
 use crate::protocol::InstanceName;
 use crate::registry;
 use crate::secret::Secret;
-use std::io;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender};
@@ -38,26 +40,33 @@ pub(super) struct Registration {
 }
 
 impl Registration {
-    /// Starts checking `name`'s entry under `root`, first after one interval.
+    /// Registers `name` at `addr` under `root`, refusing when an instance of that name
+    /// is already running there ([`registry::holds_name`]): the check and the write are
+    /// one hold of the registry lock, so of two starts of one name at the same moment
+    /// exactly one runs (a check before binding and a write after let both run, and one
+    /// was left unreachable). Then checks the entry every interval.
     ///
     /// # Errors
     ///
-    /// The OS refused to start the thread.
-    pub(super) fn start(
+    /// [`ServeError::NameTaken`]; [`ServeError::Setup`] when the OS refused the thread
+    /// or the registry could not be written.
+    pub(super) fn claim(
         root: PathBuf,
         name: InstanceName,
         addr: SocketAddr,
         pid: u32,
-        secret: Secret,
-    ) -> io::Result<Registration> {
+        secret: &Secret,
+    ) -> Result<Registration, ServeError> {
         let (stop, stop_asked) = mpsc::channel::<()>();
         // One slot: the thread signals once, and never waits to do so.
         let (stopped_tx, stopped) = mpsc::sync_channel(1);
-        let (checked_root, checked_name) = (root.clone(), name.clone());
+        let (checked_root, checked_name, secret_) = (root.clone(), name.clone(), secret.clone());
+        // Started before registering, so that no failure comes after it; its first
+        // check is one interval away.
         std::thread::Builder::new()
             .name("loopbus-registry".to_owned())
             .spawn(move || {
-                let (root, name) = (checked_root, checked_name);
+                let (root, name, secret) = (checked_root, checked_name, secret_);
                 let mut last_error = None;
                 // Nothing is ever sent: the channel disconnects when a stop is asked for.
                 while let Err(RecvTimeoutError::Timeout) =
@@ -83,14 +92,31 @@ impl Registration {
                     last_error = error;
                 }
                 let _ = stopped_tx.try_send(());
-            })?;
-        Ok(Registration {
+            })
+            .map_err(setup("cannot start the registry check"))?;
+        // Refused, the registration is dropped: its check stops, and the entry, not
+        // ours, stays.
+        let registration = Registration {
             root,
             name,
             pid,
             stop: Some(stop),
             stopped,
-        })
+        };
+        let (root, name) = (&registration.root, &registration.name);
+        let holder = registry::register_at(root, name, addr, pid, secret, |entry| {
+            registry::holds_name(name, entry)
+        });
+        let path = registry::registry_path(root);
+        match holder.map_err(setup(format!("cannot register in {}", path.display())))? {
+            None => Ok(registration),
+            Some(entry) => Err(ServeError::NameTaken {
+                name: name.to_string(),
+                root: root.to_path_buf(),
+                pid: entry.pid,
+                port: entry.port,
+            }),
+        }
     }
 }
 

@@ -1,8 +1,7 @@
 //! The steps of an instance's start that are not the composition itself: reading and
-//! checking its config and files, claiming its name, the stop pipe and the signals
-//! routed to it.
+//! checking its config and files, pruning the registry, the stop pipe and the signals
+//! routed to it. Its name is claimed by the registration (`registry_check.rs`).
 
-use super::error::setup;
 use super::{EngineOverride, ServeError};
 use crate::config::{self, Config, ConfigError};
 use crate::files;
@@ -146,36 +145,6 @@ pub(super) fn prune_registry(root: &Path, name: &InstanceName) {
             }
         }
         Err(e) => log::warn!("cannot prune {}: {e}", path.display()),
-    }
-}
-
-/// Registers `name` at `addr` under `root`, refusing when an instance of that name is
-/// already running there ([`registry::holds_name`]): the check and the write are one
-/// hold of the registry lock, so of two starts of one name at the same moment exactly
-/// one runs (a check before binding and a write after let both run, and one was left
-/// unreachable).
-pub(super) fn claim_name(
-    root: &Path,
-    name: &InstanceName,
-    addr: SocketAddr,
-    pid: u32,
-    secret: &Secret,
-) -> Result<(), ServeError> {
-    let holder = registry::register_at(root, name, addr, pid, secret, |entry| {
-        registry::holds_name(name, entry)
-    })
-    .map_err(setup(format!(
-        "cannot register in {}",
-        registry::registry_path(root).display()
-    )))?;
-    match holder {
-        None => Ok(()),
-        Some(entry) => Err(ServeError::NameTaken {
-            name: name.to_string(),
-            root: root.to_path_buf(),
-            pid: entry.pid,
-            port: entry.port,
-        }),
     }
 }
 
