@@ -145,18 +145,13 @@ impl Bus {
         body.bus_enabled = Some(self.config.bus.enabled);
         // One nonce header exactly: two would leave open which one was answered.
         let mut nonces = head.header_values(crate::http::NONCE_HEADER);
-        if let (Some(nonce), None) = (nonces.next(), nonces.next()) {
-            if proof::is_valid_nonce(nonce) {
-                // A valid nonce is ASCII hex, so this conversion is lossless.
-                let nonce = String::from_utf8_lossy(nonce);
-                let message = proof::proof_message(
-                    self.name.as_str(),
-                    self.addr.ip(),
-                    self.addr.port(),
-                    &nonce,
-                );
-                body.proof = Some(self.secret.proof(&message));
-            }
+        let nonce = nonces.next();
+        if let Some(nonce) = nonce.filter(|n| nonces.next().is_none() && proof::is_valid_nonce(n)) {
+            // A valid nonce is ASCII hex, so this conversion is lossless.
+            let nonce = String::from_utf8_lossy(nonce);
+            let (name, ip, port) = (self.name.as_str(), self.addr.ip(), self.addr.port());
+            let message = proof::proof_message(name, ip, port, &nonce);
+            body.proof = Some(self.secret.proof(&message));
         }
         json(200, body.to_json())
     }

@@ -139,7 +139,6 @@ impl ShutdownHandle {
 /// Dropping it without `run` closes its port, stops its turn workers, and removes its
 /// registry entry (the fields drop in this order).
 pub struct Instance {
-    root: PathBuf,
     event_loop: EventLoop,
     bus: Bus,
     registration: Registration,
@@ -154,7 +153,7 @@ impl fmt::Debug for Instance {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Instance")
             .field("name", &self.bus.name)
-            .field("root", &self.root)
+            .field("root", &self.registration.root)
             .field("addr", &self.bus.addr)
             .field("pid", &self.bus.pid)
             .finish_non_exhaustive()
@@ -240,7 +239,7 @@ impl Instance {
             AuditLog::start(&state_dir, &name).map_err(setup("cannot start the audit writer"))?;
 
         let pid = std::process::id();
-        let registration = Registration::claim(root.clone(), name.clone(), addr, pid, &secret)?;
+        let registration = Registration::claim(root, name.clone(), addr, pid, &secret)?;
         log::info!("{}", ready_line(&name, addr, pid, &config));
         if !config.bus.enabled {
             super::upkeep::warn_bus_disabled(&config_path);
@@ -262,7 +261,6 @@ impl Instance {
             addr,
         };
         Ok(Instance {
-            root,
             event_loop,
             bus,
             registration,
@@ -284,7 +282,7 @@ impl Instance {
 
     /// The channel root it is registered under.
     pub fn root(&self) -> &Path {
-        &self.root
+        &self.registration.root
     }
 
     /// The bus secret in force (from config.json, or generated at this start).

@@ -30,7 +30,8 @@ const STOP_PATIENCE: Duration = Duration::from_secs(5);
 /// [`STOP_PATIENCE`] for one in progress), then removes the entry if it is still this
 /// process's (its pid).
 pub(super) struct Registration {
-    root: PathBuf,
+    /// The channel root it is registered under.
+    pub(super) root: PathBuf,
     name: InstanceName,
     pid: u32,
     /// Dropped (disconnected) to ask the thread to stop.

@@ -70,6 +70,7 @@ impl Bus {
     /// once a problem (again only after a good read in between).
     pub(super) fn reload_config(&mut self) {
         let bytes = match read_trusted_config(&self.config_path) {
+            Ok(bytes) if bytes == self.config_bytes => return,
             Ok(bytes) => bytes,
             Err(e) => {
                 // Cleared, so that the next good read counts as a change.
@@ -80,53 +81,44 @@ impl Bus {
                 return;
             }
         };
-        if bytes == self.config_bytes {
-            return;
-        }
         self.config_bytes = bytes;
-        let path = self.config_path.display();
         let engine = self.engine_override.as_ref();
-        match parse_config(&self.config_path, &self.config_bytes, engine) {
-            Ok(new) => {
-                let (later, changed): (Vec<&str>, Vec<&str>) = self
-                    .config
-                    .changed_keys(&new)
-                    .into_iter()
-                    .partition(|key| FIXED_UNTIL_RESTART.contains(key));
-                if !later.is_empty() {
-                    log::warn!(
-                        "{path}: {} edited; that takes effect at the next start",
-                        later.join(" and ")
-                    );
-                }
-                if self.config.bus.enabled && !new.bus.enabled {
-                    warn_bus_disabled(&self.config_path);
-                }
-                let what = if changed.is_empty() {
-                    "no setting changed now".to_owned()
-                } else {
-                    format!("changed {}", changed.join(", "))
-                };
-                let bus = if new.bus.enabled {
-                    "enabled"
-                } else {
-                    "disabled"
-                };
-                let max_depth = new.bus.max_depth;
-                log::info!("{path} reloaded: {what} (bus {bus}, maxDepth {max_depth})");
-                if let Some(engine) = new
-                    .engine
-                    .as_ref()
-                    .filter(|e| Some(*e) != self.config.engine.as_ref())
-                {
-                    crate::engine::warnings(engine)
-                        .iter()
-                        .for_each(|w| log::warn!("{path}: {w}"));
-                }
-                self.config = Arc::new(new);
-            }
-            Err(e) => log::warn!("{e}; keeping the last good config"),
+        let new = match parse_config(&self.config_path, &self.config_bytes, engine) {
+            Ok(new) => new,
+            Err(e) => return log::warn!("{e}; keeping the last good config"),
+        };
+        let path = self.config_path.display();
+        let (later, changed): (Vec<&str>, Vec<&str>) = self
+            .config
+            .changed_keys(&new)
+            .into_iter()
+            .partition(|key| FIXED_UNTIL_RESTART.contains(key));
+        if !later.is_empty() {
+            let later = later.join(" and ");
+            log::warn!("{path}: {later} edited; that takes effect at the next start");
         }
+        if self.config.bus.enabled && !new.bus.enabled {
+            warn_bus_disabled(&self.config_path);
+        }
+        let what = if changed.is_empty() {
+            "no setting changed now".to_owned()
+        } else {
+            format!("changed {}", changed.join(", "))
+        };
+        let bus = if new.bus.enabled {
+            "enabled"
+        } else {
+            "disabled"
+        };
+        let max_depth = new.bus.max_depth;
+        log::info!("{path} reloaded: {what} (bus {bus}, maxDepth {max_depth})");
+        let old_engine = self.config.engine.as_ref();
+        if let Some(engine) = new.engine.as_ref().filter(|e| Some(*e) != old_engine) {
+            crate::engine::warnings(engine)
+                .iter()
+                .for_each(|w| log::warn!("{path}: {w}"));
+        }
+        self.config = Arc::new(new);
     }
 
     /// Kills the running engines at `now`, saying `why`.
