@@ -41,13 +41,28 @@ fn config_error(config_path: &Path) -> impl FnOnce(ConfigError) -> ServeError + 
 }
 
 /// The bytes of config.json at `config_path` (`<state dir>/config.json`), once the
-/// trust checks pass: [`check_ownership`] of the channel root, the state directory and
-/// the file, then a read that refuses a symlink or anything but a regular file. The
-/// one gate for config.json, at start-up and at every reload: a reload that skipped it
-/// ran the engine another user wrote after a mode slip.
+/// trust checks pass, then a read that refuses a symlink or anything but a regular
+/// file. The one gate for config.json, at start-up and at every reload: a reload that
+/// skipped it ran the engine another user wrote after a mode slip.
+///
+/// The trust checks refuse a channel root, state directory or config.json that another
+/// user owns or may write to (contract 1): its config would run that user's engine as
+/// us, its registry would send our prompts and secrets where that user likes. Missing
+/// paths are left to the steps that need them.
 pub(super) fn read_trusted_config(config_path: &Path) -> Result<Vec<u8>, ServeError> {
+    use files::TrustKind::{Dir, File};
     let state_dir = config_path.parent().unwrap_or(Path::new("."));
-    check_ownership(&registry::channel_root(state_dir), state_dir, config_path)?;
+    let root = registry::channel_root(state_dir);
+    for (path, kind) in [(root.as_path(), Dir), (state_dir, Dir), (config_path, File)] {
+        match files::check_trusted(path, kind) {
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+            Err(source) => {
+                let path = path.to_path_buf();
+                return Err(ServeError::Untrusted { path, source });
+            }
+            Ok(()) => {}
+        }
+    }
     config::read_file(config_path).map_err(config_error(config_path))
 }
 
@@ -72,8 +87,8 @@ pub(super) fn remove_stale_temp_files(dirs: &[&Path]) {
 /// not all wait on their callers' connections while [`http::HEALTH_RESERVE`]
 /// connections stay free (contract section 3, "open connections"), under the
 /// connection cap the event loop uses (which keeps the running engines' descriptors
-/// free). A config.json that others may read ([`check_ownership`] refused one they may
-/// write) is warned about: it may hold the bus secret; so are the engine's problems.
+/// free). A config.json that others may read ([`read_trusted_config`] refused one they
+/// may write) is warned about: it may hold the bus secret; so are the engine's problems.
 pub(super) fn check_config(config: &Config, config_path: &Path) -> Result<(), ServeError> {
     if let Some(weakness) = config.bus.secret.as_ref().and_then(Secret::weakness) {
         let config_path = config_path.to_path_buf();
@@ -104,27 +119,6 @@ pub(super) fn check_config(config: &Config, config_path: &Path) -> Result<(), Se
         crate::engine::warnings(engine)
             .iter()
             .for_each(|w| log::warn!("{}: {w}", config_path.display()));
-    }
-    Ok(())
-}
-
-/// Refuses a channel root, state directory or config.json that another user owns or
-/// may write to (contract 1): its config would run that user's engine as us, its
-/// registry would send our prompts and secrets where that user likes. Missing paths
-/// are left to the steps that need them.
-fn check_ownership(root: &Path, state_dir: &Path, config_path: &Path) -> Result<(), ServeError> {
-    use files::TrustKind::{Dir, File};
-    for (path, kind) in [(root, Dir), (state_dir, Dir), (config_path, File)] {
-        match files::check_trusted(path, kind) {
-            Err(e) if e.kind() == io::ErrorKind::NotFound => {}
-            Err(source) => {
-                return Err(ServeError::Untrusted {
-                    path: path.to_path_buf(),
-                    source,
-                })
-            }
-            Ok(()) => {}
-        }
     }
     Ok(())
 }
