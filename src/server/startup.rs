@@ -97,11 +97,11 @@ pub(super) fn check_config(config: &Config, config_path: &Path) -> Result<(), Se
             weakness,
         });
     }
-    let turns = config
-        .bus
+    let bus = &config.bus;
+    let turns = bus
         .max_concurrent_turns
-        .saturating_add(config.bus.max_queued_turns);
-    let cap = http::connection_cap(config.bus.max_concurrent_turns);
+        .saturating_add(bus.max_queued_turns);
+    let cap = http::connection_cap(bus.max_concurrent_turns);
     if turns > http::max_authorized(cap) {
         return Err(ServeError::TurnsExceedConnections {
             config_path: config_path.to_path_buf(),

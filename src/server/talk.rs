@@ -208,8 +208,13 @@ impl Bus {
                 envelope.duration_ms
             );
             if let (Some(failure), None) = (&envelope.failure, ended.cancelled) {
-                // The person running the instance sees its failures (never the prompt).
-                log::info!("{}", failed_turn_line(failure, &ended.meta));
+                // The person running the instance sees its failures (never the prompt):
+                // the first line of its message, cut to MAX_LOGGED_FAILURE_CHARS (the
+                // logger escapes it: it may quote the engine).
+                let line = failure.error.lines().next().unwrap_or_default();
+                let first: String = line.chars().take(MAX_LOGGED_FAILURE_CHARS).collect();
+                let who = ended.meta.describe();
+                log::info!("turn failed: {} ({who}): {first}", failure.code);
             }
             let status = (!ended.waiters.is_empty()).then_some(200);
             self.audit(&ended.meta, outcome, detail, code, status, envelope.usage);
@@ -235,22 +240,3 @@ fn audit_detail(failure: &Failure) -> &str {
 
 /// Most characters of a failed turn's message in its log line.
 const MAX_LOGGED_FAILURE_CHARS: usize = 200;
-
-/// The info line of a failed turn: its code, who asked, and the first line of its
-/// message, cut to [`MAX_LOGGED_FAILURE_CHARS`] (the logger escapes it: it may quote
-/// the engine).
-fn failed_turn_line(failure: &Failure, meta: &TalkMeta) -> String {
-    let first: String = failure
-        .error
-        .lines()
-        .next()
-        .unwrap_or("")
-        .chars()
-        .take(MAX_LOGGED_FAILURE_CHARS)
-        .collect();
-    format!(
-        "turn failed: {} ({}): {first}",
-        failure.code,
-        meta.describe()
-    )
-}
