@@ -57,13 +57,11 @@ impl Bus {
     /// Refuses `head` (`None`: the HTTP layer failed before one was complete). A talk
     /// refused is a talk outcome: it is audited.
     fn refuse(&mut self, refusal: &Refusal, head: Option<&Head>) -> Response {
-        match head {
-            Some(head) if head.path() == TALK_PATH => {
-                self.refuse_talk(refusal, &TalkMeta::of(None, head.received_at))
-            }
-            Some(head) => self.refusal_response(refusal, head.received_at),
-            None => self.refusal_response(refusal, Instant::now()),
+        let received_at = head.map_or_else(Instant::now, |head| head.received_at);
+        if head.is_some_and(|head| head.path() == TALK_PATH) {
+            return self.refuse_talk(refusal, &TalkMeta::of(None, received_at));
         }
+        self.refusal_response(refusal, received_at)
     }
 }
 

@@ -203,9 +203,15 @@ impl Instance {
         })?;
         let secret = config.bus.secret.clone().map_or_else(Secret::generate, Ok);
         let secret = secret.map_err(setup("cannot read random bytes from the OS"))?;
+        let engine = Engine::new(&name, state_dir.clone());
+        let running = engine.running.clone();
         let (interrupt, shutdown) =
             interrupt_pair().map_err(setup("cannot set up the stop pipe"))?;
         let signals = if options.handle_signals {
+            // The process is the instance's own: what its engines leave behind is ours.
+            if let Err(e) = crate::engine::contain_leftovers(&running) {
+                log::warn!("cannot become a child subreaper: {e}; processes that escape an engine's group will outlive it");
+            }
             route_signals(&shutdown).map_err(setup("cannot set up signal handling"))?
         } else {
             Vec::new()
@@ -213,15 +219,6 @@ impl Instance {
         let event_loop = EventLoop::new(listener, Some(interrupt), config.bus.max_concurrent_turns)
             .map_err(setup("cannot start the event loop"))?;
         let addr = event_loop.local_addr();
-
-        let engine = Engine::new(&name, state_dir.clone());
-        let running = engine.running.clone();
-        if options.handle_signals {
-            // The process is the instance's own: what its engines leave behind is ours.
-            if let Err(e) = crate::engine::contain_leftovers(&running) {
-                log::warn!("cannot become a child subreaper: {e}; processes that escape an engine's group will outlive it");
-            }
-        }
         let waker = event_loop.waker();
         // The server glues the two: a worker runs a turn on the engine, then wakes the
         // loop. Waking fails only if the OS refuses the write to mio's eventfd; the
