@@ -300,20 +300,12 @@ impl Instance {
     ///
     /// [`ServeError::Loop`] if polling failed, [`ServeError::Panicked`] if the loop
     /// panicked; the instance is deregistered either way.
-    pub fn run(self) -> Result<(), ServeError> {
-        let Instance {
-            mut event_loop,
-            mut bus,
-            registration,
-            _serving,
-            _signals,
-            ..
-        } = self;
+    pub fn run(mut self) -> Result<(), ServeError> {
         // A bug that panics the loop must still take the instance out of the registry,
         // and leave no engine running.
-        let running = bus.running.clone();
+        let running = self.bus.running.clone();
         let result = match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-            event_loop.run(&mut bus)
+            self.event_loop.run(&mut self.bus)
         })) {
             Ok(Ok(())) => Ok(()),
             Ok(Err(e)) => Err(ServeError::Loop(e)),
@@ -326,7 +318,7 @@ impl Instance {
             );
             running.kill_all();
         }
-        drop(registration);
+        drop(self.registration);
         // What the engines left behind is killed and reaped before serve exits: once it
         // has, it would be PID 1's (contract section 8).
         if !running.wait_contained() {
@@ -334,8 +326,8 @@ impl Instance {
         }
         result?;
         // Dropping the bus writes what its audit log still queues and stops the workers.
-        let name = bus.name.clone();
-        drop(bus);
+        let name = self.bus.name.clone();
+        drop(self.bus);
         log::info!("stopped {name}");
         Ok(())
     }
