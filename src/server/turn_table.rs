@@ -277,21 +277,17 @@ impl<C: Copy + Eq + Hash> TurnTable<C> {
         let state = self.turns.get_mut(&turn)?;
         state.cancel.cancel();
         state.orphaned_at = None;
-        if state.cancelled.is_some() {
-            return None;
-        }
-        state.cancelled = Some(why);
-        Some(&state.meta)
+        let first = state.cancelled.is_none();
+        state.cancelled.get_or_insert(why);
+        first.then_some(&state.meta)
     }
 
     /// `conn` closed before its answer. The turn goes on while others wait on it;
     /// otherwise (contract 8.1) it is cancelled at once without an id, after
     /// `bus.reattachSecs` with one; with `bus.cancelOnHangup` false it runs on.
     pub(super) fn hang_up(&mut self, conn: C, bus: &BusConfig, now: Instant) -> HangUp {
-        let Some(turn) = self.waiting.remove(&conn) else {
-            return HangUp::Nothing;
-        };
-        let Some(state) = self.turns.get_mut(&turn) else {
+        let waited_on = self.waiting.remove(&conn);
+        let Some((turn, state)) = waited_on.and_then(|t| Some((t, self.turns.get_mut(&t)?))) else {
             return HangUp::Nothing;
         };
         state.waiters.retain(|w| w.conn != conn);
