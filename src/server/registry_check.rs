@@ -36,7 +36,7 @@ pub(super) struct Registration {
     pid: u32,
     /// Dropped (disconnected) to ask the thread to stop.
     stop: Option<Sender<()>>,
-    /// Signalled (or disconnected) when the thread has ended.
+    /// Disconnected when the thread has ended.
     stopped: Receiver<()>,
 }
 
@@ -59,15 +59,15 @@ impl Registration {
         secret: &Secret,
     ) -> Result<Registration, ServeError> {
         let (stop, stop_asked) = mpsc::channel::<()>();
-        // One slot: the thread signals once, and never waits to do so.
-        let (stopped_tx, stopped) = mpsc::sync_channel(1);
-        let (checked_root, checked_name, secret_) = (root.clone(), name.clone(), secret.clone());
+        // Disconnected when the thread ends, which drops its sender.
+        let (stopped_tx, stopped) = mpsc::channel::<()>();
+        let checked = (root.clone(), name.clone(), secret.clone(), stopped_tx);
         // Started before registering, so that no failure comes after it; its first
         // check is one interval away.
         std::thread::Builder::new()
             .name("loopbus-registry".to_owned())
             .spawn(move || {
-                let (root, name, secret) = (checked_root, checked_name, secret_);
+                let (root, name, secret, _stopped) = checked;
                 let mut last_error = None;
                 // Nothing is ever sent: the channel disconnects when a stop is asked for.
                 while let Err(RecvTimeoutError::Timeout) =
@@ -92,7 +92,6 @@ impl Registration {
                     }
                     last_error = error;
                 }
-                let _ = stopped_tx.try_send(());
             })
             .map_err(setup("cannot start the registry check"))?;
         // Refused, the registration is dropped: its check stops, and the entry, not

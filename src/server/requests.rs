@@ -46,19 +46,12 @@ pub fn digest(prompt: &str, depth: u64) -> RequestDigest {
     hasher.finalize().into()
 }
 
-/// One stored answer: the digest of what its id stood for, the answer, and the bytes
-/// it counts against [`MAX_STORED_BYTES`].
-#[derive(Debug)]
-struct Stored {
-    digest: RequestDigest,
-    answer: Arc<Envelope>,
-    size: usize,
-}
-
 /// The store.
 #[derive(Debug, Default)]
 pub struct RequestStore {
-    entries: HashMap<RequestKey, Stored>,
+    /// Each stored answer, with the digest of what its id stood for and the bytes it
+    /// counts against [`MAX_STORED_BYTES`].
+    entries: HashMap<RequestKey, (RequestDigest, Arc<Envelope>, usize)>,
     /// The keys of `entries`, oldest first, with when each was stored.
     order: VecDeque<(RequestKey, Instant)>,
     bytes: usize,
@@ -72,8 +65,8 @@ impl RequestStore {
         now: Instant,
     ) -> Option<(RequestDigest, Arc<Envelope>)> {
         self.expire(now);
-        let entry = self.entries.get(key)?;
-        Some((entry.digest, Arc::clone(&entry.answer)))
+        let (digest, answer, _) = self.entries.get(key)?;
+        Some((*digest, Arc::clone(answer)))
     }
 
     /// Stores what `key`'s turn (of `digest`) answered, `size` bytes of it (an
@@ -98,12 +91,7 @@ impl RequestStore {
         }
         self.bytes += size;
         self.order.push_back((key.clone(), now));
-        let stored = Stored {
-            digest,
-            answer,
-            size,
-        };
-        self.entries.insert(key.clone(), stored);
+        self.entries.insert(key.clone(), (digest, answer, size));
     }
 
     /// Drops the answers older than [`ANSWER_TTL`], and only those.
@@ -119,8 +107,8 @@ impl RequestStore {
 
     fn evict_oldest(&mut self) {
         if let Some((key, _)) = self.order.pop_front() {
-            if let Some(entry) = self.entries.remove(&key) {
-                self.bytes -= entry.size;
+            if let Some((_, _, size)) = self.entries.remove(&key) {
+                self.bytes -= size;
             }
         }
     }
