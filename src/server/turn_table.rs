@@ -151,8 +151,6 @@ pub(super) struct Ended<C> {
     pub(super) meta: TalkMeta,
     /// Why it was cancelled, if it was.
     pub(super) cancelled: Option<&'static str>,
-    /// Its answer is not audited: its hang-up was.
-    pub(super) abandoned: bool,
     /// Its envelope (each waiter gets it negotiated), or the refusal each waiter gets.
     pub(super) answer: Result<Envelope, Refusal>,
 }
@@ -308,7 +306,7 @@ impl<C: Copy + Eq + Hash> TurnTable<C> {
     /// if it was cancelled, even if the engine finished as the cancel came), stored for
     /// retries of its id when it is a success or a failure that is not retryable
     /// (contract 8.2); after a panic, a 500 for every waiter. `None` if the table no
-    /// longer holds it (answered overdue).
+    /// longer holds it (answered overdue), or if it was abandoned.
     pub(super) fn finish(
         &mut self,
         turn: TurnId,
@@ -323,6 +321,12 @@ impl<C: Copy + Eq + Hash> TurnTable<C> {
             Outcome::Panicked => return self.refuse(turn, Refusal::HandlerPanicked),
         };
         let mut state = self.remove(turn)?;
+        // Only an abandoned turn ends with no waiter, no id and not cancelled (the
+        // hang-up of its last waiter cancels it or keeps it otherwise): it answers
+        // nobody, and its hang-up was audited instead.
+        if state.waiters.is_empty() && state.named.is_none() && state.cancelled.is_none() {
+            return None;
+        }
         state.meta.session_id = output.session_id;
         let result = match state.cancelled {
             Some(_) => TurnResult::Failed(engine::cancelled()),
@@ -426,9 +430,6 @@ impl<C: Copy + Eq + Hash> TurnTable<C> {
 
 fn ended<C>(state: TurnState<C>, answer: Result<Envelope, Refusal>) -> Ended<C> {
     Ended {
-        // Only an abandoned turn ends with no waiter, no id and not cancelled: the
-        // hang-up of its last waiter cancels it or keeps it otherwise (`hang_up`).
-        abandoned: state.waiters.is_empty() && state.named.is_none() && state.cancelled.is_none(),
         waiters: state.waiters,
         meta: state.meta,
         cancelled: state.cancelled,
@@ -602,8 +603,9 @@ mod tests {
             table.hang_up(4, &bus(false, 15), t0),
             HangUp::Abandoned(t, _) if t == turn
         ));
-        let ended = table.finish(turn, reply("x"), t0).unwrap();
-        assert!(ended.abandoned && ended.waiters.is_empty());
+        // It answers nobody, and leaves the table.
+        assert!(table.finish(turn, reply("x"), t0).is_none());
+        assert!(!table.turns.contains_key(&turn));
         // A connection that waited on nothing.
         assert!(matches!(
             table.hang_up(9, &bus(true, 15), t0),
