@@ -4,7 +4,9 @@
 use super::{Bus, Refusal};
 use crate::audit;
 use crate::http::{Head, Response};
-use crate::protocol::{proof, Envelope, Failure, Health, TalkRequest, UsageReport};
+use crate::protocol::{
+    proof, Envelope, Failure, Health, RequestExt, RequestId, TalkRequest, TraceId, UsageReport,
+};
 use std::time::Instant;
 
 /// What the audit line of one talk outcome knows about the request.
@@ -15,11 +17,9 @@ pub(super) struct TalkMeta {
     pub(super) from_instance: Option<String>,
     pub(super) depth: Option<u64>,
     pub(super) prompt_chars: Option<usize>,
-    /// The request's `ext.requestId`, or the one the server made for its turn.
-    pub(super) request_id: Option<String>,
-    /// The request's `ext.traceId`, or the one the server made for its turn.
-    pub(super) trace_id: Option<String>,
-    pub(super) parent_request_id: Option<String>,
+    /// The request's `ext`, with the request and trace ids the server made for its
+    /// turn where it had none.
+    pub(super) ext: RequestExt,
     /// The engine's session id, once its turn reported one.
     pub(super) session_id: Option<String>,
 }
@@ -28,21 +28,12 @@ impl TalkMeta {
     /// `request`, whose head arrived at `received_at`; `None` if it was refused before
     /// its body was read.
     pub(super) fn of(request: Option<&TalkRequest>, received_at: Instant) -> TalkMeta {
-        let ext = request.map(|r| &r.ext);
         TalkMeta {
             received_at,
             from_instance: request.map(|r| r.from_instance.clone()),
             depth: request.map(|r| r.depth),
             prompt_chars: request.map(|r| r.prompt.chars().count()),
-            request_id: ext
-                .and_then(|e| e.request_id.as_ref())
-                .map(ToString::to_string),
-            trace_id: ext
-                .and_then(|e| e.trace_id.as_ref())
-                .map(ToString::to_string),
-            parent_request_id: ext
-                .and_then(|e| e.parent_request_id.as_ref())
-                .map(ToString::to_string),
+            ext: request.map(|r| r.ext.clone()).unwrap_or_default(),
             session_id: None,
         }
     }
@@ -125,9 +116,9 @@ impl Bus {
             error_code,
             prompt_chars: meta.prompt_chars,
             status,
-            request_id: meta.request_id.as_deref(),
-            trace_id: meta.trace_id.as_deref(),
-            parent_request_id: meta.parent_request_id.as_deref(),
+            request_id: meta.ext.request_id.as_ref().map(RequestId::as_str),
+            trace_id: meta.ext.trace_id.as_ref().map(TraceId::as_str),
+            parent_request_id: meta.ext.parent_request_id.as_ref().map(RequestId::as_str),
             cost_usd: usage.and_then(|u| u.cost_usd),
             input_tokens: usage.map(|u| u.input_tokens),
             output_tokens: usage.map(|u| u.output_tokens),

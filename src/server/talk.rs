@@ -87,8 +87,8 @@ impl Bus {
             .ok();
         let mut turn_meta = meta.clone();
         if let Some(trace) = &trace {
-            turn_meta.trace_id = Some(trace.trace_id.to_string());
-            turn_meta.request_id = Some(trace.request_id.to_string());
+            turn_meta.ext.trace_id = Some(trace.trace_id.clone());
+            turn_meta.ext.request_id = Some(trace.request_id.clone());
         }
         let admitted = self
             .table
