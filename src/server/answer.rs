@@ -70,7 +70,7 @@ impl Bus {
         let envelope = Envelope::failure(
             &self.name,
             Failure::new(code, refusal.message(self.name.as_str())),
-            elapsed_ms(received_at),
+            elapsed_ms(received_at, Instant::now()),
         );
         let mut response = json(status, envelope.to_json());
         if let Refusal::MethodNotAllowed(allow) = refusal {
@@ -112,7 +112,7 @@ impl Bus {
             detail,
             from_instance: meta.from_instance.as_deref(),
             depth: meta.depth,
-            duration_ms: elapsed_ms(meta.received_at),
+            duration_ms: elapsed_ms(meta.received_at, Instant::now()),
             error_code,
             prompt_chars: meta.prompt_chars,
             status,
@@ -148,6 +148,7 @@ impl Bus {
     }
 }
 
-pub(super) fn elapsed_ms(since: Instant) -> u64 {
-    u64::try_from(since.elapsed().as_millis()).unwrap_or(u64::MAX)
+/// Milliseconds from `since` to `now`, for a `durationMs`.
+pub(super) fn elapsed_ms(since: Instant, now: Instant) -> u64 {
+    u64::try_from(now.saturating_duration_since(since).as_millis()).unwrap_or(u64::MAX)
 }

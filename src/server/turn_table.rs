@@ -43,7 +43,7 @@
 //! Each waiter gets the turn's envelope as its own request negotiated it. A turn's
 //! request id is in the table's `running` map exactly while the turn is in the table.
 
-use super::answer::TalkMeta;
+use super::answer::{elapsed_ms, TalkMeta};
 use super::requests::{self, RequestDigest, RequestKey, RequestStore};
 use super::Refusal;
 use crate::config::BusConfig;
@@ -343,8 +343,7 @@ impl<C: Copy + Eq + Hash> TurnTable<C> {
                 output_tokens: u.output_tokens,
                 cached_tokens: u.cached_tokens,
             });
-        let took = now.saturating_duration_since(state.meta.received_at);
-        let took = u64::try_from(took.as_millis()).unwrap_or(u64::MAX);
+        let took = elapsed_ms(state.meta.received_at, now);
         let envelope = match result {
             TurnResult::Reply(text) => Envelope::success(&self.name, text, took),
             TurnResult::Failed(failure) => Envelope::failure(&self.name, failure, took),
