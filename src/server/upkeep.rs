@@ -49,17 +49,13 @@ fn stopping_line(name: &str, queued: usize, running: usize) -> String {
     let turns = |n: usize| if n == 1 { "turn" } else { "turns" };
     let mut line = format!("{name} stopping: no new connections");
     if queued > 0 {
-        line.push_str(&format!(
-            ", {queued} queued {} answered server_busy",
-            turns(queued)
-        ));
+        line += &format!(", {queued} queued {} answered server_busy", turns(queued));
     }
     if running > 0 {
-        line.push_str(&format!(
-            "; waiting up to {} s for {running} running {}; Ctrl-C again to stop now",
-            SHUTDOWN_GRACE.as_secs(),
-            turns(running)
-        ));
+        let (grace, turns) = (SHUTDOWN_GRACE.as_secs(), turns(running));
+        line += &format!(
+            "; waiting up to {grace} s for {running} running {turns}; Ctrl-C again to stop now"
+        );
     }
     line
 }
