@@ -42,11 +42,8 @@ pub(crate) fn check_talk_head(
     secret: &Secret,
 ) -> Result<usize, Refusal> {
     for value in head.header_values("content-type") {
-        let media = value
-            .split(|b| *b == b';')
-            .next()
-            .unwrap_or(&[])
-            .trim_ascii();
+        let end = value.iter().position(|b| *b == b';').unwrap_or(value.len());
+        let media = value[..end].trim_ascii();
         if BROWSER_FORM_TYPES
             .iter()
             .any(|t| t.as_bytes().eq_ignore_ascii_case(media))
