@@ -54,13 +54,11 @@ pub(super) fn read_trusted_config(config_path: &Path) -> Result<Vec<u8>, ServeEr
     let state_dir = config_path.parent().unwrap_or(Path::new("."));
     let root = registry::channel_root(state_dir);
     for (path, kind) in [(root.as_path(), Dir), (state_dir, Dir), (config_path, File)] {
-        match files::check_trusted(path, kind) {
-            Err(e) if e.kind() == io::ErrorKind::NotFound => {}
-            Err(source) => {
+        if let Err(source) = files::check_trusted(path, kind) {
+            if source.kind() != io::ErrorKind::NotFound {
                 let path = path.to_path_buf();
                 return Err(ServeError::Untrusted { path, source });
             }
-            Ok(()) => {}
         }
     }
     config::read_file(config_path).map_err(config_error(config_path))

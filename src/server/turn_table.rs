@@ -216,10 +216,8 @@ impl<C: Copy + Eq + Hash> TurnTable<C> {
             id,
         });
         // What the id stands for; a cancel request's prompt is not compared (8.1).
-        let digest = key
-            .as_ref()
-            .filter(|_| !cancel)
-            .map(|_| requests::digest(&request.prompt, request.depth));
+        let digest =
+            (key.is_some() && !cancel).then(|| requests::digest(&request.prompt, request.depth));
         if let Some(key) = &key {
             let reused = |known: &RequestDigest| digest.is_some_and(|d| d != *known);
             let running = self.running.get(key);
