@@ -5,9 +5,10 @@
 //! Every answer to a connection that waits on a turn is an [`Ended`] that
 //! [`TurnTable::finish`], [`TurnTable::refuse`] or [`TurnTable::tick`] returns, which the
 //! bus writes from a loop callback through [`crate::http::Control`]: that is the one way
-//! out. Every turn submitted to the pool gets exactly one report back from it (ran,
-//! panicked, or withdrawn from the queue), so a cancel's answer comes the way an
-//! engine's does.
+//! out. (A new turn the pool refuses was never submitted: the bus takes it back out
+//! with [`TurnTable::remove`] and refuses its request, as any refusal.) Every turn
+//! submitted to the pool gets exactly one report back from it (ran, panicked, or
+//! withdrawn from the queue), so a cancel's answer comes the way an engine's does.
 //!
 //! A turn's states, and what moves it between them:
 //!
