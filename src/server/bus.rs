@@ -87,7 +87,7 @@ impl Service for Bus {
     }
 
     fn on_request(&mut self, conn: ConnId, head: &Head, body: Vec<u8>) -> Option<Response> {
-        self.talk(conn, head.received_at, &body)
+        self.talk(conn, head, &body)
     }
 
     fn error_response(&mut self, error: HttpError, head: Option<&Head>) -> Response {

@@ -6,7 +6,7 @@ use super::answer::{json, TalkMeta};
 use super::turn_table::{caller, Admit, Ended, HangUp, TurnId};
 use super::{Bus, Refusal};
 use crate::engine::{Turn, TurnTrace};
-use crate::http::{ConnId, Control, Response};
+use crate::http::{ConnId, Control, Head, Response};
 use crate::protocol::{self, ErrorCode, Failure, RequestId, TalkRequest, TraceId, SPAN_ID_LEN};
 use crate::secret;
 use crate::turns::{Busy, Outcome};
@@ -44,12 +44,8 @@ fn turn_trace(request: &TalkRequest) -> std::io::Result<TurnTrace> {
 impl Bus {
     /// A talk whose head passed checks 1-6: the checks on its body, then admission.
     /// `Some` answers `conn` now; `None` when it waits on a turn.
-    pub(super) fn talk(
-        &mut self,
-        conn: ConnId,
-        received_at: Instant,
-        body: &[u8],
-    ) -> Option<Response> {
+    pub(super) fn talk(&mut self, conn: ConnId, head: &Head, body: &[u8]) -> Option<Response> {
+        let received_at = head.received_at;
         let request = match protocol::parse_talk_request(body) {
             Ok(request) => request,
             Err(e) => {
