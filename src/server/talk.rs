@@ -69,12 +69,7 @@ impl Bus {
 
     /// Admits a request that passed checks 1-9 (see [`TurnTable::admit`]). `Some`
     /// answers `conn` now; `None` when it waits on a turn.
-    fn admit(
-        &mut self,
-        conn: ConnId,
-        request: protocol::TalkRequest,
-        meta: TalkMeta,
-    ) -> Option<Response> {
+    fn admit(&mut self, conn: ConnId, request: TalkRequest, meta: TalkMeta) -> Option<Response> {
         let engine = self.config.engine.as_ref();
         let timeout = Duration::from_secs(engine.map_or(0, |e| e.timeout_secs));
         // A new turn's audit line names the ids the server made for it.
