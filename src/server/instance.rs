@@ -26,6 +26,7 @@ use std::fs::File;
 use std::io::Write;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::os::unix::net::UnixStream;
+use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -304,9 +305,7 @@ impl Instance {
         // A bug that panics the loop must still take the instance out of the registry,
         // and leave no engine running.
         let running = self.bus.running.clone();
-        let result = match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-            self.event_loop.run(&mut self.bus)
-        })) {
+        let result = match catch_unwind(AssertUnwindSafe(|| self.event_loop.run(&mut self.bus))) {
             Ok(Ok(())) => Ok(()),
             Ok(Err(e)) => Err(ServeError::Loop(e)),
             Err(_) => Err(ServeError::Panicked),

@@ -124,10 +124,8 @@ impl Drop for Registration {
     fn drop(&mut self) {
         self.stop = None;
         if let Err(RecvTimeoutError::Timeout) = self.stopped.recv_timeout(STOP_PATIENCE) {
-            log::warn!(
-                "the registry check did not stop within {} s",
-                STOP_PATIENCE.as_secs()
-            );
+            let secs = STOP_PATIENCE.as_secs();
+            log::warn!("the registry check did not stop within {secs} s");
         }
         if let Err(e) = registry::deregister(&self.root, &self.name, self.pid) {
             log::warn!(

@@ -135,10 +135,8 @@ impl Bus {
         self.stopping_since = Some(Instant::now());
         control.stop_accepting();
         let queued = self.pool.close();
-        log::info!(
-            "{}",
-            stopping_line(&self.name, queued.len(), self.pool.load().running)
-        );
+        let line = stopping_line(&self.name, queued.len(), self.pool.load().running);
+        log::info!("{line}");
         for (turn, _job) in queued {
             if let Some(ended) = self.table.refuse(turn, Refusal::ShuttingDown) {
                 self.answer(ended, control);
