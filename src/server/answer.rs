@@ -4,7 +4,9 @@
 use super::{Bus, Refusal};
 use crate::audit;
 use crate::http::{Head, Response};
-use crate::protocol::{proof, Envelope, Failure, Health, UsageReport};
+use crate::protocol::{
+    proof, Envelope, Failure, Health, RequestExt, RequestId, TalkRequest, TraceId, UsageReport,
+};
 use std::time::Instant;
 
 /// What the audit line of one talk outcome knows about the request.
@@ -15,26 +17,23 @@ pub(super) struct TalkMeta {
     pub(super) from_instance: Option<String>,
     pub(super) depth: Option<u64>,
     pub(super) prompt_chars: Option<usize>,
-    /// The request's `ext.requestId`, or the one the server made for its turn.
-    pub(super) request_id: Option<String>,
-    /// The request's `ext.traceId`, or the one the server made for its turn.
-    pub(super) trace_id: Option<String>,
-    pub(super) parent_request_id: Option<String>,
+    /// The request's `ext`, with the request and trace ids the server made for its
+    /// turn where it had none.
+    pub(super) ext: RequestExt,
     /// The engine's session id, once its turn reported one.
     pub(super) session_id: Option<String>,
 }
 
 impl TalkMeta {
-    /// A request refused before its body was read.
-    pub(super) fn at(received_at: Instant) -> TalkMeta {
+    /// `request`, whose head arrived at `received_at`; `None` if it was refused before
+    /// its body was read.
+    pub(super) fn of(request: Option<&TalkRequest>, received_at: Instant) -> TalkMeta {
         TalkMeta {
             received_at,
-            from_instance: None,
-            depth: None,
-            prompt_chars: None,
-            request_id: None,
-            trace_id: None,
-            parent_request_id: None,
+            from_instance: request.map(|r| r.from_instance.clone()),
+            depth: request.map(|r| r.depth),
+            prompt_chars: request.map(|r| r.prompt.chars().count()),
+            ext: request.map(|r| r.ext.clone()).unwrap_or_default(),
             session_id: None,
         }
     }
@@ -46,10 +45,7 @@ impl TalkMeta {
         let from = self.from_instance.as_ref();
         let mut parts = vec![from.map_or("caller unknown".to_owned(), |f| format!("from {f}"))];
         parts.extend(self.depth.map(|depth| format!("depth {depth}")));
-        parts.extend(
-            self.prompt_chars
-                .map(|chars| format!("prompt {chars} chars")),
-        );
+        parts.extend(self.prompt_chars.map(|n| format!("prompt {n} chars")));
         parts.join(", ")
     }
 }
@@ -74,15 +70,13 @@ impl Bus {
         let envelope = Envelope::failure(
             &self.name,
             Failure::new(code, refusal.message(self.name.as_str())),
-            elapsed_ms(received_at),
+            elapsed_ms(received_at, Instant::now()),
         );
         let mut response = json(status, envelope.to_json());
         if let Refusal::MethodNotAllowed(allow) = refusal {
             response.headers.push(("Allow", (*allow).to_owned()));
         }
-        if matches!(refusal, Refusal::Http(_)) {
-            response.close = true;
-        }
+        response.close = matches!(refusal, Refusal::Http(_));
         response
     }
 
@@ -113,24 +107,22 @@ impl Bus {
         status: Option<u16>,
         usage: Option<UsageReport>,
     ) {
-        let known = usage.map(|_| ());
-        let usage = usage.unwrap_or_default();
         self.audit.record(&audit::Record {
             outcome,
             detail,
             from_instance: meta.from_instance.as_deref(),
             depth: meta.depth,
-            duration_ms: elapsed_ms(meta.received_at),
+            duration_ms: elapsed_ms(meta.received_at, Instant::now()),
             error_code,
             prompt_chars: meta.prompt_chars,
             status,
-            request_id: meta.request_id.as_deref(),
-            trace_id: meta.trace_id.as_deref(),
-            parent_request_id: meta.parent_request_id.as_deref(),
-            cost_usd: usage.cost_usd,
-            input_tokens: known.map(|()| usage.input_tokens),
-            output_tokens: known.map(|()| usage.output_tokens),
-            cached_tokens: known.map(|()| usage.cached_tokens),
+            request_id: meta.ext.request_id.as_ref().map(RequestId::as_str),
+            trace_id: meta.ext.trace_id.as_ref().map(TraceId::as_str),
+            parent_request_id: meta.ext.parent_request_id.as_ref().map(RequestId::as_str),
+            cost_usd: usage.and_then(|u| u.cost_usd),
+            input_tokens: usage.map(|u| u.input_tokens),
+            output_tokens: usage.map(|u| u.output_tokens),
+            cached_tokens: usage.map(|u| u.cached_tokens),
             session_id: meta.session_id.as_deref(),
         });
     }
@@ -138,28 +130,25 @@ impl Bus {
     /// The health answer, with a `proof` of the request's `X-Loopbus-Nonce` when it
     /// carries a well-formed one (contract 6.1).
     pub(super) fn health(&self, head: &Head) -> Response {
-        let status = match self.stopping_since {
-            Some(_) => Health::STOPPING,
-            None => Health::OK,
-        };
+        let status = self.stopping_since.map_or(Health::OK, |_| Health::STOPPING);
         let mut body = Health::new(&self.config.bus.kind, &self.name, status, self.pid);
         body.turns = Some(self.pool.load());
         body.bus_enabled = Some(self.config.bus.enabled);
         // One nonce header exactly: two would leave open which one was answered.
         let mut nonces = head.header_values(crate::http::NONCE_HEADER);
-        if let (Some(nonce), None) = (nonces.next(), nonces.next()) {
-            if proof::is_valid_nonce(nonce) {
-                // A valid nonce is ASCII hex, so this conversion is lossless.
-                let nonce = String::from_utf8_lossy(nonce);
-                let message =
-                    proof::proof_message(self.name.as_str(), self.host, self.port, &nonce);
-                body.proof = Some(self.secret.proof(&message));
-            }
+        let nonce = nonces.next();
+        if let Some(nonce) = nonce.filter(|n| nonces.next().is_none() && proof::is_valid_nonce(n)) {
+            // A valid nonce is ASCII hex, so this conversion is lossless.
+            let nonce = String::from_utf8_lossy(nonce);
+            let (name, ip, port) = (self.name.as_str(), self.addr.ip(), self.addr.port());
+            let message = proof::proof_message(name, ip, port, &nonce);
+            body.proof = Some(self.secret.proof(&message));
         }
         json(200, body.to_json())
     }
 }
 
-pub(super) fn elapsed_ms(since: Instant) -> u64 {
-    u64::try_from(since.elapsed().as_millis()).unwrap_or(u64::MAX)
+/// Milliseconds from `since` to `now`, for a `durationMs`.
+pub(super) fn elapsed_ms(since: Instant, now: Instant) -> u64 {
+    u64::try_from(now.saturating_duration_since(since).as_millis()).unwrap_or(u64::MAX)
 }

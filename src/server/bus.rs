@@ -14,7 +14,7 @@ use crate::http::{
 use crate::protocol::InstanceName;
 use crate::secret::Secret;
 use crate::turns::TurnPool;
-use std::net::IpAddr;
+use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Instant;
@@ -43,36 +43,31 @@ pub struct Bus {
     pub(super) stopping_since: Option<Instant>,
     /// When the shutdown killed the engines that outlived its grace, if it did.
     pub(super) engines_killed_at: Option<Instant>,
-    /// The `Host` values check 1 accepts ([`checks::allowed_hosts`]).
-    pub(super) allowed_hosts: [String; 3],
     /// The audit log, its writer thread running.
     pub(super) audit: AuditLog,
     /// The engines running now, killed if they outlive the shutdown grace.
     pub(super) running: RunningEngines,
     /// This process's id, for health (asked once: it is a syscall).
     pub(super) pid: u32,
-    /// The bound address and port, which every connection arrives on.
-    pub(super) host: IpAddr,
-    pub(super) port: u16,
+    /// The bound address, which every connection arrives on.
+    pub(super) addr: SocketAddr,
 }
 
 impl Bus {
     /// Refuses `head` (`None`: the HTTP layer failed before one was complete). A talk
     /// refused is a talk outcome: it is audited.
     fn refuse(&mut self, refusal: &Refusal, head: Option<&Head>) -> Response {
-        match head {
-            Some(head) if head.path() == TALK_PATH => {
-                self.refuse_talk(refusal, &TalkMeta::at(head.received_at))
-            }
-            Some(head) => self.refusal_response(refusal, head.received_at),
-            None => self.refusal_response(refusal, Instant::now()),
+        let received_at = head.map_or_else(Instant::now, |head| head.received_at);
+        if head.is_some_and(|head| head.path() == TALK_PATH) {
+            return self.refuse_talk(refusal, &TalkMeta::of(None, received_at));
         }
+        self.refusal_response(refusal, received_at)
     }
 }
 
 impl Service for Bus {
     fn on_head(&mut self, _id: ConnId, head: &Head) -> HeadAction {
-        let checked = checks::check_origin(head, &self.allowed_hosts).and_then(|()| {
+        let checked = checks::check_origin(head, self.addr.port()).and_then(|()| {
             match (head.path(), head.method.as_str()) {
                 // HEAD gets the GET answer; the HTTP layer leaves out its body (contract 3).
                 (HEALTH_PATH, "GET" | "HEAD") => Ok(None),
@@ -92,7 +87,7 @@ impl Service for Bus {
     }
 
     fn on_request(&mut self, conn: ConnId, head: &Head, body: Vec<u8>) -> Option<Response> {
-        self.talk(conn, head.received_at, &body)
+        self.talk(conn, head, &body)
     }
 
     fn error_response(&mut self, error: HttpError, head: Option<&Head>) -> Response {

@@ -52,13 +52,6 @@ pub enum ServeError {
         /// What is weak about it (never the value).
         weakness: Weakness,
     },
-    /// The state directory's serve lock could not be taken.
-    Lock {
-        /// The state directory.
-        state_dir: PathBuf,
-        /// The I/O error.
-        source: io::Error,
-    },
     /// Another instance is already serving this state directory.
     AlreadyServing(PathBuf),
     /// An instance of this name is already running under the channel root.
@@ -79,18 +72,13 @@ pub enum ServeError {
         /// The I/O error.
         source: io::Error,
     },
-    /// The OS refused something the instance needs: randomness for the secret, the
-    /// event loop, signal handling, the turn workers.
+    /// The OS refused something the instance needs: the state directory's serve lock,
+    /// randomness for the secret, the event loop, signal handling, the turn workers,
+    /// its entry in the channel root's registry.
     Setup {
-        /// What was being set up.
-        what: &'static str,
-        /// The I/O error.
-        source: io::Error,
-    },
-    /// The instance could not register in the channel root's registry.
-    Register {
-        /// The registry file.
-        path: PathBuf,
+        /// What failed, naming the file concerned (`cannot start the event loop`,
+        /// `cannot register in <registry file>`).
+        what: String,
         /// The I/O error.
         source: io::Error,
     },
@@ -107,22 +95,22 @@ impl ServeError {
     }
 }
 
+/// A [`ServeError::Setup`] of `what` failing, for `map_err`.
+pub(super) fn setup(what: impl Into<String>) -> impl FnOnce(io::Error) -> ServeError {
+    let what = what.into();
+    move |source| ServeError::Setup { what, source }
+}
+
 impl fmt::Display for ServeError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             ServeError::InvalidName(why) => f.write_str(why),
-            ServeError::Config { state_dir, error } => {
-                // The error names the file and the field, never a value.
-                write!(f, "{error}")?;
-                if error.is_not_found() {
-                    write!(
-                        f,
-                        " (create it with `loopbus init {}`)",
-                        state_dir.display()
-                    )?;
-                }
-                Ok(())
+            // The error names the file and the field, never a value.
+            ServeError::Config { state_dir, error } if error.is_not_found() => {
+                let dir = state_dir.display();
+                write!(f, "{error} (create it with `loopbus init {dir}`)")
             }
+            ServeError::Config { error, .. } => write!(f, "{error}"),
             ServeError::TurnsExceedConnections {
                 config_path,
                 turns,
@@ -152,9 +140,6 @@ impl fmt::Display for ServeError {
                 config_path.display(),
                 config_path.parent().unwrap_or(config_path).display()
             ),
-            ServeError::Lock { state_dir, source } => {
-                write!(f, "{}: cannot lock: {source}", state_dir.display())
-            }
             ServeError::AlreadyServing(dir) => write!(
                 f,
                 "another loopbus serve is already running for {}",
@@ -171,10 +156,7 @@ impl fmt::Display for ServeError {
                 root.display()
             ),
             ServeError::Bind { addr, source } => write!(f, "cannot listen on {addr}: {source}"),
-            ServeError::Setup { what, source } => write!(f, "cannot {what}: {source}"),
-            ServeError::Register { path, source } => {
-                write!(f, "cannot register in {}: {source}", path.display())
-            }
+            ServeError::Setup { what, source } => write!(f, "{what}: {source}"),
             ServeError::Loop(e) => write!(f, "event loop failed: {e}"),
             ServeError::Panicked => f.write_str("event loop panicked; deregistered"),
         }
@@ -185,11 +167,9 @@ impl std::error::Error for ServeError {
     fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
         match self {
             ServeError::Config { error, .. } => Some(error),
-            ServeError::Lock { source, .. }
-            | ServeError::Untrusted { source, .. }
+            ServeError::Untrusted { source, .. }
             | ServeError::Bind { source, .. }
             | ServeError::Setup { source, .. }
-            | ServeError::Register { source, .. }
             | ServeError::Loop(source) => Some(source),
             _ => None,
         }

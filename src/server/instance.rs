@@ -4,15 +4,16 @@
 //! then deregisters. An instance dropped without `run` deregisters too, and stops its
 //! threads.
 
+use super::error::setup;
 use super::registry_check::Registration;
 use super::startup::{
-    check_turns_fit, claim_name, interrupt_pair, prune_registry, read_config,
-    remove_stale_temp_files, route_signals, warn_about_modes,
+    check_config, interrupt_pair, parse_config, prune_registry, read_trusted_config, ready_line,
+    remove_stale_temp_files, route_signals,
 };
 use super::turn_table::TurnTable;
 use super::{Bus, ServeError};
 use crate::audit::AuditLog;
-use crate::config::{Config, EngineConfig, CONFIG_FILE};
+use crate::config::{EngineConfig, CONFIG_FILE};
 use crate::engine::{Engine, Turn};
 use crate::files;
 use crate::http::{self, EventLoop};
@@ -25,6 +26,7 @@ use std::fs::File;
 use std::io::Write;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::os::unix::net::UnixStream;
+use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -40,16 +42,6 @@ pub enum EngineOverride {
     Echo,
     /// This engine command.
     Command(EngineConfig),
-}
-
-impl EngineOverride {
-    /// `config` with its `engine` replaced by this choice.
-    pub(crate) fn apply(&self, config: &mut Config) {
-        config.engine = match self {
-            EngineOverride::Echo => None,
-            EngineOverride::Command(engine) => Some(engine.clone()),
-        };
-    }
 }
 
 /// How to start an [`Instance`]. Only the state directory is required; the rest have
@@ -148,8 +140,6 @@ impl ShutdownHandle {
 /// Dropping it without `run` closes its port, stops its turn workers, and removes its
 /// registry entry (the fields drop in this order).
 pub struct Instance {
-    root: PathBuf,
-    addr: SocketAddr,
     event_loop: EventLoop,
     bus: Bus,
     registration: Registration,
@@ -164,8 +154,8 @@ impl fmt::Debug for Instance {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Instance")
             .field("name", &self.bus.name)
-            .field("root", &self.root)
-            .field("addr", &self.addr)
+            .field("root", &self.registration.root)
+            .field("addr", &self.bus.addr)
             .field("pid", &self.bus.pid)
             .finish_non_exhaustive()
     }
@@ -185,42 +175,25 @@ impl Instance {
         // through LOOPBUS_STATE_DIR.
         let state_dir =
             std::path::absolute(&options.state_dir).unwrap_or(options.state_dir.clone());
-        let name = match options.name {
-            Some(name) => name,
-            None => registry::default_name(&state_dir).ok_or_else(|| {
+        let name = options
+            .name
+            .or_else(|| registry::default_name(&state_dir))
+            .ok_or_else(|| {
                 ServeError::InvalidName(format!(
                     "{}: cannot take an instance name from this path; pass --name",
                     state_dir.display()
                 ))
-            })?,
-        };
+            })?;
         let name = InstanceName::new(name).map_err(|e| ServeError::InvalidName(e.to_string()))?;
         let root = registry::channel_root(&state_dir);
         let config_path = state_dir.join(CONFIG_FILE);
-        let (mut config, config_bytes) = read_config(&state_dir)?;
+        let config_bytes = read_trusted_config(&config_path)?;
+        let config = parse_config(&config_path, &config_bytes, options.engine.as_ref())?;
         remove_stale_temp_files(&[&state_dir, &root]);
-        if let Some(engine) = &options.engine {
-            engine.apply(&mut config);
-        }
-        if let Some(weakness) = config.bus.secret.as_ref().and_then(Secret::weakness) {
-            return Err(ServeError::WeakSecret {
-                config_path,
-                weakness,
-            });
-        }
-        check_turns_fit(&config, &config_path)?;
-        warn_about_modes(&config_path);
-        if let Some(engine) = &config.engine {
-            crate::engine::warnings(engine)
-                .iter()
-                .for_each(|w| log::warn!("{}: {w}", config_path.display()));
-        }
+        check_config(&config, &config_path)?;
 
         let serving = files::hold_lock(&state_dir.join(SERVE_LOCK_FILE))
-            .map_err(|source| ServeError::Lock {
-                state_dir: state_dir.clone(),
-                source,
-            })?
+            .map_err(setup(format!("{}: cannot lock", state_dir.display())))?
             .ok_or_else(|| ServeError::AlreadyServing(state_dir.clone()))?;
         prune_registry(&root, &name);
 
@@ -229,34 +202,26 @@ impl Instance {
             addr: requested,
             source,
         })?;
-        let secret = match &config.bus.secret {
-            Some(secret) => secret.clone(),
-            None => Secret::generate().map_err(|source| ServeError::Setup {
-                what: "read random bytes from the OS",
-                source,
-            })?,
-        };
-        let setup = |what| move |source| ServeError::Setup { what, source };
-        let (interrupt, shutdown) = interrupt_pair().map_err(setup("set up the stop pipe"))?;
+        let secret = config.bus.secret.clone().map_or_else(Secret::generate, Ok);
+        let secret = secret.map_err(setup("cannot read random bytes from the OS"))?;
+        let engine = Engine::new(&name, state_dir.clone());
+        let running = engine.running.clone();
+        let (interrupt, shutdown) =
+            interrupt_pair().map_err(setup("cannot set up the stop pipe"))?;
         let signals = if options.handle_signals {
-            route_signals(&shutdown).map_err(setup("set up signal handling"))?
+            // The process is the instance's own: what its engines leave behind is ours.
+            if let Err(e) = crate::engine::contain_leftovers(&running) {
+                log::warn!("cannot become a child subreaper: {e}; processes that escape an engine's group will outlive it");
+            }
+            route_signals(&shutdown).map_err(setup("cannot set up signal handling"))?
         } else {
             Vec::new()
         };
         let addr = listener
             .local_addr()
-            .map_err(setup("start the event loop"))?;
+            .map_err(setup("cannot start the event loop"))?;
         let event_loop = EventLoop::new(listener, interrupt, config.bus.max_concurrent_turns)
-            .map_err(setup("start the event loop"))?;
-
-        let engine = Engine::new(&name, state_dir.clone());
-        let running = engine.running.clone();
-        if options.handle_signals {
-            // The process is the instance's own: what its engines leave behind is ours.
-            if let Err(e) = crate::engine::contain_leftovers(&running) {
-                log::warn!("cannot become a child subreaper: {e}; processes that escape an engine's group will outlive it");
-            }
-        }
+            .map_err(setup("cannot start the event loop"))?;
         let waker = event_loop.waker();
         // The server glues the two: a worker runs a turn on the engine, then wakes the
         // loop. Waking fails only if the OS refuses the write to mio's eventfd; the
@@ -269,19 +234,13 @@ impl Instance {
                 let _ = waker.wake();
             },
         )
-        .map_err(setup("start turn workers"))?;
-        let audit = AuditLog::start(&state_dir, &name).map_err(setup("start the audit writer"))?;
+        .map_err(setup("cannot start turn workers"))?;
+        let audit =
+            AuditLog::start(&state_dir, &name).map_err(setup("cannot start the audit writer"))?;
 
         let pid = std::process::id();
-        // Started before registering, so that no failure comes after it; its first
-        // check is one interval away.
-        let registration =
-            Registration::start(root.clone(), name.clone(), addr, pid, secret.clone())
-                .map_err(setup("start the registry check"))?;
-        // Refused, the registration is dropped: its check stops, and the entry, not
-        // ours, stays.
-        claim_name(&root, &name, addr, pid, &secret)?;
-        log::info!("{}", super::startup::ready_line(&name, addr, pid, &config));
+        let registration = Registration::claim(root, name.clone(), addr, pid, &secret)?;
+        log::info!("{}", ready_line(&name, addr, pid, &config));
         if !config.bus.enabled {
             super::upkeep::warn_bus_disabled(&config_path);
         }
@@ -296,16 +255,12 @@ impl Instance {
             pool,
             stopping_since: None,
             engines_killed_at: None,
-            allowed_hosts: super::checks::allowed_hosts(addr.port()),
             audit,
             running,
             pid,
-            host: addr.ip(),
-            port: addr.port(),
+            addr,
         };
         Ok(Instance {
-            root,
-            addr,
             event_loop,
             bus,
             registration,
@@ -322,12 +277,12 @@ impl Instance {
 
     /// The address it listens on (with the port the OS picked, for port 0).
     pub fn addr(&self) -> SocketAddr {
-        self.addr
+        self.bus.addr
     }
 
     /// The channel root it is registered under.
     pub fn root(&self) -> &Path {
-        &self.root
+        &self.registration.root
     }
 
     /// The bus secret in force (from config.json, or generated at this start).
@@ -348,42 +303,32 @@ impl Instance {
     ///
     /// [`ServeError::Loop`] if polling failed, [`ServeError::Panicked`] if the loop
     /// panicked; the instance is deregistered either way.
-    pub fn run(self) -> Result<(), ServeError> {
-        let Instance {
-            mut event_loop,
-            mut bus,
-            registration,
-            _serving,
-            _signals,
-            ..
-        } = self;
+    pub fn run(mut self) -> Result<(), ServeError> {
         // A bug that panics the loop must still take the instance out of the registry,
         // and leave no engine running.
-        let running = bus.running.clone();
-        let result =
-            std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| event_loop.run(&mut bus)));
-        let failed = !matches!(result, Ok(Ok(())));
-        if failed {
+        let running = self.bus.running.clone();
+        let result = match catch_unwind(AssertUnwindSafe(|| self.event_loop.run(&mut self.bus))) {
+            Ok(Ok(())) => Ok(()),
+            Ok(Err(e)) => Err(ServeError::Loop(e)),
+            Err(_) => Err(ServeError::Panicked),
+        };
+        if result.is_err() {
             log::error!(
                 "the server loop failed; killing {} engine(s)",
                 running.count()
             );
             running.kill_all();
         }
-        drop(registration);
+        drop(self.registration);
         // What the engines left behind is killed and reaped before serve exits: once it
         // has, it would be PID 1's (contract section 8).
         if !running.wait_contained() {
             log::warn!("exiting with processes left behind by engines still alive");
         }
-        match result {
-            Ok(Ok(())) => {}
-            Ok(Err(e)) => return Err(ServeError::Loop(e)),
-            Err(_) => return Err(ServeError::Panicked),
-        }
+        result?;
         // Dropping the bus writes what its audit log still queues and stops the workers.
-        let name = bus.name.clone();
-        drop(bus);
+        let name = self.bus.name.clone();
+        drop(self.bus);
         log::info!("stopped {name}");
         Ok(())
     }

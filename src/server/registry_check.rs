@@ -3,18 +3,19 @@
 //! still there and writes it again if the file was deleted, torn or rewritten without
 //! it, and the entry's removal when the registration is dropped (after `run`, or with
 //! an instance dropped without it). The check reads and writes files and takes the
-//! registry lock, so it never runs on the event loop. The instance starts it just before
-//! registering (its first check is an interval away), and dropping it stops the thread
-//! before the entry is removed, so that it cannot write the entry back.
+//! registry lock, so it never runs on the event loop. [`Registration::claim`] registers the
+//! instance, refusing a name already running, just after starting the thread (its first
+//! check is an interval away), and dropping it stops the thread before the entry is
+//! removed, so that it cannot write the entry back.
 
+use super::error::setup;
+use super::ServeError;
 use crate::protocol::InstanceName;
 use crate::registry;
 use crate::secret::Secret;
-use std::io;
 use std::net::SocketAddr;
 use std::path::PathBuf;
-use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender, SyncSender};
-use std::sync::Arc;
+use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender};
 use std::time::Duration;
 
 /// How often the instance checks that its registry entry is still there (and writes it
@@ -25,58 +26,97 @@ pub const REGISTRY_CHECK_INTERVAL: Duration = Duration::from_secs(1);
 /// unless the file system itself hangs.
 const STOP_PATIENCE: Duration = Duration::from_secs(5);
 
-/// The entry as registered: what the check writes again, and what is removed.
-struct OwnEntry {
-    root: PathBuf,
-    name: InstanceName,
-    addr: SocketAddr,
-    pid: u32,
-    secret: Secret,
-}
-
 /// The running self-check. Dropping it stops the check (waiting at most
 /// [`STOP_PATIENCE`] for one in progress), then removes the entry if it is still this
 /// process's (its pid).
 pub(super) struct Registration {
-    entry: Arc<OwnEntry>,
+    /// The channel root it is registered under.
+    pub(super) root: PathBuf,
+    name: InstanceName,
+    pid: u32,
     /// Dropped (disconnected) to ask the thread to stop.
     stop: Option<Sender<()>>,
-    /// Signalled (or disconnected) when the thread has ended.
+    /// Disconnected when the thread has ended.
     stopped: Receiver<()>,
 }
 
 impl Registration {
-    /// Starts checking `name`'s entry under `root`, first after one interval.
+    /// Registers `name` at `addr` under `root`, refusing when an instance of that name
+    /// is already running there ([`registry::holds_name`]): the check and the write are
+    /// one hold of the registry lock, so of two starts of one name at the same moment
+    /// exactly one runs (a check before binding and a write after let both run, and one
+    /// was left unreachable). Then checks the entry every interval.
     ///
     /// # Errors
     ///
-    /// The OS refused to start the thread.
-    pub(super) fn start(
+    /// [`ServeError::NameTaken`]; [`ServeError::Setup`] when the OS refused the thread
+    /// or the registry could not be written.
+    pub(super) fn claim(
         root: PathBuf,
         name: InstanceName,
         addr: SocketAddr,
         pid: u32,
-        secret: Secret,
-    ) -> io::Result<Registration> {
-        let entry = Arc::new(OwnEntry {
-            root,
-            name,
-            addr,
-            pid,
-            secret,
-        });
-        let (stop, stop_asked) = mpsc::channel();
-        // One slot: the thread signals once, and never waits to do so.
-        let (stopped_tx, stopped) = mpsc::sync_channel(1);
-        let checked = Arc::clone(&entry);
+        secret: &Secret,
+    ) -> Result<Registration, ServeError> {
+        let (stop, stop_asked) = mpsc::channel::<()>();
+        // Disconnected when the thread ends, which drops its sender.
+        let (stopped_tx, stopped) = mpsc::channel::<()>();
+        let checked = (root.clone(), name.clone(), secret.clone(), stopped_tx);
+        // Started before registering, so that no failure comes after it; its first
+        // check is one interval away.
         std::thread::Builder::new()
             .name("loopbus-registry".to_owned())
-            .spawn(move || run(&checked, &stop_asked, &stopped_tx))?;
-        Ok(Registration {
-            entry,
+            .spawn(move || {
+                let (root, name, secret, _stopped) = checked;
+                let mut last_error = None;
+                // Nothing is ever sent: the channel disconnects when a stop is asked for.
+                while let Err(RecvTimeoutError::Timeout) =
+                    stop_asked.recv_timeout(REGISTRY_CHECK_INTERVAL)
+                {
+                    let path = registry::registry_path(&root);
+                    let error = match registry::ensure_registered(&root, &name, addr, pid, &secret)
+                    {
+                        Ok(true) => {
+                            let path = path.display();
+                            log::warn!("{path}: the entry of {name} was missing; registered again");
+                            None
+                        }
+                        Ok(false) => None,
+                        Err(e) => Some(e.to_string()),
+                    };
+                    // Warned about when it differs from the last one, so that a lasting
+                    // problem is not repeated every interval.
+                    if let Some(error) = error.as_ref().filter(|e| last_error.as_ref() != Some(*e))
+                    {
+                        log::warn!("cannot check {}: {error}", path.display());
+                    }
+                    last_error = error;
+                }
+            })
+            .map_err(setup("cannot start the registry check"))?;
+        // Refused, the registration is dropped: its check stops, and the entry, not
+        // ours, stays.
+        let registration = Registration {
+            root,
+            name,
+            pid,
             stop: Some(stop),
             stopped,
-        })
+        };
+        let (root, name) = (&registration.root, &registration.name);
+        let holder = registry::register_at(root, name, addr, pid, secret, |entry| {
+            registry::holds_name(name, entry)
+        });
+        let path = registry::registry_path(root);
+        match holder.map_err(setup(format!("cannot register in {}", path.display())))? {
+            None => Ok(registration),
+            Some(entry) => Err(ServeError::NameTaken {
+                name: name.to_string(),
+                root: root.to_path_buf(),
+                pid: entry.pid,
+                port: entry.port,
+            }),
+        }
     }
 }
 
@@ -84,53 +124,14 @@ impl Drop for Registration {
     fn drop(&mut self) {
         self.stop = None;
         if let Err(RecvTimeoutError::Timeout) = self.stopped.recv_timeout(STOP_PATIENCE) {
-            log::warn!(
-                "the registry check did not stop within {} s",
-                STOP_PATIENCE.as_secs()
-            );
+            let secs = STOP_PATIENCE.as_secs();
+            log::warn!("the registry check did not stop within {secs} s");
         }
-        let OwnEntry { root, name, .. } = &*self.entry;
-        if let Err(e) = registry::deregister(root, name, self.entry.pid) {
+        if let Err(e) = registry::deregister(&self.root, &self.name, self.pid) {
             log::warn!(
                 "cannot deregister from {}: {e}",
-                registry::registry_path(root).display()
+                registry::registry_path(&self.root).display()
             );
-        }
-    }
-}
-
-fn run(entry: &OwnEntry, stop_asked: &Receiver<()>, stopped: &SyncSender<()>) {
-    let mut last_error = None;
-    // Nothing is ever sent: the channel disconnects when a stop is asked for.
-    while let Err(RecvTimeoutError::Timeout) = stop_asked.recv_timeout(REGISTRY_CHECK_INTERVAL) {
-        check(entry, &mut last_error);
-    }
-    let _ = stopped.try_send(());
-}
-
-/// Writes the entry again if it went missing. An error is warned about when it differs
-/// from the last one, so a lasting problem is not repeated every interval.
-fn check(entry: &OwnEntry, last_error: &mut Option<String>) {
-    let OwnEntry { root, name, .. } = entry;
-    match registry::ensure_registered(root, name, entry.addr, entry.pid, &entry.secret) {
-        Ok(written) => {
-            if written {
-                log::warn!(
-                    "{}: the entry of {name} was missing; registered again",
-                    registry::registry_path(root).display()
-                );
-            }
-            *last_error = None;
-        }
-        Err(e) => {
-            let error = e.to_string();
-            if last_error.as_deref() != Some(error.as_str()) {
-                log::warn!(
-                    "cannot check {}: {error}",
-                    registry::registry_path(root).display()
-                );
-            }
-            *last_error = Some(error);
         }
     }
 }

@@ -1,16 +1,15 @@
-//! The request-id store (contract 8.2): which (`fromInstance`, `requestId`) pairs have a
-//! turn running, and the stored envelopes of those that finished, so that a retry
-//! attaches to its turn or gets its answer again instead of running the engine twice.
+//! The stored answers of finished turns (contract 8.2), by (`fromInstance`,
+//! `requestId`), so that a retry gets its answer again instead of running the engine
+//! twice. Which ids have a turn running is the turn table's (`server/turn_table.rs`),
+//! which owns this store.
 //!
-//! The turn table (`server/turn_table.rs`) owns it. Pure bookkeeping: no I/O, time
-//! passed in, the answer type generic (the server stores envelopes). Bounds: at most
-//! [`MAX_STORED_ANSWERS`] stored answers and [`MAX_STORED_BYTES`] bytes (the answer's
-//! size as given, key and [`ENTRY_OVERHEAD_BYTES`] each); beyond either, the oldest
-//! stored answer (by the time it was stored) is evicted first; an answer is kept for
-//! [`ANSWER_TTL`]. Running entries are bounded by the turn pool (one per admitted turn)
-//! and are never evicted. A restart forgets everything.
+//! Pure bookkeeping: no I/O, time passed in. Bounds: at most [`MAX_STORED_ANSWERS`] stored answers and
+//! [`MAX_STORED_BYTES`] bytes (the answer's size as given, key and
+//! [`ENTRY_OVERHEAD_BYTES`] each); beyond either, the oldest stored answer (by the time
+//! it was stored) is evicted first; an answer is kept for [`ANSWER_TTL`]. A restart
+//! forgets everything.
 
-use crate::protocol::RequestId;
+use crate::protocol::{Envelope, RequestId};
 use sha2::{Digest as _, Sha256};
 use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
@@ -36,12 +35,6 @@ pub struct RequestKey {
     pub id: RequestId,
 }
 
-impl RequestKey {
-    fn bytes(&self) -> usize {
-        self.from_instance.len() + self.id.as_str().len()
-    }
-}
-
 /// A digest of what a request id stands for: its prompt and depth.
 pub type RequestDigest = [u8; 32];
 
@@ -53,189 +46,82 @@ pub fn digest(prompt: &str, depth: u64) -> RequestDigest {
     hasher.finalize().into()
 }
 
-/// What the store knows of a request id.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Seen<T, A> {
-    /// Nothing: a new turn.
-    New,
-    /// The id is known for a different prompt or depth.
-    Mismatch,
-    /// Its turn is running (or queued) under this id of the caller's.
-    Running(T),
-    /// Its turn finished; this is what it answered.
-    Answered(Arc<A>),
-}
-
-#[derive(Debug)]
-enum State<T, A> {
-    Running(T),
-    Answered {
-        answer: Arc<A>,
-        size: usize,
-        /// Its place in the queue of stored answers.
-        serial: u64,
-    },
-}
-
-/// What the store holds for one request id.
-#[derive(Debug)]
-struct Stored<T, A> {
-    digest: RequestDigest,
-    state: State<T, A>,
-}
-
-/// The store; `T` names a running turn, `A` is what a finished one answered.
-#[derive(Debug)]
-pub struct RequestStore<T, A> {
-    entries: HashMap<RequestKey, Stored<T, A>>,
-    /// Stored answers, oldest first: key, serial and when it was stored. An element
-    /// whose serial is not its key's current one is stale (the key was forgotten or
-    /// stored again) and is skipped.
-    answered: VecDeque<(RequestKey, u64, Instant)>,
-    next_serial: u64,
-    answers: usize,
+/// The store.
+#[derive(Debug, Default)]
+pub struct RequestStore {
+    /// Each stored answer, with the digest of what its id stood for and the bytes it
+    /// counts against [`MAX_STORED_BYTES`].
+    entries: HashMap<RequestKey, (RequestDigest, Arc<Envelope>, usize)>,
+    /// The keys of `entries`, oldest first, with when each was stored.
+    order: VecDeque<(RequestKey, Instant)>,
     bytes: usize,
 }
 
-impl<T, A> Default for RequestStore<T, A> {
-    fn default() -> Self {
-        RequestStore {
-            entries: HashMap::new(),
-            answered: VecDeque::new(),
-            next_serial: 0,
-            answers: 0,
-            bytes: 0,
-        }
-    }
-}
-
-impl<T: Copy, A> RequestStore<T, A> {
-    /// What is known of `key` at `now`. With `digest` (a request), an id known for
-    /// another prompt or depth is [`Seen::Mismatch`]; without (a cancel request,
-    /// whose prompt is not compared), it is not looked at.
-    pub fn look(
+impl RequestStore {
+    /// The stored answer of `key` at `now`, and the digest of what its id stood for.
+    pub fn get(
         &mut self,
         key: &RequestKey,
-        digest: Option<&RequestDigest>,
         now: Instant,
-    ) -> Seen<T, A> {
+    ) -> Option<(RequestDigest, Arc<Envelope>)> {
         self.expire(now);
-        let Some(entry) = self.entries.get(key) else {
-            return Seen::New;
-        };
-        if digest.is_some_and(|d| *d != entry.digest) {
-            return Seen::Mismatch;
-        }
-        match &entry.state {
-            State::Running(turn) => Seen::Running(*turn),
-            State::Answered { answer, .. } => Seen::Answered(Arc::clone(answer)),
-        }
+        let (digest, answer, _) = self.entries.get(key)?;
+        Some((*digest, Arc::clone(answer)))
     }
 
-    /// Records that `key`'s turn runs as `turn`.
-    pub fn running(&mut self, key: RequestKey, digest: RequestDigest, turn: T) {
-        self.forget(&key);
-        let state = State::Running(turn);
-        self.entries.insert(key, Stored { digest, state });
-    }
-
-    /// Stores what `key`'s turn answered, `size` bytes of it (an envelope: its JSON's
-    /// length), evicting the oldest answers to stay within the bounds. An answer over
-    /// [`MAX_STORED_BYTES`] alone is not stored.
-    pub fn answered(&mut self, key: &RequestKey, answer: Arc<A>, size: usize, now: Instant) {
-        let Some(digest) = self.entries.get(key).map(|e| e.digest) else {
-            return;
-        };
-        self.forget(key);
-        let size = entry_bytes(key, size);
-        if size > MAX_STORED_BYTES {
+    /// Stores what `key`'s turn (of `digest`) answered, `size` bytes of it (an
+    /// envelope: its JSON's length), evicting the oldest answers to stay within the
+    /// bounds. An answer over [`MAX_STORED_BYTES`] alone is not stored, nor one for a
+    /// key already stored (its id never ran twice).
+    pub fn store(
+        &mut self,
+        key: &RequestKey,
+        digest: RequestDigest,
+        answer: Arc<Envelope>,
+        size: usize,
+        now: Instant,
+    ) {
+        let size = size + key.from_instance.len() + key.id.as_str().len() + ENTRY_OVERHEAD_BYTES;
+        if size > MAX_STORED_BYTES || self.entries.contains_key(key) {
             return;
         }
-        while self.answers >= MAX_STORED_ANSWERS || self.bytes + size > MAX_STORED_BYTES {
-            if self.oldest().is_none() {
-                break;
-            }
+        // The queue holds exactly the stored keys: once it is empty, both bounds hold.
+        while self.entries.len() >= MAX_STORED_ANSWERS || self.bytes + size > MAX_STORED_BYTES {
             self.evict_oldest();
         }
-        let serial = self.next_serial;
-        self.next_serial += 1;
-        self.answers += 1;
         self.bytes += size;
-        self.answered.push_back((key.clone(), serial, now));
-        let state = State::Answered {
-            answer,
-            size,
-            serial,
-        };
-        self.entries.insert(key.clone(), Stored { digest, state });
-    }
-
-    /// Forgets `key` (its turn ended in a way a retry should run again), keeping the
-    /// counters right (its queue element goes stale).
-    pub fn forget(&mut self, key: &RequestKey) {
-        if let Some(entry) = self.entries.remove(key) {
-            if let State::Answered { size, .. } = &entry.state {
-                self.answers -= 1;
-                self.bytes -= size;
-            }
-        }
+        self.order.push_back((key.clone(), now));
+        self.entries.insert(key.clone(), (digest, answer, size));
     }
 
     /// Drops the answers older than [`ANSWER_TTL`], and only those.
     pub fn expire(&mut self, now: Instant) {
         while self
-            .oldest()
-            .is_some_and(|at| now.saturating_duration_since(at) >= ANSWER_TTL)
+            .order
+            .front()
+            .is_some_and(|(_, at)| now.saturating_duration_since(*at) >= ANSWER_TTL)
         {
             self.evict_oldest();
         }
     }
 
-    /// When the oldest stored answer was stored, after dropping the stale elements in
-    /// front of it, so that the queue's front is that answer.
-    fn oldest(&mut self) -> Option<Instant> {
-        while let Some((key, serial, at)) = self.answered.front() {
-            let current = matches!(
-                self.entries.get(key),
-                Some(Stored {
-                    state: State::Answered { serial: s, .. },
-                    ..
-                }) if s == serial
-            );
-            if current {
-                return Some(*at);
-            }
-            self.answered.pop_front();
-        }
-        None
-    }
-
-    /// Evicts the answer at the queue's front (call [`RequestStore::oldest`] first).
     fn evict_oldest(&mut self) {
-        if let Some((key, _, _)) = self.answered.pop_front() {
-            self.forget(&key);
+        if let Some((key, _)) = self.order.pop_front() {
+            if let Some((_, _, size)) = self.entries.remove(&key) {
+                self.bytes -= size;
+            }
         }
     }
-}
-
-/// What an answer of `size` bytes under `key` counts against [`MAX_STORED_BYTES`].
-fn entry_bytes(key: &RequestKey, size: usize) -> usize {
-    size + key.bytes() + ENTRY_OVERHEAD_BYTES
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    impl<T, A> RequestStore<T, A> {
+    impl RequestStore {
         /// How many answers are stored, and their bytes as counted against the bounds.
         pub fn stored(&self) -> (usize, usize) {
-            (self.answers, self.bytes)
-        }
-
-        /// Whether anything at all is known (running or stored).
-        pub fn is_empty(&self) -> bool {
-            self.entries.is_empty()
+            (self.entries.len(), self.bytes)
         }
     }
 
@@ -246,69 +132,44 @@ mod tests {
         }
     }
 
-    fn body(text: &str) -> Arc<Vec<u8>> {
-        Arc::new(text.as_bytes().to_vec())
+    fn body(text: &str) -> Arc<Envelope> {
+        Arc::new(Envelope::success("worker", text.to_owned(), 0))
     }
 
     #[test]
-    fn a_running_turn_then_its_answer() {
+    fn an_answer_is_kept_with_its_digest_until_its_ttl() {
         let t0 = Instant::now();
-        let mut store: RequestStore<u32, Vec<u8>> = RequestStore::default();
+        let mut store = RequestStore::default();
         let k = key("a", 1);
         let d = digest("p", 1);
-        assert_eq!(store.look(&k, Some(&d), t0), Seen::New);
-        store.running(k.clone(), d, 7);
-        assert_eq!(store.look(&k, Some(&d), t0), Seen::Running(7));
-        // The same id for another prompt or depth; a cancel does not compare.
-        assert_eq!(store.look(&k, Some(&digest("q", 1)), t0), Seen::Mismatch);
-        assert_eq!(store.look(&k, Some(&digest("p", 2)), t0), Seen::Mismatch);
-        assert_eq!(store.look(&k, None, t0), Seen::Running(7));
+        assert_ne!(d, digest("q", 1));
+        assert_ne!(d, digest("p", 2));
+        assert_eq!(store.get(&k, t0), None);
+        store.store(&k, d, body("envelope"), 8, t0);
+        assert_eq!(store.get(&k, t0), Some((d, body("envelope"))));
         // Another caller's same id is another request.
-        assert_eq!(store.look(&key("b", 1), Some(&d), t0), Seen::New);
-        store.answered(&k, body("envelope"), 8, t0);
-        assert_eq!(
-            store.look(&k, Some(&d), t0),
-            Seen::Answered(body("envelope"))
-        );
+        assert_eq!(store.get(&key("b", 1), t0), None);
         assert_eq!(store.stored(), (1, 8 + 1 + 32 + ENTRY_OVERHEAD_BYTES));
+        // A second answer for a stored key is not taken.
+        store.store(&k, d, body("other"), 5, t0);
+        assert_eq!(store.get(&k, t0), Some((d, body("envelope"))));
         // Just under the TTL it is there; at the TTL it is gone.
         let late = t0 + ANSWER_TTL - Duration::from_millis(1);
-        assert_eq!(
-            store.look(&k, Some(&d), late),
-            Seen::Answered(body("envelope"))
-        );
-        assert_eq!(store.look(&k, Some(&d), t0 + ANSWER_TTL), Seen::New);
+        assert_eq!(store.get(&k, late), Some((d, body("envelope"))));
+        assert_eq!(store.get(&k, t0 + ANSWER_TTL), None);
         assert_eq!(store.stored(), (0, 0));
-        assert!(store.is_empty());
-    }
-
-    #[test]
-    fn a_forgotten_turn_runs_again() {
-        let t0 = Instant::now();
-        let mut store: RequestStore<u32, Vec<u8>> = RequestStore::default();
-        let k = key("a", 2);
-        store.running(k.clone(), digest("p", 1), 1);
-        store.forget(&k);
-        assert_eq!(store.look(&k, None, t0), Seen::New);
-        // An answer for an id that is not running (forgotten) is not stored.
-        store.answered(&k, body("x"), 1, t0);
-        assert_eq!(store.look(&k, None, t0), Seen::New);
+        assert!(store.order.is_empty());
     }
 
     #[test]
     fn ten_thousand_ids_stay_within_the_bounds() {
         let t0 = Instant::now();
-        let mut store: RequestStore<u32, Vec<u8>> = RequestStore::default();
-        let big = Arc::new(vec![b'x'; 16 * 1024]);
+        let mut store = RequestStore::default();
+        let big = body("x");
+        let d = digest("p", 1);
         for n in 0..10_000u128 {
-            let k = key("caller", n);
-            store.running(k.clone(), digest("p", 1), 0);
-            store.answered(
-                &k,
-                Arc::clone(&big),
-                big.len(),
-                t0 + Duration::from_millis(n as u64),
-            );
+            let at = t0 + Duration::from_millis(n as u64);
+            store.store(&key("caller", n), d, Arc::clone(&big), 16 * 1024, at);
             let (answers, bytes) = store.stored();
             assert!(answers <= MAX_STORED_ANSWERS, "{answers}");
             assert!(bytes <= MAX_STORED_BYTES, "{bytes}");
@@ -317,52 +178,44 @@ mod tests {
         // oldest evicted.
         let (answers, _) = store.stored();
         assert!(answers > 1000, "{answers}");
-        let newest = key("caller", 9_999);
-        assert!(matches!(store.look(&newest, None, t0), Seen::Answered(_)));
-        assert_eq!(store.look(&key("caller", 0), None, t0), Seen::New);
+        assert!(store.get(&key("caller", 9_999), t0).is_some());
+        assert_eq!(store.get(&key("caller", 0), t0), None);
         // Small answers: the entry bound bites.
-        let mut store: RequestStore<u32, Vec<u8>> = RequestStore::default();
+        let mut store = RequestStore::default();
         for n in 0..10_000u128 {
-            let k = key("caller", n);
-            store.running(k.clone(), digest("p", 1), 0);
-            store.answered(&k, body("{}"), 2, t0);
+            store.store(&key("caller", n), d, body("{}"), 2, t0);
         }
         assert_eq!(store.stored().0, MAX_STORED_ANSWERS);
-        assert_eq!(store.entries.len(), MAX_STORED_ANSWERS);
-        assert!(store.answered.len() <= MAX_STORED_ANSWERS);
+        assert_eq!(store.order.len(), MAX_STORED_ANSWERS);
     }
 
     /// Expiry used to pop a stale element (its key forgotten) that had outlived the
-    /// TTL, then evict the next stored answer whatever its age.
+    /// TTL, then evict the next stored answer whatever its age. The queue now holds
+    /// exactly the stored keys; expiry still drops the old answer and keeps the fresh.
     #[test]
     fn bug_expiry_evicted_a_fresh_answer_after_a_stale_queue_entry() {
         let t0 = Instant::now();
-        let mut store: RequestStore<u32, Vec<u8>> = RequestStore::default();
+        let mut store = RequestStore::default();
         let (old, fresh) = (key("a", 1), key("a", 2));
-        store.running(old.clone(), digest("p", 1), 0);
-        store.answered(&old, body("old"), 3, t0);
-        // The old id runs again: its stored answer goes, its queue element stays.
-        store.running(old.clone(), digest("p", 1), 1);
+        store.store(&old, digest("p", 1), body("old"), 3, t0);
         let later = t0 + ANSWER_TTL / 2;
-        store.running(fresh.clone(), digest("p", 1), 2);
-        store.answered(&fresh, body("fresh"), 5, later);
+        store.store(&fresh, digest("p", 1), body("fresh"), 5, later);
         store.expire(t0 + ANSWER_TTL);
         assert_eq!(
-            store.look(&fresh, None, t0 + ANSWER_TTL),
-            Seen::Answered(body("fresh"))
+            store.get(&fresh, t0 + ANSWER_TTL),
+            Some((digest("p", 1), body("fresh")))
         );
-        assert_eq!(store.look(&old, None, t0 + ANSWER_TTL), Seen::Running(1));
+        assert_eq!(store.get(&old, t0 + ANSWER_TTL), None);
         assert_eq!(store.stored().0, 1);
     }
 
     #[test]
     fn an_envelope_over_the_byte_bound_is_not_stored() {
         let t0 = Instant::now();
-        let mut store: RequestStore<u32, Vec<u8>> = RequestStore::default();
+        let mut store = RequestStore::default();
         let k = key("a", 3);
-        store.running(k.clone(), digest("p", 1), 0);
-        store.answered(&k, Arc::new(Vec::new()), MAX_STORED_BYTES, t0);
-        assert_eq!(store.look(&k, None, t0), Seen::New);
+        store.store(&k, digest("p", 1), body(""), MAX_STORED_BYTES, t0);
+        assert_eq!(store.get(&k, t0), None);
         assert_eq!(store.stored(), (0, 0));
     }
 }

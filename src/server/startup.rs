@@ -1,9 +1,9 @@
 //! The steps of an instance's start that are not the composition itself: reading and
-//! checking its config and files, claiming its name, the stop pipe and the signals
-//! routed to it.
+//! checking its config and files, pruning the registry, the stop pipe and the signals
+//! routed to it. Its name is claimed by the registration (`registry_check.rs`).
 
-use super::ServeError;
-use crate::config::{self, Config, CONFIG_FILE};
+use super::{EngineOverride, ServeError};
+use crate::config::{self, Config, ConfigError};
 use crate::files;
 use crate::http;
 use crate::protocol::InstanceName;
@@ -14,30 +14,54 @@ use std::net::SocketAddr;
 use std::os::unix::net::UnixStream;
 use std::path::Path;
 
-/// Reads and parses `<state_dir>/config.json` after [`read_trusted_config`].
-pub(super) fn read_config(state_dir: &Path) -> Result<(Config, Vec<u8>), ServeError> {
-    let path = state_dir.join(CONFIG_FILE);
-    let bytes = read_trusted_config(&path)?;
-    let config = config::parse_file(&path, &bytes).map_err(|error| ServeError::Config {
+/// Parses the `bytes` of config.json at `config_path`, with `engine` in place of its
+/// own: at start-up and at every reload.
+pub(super) fn parse_config(
+    config_path: &Path,
+    bytes: &[u8],
+    engine: Option<&EngineOverride>,
+) -> Result<Config, ServeError> {
+    let mut config = config::parse_file(config_path, bytes).map_err(config_error(config_path))?;
+    match engine {
+        Some(EngineOverride::Echo) => config.engine = None,
+        Some(EngineOverride::Command(engine)) => config.engine = Some(engine.clone()),
+        None => {}
+    }
+    Ok(config)
+}
+
+/// A [`ServeError::Config`] of config.json at `config_path`, for `map_err`.
+fn config_error(config_path: &Path) -> impl FnOnce(ConfigError) -> ServeError + '_ {
+    // `config_path` is always `<state dir>/config.json`, so it has a parent.
+    let state_dir = config_path.parent().unwrap_or(Path::new("."));
+    |error| ServeError::Config {
         state_dir: state_dir.to_path_buf(),
         error,
-    })?;
-    Ok((config, bytes))
+    }
 }
 
 /// The bytes of config.json at `config_path` (`<state dir>/config.json`), once the
-/// trust checks pass: [`check_ownership`] of the channel root, the state directory and
-/// the file, then a read that refuses a symlink or anything but a regular file. The
-/// one gate for config.json, at start-up and at every reload: a reload that skipped it
-/// ran the engine another user wrote after a mode slip.
+/// trust checks pass, then a read that refuses a symlink or anything but a regular
+/// file. The one gate for config.json, at start-up and at every reload: a reload that
+/// skipped it ran the engine another user wrote after a mode slip.
+///
+/// The trust checks refuse a channel root, state directory or config.json that another
+/// user owns or may write to (contract 1): its config would run that user's engine as
+/// us, its registry would send our prompts and secrets where that user likes. Missing
+/// paths are left to the steps that need them.
 pub(super) fn read_trusted_config(config_path: &Path) -> Result<Vec<u8>, ServeError> {
-    // `config_path` is always `<state dir>/config.json`, so it has a parent.
+    use files::TrustKind::{Dir, File};
     let state_dir = config_path.parent().unwrap_or(Path::new("."));
-    check_ownership(&registry::channel_root(state_dir), state_dir, config_path)?;
-    config::read_file(config_path).map_err(|error| ServeError::Config {
-        state_dir: state_dir.to_path_buf(),
-        error,
-    })
+    let root = registry::channel_root(state_dir);
+    for (path, kind) in [(root.as_path(), Dir), (state_dir, Dir), (config_path, File)] {
+        if let Err(source) = files::check_trusted(path, kind) {
+            if source.kind() != io::ErrorKind::NotFound {
+                let path = path.to_path_buf();
+                return Err(ServeError::Untrusted { path, source });
+            }
+        }
+    }
+    config::read_file(config_path).map_err(config_error(config_path))
 }
 
 /// Removes the temp files that a writer killed mid-write left in `dirs` (the state
@@ -56,16 +80,26 @@ pub(super) fn remove_stale_temp_files(dirs: &[&Path]) {
     }
 }
 
-/// Refuses a config whose running plus queued turns could not all wait on their
-/// callers' connections while [`http::HEALTH_RESERVE`] connections stay free (contract
-/// section 3, "open connections"), under the connection cap the event loop uses (which
-/// keeps the running engines' descriptors free).
-pub(super) fn check_turns_fit(config: &Config, config_path: &Path) -> Result<(), ServeError> {
-    let turns = config
-        .bus
+/// The start-up checks of a config that a reload cannot change: a `bus.secret` that is
+/// weak (contract 2) is refused, and so is one whose running plus queued turns could
+/// not all wait on their callers' connections while [`http::HEALTH_RESERVE`]
+/// connections stay free (contract section 3, "open connections"), under the
+/// connection cap the event loop uses (which keeps the running engines' descriptors
+/// free). A config.json that others may read ([`read_trusted_config`] refused one they
+/// may write) is warned about: it may hold the bus secret; so are the engine's problems.
+pub(super) fn check_config(config: &Config, config_path: &Path) -> Result<(), ServeError> {
+    if let Some(weakness) = config.bus.secret.as_ref().and_then(Secret::weakness) {
+        let config_path = config_path.to_path_buf();
+        return Err(ServeError::WeakSecret {
+            config_path,
+            weakness,
+        });
+    }
+    let bus = &config.bus;
+    let turns = bus
         .max_concurrent_turns
-        .saturating_add(config.bus.max_queued_turns);
-    let cap = http::connection_cap(config.bus.max_concurrent_turns);
+        .saturating_add(bus.max_queued_turns);
+    let cap = http::connection_cap(bus.max_concurrent_turns);
     if turns > http::max_authorized(cap) {
         return Err(ServeError::TurnsExceedConnections {
             config_path: config_path.to_path_buf(),
@@ -73,39 +107,18 @@ pub(super) fn check_turns_fit(config: &Config, config_path: &Path) -> Result<(),
             cap,
         });
     }
-    Ok(())
-}
-
-/// Refuses a channel root, state directory or config.json that another user owns or
-/// may write to (contract 1): its config would run that user's engine as us, its
-/// registry would send our prompts and secrets where that user likes. Missing paths
-/// are left to the steps that need them.
-fn check_ownership(root: &Path, state_dir: &Path, config_path: &Path) -> Result<(), ServeError> {
-    use files::TrustKind::{Dir, File};
-    for (path, kind) in [(root, Dir), (state_dir, Dir), (config_path, File)] {
-        match files::check_trusted(path, kind) {
-            Err(e) if e.kind() == io::ErrorKind::NotFound => {}
-            Err(source) => {
-                return Err(ServeError::Untrusted {
-                    path: path.to_path_buf(),
-                    source,
-                })
-            }
-            Ok(()) => {}
-        }
-    }
-    Ok(())
-}
-
-/// Warns about a config.json that others may read ([`check_ownership`] refused one
-/// they may write): it may hold the bus secret.
-pub(super) fn warn_about_modes(config_path: &Path) {
     if let Ok(Some(mode)) = files::mode_is_wider(config_path, files::PRIVATE_FILE_MODE) {
         log::warn!(
             "{} has mode {mode:o}; it holds the bus secret, so 600 is advised",
             config_path.display()
         );
     }
+    if let Some(engine) = &config.engine {
+        crate::engine::warnings(engine)
+            .iter()
+            .for_each(|w| log::warn!("{}: {w}", config_path.display()));
+    }
+    Ok(())
 }
 
 /// Prunes stale registry entries (contract section 6) but `name`'s, which
@@ -113,49 +126,17 @@ pub(super) fn warn_about_modes(config_path: &Path) {
 /// it. A registry that can't be read or written here is only a warning; registering
 /// reports real trouble.
 pub(super) fn prune_registry(root: &Path, name: &InstanceName) {
+    let path = registry::registry_path(root);
     match registry::prune(root, Some(name)) {
         Ok(pruned) => {
             for stale in pruned {
                 log::info!(
                     "removed the stale registry entry of {stale} from {}",
-                    registry::registry_path(root).display()
+                    path.display()
                 );
             }
         }
-        Err(e) => log::warn!(
-            "cannot prune {}: {e}",
-            registry::registry_path(root).display()
-        ),
-    }
-}
-
-/// Registers `name` at `addr` under `root`, refusing when an instance of that name is
-/// already running there ([`registry::holds_name`]): the check and the write are one
-/// hold of the registry lock, so of two starts of one name at the same moment exactly
-/// one runs (a check before binding and a write after let both run, and one was left
-/// unreachable).
-pub(super) fn claim_name(
-    root: &Path,
-    name: &InstanceName,
-    addr: SocketAddr,
-    pid: u32,
-    secret: &Secret,
-) -> Result<(), ServeError> {
-    let holder = registry::register_at(root, name, addr, pid, secret, |entry| {
-        registry::holds_name(name, entry)
-    })
-    .map_err(|source| ServeError::Register {
-        path: registry::registry_path(root),
-        source,
-    })?;
-    match holder {
-        None => Ok(()),
-        Some(entry) => Err(ServeError::NameTaken {
-            name: name.to_string(),
-            root: root.to_path_buf(),
-            pid: entry.pid,
-            port: entry.port,
-        }),
+        Err(e) => log::warn!("cannot prune {}: {e}", path.display()),
     }
 }
 
@@ -167,19 +148,16 @@ pub(super) fn ready_line(
     pid: u32,
     config: &Config,
 ) -> String {
-    let engine = match &config.engine {
-        Some(engine) => engine.command.join(" "),
-        None => "built-in echo".to_owned(),
-    };
+    let engine = config.engine.as_ref().map(|e| e.command.join(" "));
+    let engine = engine.unwrap_or_else(|| "built-in echo".to_owned());
     let peers = match (&config.bus.peers, config.bus.enabled) {
         (_, false) => "none (bus disabled)".to_owned(),
         (config::Peers::Any, true) => "*".to_owned(),
         (config::Peers::Only(names), true) => names.join(","),
     };
-    let budget = match config.budget_usd {
-        Some(usd) => format!("{usd} USD"),
-        None => "none".to_owned(),
-    };
+    let budget = config
+        .budget_usd
+        .map_or("none".to_owned(), |usd| format!("{usd} USD"));
     format!(
         "ready: {name} on http://{addr} (pid {pid}), engine {engine}, peers {peers}, \
          maxDepth {}, budget {budget}",
@@ -202,18 +180,12 @@ pub(super) fn interrupt_pair() -> io::Result<(mio::net::UnixStream, UnixStream)>
 /// whose default action ends the process without a fault (SIGUSR1, SIGUSR2, SIGALRM,
 /// SIGVTALRM, SIGPROF and SIGIO): left at their default, each killed serve
 /// and left its entry.
-const STOP_SIGNALS: [i32; 10] = [
-    signal_hook::consts::SIGTERM,
-    signal_hook::consts::SIGINT,
-    signal_hook::consts::SIGHUP,
-    signal_hook::consts::SIGQUIT,
-    signal_hook::consts::SIGUSR1,
-    signal_hook::consts::SIGUSR2,
-    signal_hook::consts::SIGALRM,
-    signal_hook::consts::SIGVTALRM,
-    signal_hook::consts::SIGPROF,
-    signal_hook::consts::SIGIO,
-];
+const STOP_SIGNALS: [i32; 10] = {
+    use signal_hook::consts::*;
+    [
+        SIGTERM, SIGINT, SIGHUP, SIGQUIT, SIGUSR1, SIGUSR2, SIGALRM, SIGVTALRM, SIGPROF, SIGIO,
+    ]
+};
 
 /// Routes the [`STOP_SIGNALS`] to the stop pipe.
 pub(super) fn route_signals(write: &UnixStream) -> io::Result<Vec<signal_hook::SigId>> {

@@ -6,32 +6,12 @@ use super::answer::{json, TalkMeta};
 use super::turn_table::{caller, Admit, Ended, HangUp, TurnId};
 use super::{Bus, Refusal};
 use crate::engine::{Turn, TurnTrace};
-use crate::http::{ConnId, Control, Response};
+use crate::http::{ConnId, Control, Head, Response};
 use crate::protocol::{self, ErrorCode, Failure, RequestId, TalkRequest, TraceId, SPAN_ID_LEN};
 use crate::secret;
 use crate::turns::{Busy, Outcome};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-
-impl TalkMeta {
-    /// A request whose body was read.
-    pub(super) fn of(request: &TalkRequest, received_at: Instant) -> TalkMeta {
-        TalkMeta {
-            received_at,
-            from_instance: Some(request.from_instance.clone()),
-            depth: Some(request.depth),
-            prompt_chars: Some(request.prompt.chars().count()),
-            request_id: request.ext.request_id.as_ref().map(|id| id.to_string()),
-            trace_id: request.ext.trace_id.as_ref().map(|id| id.to_string()),
-            parent_request_id: request
-                .ext
-                .parent_request_id
-                .as_ref()
-                .map(|id| id.to_string()),
-            session_id: None,
-        }
-    }
-}
 
 /// A new turn's place in its tree (contract 8.4): the request's trace and request ids,
 /// or fresh ones where it had none (so that the server starts a tree for a caller
@@ -45,22 +25,18 @@ fn turn_trace(request: &TalkRequest) -> std::io::Result<TurnTrace> {
     let (fresh_trace, rest) = random.split_at(ID_HEX);
     let (fresh_request, span) = rest.split_at(ID_HEX);
     // 32 hex digits of random bytes are a request id, and a trace id unless all zeros.
-    let trace_id = match &request.ext.trace_id {
-        Some(id) => id.clone(),
-        None => TraceId::new(fresh_trace.to_owned()).map_err(std::io::Error::other)?,
-    };
-    let request_id = match &request.ext.request_id {
-        Some(id) => id.clone(),
-        None => RequestId::new(fresh_request.to_owned()).map_err(std::io::Error::other)?,
-    };
+    let trace_id = request.ext.trace_id.clone();
+    let trace_id = trace_id.map_or_else(|| TraceId::new(fresh_trace.to_owned()), Ok);
+    let request_id = request.ext.request_id.clone();
+    let request_id = request_id.map_or_else(|| RequestId::new(fresh_request.to_owned()), Ok);
     let mut span_id = span.to_owned();
     if span_id.bytes().all(|b| b == b'0') {
         // W3C forbids an all-zero span id; the odds are 2^-64.
         span_id.replace_range(..1, "1");
     }
     Ok(TurnTrace {
-        trace_id,
-        request_id,
+        trace_id: trace_id.map_err(std::io::Error::other)?,
+        request_id: request_id.map_err(std::io::Error::other)?,
         span_id,
     })
 }
@@ -68,17 +44,15 @@ fn turn_trace(request: &TalkRequest) -> std::io::Result<TurnTrace> {
 impl Bus {
     /// A talk whose head passed checks 1-6: the checks on its body, then admission.
     /// `Some` answers `conn` now; `None` when it waits on a turn.
-    pub(super) fn talk(
-        &mut self,
-        conn: ConnId,
-        received_at: Instant,
-        body: &[u8],
-    ) -> Option<Response> {
+    pub(super) fn talk(&mut self, conn: ConnId, head: &Head, body: &[u8]) -> Option<Response> {
+        let received_at = head.received_at;
         let request = match protocol::parse_talk_request(body) {
             Ok(request) => request,
-            Err(e) => return Some(self.refuse_talk(&Refusal::Body(e), &TalkMeta::at(received_at))),
+            Err(e) => {
+                return Some(self.refuse_talk(&Refusal::Body(e), &TalkMeta::of(None, received_at)))
+            }
         };
-        let meta = TalkMeta::of(&request, received_at);
+        let meta = TalkMeta::of(Some(&request), received_at);
         let bus = &self.config.bus;
         let refusal = if !bus.peers.allows(&request.from_instance) {
             Refusal::PeerNotAllowed
@@ -95,37 +69,34 @@ impl Bus {
 
     /// Admits a request that passed checks 1-9 (see [`TurnTable::admit`]). `Some`
     /// answers `conn` now; `None` when it waits on a turn.
-    fn admit(
-        &mut self,
-        conn: ConnId,
-        request: protocol::TalkRequest,
-        meta: TalkMeta,
-    ) -> Option<Response> {
+    fn admit(&mut self, conn: ConnId, request: TalkRequest, meta: TalkMeta) -> Option<Response> {
         let engine = self.config.engine.as_ref();
         let timeout = Duration::from_secs(engine.map_or(0, |e| e.timeout_secs));
-        let now = Instant::now();
-        let admitted = self.table.admit(conn, &request, meta.clone(), timeout, now);
+        // A new turn's audit line names the ids the server made for it.
+        let trace = turn_trace(&request)
+            .map_err(|e| log::warn!("cannot make the turn's trace ids: {e}"))
+            .ok();
+        let mut turn_meta = meta.clone();
+        if let Some(trace) = &trace {
+            turn_meta.ext.trace_id = Some(trace.trace_id.clone());
+            turn_meta.ext.request_id = Some(trace.request_id.clone());
+        }
+        let admitted = self
+            .table
+            .admit(conn, &request, turn_meta, timeout, Instant::now());
         let (outcome, detail, answer) = match admitted {
-            Admit::New(mut new) => {
-                let cancel = new.cancel_token();
-                let trace = turn_trace(&request)
-                    .map_err(|e| log::warn!("cannot make the turn's trace ids: {e}"))
-                    .ok();
-                if let Some(trace) = &trace {
-                    let meta = new.meta_mut();
-                    meta.trace_id = Some(trace.trace_id.to_string());
-                    meta.request_id = Some(trace.request_id.to_string());
-                }
+            Admit::New(id, cancel) => {
+                let config = Arc::clone(&self.config);
                 let turn = Turn {
                     request,
-                    config: Arc::clone(&self.config),
+                    config,
                     cancel,
                     trace,
                 };
-                if let Err(Busy(_)) = self.pool.submit(new.id, turn) {
+                if let Err(Busy(_)) = self.pool.submit(id, turn) {
+                    self.table.remove(id);
                     return Some(self.refuse_talk(&Refusal::Busy, &meta));
                 }
-                self.table.insert(new);
                 return None;
             }
             Admit::Refused(refusal) => return Some(self.refuse_talk(&refusal, &meta)),
@@ -142,14 +113,12 @@ impl Bus {
                     None,
                 )
             }
-            Admit::Stored(envelope) if request.ext.cancel => (
-                "duplicate",
-                "a cancel request for a finished turn got its stored envelope",
-                Some(json(200, envelope.to_json())),
-            ),
             Admit::Stored(envelope) => (
                 "duplicate",
-                "a retry got the stored envelope of its request id; no engine ran",
+                match request.ext.cancel {
+                    true => "a cancel request for a finished turn got its stored envelope",
+                    false => "a retry got the stored envelope of its request id; no engine ran",
+                },
                 Some(json(200, envelope.to_json())),
             ),
         };
@@ -206,7 +175,7 @@ impl Bus {
     }
 
     /// Writes a turn's answer to each of its waiters and records it: its envelope
-    /// (audited once, unless its hang-up was), or a refusal each.
+    /// (audited once), or a refusal each.
     pub(super) fn answer(&mut self, ended: Ended<ConnId>, control: &mut Control) {
         let envelope = match &ended.answer {
             Ok(envelope) => envelope,
@@ -217,25 +186,28 @@ impl Bus {
                 return;
             }
         };
-        if !ended.abandoned {
-            let (outcome, detail, code) = match (&envelope.failure, ended.cancelled) {
-                (None, _) => ("success", "ok", None),
-                (Some(f), Some(why)) => ("cancelled", why, Some(f.code.as_str())),
-                (Some(f), None) => ("failure", audit_detail(f), Some(f.code.as_str())),
-            };
-            log::debug!(
-                "talk answered: {outcome}{} ({}, {} ms)",
-                code.map(|c| format!(" {c}")).unwrap_or_default(),
-                ended.meta.describe(),
-                envelope.duration_ms
-            );
-            if let (Some(failure), None) = (&envelope.failure, ended.cancelled) {
-                // The person running the instance sees its failures (never the prompt).
-                log::info!("{}", failed_turn_line(failure, &ended.meta));
-            }
-            let status = (!ended.waiters.is_empty()).then_some(200);
-            self.audit(&ended.meta, outcome, detail, code, status, envelope.usage);
+        let (outcome, detail, code) = match (&envelope.failure, ended.cancelled) {
+            (None, _) => ("success", "ok", None),
+            (Some(f), Some(why)) => ("cancelled", why, Some(f.code.as_str())),
+            (Some(f), None) => ("failure", audit_detail(f), Some(f.code.as_str())),
+        };
+        log::debug!(
+            "talk answered: {outcome}{} ({}, {} ms)",
+            code.map(|c| format!(" {c}")).unwrap_or_default(),
+            ended.meta.describe(),
+            envelope.duration_ms
+        );
+        if let (Some(failure), None) = (&envelope.failure, ended.cancelled) {
+            // The person running the instance sees its failures (never the prompt):
+            // the first line of its message, cut to MAX_LOGGED_FAILURE_CHARS (the
+            // logger escapes it: it may quote the engine).
+            let line = failure.error.lines().next().unwrap_or_default();
+            let first: String = line.chars().take(MAX_LOGGED_FAILURE_CHARS).collect();
+            let who = ended.meta.describe();
+            log::info!("turn failed: {} ({who}): {first}", failure.code);
         }
+        let status = (!ended.waiters.is_empty()).then_some(200);
+        self.audit(&ended.meta, outcome, detail, code, status, envelope.usage);
         for waiter in &ended.waiters {
             control.respond(waiter.conn, json(200, waiter.negotiate(envelope).to_json()));
         }
@@ -257,22 +229,3 @@ fn audit_detail(failure: &Failure) -> &str {
 
 /// Most characters of a failed turn's message in its log line.
 const MAX_LOGGED_FAILURE_CHARS: usize = 200;
-
-/// The info line of a failed turn: its code, who asked, and the first line of its
-/// message, cut to [`MAX_LOGGED_FAILURE_CHARS`] (the logger escapes it: it may quote
-/// the engine).
-fn failed_turn_line(failure: &Failure, meta: &TalkMeta) -> String {
-    let first: String = failure
-        .error
-        .lines()
-        .next()
-        .unwrap_or("")
-        .chars()
-        .take(MAX_LOGGED_FAILURE_CHARS)
-        .collect();
-    format!(
-        "turn failed: {} ({}): {first}",
-        failure.code,
-        meta.describe()
-    )
-}

@@ -5,9 +5,10 @@
 //! Every answer to a connection that waits on a turn is an [`Ended`] that
 //! [`TurnTable::finish`], [`TurnTable::refuse`] or [`TurnTable::tick`] returns, which the
 //! bus writes from a loop callback through [`crate::http::Control`]: that is the one way
-//! out. Every turn submitted to the pool gets exactly one report back from it (ran,
-//! panicked, or withdrawn from the queue), so a cancel's answer comes the way an
-//! engine's does.
+//! out. (A new turn the pool refuses was never submitted: the bus takes it back out
+//! with [`TurnTable::remove`] and refuses its request, as any refusal.) Every turn
+//! submitted to the pool gets exactly one report back from it (ran, panicked, or
+//! withdrawn from the queue), so a cancel's answer comes the way an engine's does.
 //!
 //! A turn's states, and what moves it between them:
 //!
@@ -41,10 +42,10 @@
 //! ```
 //!
 //! Each waiter gets the turn's envelope as its own request negotiated it. A turn's
-//! request id is running in the request store exactly while the turn is in the table.
+//! request id is in the table's `running` map exactly while the turn is in the table.
 
-use super::answer::TalkMeta;
-use super::requests::{self, RequestKey, RequestStore, Seen};
+use super::answer::{elapsed_ms, TalkMeta};
+use super::requests::{self, RequestDigest, RequestKey, RequestStore};
 use super::Refusal;
 use crate::config::BusConfig;
 use crate::engine::{self, CancelToken, TurnOutput, TurnResult};
@@ -77,14 +78,6 @@ pub(super) struct Waiter<C> {
 }
 
 impl<C> Waiter<C> {
-    fn new(conn: C, request: &TalkRequest) -> Waiter<C> {
-        Waiter {
-            conn,
-            capabilities: protocol::negotiate(&request.capabilities),
-            wants_usage: request.lists(protocol::USAGE_REPORT),
-        }
-    }
-
     /// The turn's `envelope` as this waiter's request negotiated it.
     pub(super) fn negotiate(&self, envelope: &Envelope) -> Envelope {
         let usage = envelope.usage.filter(|_| self.wants_usage);
@@ -97,16 +90,16 @@ impl<C> Waiter<C> {
 
 /// One admitted turn, until it ends (an [`Ended`]).
 #[derive(Debug)]
-struct TurnState<C> {
+pub(super) struct TurnState<C> {
     /// The connections waiting for its envelope: the first request's, and those of
     /// retries and cancel requests attached to it.
     waiters: Vec<Waiter<C>>,
-    /// The first request, for the audit line; its envelope's `durationMs` counts from
-    /// its `received_at`.
+    /// The first request, for the audit line (with the ids the bus made for the turn);
+    /// its envelope's `durationMs` counts from its `received_at`.
     meta: TalkMeta,
-    /// Its (`fromInstance`, `requestId`), if it named an id.
-    key: Option<RequestKey>,
-    /// Stops its engine.
+    /// Its (`fromInstance`, `requestId`) and what that id stands for, if it named one.
+    named: Option<(RequestKey, RequestDigest)>,
+    /// Stops its engine (the job holds a clone).
     cancel: CancelToken,
     /// Why it was cancelled, once it was.
     cancelled: Option<&'static str>,
@@ -116,37 +109,14 @@ struct TurnState<C> {
     limit: Duration,
     /// Its last waiter hung up at this time (it named an id: a retry may attach).
     orphaned_at: Option<Instant>,
-    /// Its last waiter hung up and it runs on (`bus.cancelOnHangup` false, no id): the
-    /// hang-up was audited, its answer will not be.
-    abandoned: bool,
-}
-
-/// A turn the table admitted but does not hold yet: the bus hands it to the pool, then
-/// to [`TurnTable::insert`], or drops it when the pool is full.
-#[derive(Debug)]
-pub(super) struct NewTurn<C> {
-    pub(super) id: TurnId,
-    digest: Option<requests::RequestDigest>,
-    state: TurnState<C>,
-}
-
-impl<C> NewTurn<C> {
-    /// The token that stops its engine, for the job.
-    pub(super) fn cancel_token(&self) -> CancelToken {
-        self.state.cancel.clone()
-    }
-
-    /// What its audit line will say of the request (the ids the server made for it).
-    pub(super) fn meta_mut(&mut self) -> &mut TalkMeta {
-        &mut self.state.meta
-    }
 }
 
 /// What admitting a request that passed checks 1-9 comes to.
 #[derive(Debug)]
-pub(super) enum Admit<C> {
-    /// A new turn, to submit.
-    New(NewTurn<C>),
+pub(super) enum Admit {
+    /// A new turn, held, to submit with the token that stops its engine; if the pool
+    /// refuses it, the bus takes it back out ([`TurnTable::remove`]).
+    New(TurnId, CancelToken),
     /// A retry joined the running turn of its id, and waits with it.
     Attached,
     /// A cancel request joined the running turn of its id: the bus cancels it.
@@ -182,8 +152,6 @@ pub(super) struct Ended<C> {
     pub(super) meta: TalkMeta,
     /// Why it was cancelled, if it was.
     pub(super) cancelled: Option<&'static str>,
-    /// Its answer is not audited: its hang-up was.
-    pub(super) abandoned: bool,
     /// Its envelope (each waiter gets it negotiated), or the refusal each waiter gets.
     pub(super) answer: Result<Envelope, Refusal>,
 }
@@ -208,9 +176,11 @@ pub(super) struct TurnTable<C> {
     turns: HashMap<TurnId, TurnState<C>>,
     /// Which turn each waiting connection waits on.
     waiting: HashMap<C, TurnId>,
-    /// Request ids of running and recently answered turns (contract 8.2). An id is
-    /// running here exactly while its turn is in `turns`.
-    requests: RequestStore<TurnId, Envelope>,
+    /// Which turn runs under each request id: an id is here exactly while its turn is
+    /// in `turns` (`admit` and `remove` keep them so).
+    running: HashMap<RequestKey, TurnId>,
+    /// The stored answers of finished turns that named an id (contract 8.2).
+    requests: RequestStore,
     next_id: u64,
 }
 
@@ -220,6 +190,7 @@ impl<C: Copy + Eq + Hash> TurnTable<C> {
             name,
             turns: HashMap::new(),
             waiting: HashMap::new(),
+            running: HashMap::new(),
             requests: RequestStore::default(),
             next_id: 0,
         }
@@ -234,33 +205,41 @@ impl<C: Copy + Eq + Hash> TurnTable<C> {
         meta: TalkMeta,
         timeout: Duration,
         now: Instant,
-    ) -> Admit<C> {
-        let waiter = Waiter::new(conn, request);
+    ) -> Admit {
+        let waiter = Waiter {
+            conn,
+            capabilities: protocol::negotiate(&request.capabilities),
+            wants_usage: request.lists(protocol::USAGE_REPORT),
+        };
         let cancel = request.ext.cancel;
         let key = request.ext.request_id.clone().map(|id| RequestKey {
             from_instance: request.from_instance.clone(),
             id,
         });
         // What the id stands for; a cancel request's prompt is not compared (8.1).
-        let digest = key
-            .as_ref()
-            .filter(|_| !cancel)
-            .map(|_| requests::digest(&request.prompt, request.depth));
+        let digest =
+            (key.is_some() && !cancel).then(|| requests::digest(&request.prompt, request.depth));
         if let Some(key) = &key {
-            match self.requests.look(key, digest.as_ref(), now) {
-                Seen::Mismatch => return Admit::Refused(Refusal::RequestIdReused),
-                Seen::Running(turn) if self.turns.contains_key(&turn) => {
-                    self.attach(waiter, turn);
-                    return if cancel {
-                        Admit::Cancel(turn)
-                    } else {
-                        Admit::Attached
-                    };
+            let reused = |known: &RequestDigest| digest.is_some_and(|d| d != *known);
+            let running = self.running.get(key);
+            if let Some((turn, state)) = running.and_then(|t| Some((*t, self.turns.get_mut(t)?))) {
+                if state.named.as_ref().is_some_and(|(_, known)| reused(known)) {
+                    return Admit::Refused(Refusal::RequestIdReused);
                 }
-                Seen::Answered(envelope) => return Admit::Stored(waiter.negotiate(&envelope)),
-                // An id runs exactly while its turn is here; should that ever not hold,
-                // the request runs as a new turn rather than wait on nothing.
-                Seen::New | Seen::Running(_) => {}
+                self.waiting.insert(conn, turn);
+                state.waiters.push(waiter);
+                state.orphaned_at = None;
+                return if cancel {
+                    Admit::Cancel(turn)
+                } else {
+                    Admit::Attached
+                };
+            }
+            if let Some((known, envelope)) = self.requests.get(key, now) {
+                if reused(&known) {
+                    return Admit::Refused(Refusal::RequestIdReused);
+                }
+                return Admit::Stored(waiter.negotiate(&envelope));
             }
         }
         if cancel {
@@ -268,40 +247,24 @@ impl<C: Copy + Eq + Hash> TurnTable<C> {
         }
         let id = TurnId(self.next_id);
         self.next_id = self.next_id.wrapping_add(1);
+        let named = key.zip(digest);
+        if let Some((key, _)) = &named {
+            self.running.insert(key.clone(), id);
+        }
+        self.waiting.insert(conn, id);
+        let cancel = CancelToken::new();
         let state = TurnState {
             waiters: vec![waiter],
             meta,
-            key,
-            cancel: CancelToken::new(),
+            named,
+            cancel: cancel.clone(),
             cancelled: None,
             started_at: None,
             limit: timeout.saturating_add(WAITER_GRACE),
             orphaned_at: None,
-            abandoned: false,
         };
-        Admit::New(NewTurn { id, digest, state })
-    }
-
-    /// Holds `new`, which the pool accepted.
-    pub(super) fn insert(&mut self, new: NewTurn<C>) {
-        let NewTurn { id, digest, state } = new;
-        if let (Some(key), Some(digest)) = (&state.key, digest) {
-            self.requests.running(key.clone(), digest, id);
-        }
-        for waiter in &state.waiters {
-            self.waiting.insert(waiter.conn, id);
-        }
         self.turns.insert(id, state);
-    }
-
-    /// Makes `waiter` wait on `turn` too (which the table holds).
-    fn attach(&mut self, waiter: Waiter<C>, turn: TurnId) {
-        if let Some(state) = self.turns.get_mut(&turn) {
-            self.waiting.insert(waiter.conn, turn);
-            state.waiters.push(waiter);
-            state.orphaned_at = None;
-            state.abandoned = false;
-        }
+        Admit::New(id, cancel)
     }
 
     /// Marks `turn` cancelled for `why` and stops its engine; the bus takes it out of
@@ -311,35 +274,30 @@ impl<C: Copy + Eq + Hash> TurnTable<C> {
         let state = self.turns.get_mut(&turn)?;
         state.cancel.cancel();
         state.orphaned_at = None;
-        if state.cancelled.is_some() {
-            return None;
-        }
-        state.cancelled = Some(why);
-        Some(&state.meta)
+        let first = state.cancelled.is_none();
+        state.cancelled.get_or_insert(why);
+        first.then_some(&state.meta)
     }
 
     /// `conn` closed before its answer. The turn goes on while others wait on it;
     /// otherwise (contract 8.1) it is cancelled at once without an id, after
     /// `bus.reattachSecs` with one; with `bus.cancelOnHangup` false it runs on.
     pub(super) fn hang_up(&mut self, conn: C, bus: &BusConfig, now: Instant) -> HangUp {
-        let Some(turn) = self.waiting.remove(&conn) else {
-            return HangUp::Nothing;
-        };
-        let Some(state) = self.turns.get_mut(&turn) else {
+        let waited_on = self.waiting.remove(&conn);
+        let Some((turn, state)) = waited_on.and_then(|t| Some((t, self.turns.get_mut(&t)?))) else {
             return HangUp::Nothing;
         };
         state.waiters.retain(|w| w.conn != conn);
         if !state.waiters.is_empty() || state.cancelled.is_some() {
             return HangUp::Nothing;
         }
-        if state.key.is_some() && (bus.reattach_secs > 0 || !bus.cancel_on_hangup) {
+        if state.named.is_some() && (bus.reattach_secs > 0 || !bus.cancel_on_hangup) {
             state.orphaned_at = Some(now);
             return HangUp::Kept(caller(&state.meta).to_owned());
         }
         if bus.cancel_on_hangup {
             return HangUp::Cancel(turn);
         }
-        state.abandoned = true;
         HangUp::Abandoned(turn, state.meta.clone())
     }
 
@@ -347,7 +305,7 @@ impl<C: Copy + Eq + Hash> TurnTable<C> {
     /// if it was cancelled, even if the engine finished as the cancel came), stored for
     /// retries of its id when it is a success or a failure that is not retryable
     /// (contract 8.2); after a panic, a 500 for every waiter. `None` if the table no
-    /// longer holds it (answered overdue).
+    /// longer holds it (answered overdue), or if it was abandoned.
     pub(super) fn finish(
         &mut self,
         turn: TurnId,
@@ -362,6 +320,12 @@ impl<C: Copy + Eq + Hash> TurnTable<C> {
             Outcome::Panicked => return self.refuse(turn, Refusal::HandlerPanicked),
         };
         let mut state = self.remove(turn)?;
+        // Only an abandoned turn ends with no waiter, no id and not cancelled (the
+        // hang-up of its last waiter cancels it or keeps it otherwise): it answers
+        // nobody, and its hang-up was audited instead.
+        if state.waiters.is_empty() && state.named.is_none() && state.cancelled.is_none() {
+            return None;
+        }
         state.meta.session_id = output.session_id;
         let result = match state.cancelled {
             Some(_) => TurnResult::Failed(engine::cancelled()),
@@ -378,25 +342,18 @@ impl<C: Copy + Eq + Hash> TurnTable<C> {
                 output_tokens: u.output_tokens,
                 cached_tokens: u.cached_tokens,
             });
-        let took = now.saturating_duration_since(state.meta.received_at);
-        let took = u64::try_from(took.as_millis()).unwrap_or(u64::MAX);
+        let took = elapsed_ms(state.meta.received_at, now);
         let envelope = match result {
             TurnResult::Reply(text) => Envelope::success(&self.name, text, took),
             TurnResult::Failed(failure) => Envelope::failure(&self.name, failure, took),
         }
         .with_usage(usage);
-        if let Some(key) = &state.key {
-            let storable = match &envelope.failure {
-                None => true,
-                Some(f) => !f.retryable && f.code != ErrorCode::BudgetExhausted,
-            };
-            if storable {
-                let size = envelope.to_json().len();
-                self.requests
-                    .answered(key, Arc::new(envelope.clone()), size, now);
-            } else {
-                self.requests.forget(key);
-            }
+        let failure = envelope.failure.as_ref();
+        let storable = failure.is_none_or(|f| !f.retryable && f.code != ErrorCode::BudgetExhausted);
+        if let Some((key, digest)) = state.named.as_ref().filter(|_| storable) {
+            let size = envelope.to_json().len();
+            let answer = Arc::new(envelope.clone());
+            self.requests.store(key, *digest, answer, size, now);
         }
         Some(ended(state, Ok(envelope)))
     }
@@ -406,9 +363,6 @@ impl<C: Copy + Eq + Hash> TurnTable<C> {
     pub(super) fn refuse(&mut self, turn: TurnId, refusal: Refusal) -> Option<Ended<C>> {
         let state = self.remove(turn)?;
         state.cancel.cancel();
-        if let Some(key) = &state.key {
-            self.requests.forget(key);
-        }
         Some(ended(state, Err(refusal)))
     }
 
@@ -459,10 +413,14 @@ impl<C: Copy + Eq + Hash> TurnTable<C> {
         self.turns.is_empty()
     }
 
-    fn remove(&mut self, turn: TurnId) -> Option<TurnState<C>> {
+    /// Takes `turn` out of the table, with its waiters and its id.
+    pub(super) fn remove(&mut self, turn: TurnId) -> Option<TurnState<C>> {
         let state = self.turns.remove(&turn)?;
         for waiter in &state.waiters {
             self.waiting.remove(&waiter.conn);
+        }
+        if let Some((key, _)) = &state.named {
+            self.running.remove(key);
         }
         Some(state)
     }
@@ -473,7 +431,6 @@ fn ended<C>(state: TurnState<C>, answer: Result<Envelope, Refusal>) -> Ended<C> 
         waiters: state.waiters,
         meta: state.meta,
         cancelled: state.cancelled,
-        abandoned: state.abandoned,
         answer,
     }
 }
@@ -502,15 +459,11 @@ mod tests {
         TurnTable::new(InstanceName::new("worker").unwrap())
     }
 
-    /// Admits `request` from `conn` as a new turn and inserts it.
+    /// Admits `request` from `conn` as a new turn.
     fn start(table: &mut TurnTable<u32>, conn: u32, request: &TalkRequest, t: Instant) -> TurnId {
-        let meta = TalkMeta::of(request, t);
+        let meta = TalkMeta::of(Some(request), t);
         match table.admit(conn, request, meta, 60 * SECS, t) {
-            Admit::New(new) => {
-                let id = new.id;
-                table.insert(new);
-                id
-            }
+            Admit::New(id, _) => id,
             other => panic!("not a new turn: {other:?}"),
         }
     }
@@ -550,7 +503,7 @@ mod tests {
         let first = request("p", Some(1), false);
         let turn = start(&mut table, 1, &first, t0);
         // A retry attaches; the same id for another prompt is refused.
-        let meta = TalkMeta::of(&first, t0);
+        let meta = TalkMeta::of(Some(&first), t0);
         assert!(matches!(
             table.admit(2, &first, meta.clone(), SECS, t0),
             Admit::Attached
@@ -579,7 +532,7 @@ mod tests {
         let mut table = table();
         let turn = start(&mut table, 1, &request("p", Some(7), false), t0);
         let cancel = request("", Some(7), true);
-        let meta = TalkMeta::of(&cancel, t0);
+        let meta = TalkMeta::of(Some(&cancel), t0);
         assert!(matches!(
             table.admit(2, &cancel, meta.clone(), SECS, t0),
             Admit::Cancel(t) if t == turn
@@ -620,7 +573,7 @@ mod tests {
         let named = request("p", Some(3), false);
         // Another waiter still waits: nothing changes.
         let turn = start(&mut table, 1, &named, t0);
-        let meta = TalkMeta::of(&named, t0);
+        let meta = TalkMeta::of(Some(&named), t0);
         assert!(matches!(
             table.admit(2, &named, meta, SECS, t0),
             Admit::Attached
@@ -648,8 +601,9 @@ mod tests {
             table.hang_up(4, &bus(false, 15), t0),
             HangUp::Abandoned(t, _) if t == turn
         ));
-        let ended = table.finish(turn, reply("x"), t0).unwrap();
-        assert!(ended.abandoned && ended.waiters.is_empty());
+        // It answers nobody, and leaves the table.
+        assert!(table.finish(turn, reply("x"), t0).is_none());
+        assert!(!table.turns.contains_key(&turn));
         // A connection that waited on nothing.
         assert!(matches!(
             table.hang_up(9, &bus(true, 15), t0),
@@ -667,7 +621,7 @@ mod tests {
             table.hang_up(1, &bus(true, 15), t0),
             HangUp::Kept(_)
         ));
-        let meta = TalkMeta::of(&named, t0);
+        let meta = TalkMeta::of(Some(&named), t0);
         assert!(matches!(
             table.admit(2, &named, meta, SECS, t0 + SECS),
             Admit::Attached
@@ -708,13 +662,35 @@ mod tests {
         assert_eq!(Refusal::TurnOverdue.status_and_code().0, 500);
         assert!(table.is_empty());
         // Its id is forgotten: a retry runs again.
-        let meta = TalkMeta::of(&named, t0);
+        let meta = TalkMeta::of(Some(&named), t0);
         assert!(matches!(
             table.admit(2, &named, meta, SECS, t0),
-            Admit::New(_)
+            Admit::New(..)
         ));
         // The pool's late report finds nothing.
         assert!(table.finish(turn, reply("x"), t0).is_none());
+    }
+
+    /// A retryable failure is not stored: a retry of its id runs again, and its
+    /// answer is stored then.
+    #[test]
+    fn a_retryable_failure_forgets_the_id() {
+        let t0 = Instant::now();
+        let mut table = table();
+        let named = request("p", Some(9), false);
+        let turn = start(&mut table, 1, &named, t0);
+        let failure = protocol::Failure::new(ErrorCode::Timeout, "slow");
+        assert!(failure.retryable);
+        let outcome = TurnOutput::without_usage(TurnResult::Failed(failure));
+        let ended = table.finish(turn, Outcome::Finished(outcome), t0).unwrap();
+        assert_eq!(answers(&ended), "1 timeout");
+        let turn = start(&mut table, 2, &named, t0);
+        table.finish(turn, reply("ok"), t0).unwrap();
+        let meta = TalkMeta::of(Some(&named), t0);
+        assert!(matches!(
+            table.admit(3, &named, meta, SECS, t0),
+            Admit::Stored(_)
+        ));
     }
 
     #[test]
@@ -725,10 +701,10 @@ mod tests {
         let turn = start(&mut table, 1, &named, t0);
         let ended = table.finish(turn, Outcome::Panicked, t0).unwrap();
         assert_eq!(answers(&ended), "1 internal_error");
-        let meta = TalkMeta::of(&named, t0);
+        let meta = TalkMeta::of(Some(&named), t0);
         assert!(matches!(
             table.admit(2, &named, meta, SECS, t0),
-            Admit::New(_)
+            Admit::New(..)
         ));
     }
 }

@@ -8,9 +8,8 @@
 //! blocking and without following a symlink, refuses anything but a regular file, and
 //! reads at most `MAX_CONFIG_BYTES` (1 MiB) from it.
 
-use super::startup::read_trusted_config;
+use super::startup::{parse_config, read_trusted_config};
 use super::{Bus, Refusal};
-use crate::config;
 use crate::http::{Control, Service};
 use std::path::Path;
 use std::sync::Arc;
@@ -50,17 +49,13 @@ fn stopping_line(name: &str, queued: usize, running: usize) -> String {
     let turns = |n: usize| if n == 1 { "turn" } else { "turns" };
     let mut line = format!("{name} stopping: no new connections");
     if queued > 0 {
-        line.push_str(&format!(
-            ", {queued} queued {} answered server_busy",
-            turns(queued)
-        ));
+        line += &format!(", {queued} queued {} answered server_busy", turns(queued));
     }
     if running > 0 {
-        line.push_str(&format!(
-            "; waiting up to {} s for {running} running {}; Ctrl-C again to stop now",
-            SHUTDOWN_GRACE.as_secs(),
-            turns(running)
-        ));
+        let (grace, turns) = (SHUTDOWN_GRACE.as_secs(), turns(running));
+        line += &format!(
+            "; waiting up to {grace} s for {running} running {turns}; Ctrl-C again to stop now"
+        );
     }
     line
 }
@@ -71,6 +66,7 @@ impl Bus {
     /// once a problem (again only after a good read in between).
     pub(super) fn reload_config(&mut self) {
         let bytes = match read_trusted_config(&self.config_path) {
+            Ok(bytes) if bytes == self.config_bytes => return,
             Ok(bytes) => bytes,
             Err(e) => {
                 // Cleared, so that the next good read counts as a change.
@@ -81,77 +77,66 @@ impl Bus {
                 return;
             }
         };
-        if bytes == self.config_bytes {
-            return;
-        }
         self.config_bytes = bytes;
+        let engine = self.engine_override.as_ref();
+        let new = match parse_config(&self.config_path, &self.config_bytes, engine) {
+            Ok(new) => new,
+            Err(e) => return log::warn!("{e}; keeping the last good config"),
+        };
         let path = self.config_path.display();
-        match config::parse_file(&self.config_path, &self.config_bytes) {
-            Ok(mut new) => {
-                if let Some(engine) = &self.engine_override {
-                    engine.apply(&mut new);
-                }
-                let (later, changed): (Vec<&str>, Vec<&str>) = self
-                    .config
-                    .changed_keys(&new)
-                    .into_iter()
-                    .partition(|key| FIXED_UNTIL_RESTART.contains(key));
-                if !later.is_empty() {
-                    log::warn!(
-                        "{path}: {} edited; that takes effect at the next start",
-                        later.join(" and ")
-                    );
-                }
-                if self.config.bus.enabled && !new.bus.enabled {
-                    warn_bus_disabled(&self.config_path);
-                }
-                let what = if changed.is_empty() {
-                    "no setting changed now".to_owned()
-                } else {
-                    format!("changed {}", changed.join(", "))
-                };
-                let bus = if new.bus.enabled {
-                    "enabled"
-                } else {
-                    "disabled"
-                };
-                let max_depth = new.bus.max_depth;
-                log::info!("{path} reloaded: {what} (bus {bus}, maxDepth {max_depth})");
-                if let Some(engine) = new
-                    .engine
-                    .as_ref()
-                    .filter(|e| Some(*e) != self.config.engine.as_ref())
-                {
-                    crate::engine::warnings(engine)
-                        .iter()
-                        .for_each(|w| log::warn!("{path}: {w}"));
-                }
-                self.config = Arc::new(new);
-            }
-            Err(e) => log::warn!("{e}; keeping the last good config"),
+        let (later, changed): (Vec<&str>, Vec<&str>) = self
+            .config
+            .changed_keys(&new)
+            .into_iter()
+            .partition(|key| FIXED_UNTIL_RESTART.contains(key));
+        if !later.is_empty() {
+            let later = later.join(" and ");
+            log::warn!("{path}: {later} edited; that takes effect at the next start");
         }
+        if self.config.bus.enabled && !new.bus.enabled {
+            warn_bus_disabled(&self.config_path);
+        }
+        let what = if changed.is_empty() {
+            "no setting changed now".to_owned()
+        } else {
+            format!("changed {}", changed.join(", "))
+        };
+        let bus = if new.bus.enabled {
+            "enabled"
+        } else {
+            "disabled"
+        };
+        let max_depth = new.bus.max_depth;
+        log::info!("{path} reloaded: {what} (bus {bus}, maxDepth {max_depth})");
+        let old_engine = self.config.engine.as_ref();
+        if let Some(engine) = new.engine.as_ref().filter(|e| Some(*e) != old_engine) {
+            crate::engine::warnings(engine)
+                .iter()
+                .for_each(|w| log::warn!("{path}: {w}"));
+        }
+        self.config = Arc::new(new);
+    }
+
+    /// Kills the running engines at `now`, saying `why`.
+    fn kill_engines(&mut self, why: &str, now: Instant) {
+        log::warn!("{why}; killing {} engine(s)", self.running.count());
+        self.running.kill_all();
+        self.engines_killed_at = Some(now);
     }
 
     pub(super) fn begin_shutdown(&mut self, control: &mut Control) {
         if self.stopping_since.is_some() {
             // Asked twice: the running turns lose their grace.
             if self.engines_killed_at.is_none() {
-                log::warn!(
-                    "asked again to stop: killing {} engine(s)",
-                    self.running.count()
-                );
-                self.running.kill_all();
-                self.engines_killed_at = Some(Instant::now());
+                self.kill_engines("asked again to stop", Instant::now());
             }
             return;
         }
         self.stopping_since = Some(Instant::now());
         control.stop_accepting();
         let queued = self.pool.close();
-        log::info!(
-            "{}",
-            stopping_line(&self.name, queued.len(), self.pool.load().running)
-        );
+        let line = stopping_line(&self.name, queued.len(), self.pool.load().running);
+        log::info!("{line}");
         for (turn, _job) in queued {
             if let Some(ended) = self.table.refuse(turn, Refusal::ShuttingDown) {
                 self.answer(ended, control);
@@ -197,13 +182,9 @@ impl Bus {
                         control.exit();
                     }
                 } else if now.duration_since(since) >= SHUTDOWN_GRACE {
-                    log::warn!(
-                        "running turns did not finish within {} s; killing {} engine(s)",
-                        SHUTDOWN_GRACE.as_secs(),
-                        self.running.count()
-                    );
-                    self.running.kill_all();
-                    self.engines_killed_at = Some(now);
+                    let secs = SHUTDOWN_GRACE.as_secs();
+                    let why = format!("running turns did not finish within {secs} s");
+                    self.kill_engines(&why, now);
                 }
                 now + SHUTDOWN_POLL
             }
