@@ -1,14 +1,17 @@
 //! The turn pool: a fixed set of worker threads and a bounded FIFO queue of keyed jobs.
 //!
-//! The caller submits a job under a key (the server uses the turn's own id) and moves
-//! on. Every job submitted ends in exactly one [`Done`] sent back through a channel,
+//! The caller submits jobs under keys (the server uses the turn's own id), then
+//! dispatches them at once, and moves on. Every job submitted ends in exactly one [`Done`] sent back through a channel,
 //! then announced by the wake-up callback (the server's wakes its event loop): a worker
 //! sends it when the job ran (or panicked), [`TurnPool::cancel`] when it takes the job
 //! out of the queue. Wake-ups are coalesced: none is made while one made since the last
 //! [`TurnPool::finished`] is pending, since that call's next one takes every [`Done`]
 //! sent before. Likewise a worker is signalled only if one is waiting for work (a busy
-//! one looks at the queue before it waits). The caller never blocks on a job. The pool
-//! knows nothing of what a job or a key is.
+//! one looks at the queue before it waits), and one at a time: the one signalled
+//! signals the next when it takes a job and more wait. So a batch of quick jobs (echo
+//! turns) costs one or two thread wake-ups, not one each, and slow ones still start
+//! side by side. The caller never blocks on a job. The pool knows nothing of what a job
+//! or a key is.
 
 use crate::protocol::TurnLoad;
 use std::collections::VecDeque;
@@ -51,6 +54,8 @@ struct Queue<K, J> {
     running: usize,
     /// Workers waiting on `ready` for a job.
     idle: usize,
+    /// A worker was signalled and has not woken yet.
+    signalled: bool,
     closed: bool,
 }
 
@@ -66,6 +71,16 @@ impl<K, J> Shared<K, J> {
         // A worker never panics while holding the lock (runner panics are caught
         // outside it), so a poisoned lock still holds consistent data.
         self.queue.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Wakes a waiting worker for the jobs in `queue`, unless one is already on its way.
+    fn signal(&self, mut queue: MutexGuard<'_, Queue<K, J>>) {
+        let signal = !queue.jobs.is_empty() && queue.idle > 0 && !queue.signalled;
+        queue.signalled |= signal;
+        drop(queue);
+        if signal {
+            self.ready.notify_one();
+        }
     }
 }
 
@@ -112,6 +127,7 @@ where
                 jobs: VecDeque::new(),
                 running: 0,
                 idle: 0,
+                signalled: false,
                 closed: false,
             }),
             ready: Condvar::new(),
@@ -141,7 +157,8 @@ where
     }
 
     /// Queues `job` under `key` unless `max_concurrent + max_queued` jobs are already
-    /// admitted (running or waiting).
+    /// admitted (running or waiting). It starts at the next [`TurnPool::dispatch`] (or
+    /// when a busy worker looks at the queue).
     ///
     /// # Errors
     /// [`Busy`] (with the job handed back) when the queue is full or the pool is closed.
@@ -152,12 +169,13 @@ where
             return Err(Busy(job));
         }
         queue.jobs.push_back((key, job));
-        let idle = queue.idle > 0;
-        drop(queue);
-        if idle {
-            self.shared.ready.notify_one();
-        }
         Ok(())
+    }
+
+    /// Wakes a worker for the jobs waiting, if none is on its way. Called once after a
+    /// batch of submits (the server does, before its loop polls again).
+    pub fn dispatch(&self) {
+        self.shared.signal(self.shared.lock());
     }
 
     /// Finished jobs, without blocking. A [`Done`] sent after this call is announced by
@@ -265,9 +283,10 @@ fn worker<K, J, R>(
                 .wait(queue)
                 .unwrap_or_else(PoisonError::into_inner);
             queue.idle -= 1;
+            queue.signalled = false;
         };
         queue.running += 1;
-        drop(queue);
+        shared.signal(queue);
         let outcome = match panic::catch_unwind(AssertUnwindSafe(|| runner(&job))) {
             Ok(result) => Outcome::Finished(result),
             Err(_) => Outcome::Panicked,
@@ -365,6 +384,8 @@ mod tests {
         for (key, job) in [(0, 1), (1, 2), (2, 13), (3, 4)] {
             pool.submit(key, job).unwrap();
         }
+        // One dispatch starts both workers: the first one signals the second.
+        pool.dispatch();
         // 2 running + 2 queued: the fifth is refused.
         let Busy(job) = pool.submit(9, 5).unwrap_err();
         assert_eq!(job, 5);
@@ -410,6 +431,7 @@ mod tests {
         for key in 0..3 {
             pool.submit(key, key as u32 + 100).unwrap();
         }
+        pool.dispatch();
         runner.wait_started(1);
         assert!(!pool.is_idle());
         assert_eq!(pool.close(), vec![(1, 101), (2, 102)]);
@@ -423,6 +445,7 @@ mod tests {
     fn cancel_takes_only_a_waiting_job_and_reports_it() {
         let (pool, runner, wakes) = pool(1, 2);
         pool.submit(7, 1).unwrap();
+        pool.dispatch();
         runner.wait_started(1);
         pool.submit(8, 2).unwrap();
         assert!(pool.is_queued(8));
@@ -456,6 +479,7 @@ mod tests {
         for key in 0..3 {
             pool.submit(key, 1).unwrap();
         }
+        pool.dispatch();
         runner.open();
         wakes.recv_timeout(Duration::from_secs(10)).unwrap();
         while !pool.is_idle() {
@@ -464,9 +488,37 @@ mod tests {
         assert!(wakes.try_recv().is_err(), "one wake-up for three results");
         assert_eq!(pool.finished().count(), 3);
         pool.submit(3, 1).unwrap();
+        pool.dispatch();
         wakes.recv_timeout(Duration::from_secs(10)).unwrap();
         let done: Vec<u64> = pool.finished().map(|d| d.key).collect();
         assert_eq!(done, vec![3]);
+    }
+
+    /// A submitted job waits for `dispatch` (when no worker is busy), and one dispatch
+    /// starts a whole batch of slow jobs side by side: each worker woken signals the next.
+    #[test]
+    fn one_dispatch_starts_a_batch_side_by_side() {
+        let (pool, runner, wakes) = pool(3, 0);
+        while pool.shared.lock().idle < 3 {
+            thread::sleep(Duration::from_millis(5));
+        }
+        for key in 0..3 {
+            pool.submit(key, 1).unwrap();
+        }
+        thread::sleep(Duration::from_millis(50));
+        assert_eq!(
+            runner.started.load(Ordering::SeqCst),
+            0,
+            "not dispatched yet"
+        );
+        pool.dispatch();
+        runner.wait_started(3);
+        runner.open();
+        let mut done = 0;
+        while done < 3 {
+            wakes.recv_timeout(Duration::from_secs(10)).unwrap();
+            done += pool.finished().count();
+        }
     }
 
     /// An idle pool dropped without `close` (an `Instance` dropped without `run`)

@@ -170,6 +170,7 @@ impl EventLoop {
             if !self.ready.is_empty() {
                 timeout = Duration::ZERO;
             }
+            service.before_poll();
             if let Err(e) = self.poll.poll(&mut events, Some(timeout)) {
                 if e.kind() == ErrorKind::Interrupted {
                     continue;
