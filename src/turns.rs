@@ -1,10 +1,10 @@
 //! The turn pool: a fixed set of worker threads and a bounded FIFO queue of keyed jobs.
 //!
 //! The caller submits jobs under keys (the server uses the turn's own id), then
-//! dispatches them at once, and moves on. Every job submitted ends in exactly one [`Done`] sent back through a channel,
-//! then announced by the wake-up callback (the server's wakes its event loop): a worker
-//! sends it when the job ran (or panicked), [`TurnPool::cancel`] when it takes the job
-//! out of the queue. Wake-ups are coalesced: none is made while one made since the last
+//! dispatches them at once, and moves on. Every job submitted ends in exactly one
+//! [`Done`], left for [`TurnPool::finished`] and announced by the wake-up callback (the
+//! server's wakes its event loop): a worker leaves it when the job ran (or panicked),
+//! [`TurnPool::cancel`] when it takes the job out of the queue. Wake-ups are coalesced: none is made while one made since the last
 //! [`TurnPool::finished`] is pending, since that call's next one takes every [`Done`]
 //! sent before. Likewise a worker is signalled only if one is waiting for work (a busy
 //! one looks at the queue before it waits), and one at a time: the one signalled
@@ -17,7 +17,6 @@ use crate::protocol::TurnLoad;
 use std::collections::VecDeque;
 use std::panic::{self, AssertUnwindSafe};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::mpsc::{self, Receiver, Sender};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 use std::thread::{self, JoinHandle};
 
@@ -25,7 +24,7 @@ use std::thread::{self, JoinHandle};
 /// [`Outcome::Panicked`].
 type Runner<J, R> = Arc<dyn Fn(&J) -> R + Send + Sync>;
 
-/// Called after a [`Done`] is sent (unless a call is pending), so the receiver knows to
+/// Called after a [`Done`] is left (unless a call is pending), so the caller knows to
 /// look.
 type Wake = Arc<dyn Fn() + Send + Sync>;
 
@@ -49,8 +48,10 @@ pub struct Done<K, R> {
     pub outcome: Outcome<R>,
 }
 
-struct Queue<K, J> {
+struct Queue<K, J, R> {
     jobs: VecDeque<(K, J)>,
+    /// What [`TurnPool::finished`] takes next.
+    done: Vec<Done<K, R>>,
     running: usize,
     /// Workers waiting on `ready` for a job.
     idle: usize,
@@ -59,22 +60,22 @@ struct Queue<K, J> {
     closed: bool,
 }
 
-struct Shared<K, J> {
-    queue: Mutex<Queue<K, J>>,
+struct Shared<K, J, R> {
+    queue: Mutex<Queue<K, J, R>>,
     ready: Condvar,
     /// A wake-up was made that no [`TurnPool::finished`] has answered yet.
     wake_pending: AtomicBool,
 }
 
-impl<K, J> Shared<K, J> {
-    fn lock(&self) -> MutexGuard<'_, Queue<K, J>> {
+impl<K, J, R> Shared<K, J, R> {
+    fn lock(&self) -> MutexGuard<'_, Queue<K, J, R>> {
         // A worker never panics while holding the lock (runner panics are caught
         // outside it), so a poisoned lock still holds consistent data.
         self.queue.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
     /// Wakes a waiting worker for the jobs in `queue`, unless one is already on its way.
-    fn signal(&self, mut queue: MutexGuard<'_, Queue<K, J>>) {
+    fn signal(&self, mut queue: MutexGuard<'_, Queue<K, J, R>>) {
         let signal = !queue.jobs.is_empty() && queue.idle > 0 && !queue.signalled;
         queue.signalled |= signal;
         drop(queue);
@@ -87,9 +88,7 @@ impl<K, J> Shared<K, J> {
 /// The pool. Dropping it closes it (see [`TurnPool::close`]) and, if no job is running,
 /// waits for its workers to exit; a worker still running a job exits after it.
 pub struct TurnPool<K, J, R> {
-    shared: Arc<Shared<K, J>>,
-    done_tx: Sender<Done<K, R>>,
-    done_rx: Receiver<Done<K, R>>,
+    shared: Arc<Shared<K, J, R>>,
     wake: Wake,
     workers: Vec<JoinHandle<()>>,
     max_concurrent: usize,
@@ -125,6 +124,7 @@ where
         let shared = Arc::new(Shared {
             queue: Mutex::new(Queue {
                 jobs: VecDeque::new(),
+                done: Vec::new(),
                 running: 0,
                 idle: 0,
                 signalled: false,
@@ -133,22 +133,18 @@ where
             ready: Condvar::new(),
             wake_pending: AtomicBool::new(false),
         });
-        let (done_tx, done_rx) = mpsc::channel();
         let mut workers = Vec::with_capacity(max_concurrent);
         for index in 0..max_concurrent {
             let shared = Arc::clone(&shared);
             let runner = Arc::clone(&runner);
             let wake = Arc::clone(&wake);
-            let done_tx: Sender<Done<K, R>> = done_tx.clone();
             let handle = thread::Builder::new()
                 .name(format!("turn-{index}"))
-                .spawn(move || worker(&shared, runner.as_ref(), wake.as_ref(), &done_tx))?;
+                .spawn(move || worker(&shared, runner.as_ref(), wake.as_ref()))?;
             workers.push(handle);
         }
         Ok(TurnPool {
             shared,
-            done_tx,
-            done_rx,
             wake,
             workers,
             max_concurrent,
@@ -178,17 +174,17 @@ where
         self.shared.signal(self.shared.lock());
     }
 
-    /// Finished jobs, without blocking. A [`Done`] sent after this call is announced by
+    /// Finished jobs, without blocking. A [`Done`] left after this call is announced by
     /// a new wake-up.
-    pub fn finished(&self) -> impl Iterator<Item = Done<K, R>> + '_ {
-        // Cleared before the channel is read: a Done sent before a wake-up that found
-        // it set is read here (it was sent before that wake-up, so before this call).
+    pub fn finished(&self) -> impl Iterator<Item = Done<K, R>> {
+        // Cleared before the results are taken: a Done left before a wake-up that found
+        // it set is taken here (it was left before that wake-up, so before this call).
         self.shared.wake_pending.store(false, Ordering::SeqCst);
-        self.done_rx.try_iter()
+        std::mem::take(&mut self.shared.lock().done).into_iter()
     }
 
     /// Takes the job submitted under `key` out of the queue if it is still waiting, so
-    /// it never runs: its [`Done`] ([`Outcome::Withdrawn`]) is sent and the wake-up
+    /// it never runs: its [`Done`] ([`Outcome::Withdrawn`]) is left and the wake-up
     /// called, as for a job that ran. Whether it was waiting (false: it is running or
     /// done, and its own [`Done`] comes or came).
     pub fn cancel(&self, key: K) -> bool {
@@ -197,12 +193,9 @@ where
             return false;
         };
         queue.jobs.remove(index);
+        let outcome = Outcome::Withdrawn;
+        queue.done.push(Done { key, outcome });
         drop(queue);
-        // The pool holds the receiver: this send cannot fail.
-        let _ = self.done_tx.send(Done {
-            key,
-            outcome: Outcome::Withdrawn,
-        });
         wake_once(&self.shared, self.wake.as_ref());
         true
     }
@@ -235,7 +228,7 @@ where
     }
 
     /// Whether no job is running and none is waiting. A job counts as running until
-    /// its [`Done`] has been sent, so once this holds every result is in
+    /// its [`Done`] is left, so once this holds every result is in
     /// [`TurnPool::finished`]. It says nothing about the worker threads: before
     /// [`TurnPool::close`] they stay alive, waiting for work; after it, they exit
     /// without taking another job.
@@ -263,10 +256,9 @@ impl<K, J, R> Drop for TurnPool<K, J, R> {
 }
 
 fn worker<K, J, R>(
-    shared: &Shared<K, J>,
+    shared: &Shared<K, J, R>,
     runner: &(dyn Fn(&J) -> R + Send + Sync),
     wake: &(dyn Fn() + Send + Sync),
-    done_tx: &Sender<Done<K, R>>,
 ) {
     loop {
         let mut queue = shared.lock();
@@ -291,20 +283,20 @@ fn worker<K, J, R>(
             Ok(result) => Outcome::Finished(result),
             Err(_) => Outcome::Panicked,
         };
-        // Send before decrementing `running`, so the caller never sees a job that is
-        // neither running nor finished; wake after it, so that a caller woken for this
-        // result already sees the pool idle if this was the last job.
-        let sent = done_tx.send(Done { key, outcome });
-        shared.lock().running -= 1;
+        // Left and counted out at once, so the caller never sees a job that is neither
+        // running nor finished; woken after, so that a caller woken for this result
+        // already sees the pool idle if this was the last job. A dropped pool is closed:
+        // the worker exits at the top of the loop.
+        let mut queue = shared.lock();
+        queue.done.push(Done { key, outcome });
+        queue.running -= 1;
+        drop(queue);
         wake_once(shared, wake);
-        if sent.is_err() {
-            return; // the pool is gone
-        }
     }
 }
 
 /// Calls `wake` unless a wake-up is already pending (see [`TurnPool::finished`]).
-fn wake_once<K, J>(shared: &Shared<K, J>, wake: &(dyn Fn() + Send + Sync)) {
+fn wake_once<K, J, R>(shared: &Shared<K, J, R>, wake: &(dyn Fn() + Send + Sync)) {
     if !shared.wake_pending.swap(true, Ordering::SeqCst) {
         wake();
     }
@@ -314,6 +306,7 @@ fn wake_once<K, J>(shared: &Shared<K, J>, wake: &(dyn Fn() + Send + Sync)) {
 mod tests {
     use super::*;
     use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::mpsc::{self, Receiver};
     use std::time::Duration;
 
     /// A runner that waits for its gate to open, doubles its job, and panics on 13.
