@@ -1,20 +1,22 @@
 //! The turn pool: a fixed set of worker threads and a bounded FIFO queue of keyed jobs.
 //!
-//! The caller submits a job under a key (the server uses the turn's own id) and moves
-//! on. Every job submitted ends in exactly one [`Done`] sent back through a channel,
-//! then announced by the wake-up callback (the server's wakes its event loop): a worker
-//! sends it when the job ran (or panicked), [`TurnPool::cancel`] when it takes the job
-//! out of the queue. Wake-ups are coalesced: none is made while one made since the last
+//! The caller submits jobs under keys (the server uses the turn's own id), then
+//! dispatches them at once, and moves on. Every job submitted ends in exactly one
+//! [`Done`], left for [`TurnPool::finished`] and announced by the wake-up callback (the
+//! server's wakes its event loop): a worker leaves it when the job ran (or panicked),
+//! [`TurnPool::cancel`] when it takes the job out of the queue. Wake-ups are coalesced: none is made while one made since the last
 //! [`TurnPool::finished`] is pending, since that call's next one takes every [`Done`]
 //! sent before. Likewise a worker is signalled only if one is waiting for work (a busy
-//! one looks at the queue before it waits). The caller never blocks on a job. The pool
-//! knows nothing of what a job or a key is.
+//! one looks at the queue before it waits), and one at a time: the one signalled
+//! signals the next when it takes a job and more wait. So a batch of quick jobs (echo
+//! turns) costs one or two thread wake-ups, not one each, and slow ones still start
+//! side by side. The caller never blocks on a job. The pool knows nothing of what a job
+//! or a key is.
 
 use crate::protocol::TurnLoad;
 use std::collections::VecDeque;
 use std::panic::{self, AssertUnwindSafe};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::mpsc::{self, Receiver, Sender};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 use std::thread::{self, JoinHandle};
 
@@ -22,7 +24,7 @@ use std::thread::{self, JoinHandle};
 /// [`Outcome::Panicked`].
 type Runner<J, R> = Arc<dyn Fn(&J) -> R + Send + Sync>;
 
-/// Called after a [`Done`] is sent (unless a call is pending), so the receiver knows to
+/// Called after a [`Done`] is left (unless a call is pending), so the caller knows to
 /// look.
 type Wake = Arc<dyn Fn() + Send + Sync>;
 
@@ -46,35 +48,47 @@ pub struct Done<K, R> {
     pub outcome: Outcome<R>,
 }
 
-struct Queue<K, J> {
+struct Queue<K, J, R> {
     jobs: VecDeque<(K, J)>,
+    /// What [`TurnPool::finished`] takes next.
+    done: Vec<Done<K, R>>,
     running: usize,
     /// Workers waiting on `ready` for a job.
     idle: usize,
+    /// A worker was signalled and has not woken yet.
+    signalled: bool,
     closed: bool,
 }
 
-struct Shared<K, J> {
-    queue: Mutex<Queue<K, J>>,
+struct Shared<K, J, R> {
+    queue: Mutex<Queue<K, J, R>>,
     ready: Condvar,
     /// A wake-up was made that no [`TurnPool::finished`] has answered yet.
     wake_pending: AtomicBool,
 }
 
-impl<K, J> Shared<K, J> {
-    fn lock(&self) -> MutexGuard<'_, Queue<K, J>> {
+impl<K, J, R> Shared<K, J, R> {
+    fn lock(&self) -> MutexGuard<'_, Queue<K, J, R>> {
         // A worker never panics while holding the lock (runner panics are caught
         // outside it), so a poisoned lock still holds consistent data.
         self.queue.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Wakes a waiting worker for the jobs in `queue`, unless one is already on its way.
+    fn signal(&self, mut queue: MutexGuard<'_, Queue<K, J, R>>) {
+        let signal = !queue.jobs.is_empty() && queue.idle > 0 && !queue.signalled;
+        queue.signalled |= signal;
+        drop(queue);
+        if signal {
+            self.ready.notify_one();
+        }
     }
 }
 
 /// The pool. Dropping it closes it (see [`TurnPool::close`]) and, if no job is running,
 /// waits for its workers to exit; a worker still running a job exits after it.
 pub struct TurnPool<K, J, R> {
-    shared: Arc<Shared<K, J>>,
-    done_tx: Sender<Done<K, R>>,
-    done_rx: Receiver<Done<K, R>>,
+    shared: Arc<Shared<K, J, R>>,
     wake: Wake,
     workers: Vec<JoinHandle<()>>,
     max_concurrent: usize,
@@ -110,29 +124,27 @@ where
         let shared = Arc::new(Shared {
             queue: Mutex::new(Queue {
                 jobs: VecDeque::new(),
+                done: Vec::new(),
                 running: 0,
                 idle: 0,
+                signalled: false,
                 closed: false,
             }),
             ready: Condvar::new(),
             wake_pending: AtomicBool::new(false),
         });
-        let (done_tx, done_rx) = mpsc::channel();
         let mut workers = Vec::with_capacity(max_concurrent);
         for index in 0..max_concurrent {
             let shared = Arc::clone(&shared);
             let runner = Arc::clone(&runner);
             let wake = Arc::clone(&wake);
-            let done_tx: Sender<Done<K, R>> = done_tx.clone();
             let handle = thread::Builder::new()
                 .name(format!("turn-{index}"))
-                .spawn(move || worker(&shared, runner.as_ref(), wake.as_ref(), &done_tx))?;
+                .spawn(move || worker(&shared, runner.as_ref(), wake.as_ref()))?;
             workers.push(handle);
         }
         Ok(TurnPool {
             shared,
-            done_tx,
-            done_rx,
             wake,
             workers,
             max_concurrent,
@@ -141,7 +153,8 @@ where
     }
 
     /// Queues `job` under `key` unless `max_concurrent + max_queued` jobs are already
-    /// admitted (running or waiting).
+    /// admitted (running or waiting). It starts at the next [`TurnPool::dispatch`] (or
+    /// when a busy worker looks at the queue).
     ///
     /// # Errors
     /// [`Busy`] (with the job handed back) when the queue is full or the pool is closed.
@@ -152,25 +165,26 @@ where
             return Err(Busy(job));
         }
         queue.jobs.push_back((key, job));
-        let idle = queue.idle > 0;
-        drop(queue);
-        if idle {
-            self.shared.ready.notify_one();
-        }
         Ok(())
     }
 
-    /// Finished jobs, without blocking. A [`Done`] sent after this call is announced by
+    /// Wakes a worker for the jobs waiting, if none is on its way. Called once after a
+    /// batch of submits (the server does, before its loop polls again).
+    pub fn dispatch(&self) {
+        self.shared.signal(self.shared.lock());
+    }
+
+    /// Finished jobs, without blocking. A [`Done`] left after this call is announced by
     /// a new wake-up.
-    pub fn finished(&self) -> impl Iterator<Item = Done<K, R>> + '_ {
-        // Cleared before the channel is read: a Done sent before a wake-up that found
-        // it set is read here (it was sent before that wake-up, so before this call).
+    pub fn finished(&self) -> impl Iterator<Item = Done<K, R>> {
+        // Cleared before the results are taken: a Done left before a wake-up that found
+        // it set is taken here (it was left before that wake-up, so before this call).
         self.shared.wake_pending.store(false, Ordering::SeqCst);
-        self.done_rx.try_iter()
+        std::mem::take(&mut self.shared.lock().done).into_iter()
     }
 
     /// Takes the job submitted under `key` out of the queue if it is still waiting, so
-    /// it never runs: its [`Done`] ([`Outcome::Withdrawn`]) is sent and the wake-up
+    /// it never runs: its [`Done`] ([`Outcome::Withdrawn`]) is left and the wake-up
     /// called, as for a job that ran. Whether it was waiting (false: it is running or
     /// done, and its own [`Done`] comes or came).
     pub fn cancel(&self, key: K) -> bool {
@@ -179,12 +193,9 @@ where
             return false;
         };
         queue.jobs.remove(index);
+        let outcome = Outcome::Withdrawn;
+        queue.done.push(Done { key, outcome });
         drop(queue);
-        // The pool holds the receiver: this send cannot fail.
-        let _ = self.done_tx.send(Done {
-            key,
-            outcome: Outcome::Withdrawn,
-        });
         wake_once(&self.shared, self.wake.as_ref());
         true
     }
@@ -217,7 +228,7 @@ where
     }
 
     /// Whether no job is running and none is waiting. A job counts as running until
-    /// its [`Done`] has been sent, so once this holds every result is in
+    /// its [`Done`] is left, so once this holds every result is in
     /// [`TurnPool::finished`]. It says nothing about the worker threads: before
     /// [`TurnPool::close`] they stay alive, waiting for work; after it, they exit
     /// without taking another job.
@@ -245,10 +256,9 @@ impl<K, J, R> Drop for TurnPool<K, J, R> {
 }
 
 fn worker<K, J, R>(
-    shared: &Shared<K, J>,
+    shared: &Shared<K, J, R>,
     runner: &(dyn Fn(&J) -> R + Send + Sync),
     wake: &(dyn Fn() + Send + Sync),
-    done_tx: &Sender<Done<K, R>>,
 ) {
     loop {
         let mut queue = shared.lock();
@@ -265,27 +275,28 @@ fn worker<K, J, R>(
                 .wait(queue)
                 .unwrap_or_else(PoisonError::into_inner);
             queue.idle -= 1;
+            queue.signalled = false;
         };
         queue.running += 1;
-        drop(queue);
+        shared.signal(queue);
         let outcome = match panic::catch_unwind(AssertUnwindSafe(|| runner(&job))) {
             Ok(result) => Outcome::Finished(result),
             Err(_) => Outcome::Panicked,
         };
-        // Send before decrementing `running`, so the caller never sees a job that is
-        // neither running nor finished; wake after it, so that a caller woken for this
-        // result already sees the pool idle if this was the last job.
-        let sent = done_tx.send(Done { key, outcome });
-        shared.lock().running -= 1;
+        // Left and counted out at once, so the caller never sees a job that is neither
+        // running nor finished; woken after, so that a caller woken for this result
+        // already sees the pool idle if this was the last job. A dropped pool is closed:
+        // the worker exits at the top of the loop.
+        let mut queue = shared.lock();
+        queue.done.push(Done { key, outcome });
+        queue.running -= 1;
+        drop(queue);
         wake_once(shared, wake);
-        if sent.is_err() {
-            return; // the pool is gone
-        }
     }
 }
 
 /// Calls `wake` unless a wake-up is already pending (see [`TurnPool::finished`]).
-fn wake_once<K, J>(shared: &Shared<K, J>, wake: &(dyn Fn() + Send + Sync)) {
+fn wake_once<K, J, R>(shared: &Shared<K, J, R>, wake: &(dyn Fn() + Send + Sync)) {
     if !shared.wake_pending.swap(true, Ordering::SeqCst) {
         wake();
     }
@@ -295,6 +306,7 @@ fn wake_once<K, J>(shared: &Shared<K, J>, wake: &(dyn Fn() + Send + Sync)) {
 mod tests {
     use super::*;
     use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::mpsc::{self, Receiver};
     use std::time::Duration;
 
     /// A runner that waits for its gate to open, doubles its job, and panics on 13.
@@ -365,6 +377,8 @@ mod tests {
         for (key, job) in [(0, 1), (1, 2), (2, 13), (3, 4)] {
             pool.submit(key, job).unwrap();
         }
+        // One dispatch starts both workers: the first one signals the second.
+        pool.dispatch();
         // 2 running + 2 queued: the fifth is refused.
         let Busy(job) = pool.submit(9, 5).unwrap_err();
         assert_eq!(job, 5);
@@ -410,6 +424,7 @@ mod tests {
         for key in 0..3 {
             pool.submit(key, key as u32 + 100).unwrap();
         }
+        pool.dispatch();
         runner.wait_started(1);
         assert!(!pool.is_idle());
         assert_eq!(pool.close(), vec![(1, 101), (2, 102)]);
@@ -423,6 +438,7 @@ mod tests {
     fn cancel_takes_only_a_waiting_job_and_reports_it() {
         let (pool, runner, wakes) = pool(1, 2);
         pool.submit(7, 1).unwrap();
+        pool.dispatch();
         runner.wait_started(1);
         pool.submit(8, 2).unwrap();
         assert!(pool.is_queued(8));
@@ -456,6 +472,7 @@ mod tests {
         for key in 0..3 {
             pool.submit(key, 1).unwrap();
         }
+        pool.dispatch();
         runner.open();
         wakes.recv_timeout(Duration::from_secs(10)).unwrap();
         while !pool.is_idle() {
@@ -464,9 +481,37 @@ mod tests {
         assert!(wakes.try_recv().is_err(), "one wake-up for three results");
         assert_eq!(pool.finished().count(), 3);
         pool.submit(3, 1).unwrap();
+        pool.dispatch();
         wakes.recv_timeout(Duration::from_secs(10)).unwrap();
         let done: Vec<u64> = pool.finished().map(|d| d.key).collect();
         assert_eq!(done, vec![3]);
+    }
+
+    /// A submitted job waits for `dispatch` (when no worker is busy), and one dispatch
+    /// starts a whole batch of slow jobs side by side: each worker woken signals the next.
+    #[test]
+    fn one_dispatch_starts_a_batch_side_by_side() {
+        let (pool, runner, wakes) = pool(3, 0);
+        while pool.shared.lock().idle < 3 {
+            thread::sleep(Duration::from_millis(5));
+        }
+        for key in 0..3 {
+            pool.submit(key, 1).unwrap();
+        }
+        thread::sleep(Duration::from_millis(50));
+        assert_eq!(
+            runner.started.load(Ordering::SeqCst),
+            0,
+            "not dispatched yet"
+        );
+        pool.dispatch();
+        runner.wait_started(3);
+        runner.open();
+        let mut done = 0;
+        while done < 3 {
+            wakes.recv_timeout(Duration::from_secs(10)).unwrap();
+            done += pool.finished().count();
+        }
     }
 
     /// An idle pool dropped without `close` (an `Instance` dropped without `run`)

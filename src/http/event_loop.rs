@@ -152,6 +152,7 @@ impl EventLoop {
             // Work left on the run queue: only look for new events.
             let wake_at = if self.ready.is_empty() { wake_at } else { now };
             let timeout = wake_at.saturating_duration_since(Instant::now());
+            service.before_poll();
             match self.poll.poll(&mut events, Some(timeout)) {
                 Err(e) if e.kind() == ErrorKind::Interrupted => continue,
                 polled => polled?,

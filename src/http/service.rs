@@ -85,4 +85,8 @@ pub trait Service {
 
     /// A connection whose request was deferred closed before it was answered.
     fn on_abandoned(&mut self, id: ConnId);
+
+    /// The loop is about to wait for events: the end of a round of callbacks. Work the
+    /// round deferred starts here, once for all of it (the bus wakes its turn workers).
+    fn before_poll(&mut self);
 }

@@ -110,4 +110,8 @@ impl Service for Bus {
     fn on_abandoned(&mut self, conn: ConnId) {
         self.hang_up(conn);
     }
+
+    fn before_poll(&mut self) {
+        self.pool.dispatch();
+    }
 }
