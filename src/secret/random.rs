@@ -15,9 +15,8 @@ impl Secret {
     ///
     /// The OS's randomness could not be read.
     pub fn generate() -> io::Result<Secret> {
-        let hex = random_hex(SECRET_BYTES)?;
         // `random_hex` of a non-zero count is never empty.
-        Ok(Secret(hex))
+        random_hex(SECRET_BYTES).map(Secret)
     }
 }
 
