@@ -104,26 +104,32 @@ fn timed_out(root: &Path, patience: Duration) -> io::Error {
 /// new one.
 #[derive(Debug, Clone, PartialEq, Eq)]
 struct Fingerprint {
+    dir: bool,
     inode: (u64, u64),
     mtime: Option<SystemTime>,
     owner: Option<Vec<u8>>,
 }
 
-/// The fingerprint of the lock directory `path`, with its metadata; `NotFound` when
-/// it is gone.
-fn fingerprint(path: &Path) -> io::Result<(Fingerprint, fs::Metadata)> {
+/// The fingerprint of the lock directory `path`; `NotFound` when it is gone.
+fn fingerprint(path: &Path) -> io::Result<Fingerprint> {
     let meta = fs::symlink_metadata(path)?;
-    let owner = if meta.is_dir() {
-        files::read_regular_file(&path.join(OWNER_FILE), MAX_OWNER_BYTES).ok()
-    } else {
-        None
-    };
-    let print = Fingerprint {
+    Ok(Fingerprint {
+        dir: meta.is_dir(),
         inode: (meta.dev(), meta.ino()),
         mtime: meta.modified().ok(),
-        owner,
-    };
-    Ok((print, meta))
+        owner: meta
+            .is_dir()
+            .then(|| files::read_regular_file(&path.join(OWNER_FILE), MAX_OWNER_BYTES).ok())
+            .flatten(),
+    })
+}
+
+/// `Ok(())` for a `NotFound` error: what was to be removed is gone already.
+fn gone_is_fine(e: io::Error) -> io::Result<()> {
+    match e.kind() {
+        io::ErrorKind::NotFound => Ok(()),
+        _ => Err(e),
+    }
 }
 
 /// A held lock: the directory this process made, known by its inode and the
@@ -139,14 +145,27 @@ pub struct Held {
 
 impl Held {
     /// Releases the lock: removes `owner.json`, then the directory, but only if the
-    /// directory is still the one this process made.
+    /// directory is still the one this process made (a lock that replaced it is
+    /// another holder's). A lock already gone is released.
     ///
     /// # Errors
     ///
     /// An I/O error removing them.
     pub fn release(mut self) -> io::Result<()> {
         self.released = true;
-        remove_own(&self.path, self.inode, &self.owner)
+        self.remove()
+    }
+
+    /// What [`Held::release`] does.
+    fn remove(&self) -> io::Result<()> {
+        match fingerprint(&self.path) {
+            Ok(print) if print.inode == self.inode && print.owner.as_ref() == Some(&self.owner) => {
+            }
+            Ok(_) => return Ok(()),
+            Err(e) => return gone_is_fine(e),
+        }
+        fs::remove_file(self.path.join(OWNER_FILE)).or_else(gone_is_fine)?;
+        fs::remove_dir(&self.path).or_else(gone_is_fine)
     }
 }
 
@@ -155,30 +174,9 @@ impl Drop for Held {
         if self.released {
             return;
         }
-        if let Err(e) = remove_own(&self.path, self.inode, &self.owner) {
+        if let Err(e) = self.remove() {
             log::warn!("cannot release {}: {e}", self.path.display());
         }
-    }
-}
-
-/// Removes the lock directory `path` (its `owner.json` first), if it is still the
-/// directory of inode `inode` holding `owner` (a lock that replaced it is another
-/// holder's). A lock already gone is released.
-fn remove_own(path: &Path, inode: (u64, u64), owner: &[u8]) -> io::Result<()> {
-    match fingerprint(path) {
-        Ok((print, _)) if print.inode == inode && print.owner.as_deref() == Some(owner) => {}
-        Ok(_) => return Ok(()),
-        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(()),
-        Err(e) => return Err(e),
-    }
-    match fs::remove_file(path.join(OWNER_FILE)) {
-        Ok(()) => {}
-        Err(e) if e.kind() == io::ErrorKind::NotFound => {}
-        Err(e) => return Err(e),
-    }
-    match fs::remove_dir(path) {
-        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
-        other => other,
     }
 }
 
@@ -220,12 +218,7 @@ fn take(path: &Path) -> io::Result<Held> {
         "pid": std::process::id(),
         "acquiredAt": time::now_iso8601(),
     });
-    let held = Held {
-        path: path.to_path_buf(),
-        inode: (meta.dev(), meta.ino()),
-        owner: owner.to_string().into_bytes(),
-        released: false,
-    };
+    let owner = owner.to_string().into_bytes();
     let undo = |e: io::Error| {
         // Nothing else can have written owner.json into the directory we just made.
         let _ = fs::remove_file(path.join(OWNER_FILE));
@@ -239,9 +232,14 @@ fn take(path: &Path) -> io::Result<Held> {
         .create_new(true)
         .mode(files::PRIVATE_FILE_MODE)
         .open(path.join(OWNER_FILE))
-        .and_then(|mut file| file.write_all(&held.owner))
+        .and_then(|mut file| file.write_all(&owner))
         .map_err(undo)?;
-    Ok(held)
+    Ok(Held {
+        path: path.to_path_buf(),
+        inode: (meta.dev(), meta.ino()),
+        owner,
+        released: false,
+    })
 }
 
 /// `owner.json` as read.
@@ -253,56 +251,43 @@ struct Owner {
 }
 
 /// The owner of the lock directory `path`, or `None` when `owner.json` is missing or
-/// unreadable (not JSON, no positive pid, no ISO-8601 `acquiredAt`).
+/// unreadable.
 fn read_owner(path: &Path) -> Option<Owner> {
-    let bytes = files::read_regular_file(&path.join(OWNER_FILE), MAX_OWNER_BYTES).ok()?;
-    parse_owner(&bytes)
+    parse_owner(&files::read_regular_file(&path.join(OWNER_FILE), MAX_OWNER_BYTES).ok()?)
 }
 
+/// The owner `owner.json` names, or `None` when it is unreadable (not JSON, no
+/// positive pid, no ISO-8601 `acquiredAt`).
 fn parse_owner(bytes: &[u8]) -> Option<Owner> {
     let value: Value = serde_json::from_slice(bytes).ok()?;
-    let pid = value
-        .get("pid")
-        .and_then(crate::protocol::non_negative_integer)
-        .and_then(|n| u32::try_from(n).ok())
-        .filter(|&pid| pid != 0)?;
     let acquired_at = value.get("acquiredAt")?.as_str()?.to_owned();
-    let acquired = time::parse_iso8601(&acquired_at)?;
     Some(Owner {
-        pid,
+        pid: super::store::positive(&value, "pid")?,
+        acquired: time::parse_iso8601(&acquired_at)?,
         acquired_at,
-        acquired,
     })
 }
 
-/// Whether `then` is more than [`STALE_AGE`] before `now` (a time in the future is
-/// not old).
-fn older_than_stale_age(then: SystemTime, now: SystemTime) -> bool {
-    now.duration_since(then).is_ok_and(|age| age > STALE_AGE)
-}
-
-/// Why the lock of fingerprint `print` is stale, or `None` if it is live.
+/// Why the lock of fingerprint `print` is stale, or `None` if it is live: its owner's
+/// pid is gone, or it took the lock more than [`STALE_AGE`] before `now`, or, without a
+/// readable `owner.json`, the directory was last changed that long ago (a time in the
+/// future is not old).
 fn staleness(print: &Fingerprint, now: SystemTime) -> Option<String> {
+    let old = |then| now.duration_since(then).is_ok_and(|age| age > STALE_AGE);
+    let secs = STALE_AGE.as_secs();
     match print.owner.as_deref().and_then(parse_owner) {
         Some(owner) if files::pid_is_gone(owner.pid) => {
             Some(format!("its owner, process {}, is gone", owner.pid))
         }
-        Some(owner) if older_than_stale_age(owner.acquired, now) => Some(format!(
-            "process {} took it at {}, over {} s ago",
-            owner.pid,
-            owner.acquired_at,
-            STALE_AGE.as_secs()
+        Some(owner) if old(owner.acquired) => Some(format!(
+            "process {} took it at {}, over {secs} s ago",
+            owner.pid, owner.acquired_at
         )),
         Some(_) => None,
         None => print
             .mtime
-            .filter(|&mtime| older_than_stale_age(mtime, now))
-            .map(|_| {
-                format!(
-                    "it has no readable {OWNER_FILE} and is over {} s old",
-                    STALE_AGE.as_secs()
-                )
-            }),
+            .filter(|&mtime| old(mtime))
+            .map(|_| format!("it has no readable {OWNER_FILE} and is over {secs} s old")),
     }
 }
 
@@ -310,15 +295,15 @@ fn staleness(print: &Fingerprint, now: SystemTime) -> Option<String> {
 static MOVED: AtomicU64 = AtomicU64::new(0);
 
 /// Removes the lock directory at the lock's name if it is stale, and returns whether
-/// it did. `false` when it
-/// is live, or when it vanished meanwhile (the caller tries again either way).
+/// it did. `false` when it is live, or when it vanished meanwhile (the caller tries
+/// again either way).
 fn clear_if_stale(path: &Path) -> io::Result<bool> {
-    let (print, meta) = match fingerprint(path) {
-        Ok(found) => found,
+    let print = match fingerprint(path) {
+        Ok(print) => print,
         Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(true),
         Err(e) => return Err(e),
     };
-    if !meta.is_dir() {
+    if !print.dir {
         return Err(io::Error::new(
             io::ErrorKind::InvalidData,
             format!("{}: not a lock directory; remove it", path.display()),
@@ -327,40 +312,30 @@ fn clear_if_stale(path: &Path) -> io::Result<bool> {
     let Some(why) = staleness(&print, SystemTime::now()) else {
         return Ok(false);
     };
-    let mut moved = path.as_os_str().to_owned();
-    moved.push(format!(
-        ".stale-{}-{}",
-        std::process::id(),
-        MOVED.fetch_add(1, Ordering::Relaxed)
-    ));
-    let moved = PathBuf::from(moved);
-    match fs::rename(path, &moved) {
-        Ok(()) => {}
-        // Another waiter cleared it first.
-        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(true),
-        Err(e) => return Err(e),
+    let n = MOVED.fetch_add(1, Ordering::Relaxed);
+    let moved = path.with_extension(format!("stale-{}-{n}", std::process::id()));
+    if let Err(e) = fs::rename(path, &moved) {
+        // NotFound: another waiter cleared it first.
+        return gone_is_fine(e).map(|()| true);
     }
-    if fingerprint(&moved)?.0 != print {
+    if fingerprint(&moved)? != print {
         // Between the check and the rename another waiter cleared the stale lock and
         // a third took the name afresh: this is that fresh lock. Put it back (never
         // over a newer one).
-        return match rustix::fs::renameat_with(
+        let back = rustix::fs::renameat_with(
             rustix::fs::CWD,
             &moved,
             rustix::fs::CWD,
             path,
             rustix::fs::RenameFlags::NOREPLACE,
-        ) {
-            Ok(()) => Ok(false),
-            Err(e) => {
-                log::warn!(
-                    "{}: moved a live lock aside by accident and cannot put it back ({e}); removing it",
-                    path.display()
-                );
-                fs::remove_dir_all(&moved)?;
-                Ok(true)
-            }
-        };
+        );
+        let Err(e) = back else { return Ok(false) };
+        log::warn!(
+            "{}: moved a live lock aside by accident and cannot put it back ({e}); removing it",
+            path.display()
+        );
+        fs::remove_dir_all(&moved)?;
+        return Ok(true);
     }
     fs::remove_dir_all(&moved)?;
     log::warn!("{}: removed a stale lock: {why}", path.display());
@@ -520,13 +495,13 @@ mod tests {
         let dir = TestDir::new("rlock-race");
         let stale_owner = serde_json::json!({"pid": dead_pid(), "acquiredAt": iso_ago(0)});
         let path = plant(dir.path(), Some(stale_owner));
-        let (judged, _) = fingerprint(&path).unwrap();
+        let judged = fingerprint(&path).unwrap();
         assert!(staleness(&judged, SystemTime::now()).is_some());
         fs::remove_dir_all(&path).unwrap();
         let fresh = acquire(dir.path(), Duration::ZERO).unwrap().unwrap();
         let moved = dir.path().join("moved");
         fs::rename(&path, &moved).unwrap();
-        assert_ne!(fingerprint(&moved).unwrap().0, judged);
+        assert_ne!(fingerprint(&moved).unwrap(), judged);
         fs::rename(&moved, &path).unwrap();
         // The real code path: a live lock is not cleared.
         assert!(!clear_if_stale(&path).unwrap());
@@ -590,8 +565,18 @@ mod tests {
         assert!(files::pid_is_gone(dead_pid()));
         assert!(files::pid_is_gone(u32::MAX));
         let now = SystemTime::now();
-        assert!(older_than_stale_age(now - Duration::from_secs(31), now));
-        assert!(!older_than_stale_age(now - Duration::from_secs(29), now));
-        assert!(!older_than_stale_age(now + Duration::from_secs(100), now));
+        let changed = |mtime| Fingerprint {
+            dir: true,
+            inode: (0, 0),
+            mtime: Some(mtime),
+            owner: None,
+        };
+        let stale = |mtime| staleness(&changed(mtime), now).is_some();
+        assert!(stale(now - Duration::from_secs(31)));
+        assert!(!stale(now - Duration::from_secs(29)));
+        assert!(
+            !stale(now + Duration::from_secs(100)),
+            "the future is not old"
+        );
     }
 }

@@ -396,19 +396,16 @@ pub fn parse(bytes: &[u8]) -> Result<Parsed, &'static str> {
     Ok(Parsed { entries, skipped })
 }
 
+/// `value[key]` as a whole number from 1 to `T`'s largest (written as an integer or a
+/// whole float), as the original implementation writes ports and pids.
+pub(super) fn positive<T: TryFrom<u64>>(value: &Value, key: &str) -> Option<T> {
+    let n = value.get(key).and_then(non_negative_integer)?;
+    T::try_from(n).ok().filter(|_| n != 0)
+}
+
 fn parse_entry(value: &Value) -> Result<RegistryEntry, &'static str> {
-    let port = value
-        .get("port")
-        .and_then(non_negative_integer)
-        .and_then(|n| u16::try_from(n).ok())
-        .filter(|&port| port != 0)
-        .ok_or("port must be an integer from 1 to 65535")?;
-    let pid = value
-        .get("pid")
-        .and_then(non_negative_integer)
-        .and_then(|n| u32::try_from(n).ok())
-        .filter(|&pid| pid != 0)
-        .ok_or("pid must be a positive integer")?;
+    let port = positive(value, "port").ok_or("port must be an integer from 1 to 65535")?;
+    let pid = positive(value, "pid").ok_or("pid must be a positive integer")?;
     let secret = value
         .get("secret")
         .and_then(Value::as_str)
