@@ -69,29 +69,22 @@ pub fn registry_path(root: &Path) -> PathBuf {
 pub fn read(root: &Path) -> io::Result<BTreeMap<InstanceName, RegistryEntry>> {
     let path = registry_path(root);
     check_root(root)?;
-    let bytes = match files::read_trusted_file(&path, MAX_REGISTRY_BYTES) {
-        Ok(bytes) => bytes,
+    let parsed = match files::read_trusted_file(&path, MAX_REGISTRY_BYTES) {
+        Ok(bytes) => parse(&bytes).map_err(str::to_owned),
         Err(err) if err.kind() == io::ErrorKind::NotFound => return Ok(BTreeMap::new()),
-        Err(err) if err.kind() == io::ErrorKind::InvalidData => {
-            warn_once(&path, &[format!("{err}; treating it as empty")]);
-            return Ok(BTreeMap::new());
-        }
+        Err(err) if err.kind() == io::ErrorKind::InvalidData => Err(err.to_string()),
         Err(err) => return Err(err),
     };
-    match parse(&bytes) {
-        Ok(Parsed { entries, skipped }) => {
-            let problems: Vec<String> = skipped
-                .into_iter()
-                .map(|reason| format!("ignoring an entry: {reason}"))
-                .collect();
-            warn_once(&path, &problems);
-            Ok(entries)
-        }
-        Err(reason) => {
-            warn_once(&path, &[format!("{reason}; treating it as empty")]);
-            Ok(BTreeMap::new())
-        }
-    }
+    let Parsed { entries, skipped } = parsed.unwrap_or_else(|reason| {
+        warn_once(&path, &[format!("{reason}; treating it as empty")]);
+        Parsed::default()
+    });
+    let problems: Vec<String> = skipped
+        .into_iter()
+        .map(|reason| format!("ignoring an entry: {reason}"))
+        .collect();
+    warn_once(&path, &problems);
+    Ok(entries)
 }
 
 /// Refuses a channel root that another user owns or may write to (contract 1): its
@@ -161,9 +154,7 @@ fn insert_locked(
     pid: u32,
     secret: &Secret,
 ) -> io::Result<()> {
-    let path = registry_path(root);
-    let mut document = load(&path)?;
-    let instances = instances_mut(&mut document);
+    let (document, mut instances) = load(root)?;
     let mut fields = match instances.remove(name.as_str()) {
         Some(Value::Object(fields)) => fields,
         _ => Map::new(),
@@ -179,7 +170,7 @@ fn insert_locked(
     }
     fields.insert("proof".into(), true.into());
     instances.insert(name.to_string(), Value::Object(fields));
-    save(&path, document)
+    save(root, document, instances)
 }
 
 /// Re-registers `name` if its entry is missing (the file was deleted, torn or
@@ -211,36 +202,6 @@ pub fn ensure_registered(
         Ok(true)
     })?;
     written.unwrap_or(Ok(false))
-}
-
-/// A registry file that is not a JSON object (torn by something that did not write it
-/// atomically) is set aside as `.bus-registry.json.corrupt-<millis>` before it is
-/// rewritten, so nothing is destroyed without a trace. It is first read again up to
-/// [`TORN_REREADS`] times, since a writer without the lock may be halfway through.
-/// The caller holds the lock.
-fn set_aside_if_torn(path: &Path) {
-    for attempt in 0..=TORN_REREADS {
-        if attempt > 0 {
-            std::thread::sleep(lock::POLL_INTERVAL);
-        }
-        match files::read_regular_file(path, MAX_REGISTRY_BYTES) {
-            Ok(bytes) if matches!(serde_json::from_slice(&bytes), Ok(Value::Object(_))) => return,
-            Ok(_) => {}
-            Err(e) if e.kind() == io::ErrorKind::InvalidData => break,
-            Err(_) => return,
-        }
-    }
-    match files::set_aside(path, CORRUPT_SUFFIX) {
-        Ok(aside) => log::warn!(
-            "{} was unreadable; moved to {}",
-            path.display(),
-            aside.display()
-        ),
-        Err(e) => log::warn!(
-            "{}: cannot set the unreadable file aside: {e}",
-            path.display()
-        ),
-    }
 }
 
 /// Removes `name`'s entry if, and only if, it was registered by process `pid` (so a
@@ -292,10 +253,8 @@ fn remove_if(
     root: &Path,
     matches: impl Fn(&str, &RegistryEntry) -> bool,
 ) -> io::Result<Vec<InstanceName>> {
-    let path = registry_path(root);
     lock::with_registry_lock(root, || {
-        let mut document = load(&path)?;
-        let instances = instances_mut(&mut document);
+        let (document, mut instances) = load(root)?;
         let removed: Vec<InstanceName> = instances
             .iter()
             .filter(|(name, value)| parse_entry(value).is_ok_and(|entry| matches(name, &entry)))
@@ -305,66 +264,81 @@ fn remove_if(
             instances.remove(name.as_str());
         }
         if !removed.is_empty() {
-            save(&path, document)?;
+            save(root, document, instances)?;
         }
         Ok(removed)
     })
 }
 
-/// The registry file as a JSON document, for a rewrite that keeps everything it does
-/// not change: other programs' entries, invalid entries and unknown fields alike. A
-/// missing file is an empty document; a torn one is set aside first. The caller
-/// holds the registry lock.
+/// The registry file of `root` as a JSON document, for a rewrite that keeps everything
+/// it does not change (other programs' entries, invalid entries and unknown fields
+/// alike), with its `instances` taken out (empty when missing or of another shape,
+/// which [`read`] treats as an empty registry). A missing file is an empty document.
+/// A registry file that is not a JSON object (torn by something that did not write it
+/// atomically) is set aside as `.bus-registry.json.corrupt-<millis>` before it is
+/// rewritten, so nothing is destroyed without a trace. It is first read again up to
+/// [`TORN_REREADS`] times, since a writer without the lock may be halfway through.
+/// The caller holds the registry lock.
 ///
 /// # Errors
 ///
 /// The file exists but can't be read.
-fn load(path: &Path) -> io::Result<Map<String, Value>> {
-    check_root(path.parent().unwrap_or(Path::new(".")))?;
+fn load(root: &Path) -> io::Result<(Map<String, Value>, Map<String, Value>)> {
+    let path = registry_path(root);
+    check_root(root)?;
     // Another user's file is refused, not set aside: it was never ours.
-    match files::check_trusted(path, files::TrustKind::File) {
+    match files::check_trusted(&path, files::TrustKind::File) {
         Err(err) if err.kind() == io::ErrorKind::PermissionDenied => return Err(err),
-        _ => set_aside_if_torn(path),
+        _ => {}
     }
-    let bytes = match files::read_trusted_file(path, MAX_REGISTRY_BYTES) {
-        Ok(bytes) => bytes,
-        Err(err) if err.kind() == io::ErrorKind::NotFound => return Ok(Map::new()),
-        Err(err) => return Err(err),
-    };
-    // Valid JSON that is not an object (`set_aside_if_torn` kept it) has nothing to
-    // keep.
-    match serde_json::from_slice(&bytes) {
-        Ok(Value::Object(document)) => Ok(document),
-        _ => Ok(Map::new()),
+    for attempt in 0..=TORN_REREADS {
+        if attempt > 0 {
+            std::thread::sleep(lock::POLL_INTERVAL);
+        }
+        match files::read_trusted_file(&path, MAX_REGISTRY_BYTES) {
+            Ok(bytes) => {
+                if let Ok(Value::Object(mut document)) = serde_json::from_slice(&bytes) {
+                    let instances = match document.remove("instances") {
+                        Some(Value::Object(instances)) => instances,
+                        _ => Map::new(),
+                    };
+                    return Ok((document, instances));
+                }
+            }
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(Default::default()),
+            Err(e) if e.kind() == io::ErrorKind::InvalidData => break,
+            Err(e) => return Err(e),
+        }
     }
+    match files::set_aside(&path, CORRUPT_SUFFIX) {
+        Ok(aside) => log::warn!(
+            "{} was unreadable; moved to {}",
+            path.display(),
+            aside.display()
+        ),
+        Err(e) => log::warn!(
+            "{}: cannot set the unreadable file aside: {e}",
+            path.display()
+        ),
+    }
+    Ok(Default::default())
 }
 
-/// The `instances` object of `document`, made one if it is missing or of another
-/// shape (which [`read`] treats as an empty registry).
-fn instances_mut(document: &mut Map<String, Value>) -> &mut Map<String, Value> {
-    let instances = document
-        .entry("instances")
-        .or_insert_with(|| Value::Object(Map::new()));
-    if !instances.is_object() {
-        *instances = Value::Object(Map::new());
-    }
-    match instances {
-        Value::Object(map) => map,
-        // Made an object just above.
-        _ => unreachable!("instances was just made an object"),
-    }
-}
-
-/// Writes `document` as the whole registry, atomically, mode 0600.
-fn save(path: &Path, document: Map<String, Value>) -> io::Result<()> {
-    let mut bytes =
-        serde_json::to_vec_pretty(&Value::Object(document)).map_err(io::Error::other)?;
+/// Writes `document` with `instances` as the whole registry of `root`, atomically,
+/// mode 0600.
+fn save(
+    root: &Path,
+    mut document: Map<String, Value>,
+    instances: Map<String, Value>,
+) -> io::Result<()> {
+    document.insert("instances".into(), Value::Object(instances));
+    let mut bytes = serde_json::to_vec_pretty(&document).map_err(io::Error::other)?;
     bytes.push(b'\n');
-    files::write_atomic(path, &bytes, files::PRIVATE_FILE_MODE)
+    files::write_atomic(&registry_path(root), &bytes, files::PRIVATE_FILE_MODE)
 }
 
 /// What a registry file holds.
-#[derive(Debug)]
+#[derive(Debug, Default)]
 pub struct Parsed {
     /// The valid entries.
     pub entries: BTreeMap<InstanceName, RegistryEntry>,
