@@ -24,7 +24,7 @@
 
 use std::fmt;
 use std::io::BufRead;
-use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
+use std::net::{IpAddr, SocketAddr};
 use std::time::{Duration, Instant};
 
 /// The kernel's IPv4 socket table.
@@ -144,8 +144,7 @@ fn parse_line(line: &str) -> Option<Socket> {
 
 /// The local port of a table line (its second field's `:PORT`), without parsing the rest.
 fn local_port(line: &str) -> Option<u16> {
-    let local = line.split_ascii_whitespace().nth(1)?;
-    let (_, port_hex) = local.split_once(':')?;
+    let (_, port_hex) = line.split_ascii_whitespace().nth(1)?.split_once(':')?;
     u16::from_str_radix(port_hex, 16).ok()
 }
 
@@ -159,24 +158,19 @@ fn parse_address(field: &str) -> Option<SocketAddr> {
 /// An address of the table: 8 hex digits for IPv4, 32 for IPv6, in 32-bit words of
 /// the machine's byte order.
 fn parse_ip(hex: &str) -> Option<IpAddr> {
-    if !hex.bytes().all(|b| b.is_ascii_hexdigit()) {
+    if !matches!(hex.len(), 8 | 32) || !hex.bytes().all(|b| b.is_ascii_hexdigit()) {
         return None;
     }
-    let word = |i: usize| -> Option<[u8; 4]> {
-        let digits = hex.get(i * 8..i * 8 + 8)?;
-        u32::from_str_radix(digits, 16).ok().map(u32::to_ne_bytes)
-    };
-    match hex.len() {
-        8 => Some(IpAddr::V4(Ipv4Addr::from(word(0)?))),
-        32 => {
-            let mut octets = [0u8; 16];
-            for (i, chunk) in octets.chunks_exact_mut(4).enumerate() {
-                chunk.copy_from_slice(&word(i)?);
-            }
-            Some(IpAddr::V6(Ipv6Addr::from(octets)))
-        }
-        _ => None,
+    let mut octets = [0u8; 16];
+    for (i, word) in octets.chunks_exact_mut(4).take(hex.len() / 8).enumerate() {
+        let digits = u32::from_str_radix(&hex[i * 8..i * 8 + 8], 16).ok()?;
+        word.copy_from_slice(&digits.to_ne_bytes());
     }
+    let [a, b, c, d, ..] = octets;
+    Some(match hex.len() {
+        8 => IpAddr::from([a, b, c, d]),
+        _ => IpAddr::from(octets),
+    })
 }
 
 /// Whether a listener bound to `listener` would (or might) receive a connection to
@@ -717,7 +711,7 @@ mod tests {
         let mut text = String::from(HEADER);
         text.push('\n');
         for i in 0..flood {
-            let ip = Ipv4Addr::new(127, 0, 10, u8::try_from(i / 20_000 + 1).unwrap());
+            let ip = std::net::Ipv4Addr::new(127, 0, 10, u8::try_from(i / 20_000 + 1).unwrap());
             let port = u16::try_from(20_000 + i % 20_000).unwrap();
             let local = SocketAddr::new(IpAddr::V4(ip), port);
             text.push_str(&line4(i, local, a("0.0.0.0:0"), "0A", 65534));
