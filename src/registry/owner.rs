@@ -197,10 +197,9 @@ fn canonical(addr: SocketAddr) -> SocketAddr {
 struct Tally {
     /// The first socket of another uid that would receive the connection.
     foreign: Option<u32>,
-    /// Whether an own listener that would receive it was seen.
-    listener: bool,
-    /// Whether the accepted end of our connection was seen (own uid).
-    accepted: bool,
+    /// Whether an own socket that decides was seen: the accepted end of our
+    /// connection if there is one, else a listener that would receive it.
+    own: bool,
 }
 
 impl Tally {
@@ -218,20 +217,18 @@ impl Tally {
         }
         if socket.uid != own {
             self.foreign = self.foreign.or(Some(socket.uid));
-        } else if socket.listening {
-            self.listener = true;
         } else {
-            self.accepted = true;
+            // With a connection, only its accepted end decides.
+            self.own |= ours.is_none() || !socket.listening;
         }
     }
 
     fn verdict(&self, connection: bool) -> Verdict {
-        match (self.foreign, connection) {
-            (Some(uid), _) => Verdict::Foreign(uid),
-            (None, true) if self.accepted => Verdict::Own,
-            (None, true) => Verdict::ConnectionUnlisted,
-            (None, false) if self.listener => Verdict::Own,
-            (None, false) => Verdict::NoListener,
+        match self.foreign {
+            Some(uid) => Verdict::Foreign(uid),
+            None if self.own => Verdict::Own,
+            None if connection => Verdict::ConnectionUnlisted,
+            None => Verdict::NoListener,
         }
     }
 }
@@ -268,20 +265,15 @@ pub fn read_verdict<R: BufRead>(
             if count.is_multiple_of(LINES_PER_CLOCK_LOOK) && Instant::now() >= deadline {
                 return Ok(None);
             }
-            if line.len() > MAX_TABLE_LINE_BYTES {
-                continue;
-            }
-            let Ok(text) = std::str::from_utf8(&line) else {
-                continue;
-            };
             // Most lines are of other ports: their local port alone rules them out.
-            if local_port(text) != Some(target.port()) {
-                continue;
+            let socket = std::str::from_utf8(&line)
+                .ok()
+                .filter(|text| text.len() <= MAX_TABLE_LINE_BYTES)
+                .filter(|text| local_port(text) == Some(target.port()))
+                .and_then(parse_line);
+            if let Some(socket) = socket {
+                tally.add(&socket, target, ours, own_uid);
             }
-            let Some(socket) = parse_line(text) else {
-                continue;
-            };
-            tally.add(&socket, target, ours, own_uid);
             if tally.foreign.is_some() {
                 return Ok(Some(tally.verdict(ours.is_some())));
             }
