@@ -124,25 +124,15 @@ impl ProbeError {
     /// not proof (the instance may be overloaded), and an instance that answers as
     /// itself but is stopping or of another kind is still there.
     pub fn is_stale(&self) -> bool {
-        match self {
-            Self::Http(ClientError::Connect(_) | ClientError::Malformed(_))
-            | Self::Http(ClientError::Closed)
-            | Self::Status(_)
-            | Self::NotHealth(_)
-            | Self::OtherInstance(_)
-            | Self::NoProof
-            | Self::WrongProof
-            | Self::NotSameUser(OwnerRefusal::Foreign { .. }) => true,
-            Self::Http(
-                ClientError::NotLoopback(_)
-                | ClientError::Timeout
-                | ClientError::Io(_)
-                | ClientError::UnsendableSecret,
+        self.is_failed_proof()
+            || matches!(
+                self,
+                Self::Http(
+                    ClientError::Connect(_) | ClientError::Malformed(_) | ClientError::Closed
+                ) | Self::Status(_)
+                    | Self::NotHealth(_)
+                    | Self::OtherInstance(_)
             )
-            | Self::NotReady(_)
-            | Self::KindNotAccepted(_)
-            | Self::NotSameUser(_) => false,
-        }
     }
 }
 
@@ -221,10 +211,8 @@ pub fn probe(target: Target<'_>, accept_kinds: Option<&[String]>) -> Result<Prob
         Target::Port(port, name) => (store::DEFAULT_HOST, port, name, None),
         Target::Entry(name, entry) => (entry.host, entry.port, Some(name), Some(entry)),
     };
-    let nonce = match entry {
-        Some(_) => Some(secret::nonce().map_err(|e| ProbeError::Http(ClientError::Io(e)))?),
-        None => None,
-    };
+    let nonce = entry.map(|_| secret::nonce()).transpose();
+    let nonce = nonce.map_err(|e| ProbeError::Http(ClientError::Io(e)))?;
     let mut connection = Connection::open_at(host, port, deadline).map_err(ProbeError::Http)?;
     let response = connection
         .get_health(nonce.as_deref(), deadline)
@@ -233,18 +221,13 @@ pub fn probe(target: Target<'_>, accept_kinds: Option<&[String]>) -> Result<Prob
     if let (Some(entry), Some(name), Some(nonce)) = (entry, name, &nonce) {
         if entry.proof {
             let message = proof::proof_message(name.as_str(), host, port, nonce);
-            match &answer.health.proof {
-                None => return Err(ProbeError::NoProof),
-                Some(given) if !entry.secret.verify_proof(&message, given) => {
-                    return Err(ProbeError::WrongProof)
-                }
-                Some(_) => {}
+            let given = answer.health.proof.as_deref().ok_or(ProbeError::NoProof)?;
+            if !entry.secret.verify_proof(&message, given) {
+                return Err(ProbeError::WrongProof);
             }
         } else {
-            let unknown = OwnerRefusal::Unknown { port };
-            let (peer, local) = connection
-                .addresses()
-                .map_err(|_| ProbeError::NotSameUser(unknown))?;
+            let unknown = ProbeError::NotSameUser(OwnerRefusal::Unknown { port });
+            let (peer, local) = connection.addresses().map_err(|_| unknown)?;
             check_connection_owner(peer, local).map_err(ProbeError::NotSameUser)?;
         }
     }
