@@ -5,7 +5,6 @@
 //! is. A caller sends an entry's secret only on the connection whose probe matched
 //! ([`probe`] hands that connection back).
 
-use std::collections::BTreeMap;
 use std::fmt;
 use std::io;
 use std::path::Path;
@@ -292,13 +291,16 @@ impl Listed {
     }
 }
 
-/// Probes every entry, [`MAX_PARALLEL_PROBES`] at a time, so that a registry full of
-/// unresponsive ports costs about one [`PROBE_TIMEOUT`], not one per entry.
-fn probe_all(
-    entries: BTreeMap<InstanceName, RegistryEntry>,
-    accept_kinds: Option<&[String]>,
-) -> Vec<Listed> {
-    let entries: Vec<(InstanceName, RegistryEntry)> = entries.into_iter().collect();
+/// Every valid entry under `root`, by name, each with its liveness probe (kinds
+/// checked against `accept_kinds` unless it is `None`). The entries are probed
+/// [`MAX_PARALLEL_PROBES`] at a time, so that a registry full of unresponsive ports
+/// costs about one [`PROBE_TIMEOUT`], not one per entry.
+///
+/// # Errors
+///
+/// The registry file exists but can't be read.
+pub fn list(root: &Path, accept_kinds: Option<&[String]>) -> io::Result<Vec<Listed>> {
+    let entries: Vec<(InstanceName, RegistryEntry)> = store::read(root)?.into_iter().collect();
     let mut listed = Vec::with_capacity(entries.len());
     for batch in entries.chunks(MAX_PARALLEL_PROBES) {
         std::thread::scope(|scope| {
@@ -328,17 +330,7 @@ fn probe_all(
             }
         });
     }
-    listed
-}
-
-/// Every valid entry under `root`, by name, each with its liveness probe (kinds
-/// checked against `accept_kinds` unless it is `None`).
-///
-/// # Errors
-///
-/// The registry file exists but can't be read.
-pub fn list(root: &Path, accept_kinds: Option<&[String]>) -> io::Result<Vec<Listed>> {
-    Ok(probe_all(store::read(root)?, accept_kinds))
+    Ok(listed)
 }
 
 /// Removes the entries whose pid certainly no longer exists (`files::pid_is_gone`)
