@@ -8,7 +8,7 @@
 //! Read-modify-write cycles (registry, usage) run inside [`with_lock`], which serializes
 //! them across processes and threads.
 
-use std::ffi::OsString;
+use std::ffi::{OsStr, OsString};
 use std::fs::{self, DirBuilder, File, OpenOptions, Permissions};
 use std::io::{self, Read, Write};
 use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt, PermissionsExt};
@@ -54,8 +54,17 @@ static TEMP_COUNTER: AtomicU64 = AtomicU64::new(0);
 /// Any I/O error creating, writing, syncing or renaming the temp file (which is then
 /// removed), or syncing the directory. `path` without a file name is `InvalidInput`.
 pub fn write_atomic(path: &Path, bytes: &[u8], mode: u32) -> io::Result<()> {
-    let (dir, name) = split_path(path)?;
-    let (tmp_path, mut file) = create_temp(&dir, &name, mode)?;
+    let name = path.file_name().ok_or_else(|| {
+        io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!("{}: not a file path", path.display()),
+        )
+    })?;
+    let dir = match path.parent() {
+        Some(parent) if !parent.as_os_str().is_empty() => parent,
+        _ => Path::new("."),
+    };
+    let (tmp_path, mut file) = create_temp(dir, name, mode)?;
     let written = fill_temp(&mut file, bytes, mode).and_then(|()| fs::rename(&tmp_path, path));
     drop(file);
     if let Err(err) = written {
@@ -63,7 +72,7 @@ pub fn write_atomic(path: &Path, bytes: &[u8], mode: u32) -> io::Result<()> {
         let _ = fs::remove_file(&tmp_path);
         return Err(err);
     }
-    File::open(&dir)?.sync_all()
+    File::open(dir)?.sync_all()
 }
 
 /// Removes the temp files of [`write_atomic`] (`.<name>.tmp.<pid>.<n>`) in `dir` that
@@ -100,26 +109,12 @@ fn temp_file_pid(name: &str) -> Option<u32> {
     pid.parse().ok()
 }
 
-/// The directory of `path` (`.` for a bare file name) and its file name.
-fn split_path(path: &Path) -> io::Result<(PathBuf, OsString)> {
-    let name = path.file_name().ok_or_else(|| {
-        io::Error::new(
-            io::ErrorKind::InvalidInput,
-            format!("{}: not a file path", path.display()),
-        )
-    })?;
-    let dir = match path.parent() {
-        Some(parent) if !parent.as_os_str().is_empty() => parent.to_path_buf(),
-        _ => PathBuf::from("."),
-    };
-    Ok((dir, name.to_os_string()))
-}
-
 /// Creates a fresh temp file next to the target. Never opens an existing file, so it
 /// can't clobber another writer's temp file.
-fn create_temp(dir: &Path, name: &OsString, mode: u32) -> io::Result<(PathBuf, File)> {
-    let mut last_err = None;
-    for _ in 0..TEMP_NAME_ATTEMPTS {
+fn create_temp(dir: &Path, name: &OsStr, mode: u32) -> io::Result<(PathBuf, File)> {
+    let mut attempts = 0;
+    loop {
+        attempts += 1;
         let mut tmp_name = OsString::from(".");
         tmp_name.push(name);
         tmp_name.push(format!(
@@ -128,18 +123,17 @@ fn create_temp(dir: &Path, name: &OsString, mode: u32) -> io::Result<(PathBuf, F
             TEMP_COUNTER.fetch_add(1, Ordering::Relaxed)
         ));
         let tmp_path = dir.join(tmp_name);
-        match OpenOptions::new()
+        let opened = OpenOptions::new()
             .write(true)
             .create_new(true)
             .mode(mode)
-            .open(&tmp_path)
-        {
-            Ok(file) => return Ok((tmp_path, file)),
-            Err(err) if err.kind() == io::ErrorKind::AlreadyExists => last_err = Some(err),
-            Err(err) => return Err(err),
+            .open(&tmp_path);
+        match opened {
+            Err(err)
+                if err.kind() == io::ErrorKind::AlreadyExists && attempts < TEMP_NAME_ATTEMPTS => {}
+            opened => return opened.map(|file| (tmp_path, file)),
         }
     }
-    Err(last_err.unwrap_or_else(|| io::Error::other("no temp file name available")))
 }
 
 /// Sets the exact mode (the umask may have narrowed it), writes and syncs.
@@ -167,16 +161,7 @@ fn fill_temp(file: &mut File, bytes: &[u8], mode: u32) -> io::Result<()> {
 /// An error opening the lock file, `TimedOut` if the lock stayed taken for
 /// [`LOCK_TIMEOUT`], or whatever `f` returns.
 pub fn with_lock<T>(path: &Path, f: impl FnOnce() -> io::Result<T>) -> io::Result<T> {
-    lock_within(path, LOCK_TIMEOUT, f)?.unwrap_or_else(|| {
-        Err(io::Error::new(
-            io::ErrorKind::TimedOut,
-            format!(
-                "cannot lock {}.lock: another process has held it for {} s",
-                path.display(),
-                LOCK_TIMEOUT.as_secs()
-            ),
-        ))
-    })
+    lock_within(path, LOCK_TIMEOUT, f)
 }
 
 /// How long [`with_lock`] waits for a lock another process holds.
@@ -184,12 +169,12 @@ pub const LOCK_TIMEOUT: Duration = Duration::from_secs(10);
 /// How often a taken lock is tried again.
 const LOCK_RETRY: Duration = Duration::from_millis(5);
 
-/// Runs `f` under the lock if it can be had within `patience`; `Ok(None)` if not.
+/// Runs `f` under the lock if it can be had within `patience`; else `TimedOut`.
 fn lock_within<T>(
     path: &Path,
     patience: Duration,
     f: impl FnOnce() -> io::Result<T>,
-) -> io::Result<Option<io::Result<T>>> {
+) -> io::Result<T> {
     let mut lock_path = path.as_os_str().to_owned();
     lock_path.push(".lock");
     let deadline = std::time::Instant::now() + patience;
@@ -197,11 +182,20 @@ fn lock_within<T>(
     let _held = loop {
         match hold_lock(Path::new(&lock_path))? {
             Some(file) => break file,
-            None if std::time::Instant::now() >= deadline => return Ok(None),
+            None if std::time::Instant::now() >= deadline => {
+                return Err(io::Error::new(
+                    io::ErrorKind::TimedOut,
+                    format!(
+                        "cannot lock {}.lock: another process has held it for {} s",
+                        path.display(),
+                        patience.as_secs()
+                    ),
+                ))
+            }
             None => std::thread::sleep(LOCK_RETRY),
         }
     };
-    Ok(Some(f()))
+    f()
 }
 
 /// Holds an exclusive lock on `path` (created 0600) for as long as the returned file
@@ -212,20 +206,15 @@ fn lock_within<T>(
 ///
 /// An error opening the file or locking it.
 pub fn hold_lock(path: &Path) -> io::Result<Option<File>> {
-    let file = open_lock_file(path)?;
+    // Opened like every other state file: a FIFO or a link planted in its place can
+    // neither stall nor redirect the locker.
+    let flags = OFlags::RDWR | OFlags::CREATE;
+    let (file, _) = open_no_follow(path, flags, Mode::from_raw_mode(PRIVATE_FILE_MODE))?;
     match file.try_lock() {
         Ok(()) => Ok(Some(file)),
         Err(fs::TryLockError::WouldBlock) => Ok(None),
         Err(fs::TryLockError::Error(e)) => Err(e),
     }
-}
-
-/// Opens (creating, 0600) a lock file like every other state file: without blocking,
-/// without following a symlink, and only if it is a regular file, so that a FIFO or a
-/// link planted in its place can neither stall nor redirect the locker.
-fn open_lock_file(path: &Path) -> io::Result<File> {
-    let flags = OFlags::RDWR | OFlags::CREATE;
-    open_no_follow(path, flags, Mode::from_raw_mode(PRIVATE_FILE_MODE)).map(|(file, _)| file)
 }
 
 // ---------------------------------------------------------------------------------------
@@ -273,19 +262,11 @@ fn read_checked(path: &Path, max: u64, trusted: bool) -> io::Result<Vec<u8>> {
     if trusted {
         check_trusted_metadata(path, &metadata, TrustKind::File)?;
     }
-    let too_large = || {
-        io::Error::new(
-            io::ErrorKind::InvalidData,
-            format!("larger than {max} bytes"),
-        )
-    };
-    if metadata.len() > max {
-        return Err(too_large());
-    }
     let mut bytes = Vec::new();
     file.take(max + 1).read_to_end(&mut bytes)?;
     if bytes.len() as u64 > max {
-        return Err(too_large());
+        let message = format!("larger than {max} bytes");
+        return Err(io::Error::new(io::ErrorKind::InvalidData, message));
     }
     Ok(bytes)
 }
@@ -516,20 +497,16 @@ mod tests {
         let holder = File::create(dir.path().join("file.json.lock")).unwrap();
         holder.lock().unwrap();
         let started = std::time::Instant::now();
-        let got = lock_within(&path, Duration::from_millis(100), || Ok(1)).unwrap();
-        assert!(got.is_none(), "the lock was taken while held");
-        assert!(started.elapsed() >= Duration::from_millis(100));
-        assert!(lock_within(&path, Duration::ZERO, || Ok(1))
-            .unwrap()
-            .is_none());
-        drop(holder);
+        let got = lock_within(&path, Duration::from_millis(100), || Ok(1));
         assert_eq!(
-            lock_within(&path, Duration::ZERO, || Ok(1))
-                .unwrap()
-                .unwrap()
-                .unwrap(),
-            1
+            got.unwrap_err().kind(),
+            io::ErrorKind::TimedOut,
+            "taken while held"
         );
+        assert!(started.elapsed() >= Duration::from_millis(100));
+        assert!(lock_within(&path, Duration::ZERO, || Ok(1)).is_err());
+        drop(holder);
+        assert_eq!(lock_within(&path, Duration::ZERO, || Ok(1)).unwrap(), 1);
         // hold_lock: one holder at a time.
         let serving = dir.path().join(".serve.lock");
         let first = hold_lock(&serving).unwrap();
