@@ -282,17 +282,6 @@ pub fn read_verdict<R: BufRead>(
     Ok(Some(tally.verdict(ours.is_some())))
 }
 
-/// Checks that the socket listening on `ip:port` (and any wildcard listener that would
-/// also receive a connection to it) belongs to the caller's own uid. A port no one
-/// listens on passes; off Linux, says so at debug level and returns `Ok`.
-///
-/// # Errors
-/// A listener of another uid would receive the connection, or the tables could not be
-/// read (at all, or within [`OWNER_CHECK_TIME_LIMIT`]).
-pub fn check_listener_owner(ip: IpAddr, port: u16) -> Result<(), OwnerRefusal> {
-    check(SocketAddr::new(ip, port), None)
-}
-
 /// Checks, for the open connection from `local` to `peer`, that its accepted end and
 /// every listener that would receive a connection to `peer` belong to the caller's own
 /// uid. Only off Linux does it say so at debug level and return `Ok`.
@@ -304,10 +293,17 @@ pub fn check_listener_owner(ip: IpAddr, port: u16) -> Result<(), OwnerRefusal> {
 /// ([`OwnerRefusal::Unknown`]), or no table can be read
 /// ([`OwnerRefusal::TablesUnreadable`]).
 pub fn check_connection_owner(peer: SocketAddr, local: SocketAddr) -> Result<(), OwnerRefusal> {
-    check(peer, Some(local))
+    check_owner(peer, Some(local))
 }
 
-fn check(target: SocketAddr, ours: Option<SocketAddr>) -> Result<(), OwnerRefusal> {
+/// [`check_connection_owner`] of a connection from `ours` to `target`, or, without
+/// one, the check that every socket listening on `target` (or a wildcard listener
+/// that would also receive a connection to it) belongs to the caller's own uid: a
+/// port no one listens on passes. Off Linux, says so at debug level and returns `Ok`.
+///
+/// # Errors
+/// As [`check_connection_owner`].
+pub fn check_owner(target: SocketAddr, ours: Option<SocketAddr>) -> Result<(), OwnerRefusal> {
     if !cfg!(target_os = "linux") {
         log::debug!("owner of port {} not checked: not Linux", target.port());
         return Ok(());
@@ -316,7 +312,7 @@ fn check(target: SocketAddr, ours: Option<SocketAddr>) -> Result<(), OwnerRefusa
     check_tables(target, ours, own_uid, open_tables)
 }
 
-/// [`check`] on the tables `open` gives at each reading (the kernel's, or a test's).
+/// [`check_owner`] on the tables `open` gives at each reading (the kernel's, or a test's).
 fn check_tables<R: BufRead>(
     target: SocketAddr,
     ours: Option<SocketAddr>,
@@ -808,13 +804,13 @@ mod tests {
         let stream = std::net::TcpStream::connect(target).unwrap();
         let ours = stream.local_addr().unwrap();
         let _accepted = listener.accept().unwrap();
-        assert_eq!(check_listener_owner(target.ip(), target.port()), Ok(()));
+        assert_eq!(check_owner(target, None), Ok(()));
         assert_eq!(check_connection_owner(target, ours), Ok(()));
         if cfg!(target_os = "linux") {
             let own = rustix::process::getuid().as_raw();
             let far = Instant::now() + Duration::from_secs(3600);
             let live = |uid| read_verdict(open_tables(), target, Some(ours), uid, far);
-            // As `check` does: a reading that raced other sockets is read again.
+            // As `check_owner` does: a reading that raced other sockets is read again.
             let found = (0..TABLE_READINGS)
                 .map(|_| live(own).unwrap().unwrap())
                 .find(|v| *v != Verdict::ConnectionUnlisted);

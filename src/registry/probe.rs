@@ -376,7 +376,8 @@ pub fn holds_name(name: &InstanceName, entry: &RegistryEntry) -> bool {
         Ok(_) => true,
         Err(e) if e.is_failed_proof() => {
             // Who holds it, as far as the socket tables tell (Linux).
-            let holder = match super::owner::check_listener_owner(entry.host, entry.port) {
+            let listener = std::net::SocketAddr::new(entry.host, entry.port);
+            let holder = match super::owner::check_owner(listener, None) {
                 Err(OwnerRefusal::Foreign { uid, .. }) => format!(" (another user's, uid {uid})"),
                 _ => String::new(),
             };
