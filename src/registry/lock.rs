@@ -16,9 +16,9 @@
 //! meanwhile. Anything else at the lock's name (a file, a symlink) is refused, never
 //! removed.
 
-use std::fs::{self, DirBuilder, OpenOptions};
-use std::io::{self, Write};
-use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt, PermissionsExt};
+use std::fs::{self, DirBuilder};
+use std::io;
+use std::os::unix::fs::{DirBuilderExt, MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant, SystemTime};
@@ -219,21 +219,17 @@ fn take(path: &Path) -> io::Result<Held> {
         "acquiredAt": time::now_iso8601(),
     });
     let owner = owner.to_string().into_bytes();
-    let undo = |e: io::Error| {
+    // The umask may have narrowed the mode; make it exactly 0700.
+    let written = fs::set_permissions(path, fs::Permissions::from_mode(files::PRIVATE_DIR_MODE))
+        .and_then(|()| {
+            files::write_atomic(&path.join(OWNER_FILE), &owner, files::PRIVATE_FILE_MODE)
+        });
+    if let Err(e) = written {
         // Nothing else can have written owner.json into the directory we just made.
         let _ = fs::remove_file(path.join(OWNER_FILE));
         let _ = fs::remove_dir(path);
-        e
-    };
-    // The umask may have narrowed the mode; make it exactly 0700.
-    fs::set_permissions(path, fs::Permissions::from_mode(files::PRIVATE_DIR_MODE)).map_err(undo)?;
-    OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .mode(files::PRIVATE_FILE_MODE)
-        .open(path.join(OWNER_FILE))
-        .and_then(|mut file| file.write_all(&owner))
-        .map_err(undo)?;
+        return Err(e);
+    }
     Ok(Held {
         path: path.to_path_buf(),
         inode: (meta.dev(), meta.ino()),

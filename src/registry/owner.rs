@@ -320,47 +320,40 @@ fn check_tables<R: BufRead>(
     open: impl Fn() -> Vec<R>,
 ) -> Result<(), OwnerRefusal> {
     let port = target.port();
-    let started = Instant::now();
-    let deadline = started
-        .checked_add(OWNER_CHECK_TIME_LIMIT)
-        .unwrap_or(started);
+    let deadline = Instant::now() + OWNER_CHECK_TIME_LIMIT;
     // The kernel writes these tables a bucket at a time and resumes a later read by
     // offset, so sockets opened or closed meanwhile can hide an entry from one reading:
-    // a socket not found is looked for again before it counts as not listed.
-    let mut last = None;
+    // a socket not found is looked for again before it counts as not listed. Only a
+    // last reading that found no listener (and no connection to find) passes.
+    let mut free = false;
     for _ in 0..TABLE_READINGS {
         let tables = open();
         if tables.is_empty() {
             // Failing open here sent the secret to another user's squatter.
             return Err(OwnerRefusal::TablesUnreadable { port });
         }
-        match read_verdict(tables, target, ours, own_uid, deadline) {
+        free = match read_verdict(tables, target, ours, own_uid, deadline) {
             Ok(Some(Verdict::Own)) => return Ok(()),
             Ok(Some(Verdict::Foreign(uid))) => return Err(OwnerRefusal::Foreign { port, uid }),
-            Ok(Some(found)) => last = Some(found),
+            Ok(Some(found)) => found == Verdict::NoListener,
             Ok(None) => {
                 log::debug!(
                     "owner of port {port}: socket tables not read within {OWNER_CHECK_TIME_LIMIT:?}"
                 );
-                last = None;
+                free = false;
                 break;
             }
             Err(e) => {
                 log::debug!("owner of port {port}: reading the socket tables failed: {e}");
-                last = None;
+                false
             }
         }
     }
-    match last {
-        // No listener and no connection to check: the port is not held.
-        Some(Verdict::NoListener) => Ok(()),
-        _ => {
-            log::debug!(
-                "owner of port {port} unknown: {target} <- {ours:?} not in the socket tables"
-            );
-            Err(OwnerRefusal::Unknown { port })
-        }
+    if free {
+        return Ok(());
     }
+    log::debug!("owner of port {port} unknown: {target} <- {ours:?} not in the socket tables");
+    Err(OwnerRefusal::Unknown { port })
 }
 
 /// How many times the socket tables are read before a socket counts as not listed.

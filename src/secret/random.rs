@@ -34,7 +34,7 @@ static RANDOM_SOURCE: OnceLock<File> = OnceLock::new();
 ///
 /// Any I/O error opening or reading [`RANDOM_DEVICE`].
 fn fill_random(buf: &mut [u8]) -> io::Result<()> {
-    let source = match RANDOM_SOURCE.get() {
+    let mut source: &File = match RANDOM_SOURCE.get() {
         Some(source) => source,
         None => {
             let opened = File::open(RANDOM_DEVICE)?;
@@ -42,8 +42,7 @@ fn fill_random(buf: &mut [u8]) -> io::Result<()> {
             RANDOM_SOURCE.get_or_init(|| opened)
         }
     };
-    let mut reader: &File = source;
-    reader.read_exact(buf)
+    source.read_exact(buf)
 }
 
 /// `N` random bytes from the OS (`/dev/urandom`): request ids (contract 8.2) and

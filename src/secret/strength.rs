@@ -66,12 +66,9 @@ impl Secret {
             .iter()
             .any(|s| s.eq_ignore_ascii_case(&self.0))
         {
-            Some(Weakness::Sample)
-        } else if chars < MIN_SECRET_CHARS {
-            Some(Weakness::Short { chars })
-        } else {
-            None
+            return Some(Weakness::Sample);
         }
+        (chars < MIN_SECRET_CHARS).then_some(Weakness::Short { chars })
     }
 }
 
