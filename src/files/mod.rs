@@ -99,14 +99,11 @@ pub fn remove_stale_temp_files(dir: &Path) -> io::Result<Vec<PathBuf>> {
 
 /// The writer's pid in a temp file name of [`write_atomic`]: `.<name>.tmp.<pid>.<n>`.
 fn temp_file_pid(name: &str) -> Option<u32> {
-    let rest = name.strip_prefix('.')?;
-    let (target, tail) = rest.rsplit_once(".tmp.")?;
+    let (target, tail) = name.strip_prefix('.')?.rsplit_once(".tmp.")?;
     let (pid, n) = tail.split_once('.')?;
     let digits = |s: &str| !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit());
-    if target.is_empty() || !digits(pid) || !digits(n) {
-        return None;
-    }
-    pid.parse().ok()
+    let ours = !target.is_empty() && digits(pid) && digits(n);
+    pid.parse().ok().filter(|_| ours)
 }
 
 /// Creates a fresh temp file next to the target. Never opens an existing file, so it

@@ -178,13 +178,9 @@ fn parse_ip(hex: &str) -> Option<IpAddr> {
 /// it, or, for an IPv4 target, the IPv6 wildcard (a dual-stack listener; the tables do
 /// not say whether it is IPv6-only, so it counts).
 fn receives(listener: IpAddr, target: IpAddr) -> bool {
-    if listener == target || (listener.is_unspecified() && listener.is_ipv4() == target.is_ipv4()) {
-        return true;
-    }
-    match (listener, target) {
-        (IpAddr::V6(l), IpAddr::V4(t)) => l.is_unspecified() || l.to_ipv4_mapped() == Some(t),
-        _ => false,
-    }
+    let listener = listener.to_canonical();
+    let wildcard = listener.is_unspecified() && (listener.is_ipv6() || target.is_ipv4());
+    wildcard || listener == target.to_canonical()
 }
 
 /// `addr` with an IPv4-mapped IPv6 address written as IPv4, as the other end sees it.
