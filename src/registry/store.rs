@@ -378,38 +378,31 @@ pub(super) fn positive<T: TryFrom<u64>>(value: &Value, key: &str) -> Option<T> {
 }
 
 fn parse_entry(value: &Value) -> Result<RegistryEntry, &'static str> {
-    let port = positive(value, "port").ok_or("port must be an integer from 1 to 65535")?;
-    let pid = positive(value, "pid").ok_or("pid must be a positive integer")?;
-    let secret = value
-        .get("secret")
-        .and_then(Value::as_str)
-        .and_then(Secret::new)
-        .ok_or("secret must be a non-empty string")?;
-    let updated_at = value
-        .get("updatedAt")
-        .and_then(Value::as_str)
-        .filter(|s| time::parse_iso8601(s).is_some())
-        .ok_or("updatedAt must be an ISO-8601 time")?;
+    let text = |key| value.get(key).and_then(Value::as_str);
     // Only a loopback address is ever dialled; anything else makes the entry invalid
     // rather than quietly pointing elsewhere.
-    let host = match value.get("host") {
-        None => DEFAULT_HOST,
-        Some(host) => host
-            .as_str()
-            .and_then(|h| h.parse::<IpAddr>().ok())
-            .filter(IpAddr::is_loopback)
-            .ok_or("host must be a loopback address such as \"127.0.0.1\" or \"::1\"")?,
-    };
-    // `proof` other than `true` (absent, false, or of another shape) is an entry that
-    // does not claim to prove itself.
-    let proof = value.get("proof").and_then(Value::as_bool).unwrap_or(false);
+    let host = text("host")
+        .and_then(|h| h.parse::<IpAddr>().ok())
+        .filter(IpAddr::is_loopback);
     Ok(RegistryEntry {
-        port,
-        pid,
-        secret,
-        updated_at: updated_at.to_owned(),
-        host,
-        proof,
+        port: positive(value, "port").ok_or("port must be an integer from 1 to 65535")?,
+        pid: positive(value, "pid").ok_or("pid must be a positive integer")?,
+        secret: text("secret")
+            .and_then(Secret::new)
+            .ok_or("secret must be a non-empty string")?,
+        updated_at: text("updatedAt")
+            .filter(|s| time::parse_iso8601(s).is_some())
+            .ok_or("updatedAt must be an ISO-8601 time")?
+            .to_owned(),
+        host: match value.get("host") {
+            None => DEFAULT_HOST,
+            Some(_) => {
+                host.ok_or("host must be a loopback address such as \"127.0.0.1\" or \"::1\"")?
+            }
+        },
+        // `proof` other than `true` (absent, false, or of another shape) is an entry
+        // that does not claim to prove itself.
+        proof: value.get("proof").and_then(Value::as_bool).unwrap_or(false),
     })
 }
 
