@@ -9,9 +9,9 @@
 //! them across processes and threads.
 
 use std::ffi::{OsStr, OsString};
-use std::fs::{self, DirBuilder, File, OpenOptions, Permissions};
+use std::fs::{self, DirBuilder, File, Permissions};
 use std::io::{self, Read, Write};
-use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt, PermissionsExt};
+use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
@@ -120,15 +120,11 @@ fn create_temp(dir: &Path, name: &OsStr, mode: u32) -> io::Result<(PathBuf, File
             TEMP_COUNTER.fetch_add(1, Ordering::Relaxed)
         ));
         let tmp_path = dir.join(tmp_name);
-        let opened = OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .mode(mode)
-            .open(&tmp_path);
-        match opened {
+        let flags = OFlags::WRONLY | OFlags::CREATE | OFlags::EXCL;
+        match open_no_follow(&tmp_path, flags, Mode::from_raw_mode(mode)) {
             Err(err)
                 if err.kind() == io::ErrorKind::AlreadyExists && attempts < TEMP_NAME_ATTEMPTS => {}
-            opened => return opened.map(|file| (tmp_path, file)),
+            opened => return opened.map(|(file, _)| (tmp_path, file)),
         }
     }
 }
