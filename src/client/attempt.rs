@@ -214,7 +214,7 @@ fn same_user(
         log::debug!("owner of port {} unknown: {e}", entry.port);
         owner_refused(target, OwnerRefusal::Unknown { port: entry.port })
     })?;
-    registry::check_connection_owner(peer, local).map_err(|refusal| owner_refused(target, refusal))
+    registry::check_owner(peer, Some(local)).map_err(|refusal| owner_refused(target, refusal))
 }
 
 /// The delegation failure of a same-user check's refusal.

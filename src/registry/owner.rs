@@ -17,7 +17,7 @@
 //!
 //! The verdict ([`read_verdict`]) works on any readers of the tables' text, so it is
 //! tested without the kernel;
-//! [`check_connection_owner`] and [`check_listener_owner`] read the files. Where no
+//! [`check_owner`] and [`check_listener_owner`] read the files. Where no
 //! table can be read (a sandbox without /proc) the check fails closed
 //! ([`OwnerRefusal::TablesUnreadable`]); only off Linux, where there are no such tables,
 //! does it say so at debug level and let the delegation go on.
@@ -278,9 +278,11 @@ pub fn read_verdict<R: BufRead>(
     Ok(Some(tally.verdict(ours.is_some())))
 }
 
-/// Checks, for the open connection from `local` to `peer`, that its accepted end and
-/// every listener that would receive a connection to `peer` belong to the caller's own
-/// uid. Only off Linux does it say so at debug level and return `Ok`.
+/// Checks, for the open connection from `ours` to `target`, that its accepted end and
+/// every listener that would receive a connection to `target` belong to the caller's
+/// own uid; without a connection, that every listener that would receive one does (a
+/// port no one listens on passes). Only off Linux does it say so at debug level and
+/// return `Ok`.
 ///
 /// # Errors
 /// A socket of another uid holds the connection or the port
@@ -288,17 +290,6 @@ pub fn read_verdict<R: BufRead>(
 /// end within [`TABLE_READINGS`] readings and [`OWNER_CHECK_TIME_LIMIT`]
 /// ([`OwnerRefusal::Unknown`]), or no table can be read
 /// ([`OwnerRefusal::TablesUnreadable`]).
-pub fn check_connection_owner(peer: SocketAddr, local: SocketAddr) -> Result<(), OwnerRefusal> {
-    check_owner(peer, Some(local))
-}
-
-/// [`check_connection_owner`] of a connection from `ours` to `target`, or, without
-/// one, the check that every socket listening on `target` (or a wildcard listener
-/// that would also receive a connection to it) belongs to the caller's own uid: a
-/// port no one listens on passes. Off Linux, says so at debug level and returns `Ok`.
-///
-/// # Errors
-/// As [`check_connection_owner`].
 pub fn check_owner(target: SocketAddr, ours: Option<SocketAddr>) -> Result<(), OwnerRefusal> {
     if !cfg!(target_os = "linux") {
         log::debug!("owner of port {} not checked: not Linux", target.port());
@@ -794,7 +785,7 @@ mod tests {
         let ours = stream.local_addr().unwrap();
         let _accepted = listener.accept().unwrap();
         assert_eq!(check_owner(target, None), Ok(()));
-        assert_eq!(check_connection_owner(target, ours), Ok(()));
+        assert_eq!(check_owner(target, Some(ours)), Ok(()));
         if cfg!(target_os = "linux") {
             let own = rustix::process::getuid().as_raw();
             let far = Instant::now() + Duration::from_secs(3600);

@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
-use super::owner::{check_connection_owner, OwnerRefusal};
+use super::owner::{check_owner, OwnerRefusal};
 use super::store::{self, RegistryEntry};
 use crate::files;
 use crate::http::client::{ClientError, Connection, ReceivedResponse};
@@ -193,7 +193,7 @@ pub enum Target<'a> {
 /// The health probe: connects to `target`, asks `GET /api/health`, and checks the
 /// answer as [`check_health`] does, and for a [`Target::Entry`] the proof of one that
 /// claims it, or else that the other end of the connection is of our own user
-/// ([`check_connection_owner`]: an answer of another user's squatter is no sign of
+/// ([`check_owner`]: an answer of another user's squatter is no sign of
 /// life). All within [`PROBE_TIMEOUT`] (the same-user check has its own bound). The
 /// connection handed back is the one the answer came on.
 ///
@@ -225,7 +225,7 @@ pub fn probe(target: Target<'_>, accept_kinds: Option<&[String]>) -> Result<Prob
         } else {
             let unknown = ProbeError::NotSameUser(OwnerRefusal::Unknown { port });
             let (peer, local) = connection.addresses().map_err(|_| unknown)?;
-            check_connection_owner(peer, local).map_err(ProbeError::NotSameUser)?;
+            check_owner(peer, Some(local)).map_err(ProbeError::NotSameUser)?;
         }
     }
     Ok(Probed { connection, answer })
@@ -375,7 +375,7 @@ pub fn holds_name(name: &InstanceName, entry: &RegistryEntry) -> bool {
         Err(e) if e.is_failed_proof() => {
             // Who holds it, as far as the socket tables tell (Linux).
             let listener = std::net::SocketAddr::new(entry.host, entry.port);
-            let holder = match super::owner::check_owner(listener, None) {
+            let holder = match check_owner(listener, None) {
                 Err(OwnerRefusal::Foreign { uid, .. }) => format!(" (another user's, uid {uid})"),
                 _ => String::new(),
             };
