@@ -65,7 +65,12 @@ pub fn write_atomic(path: &Path, bytes: &[u8], mode: u32) -> io::Result<()> {
         _ => Path::new("."),
     };
     let (tmp_path, mut file) = create_temp(dir, name, mode)?;
-    let written = fill_temp(&mut file, bytes, mode).and_then(|()| fs::rename(&tmp_path, path));
+    // The exact mode (the umask may have narrowed it), the bytes, synced, renamed.
+    let written = file
+        .set_permissions(Permissions::from_mode(mode))
+        .and_then(|()| file.write_all(bytes))
+        .and_then(|()| file.sync_all())
+        .and_then(|()| fs::rename(&tmp_path, path));
     drop(file);
     if let Err(err) = written {
         // Best effort: the error worth reporting is the one that made us stop.
@@ -127,13 +132,6 @@ fn create_temp(dir: &Path, name: &OsStr, mode: u32) -> io::Result<(PathBuf, File
             opened => return opened.map(|(file, _)| (tmp_path, file)),
         }
     }
-}
-
-/// Sets the exact mode (the umask may have narrowed it), writes and syncs.
-fn fill_temp(file: &mut File, bytes: &[u8], mode: u32) -> io::Result<()> {
-    file.set_permissions(Permissions::from_mode(mode))?;
-    file.write_all(bytes)?;
-    file.sync_all()
 }
 
 // ---------------------------------------------------------------------------------------

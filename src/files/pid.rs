@@ -7,16 +7,10 @@
 /// The fields of `/proc/<pid>/stat` loopbus reads.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 struct Stat {
-    state: char,
+    /// Exited and only waiting to be reaped (state `Z`), or being reaped (`X`).
+    exited: bool,
     parent: u32,
     group: u32,
-}
-
-impl Stat {
-    /// Exited and only waiting to be reaped (`Z`), or being reaped (`X`).
-    fn exited(self) -> bool {
-        matches!(self.state, 'Z' | 'X')
-    }
 }
 
 /// `/proc/<pid>/stat` of `pid`; `None` when it can't be read.
@@ -30,7 +24,7 @@ fn parse_stat(text: &str) -> Option<Stat> {
     let (_, rest) = text.rsplit_once(')')?;
     let mut fields = rest.split_whitespace();
     Some(Stat {
-        state: fields.next()?.chars().next()?,
+        exited: matches!(fields.next()?.chars().next()?, 'Z' | 'X'),
         parent: fields.next()?.parse().ok()?,
         group: fields.next()?.parse().ok()?,
     })
@@ -60,7 +54,7 @@ pub fn pid_is_gone(pid: u32) -> bool {
     };
     match rustix::process::test_kill_process(raw) {
         Err(rustix::io::Errno::SRCH) => true,
-        _ => stat(pid).is_some_and(Stat::exited),
+        _ => stat(pid).is_some_and(|stat| stat.exited),
     }
 }
 
@@ -81,7 +75,7 @@ pub fn parent_of(pid: u32) -> Option<u32> {
 /// `pgid`. A zombie is not counted: it has exited and only waits to be reaped (the
 /// group's unreaped leader is one, by design).
 pub fn group_has_live_member(pgid: u32, leader: u32) -> bool {
-    every_process().any(|(pid, stat)| pid != leader && stat.group == pgid && !stat.exited())
+    every_process().any(|(pid, stat)| pid != leader && stat.group == pgid && !stat.exited)
 }
 
 #[cfg(test)]
@@ -90,16 +84,17 @@ mod tests {
 
     #[test]
     fn stat_fields() {
-        let stat = |state, parent, group| {
+        let stat = |exited, parent, group| {
             Some(Stat {
-                state,
+                exited,
                 parent,
                 group,
             })
         };
-        assert_eq!(parse_stat("12 (sh) S 7 40 12 0"), stat('S', 7, 40));
-        assert_eq!(parse_stat("12 (a) b) (c) Z 9 1"), stat('Z', 9, 1));
-        assert_eq!(parse_stat("12 (a) Z b) Z 9 41 1"), stat('Z', 9, 41));
+        assert_eq!(parse_stat("12 (sh) S 7 40 12 0"), stat(false, 7, 40));
+        assert_eq!(parse_stat("12 (a) b) (c) Z 9 1"), stat(true, 9, 1));
+        assert_eq!(parse_stat("12 (a) Z b) Z 9 41 1"), stat(true, 9, 41));
+        assert_eq!(parse_stat("12 (sh) X 9 41 1"), stat(true, 9, 41));
         assert_eq!(parse_stat("12 (sh) S 7"), None);
         assert_eq!(parse_stat("12 (sh)"), None);
     }
@@ -107,7 +102,7 @@ mod tests {
     /// Waits until `pid`, a child that exits at once, is a zombie.
     fn until_zombie(pid: u32) {
         let exited = std::time::Instant::now();
-        while !stat(pid).is_some_and(Stat::exited) {
+        while !stat(pid).is_some_and(|stat| stat.exited) {
             assert!(exited.elapsed() < std::time::Duration::from_secs(10));
             std::thread::sleep(std::time::Duration::from_millis(5));
         }

@@ -336,7 +336,7 @@ pub fn list(root: &Path, accept_kinds: Option<&[String]>) -> io::Result<Vec<List
 /// another program sharing the root (the original implementation, of a kind loopbus
 /// does not accept, or one that does not answer loopbus's probe as expected) stays
 /// while its process lives. The removal happens under the lock, and only for entries
-/// that did not change meanwhile ([`store::remove_unchanged`]), so an instance that
+/// that did not change meanwhile ([`store::remove_if`] of the entries as they were read), so an instance that
 /// re-registered in between is kept; invalid entries are never removed. The entry of
 /// `keep`, if given, is left to its own start (which looks at it before replacing it).
 ///
@@ -348,7 +348,12 @@ pub fn prune(root: &Path, keep: Option<&InstanceName>) -> io::Result<Vec<Instanc
         .into_iter()
         .filter(|(name, entry)| Some(name) != keep && files::pid_is_gone(entry.pid))
         .collect();
-    store::remove_unchanged(root, stale)
+    if stale.is_empty() {
+        return Ok(Vec::new());
+    }
+    store::remove_if(root, |name, entry| {
+        stale.iter().any(|(n, e)| n.as_str() == name && e == entry)
+    })
 }
 
 /// The entry of `name` under `root` if it is of a running instance, so that a start of

@@ -228,28 +228,9 @@ pub fn lookup(root: &Path, name: &InstanceName) -> io::Result<Option<RegistryEnt
     Ok(read(root)?.remove(name))
 }
 
-/// Removes, under the lock, each of `stale` whose entry is still exactly as given (an
-/// instance that re-registered meanwhile is kept), and returns the names removed. The
-/// pruning half of [`super::prune`], which decides staleness by probing.
-///
-/// # Errors
-///
-/// Any I/O error locking, reading or writing the registry.
-pub fn remove_unchanged(
-    root: &Path,
-    stale: Vec<(InstanceName, RegistryEntry)>,
-) -> io::Result<Vec<InstanceName>> {
-    if stale.is_empty() {
-        return Ok(Vec::new());
-    }
-    remove_if(root, |name, entry| {
-        stale.iter().any(|(n, e)| n.as_str() == name && e == entry)
-    })
-}
-
 /// Removes, under the lock, every valid entry for which `matches` holds, and returns
 /// their names; writes only when it removed one.
-fn remove_if(
+pub fn remove_if(
     root: &Path,
     matches: impl Fn(&str, &RegistryEntry) -> bool,
 ) -> io::Result<Vec<InstanceName>> {
@@ -642,10 +623,8 @@ mod tests {
         want["instances"].as_object_mut().unwrap().remove("mine");
         assert_eq!(reread(), want);
         let bridge = read(root).unwrap()["bridge"].clone();
-        assert_eq!(
-            remove_unchanged(root, vec![(name("bridge"), bridge)]).unwrap(),
-            ["bridge"]
-        );
+        let unchanged = |n: &str, e: &RegistryEntry| n == "bridge" && *e == bridge;
+        assert_eq!(remove_if(root, unchanged).unwrap(), ["bridge"]);
         want["instances"].as_object_mut().unwrap().remove("bridge");
         assert_eq!(reread(), want);
         // An invalid entry is never ours to deregister.
