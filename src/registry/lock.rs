@@ -83,7 +83,7 @@ pub fn within<T>(
 fn timed_out(root: &Path, patience: Duration) -> io::Error {
     let path = lock_path(root);
     let holder = match read_owner(&path) {
-        Some(owner) => format!("process {} since {}", owner.pid, owner.acquired_at),
+        Some((pid, at, _)) => format!("process {pid} since {at}"),
         None => "another process".to_owned(),
     };
     io::Error::new(
@@ -238,30 +238,23 @@ fn take(path: &Path) -> io::Result<Held> {
     })
 }
 
-/// `owner.json` as read.
-#[derive(Debug, PartialEq, Eq)]
-struct Owner {
-    pid: u32,
-    acquired_at: String,
-    acquired: SystemTime,
-}
-
 /// The owner of the lock directory `path`, or `None` when `owner.json` is missing or
 /// unreadable.
-fn read_owner(path: &Path) -> Option<Owner> {
+fn read_owner(path: &Path) -> Option<(u32, String, SystemTime)> {
     parse_owner(&files::read_regular_file(&path.join(OWNER_FILE), MAX_OWNER_BYTES).ok()?)
 }
 
-/// The owner `owner.json` names, or `None` when it is unreadable (not JSON, no
-/// positive pid, no ISO-8601 `acquiredAt`).
-fn parse_owner(bytes: &[u8]) -> Option<Owner> {
+/// The pid and `acquiredAt` (as written, and as a time) `owner.json` names, or `None`
+/// when it is unreadable (not JSON, no positive pid, no ISO-8601 `acquiredAt`).
+fn parse_owner(bytes: &[u8]) -> Option<(u32, String, SystemTime)> {
     let value: Value = serde_json::from_slice(bytes).ok()?;
-    let acquired_at = value.get("acquiredAt")?.as_str()?.to_owned();
-    Some(Owner {
-        pid: super::store::positive(&value, "pid")?,
-        acquired: time::parse_iso8601(&acquired_at)?,
-        acquired_at,
-    })
+    let pid = super::store::positive(&value, "pid")?;
+    let acquired_at = value.get("acquiredAt")?.as_str()?;
+    Some((
+        pid,
+        acquired_at.to_owned(),
+        time::parse_iso8601(acquired_at)?,
+    ))
 }
 
 /// Why the lock of fingerprint `print` is stale, or `None` if it is live: its owner's
@@ -272,13 +265,12 @@ fn staleness(print: &Fingerprint, now: SystemTime) -> Option<String> {
     let old = |then| now.duration_since(then).is_ok_and(|age| age > STALE_AGE);
     let secs = STALE_AGE.as_secs();
     match print.owner.as_deref().and_then(parse_owner) {
-        Some(owner) if files::pid_is_gone(owner.pid) => {
-            Some(format!("its owner, process {}, is gone", owner.pid))
+        Some((pid, ..)) if files::pid_is_gone(pid) => {
+            Some(format!("its owner, process {pid}, is gone"))
         }
-        Some(owner) if old(owner.acquired) => Some(format!(
-            "process {} took it at {}, over {secs} s ago",
-            owner.pid, owner.acquired_at
-        )),
+        Some((pid, at, acquired)) if old(acquired) => {
+            Some(format!("process {pid} took it at {at}, over {secs} s ago"))
+        }
         Some(_) => None,
         None => print
             .mtime
@@ -386,7 +378,7 @@ mod tests {
                 meta.is_dir(),
                 meta.permissions().mode() & 0o777,
                 file_mode & 0o777,
-                owner.pid,
+                owner.0,
             ))
         })
         .unwrap();
@@ -427,7 +419,7 @@ mod tests {
             }
             let held = acquire(dir.path(), Duration::ZERO).unwrap();
             let held = held.unwrap_or_else(|| panic!("{what}: not recovered"));
-            assert_eq!(read_owner(&path).unwrap().pid, live, "{what}");
+            assert_eq!(read_owner(&path).unwrap().0, live, "{what}");
             held.release().unwrap();
             let left: Vec<_> = fs::read_dir(dir.path()).unwrap().collect();
             assert!(left.is_empty(), "{what}: {left:?}");
@@ -551,9 +543,9 @@ mod tests {
         ];
         for (text, want) in cases {
             let got = parse_owner(text.as_bytes());
-            assert_eq!(got.as_ref().map(|o| o.pid), *want, "{text}");
+            assert_eq!(got.as_ref().map(|o| o.0), *want, "{text}");
             if let Some(owner) = got {
-                assert_eq!(owner.acquired_at, t);
+                assert_eq!(owner.1, t);
             }
         }
         assert!(!files::pid_is_gone(std::process::id()));
