@@ -169,24 +169,23 @@ fn lock_within<T>(
     let mut lock_path = path.as_os_str().to_owned();
     lock_path.push(".lock");
     let deadline = std::time::Instant::now() + patience;
-    // Closing the handle releases the lock.
-    let _held = loop {
-        match hold_lock(Path::new(&lock_path))? {
-            Some(file) => break file,
-            None if std::time::Instant::now() >= deadline => {
-                return Err(io::Error::new(
-                    io::ErrorKind::TimedOut,
-                    format!(
-                        "cannot lock {}.lock: another process has held it for {} s",
-                        path.display(),
-                        patience.as_secs()
-                    ),
-                ))
-            }
-            None => std::thread::sleep(LOCK_RETRY),
+    loop {
+        // Closing the handle releases the lock.
+        if let Some(_held) = hold_lock(Path::new(&lock_path))? {
+            return f();
         }
-    };
-    f()
+        if std::time::Instant::now() >= deadline {
+            return Err(io::Error::new(
+                io::ErrorKind::TimedOut,
+                format!(
+                    "cannot lock {}.lock: another process has held it for {} s",
+                    path.display(),
+                    patience.as_secs()
+                ),
+            ));
+        }
+        std::thread::sleep(LOCK_RETRY);
+    }
 }
 
 /// Holds an exclusive lock on `path` (created 0600) for as long as the returned file

@@ -249,15 +249,9 @@ pub fn read_verdict<R: BufRead>(
     /// Lines read between looks at the clock.
     const LINES_PER_CLOCK_LOOK: usize = 4096;
     let mut tally = Tally::default();
-    let mut line = Vec::with_capacity(MAX_TABLE_LINE_BYTES);
-    for mut table in tables {
-        let mut count = 0usize;
-        loop {
-            line.clear();
-            if table.read_until(b'\n', &mut line)? == 0 {
-                break;
-            }
-            count = count.wrapping_add(1);
+    for table in tables {
+        for (count, line) in table.split(b'\n').enumerate() {
+            let line = line?;
             if count.is_multiple_of(LINES_PER_CLOCK_LOOK) && Instant::now() >= deadline {
                 return Ok(None);
             }
