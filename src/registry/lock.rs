@@ -288,8 +288,7 @@ static MOVED: AtomicU64 = AtomicU64::new(0);
 fn clear_if_stale(path: &Path) -> io::Result<bool> {
     let print = match fingerprint(path) {
         Ok(print) => print,
-        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(true),
-        Err(e) => return Err(e),
+        Err(e) => return gone_is_fine(e).map(|()| true),
     };
     if !print.dir {
         return Err(io::Error::new(
