@@ -317,8 +317,7 @@ pub fn set_aside(path: &Path, suffix: &str) -> io::Result<PathBuf> {
     let mut aside = path.as_os_str().to_owned();
     aside.push(format!(".{suffix}-{millis}"));
     let aside = PathBuf::from(aside);
-    fs::rename(path, &aside)?;
-    Ok(aside)
+    fs::rename(path, &aside).map(|()| aside)
 }
 
 // ---------------------------------------------------------------------------------------

@@ -102,17 +102,6 @@ fn check_root(root: &Path) -> io::Result<()> {
     }
 }
 
-/// Refuses what [`read`] would skip; the name is valid by its type.
-fn check_entry(port: u16, pid: u32) -> io::Result<()> {
-    if port == 0 || pid == 0 {
-        return Err(io::Error::new(
-            io::ErrorKind::InvalidInput,
-            "registry entries need a non-zero port and a non-zero pid",
-        ));
-    }
-    Ok(())
-}
-
 /// Registers (or re-registers) `name` as listening on `host` and `port` in process
 /// `pid`, stamped with the current time; the entry records `proof: true` (every
 /// instance of this build answers the health proof). Creates `root` (mode 0700) if it
@@ -135,7 +124,6 @@ pub fn register_at(
     secret: &Secret,
     taken: impl FnOnce(&RegistryEntry) -> bool,
 ) -> io::Result<Option<RegistryEntry>> {
-    check_entry(addr.port(), pid)?;
     files::create_dir_private(root)?;
     lock::with_registry_lock(root, || {
         let holder = read(root)?.remove(name);
@@ -146,7 +134,9 @@ pub fn register_at(
     })
 }
 
-/// Inserts or replaces `name`'s entry; the caller holds the registry lock.
+/// Inserts or replaces `name`'s entry; the caller holds the registry lock. Port 0 or
+/// pid 0 (neither of which [`read`] would accept; the name is valid by its type) is
+/// `InvalidInput`.
 fn insert_locked(
     root: &Path,
     name: &InstanceName,
@@ -154,6 +144,12 @@ fn insert_locked(
     pid: u32,
     secret: &Secret,
 ) -> io::Result<()> {
+    if addr.port() == 0 || pid == 0 {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            "registry entries need a non-zero port and a non-zero pid",
+        ));
+    }
     let (document, mut instances) = load(root)?;
     let mut fields = match instances.remove(name.as_str()) {
         Some(Value::Object(fields)) => fields,
@@ -193,7 +189,6 @@ pub fn ensure_registered(
     if read(root)?.contains_key(name) {
         return Ok(false);
     }
-    check_entry(addr.port(), pid)?;
     let written = lock::within(root, std::time::Duration::ZERO, || {
         if read(root)?.contains_key(name) {
             return Ok(false);
