@@ -4,6 +4,7 @@
 
 use std::fs;
 use std::io;
+use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 
 /// Permission bits that let the group or others change a file or a directory's entries.
@@ -98,26 +99,19 @@ pub fn check_trusted_metadata(
     metadata: &fs::Metadata,
     kind: TrustKind,
 ) -> io::Result<()> {
-    use std::os::unix::fs::MetadataExt;
     let us = rustix::process::geteuid().as_raw();
     let mode = metadata.mode() & 0o7777;
     if owner_trusted(metadata.uid(), us) && mode & GROUP_OTHER_WRITE == 0 {
         return Ok(());
     }
-    Err(refused(path, metadata, kind, us))
-}
-
-/// The `PermissionDenied` error wrapping the [`Untrusted`] of `path`.
-fn refused(path: &Path, metadata: &fs::Metadata, kind: TrustKind, us: u32) -> io::Error {
-    use std::os::unix::fs::MetadataExt;
     let untrusted = Untrusted {
         path: path.to_path_buf(),
         kind,
         owner: metadata.uid(),
-        mode: metadata.mode() & 0o7777,
+        mode,
         us,
     };
-    io::Error::new(io::ErrorKind::PermissionDenied, untrusted)
+    Err(io::Error::new(io::ErrorKind::PermissionDenied, untrusted))
 }
 
 /// Checks that the file or directory at `path` is one no other user may have written:
@@ -131,16 +125,17 @@ fn refused(path: &Path, metadata: &fs::Metadata, kind: TrustKind, us: u32) -> io
 /// Any error reading the metadata (`NotFound` for a missing path), or
 /// `PermissionDenied` wrapping an [`Untrusted`].
 pub fn check_trusted(path: &Path, kind: TrustKind) -> io::Result<()> {
-    use std::os::unix::fs::MetadataExt;
     let link = fs::symlink_metadata(path)?;
-    if !link.file_type().is_symlink() {
-        return check_trusted_metadata(path, &link, kind);
+    if link.file_type().is_symlink() {
+        // Only the link's owner counts: its own mode means nothing.
+        if let Err(err) = check_trusted_metadata(path, &link, kind) {
+            if untrusted(&err).is_some_and(|u| !owner_trusted(u.owner, u.us)) {
+                return Err(err);
+            }
+        }
+        return check_trusted_metadata(path, &fs::metadata(path)?, kind);
     }
-    let us = rustix::process::geteuid().as_raw();
-    if !owner_trusted(link.uid(), us) {
-        return Err(refused(path, &link, kind, us));
-    }
-    check_trusted_metadata(path, &fs::metadata(path)?, kind)
+    check_trusted_metadata(path, &link, kind)
 }
 
 /// The [`Untrusted`] inside an error of [`check_trusted`] (or of a trusted read), if
