@@ -46,16 +46,11 @@ fn every_process() -> impl Iterator<Item = (u32, Stat)> {
 /// cannot have is gone; one we may not signal (another user's) exists. The rule of
 /// temp-file cleanup, the registry lock and pruning.
 pub fn pid_is_gone(pid: u32) -> bool {
-    let Some(raw) = i32::try_from(pid)
+    let raw = i32::try_from(pid)
         .ok()
-        .and_then(rustix::process::Pid::from_raw)
-    else {
-        return true;
-    };
-    match rustix::process::test_kill_process(raw) {
-        Err(rustix::io::Errno::SRCH) => true,
-        _ => stat(pid).is_some_and(|stat| stat.exited),
-    }
+        .and_then(rustix::process::Pid::from_raw);
+    let no_such = |raw| rustix::process::test_kill_process(raw) == Err(rustix::io::Errno::SRCH);
+    raw.is_none_or(no_such) || stat(pid).is_some_and(|stat| stat.exited)
 }
 
 /// The pids whose parent is `parent`.

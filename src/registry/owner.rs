@@ -349,13 +349,12 @@ const TABLE_READ_CHUNK: usize = 256 * 1024;
 fn open_tables() -> Vec<std::io::BufReader<std::fs::File>> {
     [PROC_NET_TCP, PROC_NET_TCP6]
         .into_iter()
-        .filter_map(|path| match std::fs::File::open(path) {
-            Ok(file) => Some(std::io::BufReader::with_capacity(TABLE_READ_CHUNK, file)),
-            Err(e) => {
-                log::debug!("cannot read {path}: {e}");
-                None
-            }
+        .filter_map(|path| {
+            let file = std::fs::File::open(path);
+            file.inspect_err(|e| log::debug!("cannot read {path}: {e}"))
+                .ok()
         })
+        .map(|file| std::io::BufReader::with_capacity(TABLE_READ_CHUNK, file))
         .collect()
 }
 

@@ -75,16 +75,12 @@ pub fn read(root: &Path) -> io::Result<BTreeMap<InstanceName, RegistryEntry>> {
         Err(err) if err.kind() == io::ErrorKind::InvalidData => Err(err.to_string()),
         Err(err) => return Err(err),
     };
-    let Parsed { entries, skipped } = parsed.unwrap_or_else(|reason| {
-        warn_once(&path, &[format!("{reason}; treating it as empty")]);
+    let parsed = parsed.unwrap_or_else(|reason| {
+        warn_once(&path, "", &[format!("{reason}; treating it as empty")]);
         Parsed::default()
     });
-    let problems: Vec<String> = skipped
-        .into_iter()
-        .map(|reason| format!("ignoring an entry: {reason}"))
-        .collect();
-    warn_once(&path, &problems);
-    Ok(entries)
+    warn_once(&path, "ignoring an entry: ", &parsed.skipped);
+    Ok(parsed.entries)
 }
 
 /// Refuses a channel root that another user owns or may write to (contract 1): its
