@@ -66,17 +66,12 @@ pub fn write_atomic(path: &Path, bytes: &[u8], mode: u32) -> io::Result<()> {
     };
     let (tmp_path, mut file) = create_temp(dir, name, mode)?;
     // The exact mode (the umask may have narrowed it), the bytes, synced, renamed.
-    let written = file
-        .set_permissions(Permissions::from_mode(mode))
+    file.set_permissions(Permissions::from_mode(mode))
         .and_then(|()| file.write_all(bytes))
         .and_then(|()| file.sync_all())
-        .and_then(|()| fs::rename(&tmp_path, path));
-    drop(file);
-    if let Err(err) = written {
+        .and_then(|()| fs::rename(&tmp_path, path))
         // Best effort: the error worth reporting is the one that made us stop.
-        let _ = fs::remove_file(&tmp_path);
-        return Err(err);
-    }
+        .inspect_err(|_| drop(fs::remove_file(&tmp_path)))?;
     File::open(dir)?.sync_all()
 }
 
