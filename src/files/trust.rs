@@ -40,30 +40,28 @@ pub struct Untrusted {
 
 impl std::fmt::Display for Untrusted {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let what = match self.kind {
+        let (kind, owner, mode, us) = (self.kind, self.owner, self.mode, self.us);
+        let what = match kind {
             TrustKind::File => "file",
             TrustKind::Dir => "directory",
         };
         let path = self.path.display();
         write!(
             f,
-            "refusing {path}: this {what} is owned by uid {} with mode {:o}",
-            self.owner, self.mode
+            "refusing {path}: this {what} is owned by uid {owner} with mode {mode:o}"
         )?;
-        if !owner_trusted(self.owner, self.us) {
+        if !owner_trusted(owner, us) {
             write!(
                 f,
-                ", not by us (uid {}): another user may have planted it; remove it, or \
-                 `chown {} {path}` if it is really ours",
-                self.us, self.us
+                ", not by us (uid {us}): another user may have planted it; remove it, or \
+                 `chown {us} {path}` if it is really ours"
             )
-        } else if self.kind == TrustKind::Dir && self.mode & STICKY != 0 {
+        } else if kind == TrustKind::Dir && mode & STICKY != 0 {
             // A shared sticky directory such as /tmp: never loosen it; move off it.
-            write!(
-                f,
+            f.write_str(
                 ", a directory every user may write to (like /tmp); put the channel root in \
                  a private directory of its own instead (`loopbus init /tmp/bus/NAME` \
-                 creates /tmp/bus private)"
+                 creates /tmp/bus private)",
             )
         } else {
             write!(
