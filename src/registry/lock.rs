@@ -57,7 +57,7 @@ pub fn lock_path(root: &Path) -> PathBuf {
 /// `TimedOut` (naming the holder) if the lock stayed taken, any I/O error taking or
 /// releasing it, or whatever `f` returns.
 pub fn with_registry_lock<T>(root: &Path, f: impl FnOnce() -> io::Result<T>) -> io::Result<T> {
-    within(root, LOCK_PATIENCE, f)?.unwrap_or_else(|| Err(timed_out(root, LOCK_PATIENCE)))
+    within(root, LOCK_PATIENCE, f)?.ok_or_else(|| timed_out(root, LOCK_PATIENCE))
 }
 
 /// Runs `f` under the registry lock of `root` if it can be had within `patience`;
@@ -66,26 +66,25 @@ pub fn with_registry_lock<T>(root: &Path, f: impl FnOnce() -> io::Result<T>) -> 
 ///
 /// # Errors
 ///
-/// Any I/O error taking or releasing the lock; whatever `f` returns is inside.
+/// Any I/O error taking or releasing the lock, or whatever `f` returns.
 pub fn within<T>(
     root: &Path,
     patience: Duration,
     f: impl FnOnce() -> io::Result<T>,
-) -> io::Result<Option<io::Result<T>>> {
+) -> io::Result<Option<T>> {
     let Some(guard) = acquire(root, patience)? else {
         return Ok(None);
     };
     let result = f();
     let released = guard.release();
-    Ok(Some(result.and_then(|value| released.map(|()| value))))
+    result.and_then(|value| released.map(|()| Some(value)))
 }
 
 fn timed_out(root: &Path, patience: Duration) -> io::Error {
     let path = lock_path(root);
-    let holder = match read_owner(&path) {
-        Some((pid, at, _)) => format!("process {pid} since {at}"),
-        None => "another process".to_owned(),
-    };
+    let holder = read_owner(&path).map_or("another process".to_owned(), |(pid, at, _)| {
+        format!("process {pid} since {at}")
+    });
     io::Error::new(
         io::ErrorKind::TimedOut,
         format!(
@@ -117,10 +116,8 @@ fn fingerprint(path: &Path) -> io::Result<Fingerprint> {
         dir: meta.is_dir(),
         inode: (meta.dev(), meta.ino()),
         mtime: meta.modified().ok(),
-        owner: meta
-            .is_dir()
-            .then(|| files::read_regular_file(&path.join(OWNER_FILE), MAX_OWNER_BYTES).ok())
-            .flatten(),
+        // Under anything but a directory, `owner.json` is not found.
+        owner: files::read_regular_file(&path.join(OWNER_FILE), MAX_OWNER_BYTES).ok(),
     })
 }
 

@@ -130,15 +130,13 @@ pub enum Verdict {
 /// word printed as the kernel holds it in memory (little-endian on x86 and arm:
 /// 127.0.0.1 is `0100007F`), and the port as 4 hex digits in plain order.
 fn parse_line(line: &str) -> Option<Socket> {
-    let fields: Vec<&str> = line.split_whitespace().take(8).collect();
-    let [_sl, local, remote, state, _queues, _timer, _retransmits, uid] = fields[..] else {
-        return None;
-    };
+    // sl, local, remote, state, then queues, timer and retransmits before the uid.
+    let mut fields = line.split_ascii_whitespace().skip(1);
     Some(Socket {
-        local: parse_address(local)?,
-        remote: parse_address(remote)?,
-        listening: state == TCP_LISTEN,
-        uid: uid.parse::<u32>().ok()?,
+        local: parse_address(fields.next()?)?,
+        remote: parse_address(fields.next()?)?,
+        listening: fields.next()? == TCP_LISTEN,
+        uid: fields.nth(3)?.parse::<u32>().ok()?,
     })
 }
 

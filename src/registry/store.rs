@@ -189,10 +189,9 @@ pub fn ensure_registered(
         if read(root)?.contains_key(name) {
             return Ok(false);
         }
-        insert_locked(root, name, addr, pid, secret)?;
-        Ok(true)
+        insert_locked(root, name, addr, pid, secret).map(|()| true)
     })?;
-    written.unwrap_or(Ok(false))
+    Ok(written.unwrap_or(false))
 }
 
 /// Removes `name`'s entry if, and only if, it was registered by process `pid` (so a
