@@ -56,8 +56,7 @@ pub fn pid_is_gone(pid: u32) -> bool {
 /// The pids whose parent is `parent`.
 pub fn children_of(parent: u32) -> Vec<u32> {
     every_process()
-        .filter(|(_, stat)| stat.parent == parent)
-        .map(|(pid, _)| pid)
+        .filter_map(|(pid, stat)| (stat.parent == parent).then_some(pid))
         .collect()
 }
 

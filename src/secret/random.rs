@@ -53,8 +53,7 @@ fn fill_random(buf: &mut [u8]) -> io::Result<()> {
 /// Any I/O error opening or reading `/dev/urandom`.
 pub fn random_bytes<const N: usize>() -> io::Result<[u8; N]> {
     let mut bytes = [0u8; N];
-    fill_random(&mut bytes)?;
-    Ok(bytes)
+    fill_random(&mut bytes).map(|()| bytes)
 }
 
 /// `bytes` random bytes from the OS (`/dev/urandom`), as lowercase hex (`2 * bytes`
@@ -65,8 +64,7 @@ pub fn random_bytes<const N: usize>() -> io::Result<[u8; N]> {
 /// Any I/O error opening or reading `/dev/urandom`.
 pub(crate) fn random_hex(bytes: usize) -> io::Result<String> {
     let mut buf = vec![0u8; bytes];
-    fill_random(&mut buf)?;
-    Ok(hex(&buf))
+    fill_random(&mut buf).map(|()| hex(&buf))
 }
 
 /// Bytes of randomness in a proof nonce (contract section 6.1: 128 bits).
