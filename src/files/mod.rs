@@ -305,14 +305,10 @@ fn open_no_follow(path: &Path, flags: OFlags, mode: Mode) -> io::Result<(File, f
 ///
 /// Any I/O error from the rename (`NotFound` when `path` is gone).
 pub fn set_aside(path: &Path, suffix: &str) -> io::Result<PathBuf> {
-    let millis = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_millis())
-        .unwrap_or(0);
+    let millis = std::time::UNIX_EPOCH.elapsed().map_or(0, |d| d.as_millis());
     let mut aside = path.as_os_str().to_owned();
     aside.push(format!(".{suffix}-{millis}"));
-    let aside = PathBuf::from(aside);
-    fs::rename(path, &aside).map(|()| aside)
+    fs::rename(path, &aside).map(|()| aside.into())
 }
 
 // ---------------------------------------------------------------------------------------

@@ -124,16 +124,14 @@ pub fn check_trusted_metadata(
 /// `PermissionDenied` wrapping an [`Untrusted`].
 pub fn check_trusted(path: &Path, kind: TrustKind) -> io::Result<()> {
     let link = fs::symlink_metadata(path)?;
-    if link.file_type().is_symlink() {
-        // Only the link's owner counts: its own mode means nothing.
-        if let Err(err) = check_trusted_metadata(path, &link, kind) {
-            if untrusted(&err).is_some_and(|u| !owner_trusted(u.owner, u.us)) {
-                return Err(err);
-            }
-        }
-        return check_trusted_metadata(path, &fs::metadata(path)?, kind);
+    if !link.file_type().is_symlink() {
+        return check_trusted_metadata(path, &link, kind);
     }
-    check_trusted_metadata(path, &link, kind)
+    // A symlink: only its owner counts (its own mode means nothing), then its target.
+    match check_trusted_metadata(path, &link, kind) {
+        Err(err) if untrusted(&err).is_some_and(|u| !owner_trusted(u.owner, u.us)) => Err(err),
+        _ => check_trusted_metadata(path, &fs::metadata(path)?, kind),
+    }
 }
 
 /// The [`Untrusted`] inside an error of [`check_trusted`] (or of a trusted read), if
