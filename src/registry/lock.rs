@@ -23,9 +23,11 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant, SystemTime};
 
+use rustix::fs::{renameat_with, RenameFlags, CWD};
 use serde_json::Value;
 
-use crate::{files, time};
+use crate::files::{self, PRIVATE_DIR_MODE};
+use crate::time;
 
 /// A lock whose owner took it longer ago than this, or whose directory (without a
 /// readable `owner.json`) was last changed longer ago than this, is stale.
@@ -187,10 +189,7 @@ pub fn acquire(root: &Path, patience: Duration) -> io::Result<Option<Held>> {
     let path = lock_path(root);
     let deadline = Instant::now() + patience;
     loop {
-        match DirBuilder::new()
-            .mode(files::PRIVATE_DIR_MODE)
-            .create(&path)
-        {
+        match DirBuilder::new().mode(PRIVATE_DIR_MODE).create(&path) {
             Ok(()) => return take(&path).map(Some),
             Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
             Err(e) => return Err(e),
@@ -217,8 +216,8 @@ fn take(path: &Path) -> io::Result<Held> {
     });
     let owner = owner.to_string().into_bytes();
     // The umask may have narrowed the mode; make it exactly 0700.
-    let written = fs::set_permissions(path, fs::Permissions::from_mode(files::PRIVATE_DIR_MODE))
-        .and_then(|()| {
+    let written =
+        fs::set_permissions(path, fs::Permissions::from_mode(PRIVATE_DIR_MODE)).and_then(|()| {
             files::write_atomic(&path.join(OWNER_FILE), &owner, files::PRIVATE_FILE_MODE)
         });
     if let Err(e) = written {
@@ -246,12 +245,8 @@ fn read_owner(path: &Path) -> Option<(u32, String, SystemTime)> {
 fn parse_owner(bytes: &[u8]) -> Option<(u32, String, SystemTime)> {
     let value: Value = serde_json::from_slice(bytes).ok()?;
     let pid = super::store::positive(&value, "pid")?;
-    let acquired_at = value.get("acquiredAt")?.as_str()?;
-    Some((
-        pid,
-        acquired_at.to_owned(),
-        time::parse_iso8601(acquired_at)?,
-    ))
+    let at = value.get("acquiredAt")?.as_str()?;
+    Some((pid, at.to_owned(), time::parse_iso8601(at)?))
 }
 
 /// Why the lock of fingerprint `print` is stale, or `None` if it is live: its owner's
@@ -306,13 +301,7 @@ fn clear_if_stale(path: &Path) -> io::Result<bool> {
         // Between the check and the rename another waiter cleared the stale lock and
         // a third took the name afresh: this is that fresh lock. Put it back (never
         // over a newer one).
-        let back = rustix::fs::renameat_with(
-            rustix::fs::CWD,
-            &moved,
-            rustix::fs::CWD,
-            path,
-            rustix::fs::RenameFlags::NOREPLACE,
-        );
+        let back = renameat_with(CWD, &moved, CWD, path, RenameFlags::NOREPLACE);
         let Err(e) = back else { return Ok(false) };
         log::warn!(
             "{}: moved a live lock aside by accident and cannot put it back ({e}); removing it",
