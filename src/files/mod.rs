@@ -54,12 +54,10 @@ static TEMP_COUNTER: AtomicU64 = AtomicU64::new(0);
 /// Any I/O error creating, writing, syncing or renaming the temp file (which is then
 /// removed), or syncing the directory. `path` without a file name is `InvalidInput`.
 pub fn write_atomic(path: &Path, bytes: &[u8], mode: u32) -> io::Result<()> {
-    let name = path.file_name().ok_or_else(|| {
-        io::Error::new(
-            io::ErrorKind::InvalidInput,
-            format!("{}: not a file path", path.display()),
-        )
-    })?;
+    let Some(name) = path.file_name() else {
+        let message = format!("{}: not a file path", path.display());
+        return Err(io::Error::new(io::ErrorKind::InvalidInput, message));
+    };
     let dir = match path.parent() {
         Some(parent) if !parent.as_os_str().is_empty() => parent,
         _ => Path::new("."),
@@ -170,14 +168,10 @@ fn lock_within<T>(
             return f();
         }
         if std::time::Instant::now() >= deadline {
-            return Err(io::Error::new(
-                io::ErrorKind::TimedOut,
-                format!(
-                    "cannot lock {}.lock: another process has held it for {} s",
-                    path.display(),
-                    patience.as_secs()
-                ),
-            ));
+            let (path, secs) = (path.display(), patience.as_secs());
+            let message =
+                format!("cannot lock {path}.lock: another process has held it for {secs} s");
+            return Err(io::Error::new(io::ErrorKind::TimedOut, message));
         }
         std::thread::sleep(LOCK_RETRY);
     }

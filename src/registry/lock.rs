@@ -87,15 +87,12 @@ fn timed_out(root: &Path, patience: Duration) -> io::Error {
     let holder = read_owner(&path).map_or("another process".to_owned(), |(pid, at, _)| {
         format!("process {pid} since {at}")
     });
-    io::Error::new(
-        io::ErrorKind::TimedOut,
-        format!(
-            "cannot lock the registry: {} has been held by {holder} for more than {} s; \
-             remove it if no process is writing the registry",
-            path.display(),
-            patience.as_secs()
-        ),
-    )
+    let (path, secs) = (path.display(), patience.as_secs());
+    let message = format!(
+        "cannot lock the registry: {path} has been held by {holder} for more than {secs} s; \
+         remove it if no process is writing the registry"
+    );
+    io::Error::new(io::ErrorKind::TimedOut, message)
 }
 
 /// What identifies one taking of the lock: the directory's inode, its mtime and the
@@ -283,10 +280,8 @@ fn clear_if_stale(path: &Path) -> io::Result<bool> {
         Err(e) => return gone_is_fine(e).map(|()| true),
     };
     if !print.dir {
-        return Err(io::Error::new(
-            io::ErrorKind::InvalidData,
-            format!("{}: not a lock directory; remove it", path.display()),
-        ));
+        let message = format!("{}: not a lock directory; remove it", path.display());
+        return Err(io::Error::new(io::ErrorKind::InvalidData, message));
     }
     let Some(why) = staleness(&print, SystemTime::now()) else {
         return Ok(false);

@@ -141,10 +141,8 @@ fn insert_locked(
     secret: &Secret,
 ) -> io::Result<()> {
     if addr.port() == 0 || pid == 0 {
-        return Err(io::Error::new(
-            io::ErrorKind::InvalidInput,
-            "registry entries need a non-zero port and a non-zero pid",
-        ));
+        let message = "registry entries need a non-zero port and a non-zero pid";
+        return Err(io::Error::new(io::ErrorKind::InvalidInput, message));
     }
     let (document, mut instances) = load(root)?;
     let mut fields = match instances.remove(name.as_str()) {
@@ -277,16 +275,10 @@ fn load(root: &Path) -> io::Result<(Map<String, Value>, Map<String, Value>)> {
             Err(e) => return Err(e),
         }
     }
+    let shown = path.display();
     match files::set_aside(&path, CORRUPT_SUFFIX) {
-        Ok(aside) => log::warn!(
-            "{} was unreadable; moved to {}",
-            path.display(),
-            aside.display()
-        ),
-        Err(e) => log::warn!(
-            "{}: cannot set the unreadable file aside: {e}",
-            path.display()
-        ),
+        Ok(aside) => log::warn!("{shown} was unreadable; moved to {}", aside.display()),
+        Err(e) => log::warn!("{shown}: cannot set the unreadable file aside: {e}"),
     }
     Ok(Default::default())
 }
