@@ -291,7 +291,7 @@ impl Listed {
 
 /// Every valid entry under `root`, by name, each with its liveness probe (kinds
 /// checked against `accept_kinds` unless it is `None`). The entries are probed
-/// [`MAX_PARALLEL_PROBES`] at a time, so that a registry full of unresponsive ports
+/// `MAX_PARALLEL_PROBES` (32) at a time, so that a registry full of unresponsive ports
 /// costs about one [`PROBE_TIMEOUT`], not one per entry.
 ///
 /// # Errors

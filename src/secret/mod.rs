@@ -41,8 +41,11 @@ impl Secret {
         format!("Bearer {}", self.0)
     }
 
-    /// Whether `header` is exactly `Bearer <secret>`, compared in constant time
-    /// ([`constant_time_eq`]).
+    /// Whether `header` is exactly `Bearer <secret>`.
+    ///
+    /// The comparison is constant-time in the secret: the work done depends only on the
+    /// length of `header`, which the caller chose, never on where the first difference
+    /// is or on how long the secret is.
     pub fn matches_bearer(&self, header: &[u8]) -> bool {
         constant_time_eq(header, self.bearer_header().as_bytes())
     }
