@@ -17,6 +17,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use rustix::fs::{Mode, OFlags};
+use rustix::io::Errno;
 
 mod pid;
 mod trust;
@@ -279,9 +280,7 @@ fn open_no_follow(path: &Path, flags: OFlags, mode: Mode) -> io::Result<(File, f
     let flags = flags | OFlags::NONBLOCK | OFlags::NOFOLLOW | OFlags::CLOEXEC;
     let file = match rustix::fs::open(path, flags, mode) {
         Ok(fd) => File::from(fd),
-        Err(rustix::io::Errno::LOOP) => {
-            return Err(invalid("a symbolic link, which is not followed"))
-        }
+        Err(Errno::LOOP) => return Err(invalid("a symbolic link, which is not followed")),
         Err(e) => return Err(e.into()),
     };
     let metadata = file.metadata()?;

@@ -4,6 +4,9 @@
 //! whether a process group still has a live member (a cancelled engine's grace).
 //! Reading only; nothing here signals or reaps.
 
+use rustix::io::Errno;
+use rustix::process::{test_kill_process, Pid};
+
 /// The fields of `/proc/<pid>/stat` loopbus reads.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 struct Stat {
@@ -46,10 +49,8 @@ fn every_process() -> impl Iterator<Item = (u32, Stat)> {
 /// cannot have is gone; one we may not signal (another user's) exists. The rule of
 /// temp-file cleanup, the registry lock and pruning.
 pub fn pid_is_gone(pid: u32) -> bool {
-    let raw = i32::try_from(pid)
-        .ok()
-        .and_then(rustix::process::Pid::from_raw);
-    let no_such = |raw| rustix::process::test_kill_process(raw) == Err(rustix::io::Errno::SRCH);
+    let raw = i32::try_from(pid).ok().and_then(Pid::from_raw);
+    let no_such = |raw| test_kill_process(raw) == Err(Errno::SRCH);
     raw.is_none_or(no_such) || stat(pid).is_some_and(|stat| stat.exited)
 }
 

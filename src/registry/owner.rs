@@ -88,15 +88,15 @@ pub enum OwnerRefusal {
 impl fmt::Display for OwnerRefusal {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            OwnerRefusal::Foreign { port, uid } => write!(
+            Self::Foreign { port, uid } => write!(
                 f,
                 "port {port} is held by another user's process, uid {uid}; not sending the secret"
             ),
-            OwnerRefusal::Unknown { port } => write!(
+            Self::Unknown { port } => write!(
                 f,
                 "cannot tell who holds port {port}; not sending the secret"
             ),
-            OwnerRefusal::TablesUnreadable { port } => write!(
+            Self::TablesUnreadable { port } => write!(
                 f,
                 "cannot tell who holds port {port}: neither {PROC_NET_TCP} nor {PROC_NET_TCP6} \
                  can be read; not sending the secret to a peer that cannot prove itself \

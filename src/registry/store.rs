@@ -3,6 +3,7 @@
 //! [`probe`](mod@super::probe)'s job.
 
 use std::collections::BTreeMap;
+use std::env::var_os;
 use std::io;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::path::{Path, PathBuf};
@@ -372,11 +373,7 @@ pub const DEFAULT_ROOT_DIR: &str = ".loopbus";
 /// `$LOOPBUS_ROOT`, else `$HOME/.loopbus` ([`DEFAULT_ROOT_DIR`]); `None` when neither
 /// variable is set. Nothing is created here.
 pub fn default_channel_root() -> Option<PathBuf> {
-    let var = |name| {
-        std::env::var_os(name)
-            .filter(|v| !v.is_empty())
-            .map(PathBuf::from)
-    };
+    let var = |name| var_os(name).filter(|v| !v.is_empty()).map(PathBuf::from);
     var("LOOPBUS_ROOT").or_else(|| var("HOME").map(|home| home.join(DEFAULT_ROOT_DIR)))
 }
 
@@ -393,10 +390,7 @@ pub fn channel_root(state_dir: &Path) -> PathBuf {
 /// the absolute path, so `.` works too). `None` when there is none or it is not UTF-8;
 /// the caller still parses it as an [`InstanceName`].
 pub fn default_name(state_dir: &Path) -> Option<String> {
-    absolute(state_dir)
-        .file_name()
-        .and_then(|n| n.to_str())
-        .map(str::to_owned)
+    Some(absolute(state_dir).file_name()?.to_str()?.to_owned())
 }
 
 fn absolute(path: &Path) -> PathBuf {
