@@ -113,11 +113,8 @@ fn create_temp(dir: &Path, name: &OsStr, mode: u32) -> io::Result<(PathBuf, File
         attempts += 1;
         let mut tmp_name = OsString::from(".");
         tmp_name.push(name);
-        tmp_name.push(format!(
-            ".tmp.{}.{}",
-            std::process::id(),
-            TEMP_COUNTER.fetch_add(1, Ordering::Relaxed)
-        ));
+        let n = TEMP_COUNTER.fetch_add(1, Ordering::Relaxed);
+        tmp_name.push(format!(".tmp.{}.{n}", std::process::id()));
         let tmp_path = dir.join(tmp_name);
         let flags = OFlags::WRONLY | OFlags::CREATE | OFlags::EXCL;
         match open_no_follow(&tmp_path, flags, Mode::from_raw_mode(mode)) {

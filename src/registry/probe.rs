@@ -70,10 +70,8 @@ pub enum ProbeError {
 
 /// A peer-supplied string, quoted and cut to [`MAX_QUOTED_CHARS`].
 fn quoted(s: &str) -> String {
-    format!(
-        "{:?}",
-        protocol::truncate_chars(s.to_owned(), MAX_QUOTED_CHARS)
-    )
+    let cut = protocol::truncate_chars(s.to_owned(), MAX_QUOTED_CHARS);
+    format!("{cut:?}")
 }
 
 impl fmt::Display for ProbeError {

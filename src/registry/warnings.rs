@@ -42,15 +42,13 @@ pub(super) fn warn_once(path: &Path, prefix: &str, problems: &[String]) -> usize
         }
     }
     drop(warned);
+    let shown = path.display();
     for problem in fresh.iter().take(MAX_PROBLEMS_LISTED) {
-        log::warn!("{}: {prefix}{problem}", path.display());
+        log::warn!("{shown}: {prefix}{problem}");
     }
-    if fresh.len() > MAX_PROBLEMS_LISTED {
-        log::warn!(
-            "{}: {} more problems not listed (each is reported once)",
-            path.display(),
-            fresh.len() - MAX_PROBLEMS_LISTED
-        );
+    let more = fresh.len().saturating_sub(MAX_PROBLEMS_LISTED);
+    if more > 0 {
+        log::warn!("{shown}: {more} more problems not listed (each is reported once)");
     }
     fresh.len()
 }
