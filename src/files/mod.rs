@@ -10,7 +10,7 @@
 
 use std::ffi::{OsStr, OsString};
 use std::fs::{self, DirBuilder, File, Permissions};
-use std::io::{self, Read, Write};
+use std::io::{self, ErrorKind, Read, Write};
 use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -57,7 +57,7 @@ static TEMP_COUNTER: AtomicU64 = AtomicU64::new(0);
 pub fn write_atomic(path: &Path, bytes: &[u8], mode: u32) -> io::Result<()> {
     let Some(name) = path.file_name() else {
         let message = format!("{}: not a file path", path.display());
-        return Err(io::Error::new(io::ErrorKind::InvalidInput, message));
+        return Err(io::Error::new(ErrorKind::InvalidInput, message));
     };
     let dir = match path.parent() {
         Some(parent) if !parent.as_os_str().is_empty() => parent,
@@ -118,8 +118,8 @@ fn create_temp(dir: &Path, name: &OsStr, mode: u32) -> io::Result<(PathBuf, File
         let tmp_path = dir.join(tmp_name);
         let flags = OFlags::WRONLY | OFlags::CREATE | OFlags::EXCL;
         match open_no_follow(&tmp_path, flags, Mode::from_raw_mode(mode)) {
-            Err(err)
-                if err.kind() == io::ErrorKind::AlreadyExists && attempts < TEMP_NAME_ATTEMPTS => {}
+            Err(err) if err.kind() == ErrorKind::AlreadyExists && attempts < TEMP_NAME_ATTEMPTS => {
+            }
             opened => return opened.map(|(file, _)| (tmp_path, file)),
         }
     }
@@ -169,7 +169,7 @@ fn lock_within<T>(
             let (path, secs) = (path.display(), patience.as_secs());
             let message =
                 format!("cannot lock {path}.lock: another process has held it for {secs} s");
-            return Err(io::Error::new(io::ErrorKind::TimedOut, message));
+            return Err(io::Error::new(ErrorKind::TimedOut, message));
         }
         std::thread::sleep(LOCK_RETRY);
     }
@@ -243,7 +243,7 @@ fn read_checked(path: &Path, max: u64, trusted: bool) -> io::Result<Vec<u8>> {
     file.take(max + 1).read_to_end(&mut bytes)?;
     if bytes.len() as u64 > max {
         let message = format!("larger than {max} bytes");
-        return Err(io::Error::new(io::ErrorKind::InvalidData, message));
+        return Err(io::Error::new(ErrorKind::InvalidData, message));
     }
     Ok(bytes)
 }
@@ -273,7 +273,7 @@ pub fn open_append_regular(path: &Path, mode: u32) -> io::Result<(File, u64)> {
 /// last component, and only if it is a regular file (else `InvalidData`), with its
 /// metadata.
 fn open_no_follow(path: &Path, flags: OFlags, mode: Mode) -> io::Result<(File, fs::Metadata)> {
-    let invalid = |what: &str| io::Error::new(io::ErrorKind::InvalidData, what);
+    let invalid = |what: &str| io::Error::new(ErrorKind::InvalidData, what);
     let flags = flags | OFlags::NONBLOCK | OFlags::NOFOLLOW | OFlags::CLOEXEC;
     let file = match rustix::fs::open(path, flags, mode) {
         Ok(fd) => File::from(fd),
@@ -323,7 +323,7 @@ pub fn create_dir_private(path: &Path) -> io::Result<()> {
         // The umask may have narrowed the mode; make it exactly 0700.
         Ok(()) => fs::set_permissions(path, Permissions::from_mode(PRIVATE_DIR_MODE)),
         // Another process won the race to create it.
-        Err(err) if err.kind() == io::ErrorKind::AlreadyExists && path.is_dir() => Ok(()),
+        Err(err) if err.kind() == ErrorKind::AlreadyExists && path.is_dir() => Ok(()),
         Err(err) => Err(err),
     }
 }
@@ -470,7 +470,7 @@ mod tests {
         let got = lock_within(&path, Duration::from_millis(100), || Ok(1));
         assert_eq!(
             got.unwrap_err().kind(),
-            io::ErrorKind::TimedOut,
+            ErrorKind::TimedOut,
             "taken while held"
         );
         assert!(started.elapsed() >= Duration::from_millis(100));
@@ -502,7 +502,7 @@ mod tests {
         .unwrap();
         for path in [&link, &fifo] {
             let err = read_regular_file(path, 10).unwrap_err();
-            assert_eq!(err.kind(), io::ErrorKind::InvalidData, "{path:?}: {err}");
+            assert_eq!(err.kind(), ErrorKind::InvalidData, "{path:?}: {err}");
             assert!(
                 open_append_regular(path, PRIVATE_FILE_MODE).is_err(),
                 "{path:?}"
@@ -549,7 +549,7 @@ mod tests {
         assert!(name.starts_with("state.json.corrupt-"), "{name}");
         assert_eq!(fs::read(&aside).unwrap(), b"torn");
         let err = set_aside(&path, "corrupt").unwrap_err();
-        assert_eq!(err.kind(), io::ErrorKind::NotFound);
+        assert_eq!(err.kind(), ErrorKind::NotFound);
     }
 
     #[test]
@@ -598,7 +598,7 @@ mod tests {
             let got = read_trusted_file(&file, 10);
             assert_eq!(got.is_ok(), trusted, "{mode:o}: {got:?}");
             if let Err(err) = got {
-                assert_eq!(err.kind(), io::ErrorKind::PermissionDenied);
+                assert_eq!(err.kind(), ErrorKind::PermissionDenied);
                 let refused = untrusted(&err).unwrap();
                 assert_eq!((refused.mode, refused.kind), (mode, TrustKind::File));
                 assert!(err.to_string().contains("chmod go-w"), "{err}");
@@ -633,7 +633,7 @@ mod tests {
             check_trusted(&dir.path().join("absent"), TrustKind::File)
                 .unwrap_err()
                 .kind(),
-            io::ErrorKind::NotFound
+            ErrorKind::NotFound
         );
     }
 
@@ -645,7 +645,7 @@ mod tests {
         let link = dir.path().join("linked");
         std::os::unix::fs::symlink(&target, dir.path().join("linked.lock")).unwrap();
         let err = with_lock(&link, || Ok(())).unwrap_err();
-        assert_eq!(err.kind(), io::ErrorKind::InvalidData, "{err}");
+        assert_eq!(err.kind(), ErrorKind::InvalidData, "{err}");
         let fifo = dir.path().join("fifo.lock");
         rustix::fs::mkfifoat(
             rustix::fs::CWD,
@@ -655,7 +655,7 @@ mod tests {
         .unwrap();
         // Without O_NONBLOCK this open would wait for a writer forever.
         let err = hold_lock(&fifo).unwrap_err();
-        assert_eq!(err.kind(), io::ErrorKind::InvalidData, "{err}");
+        assert_eq!(err.kind(), ErrorKind::InvalidData, "{err}");
         assert!(hold_lock(&dir.path().join("plain.lock")).unwrap().is_some());
     }
 

@@ -134,7 +134,7 @@ fn gone_is_fine(e: io::Error) -> io::Result<()> {
 pub struct Held {
     path: PathBuf,
     inode: (u64, u64),
-    owner: Vec<u8>,
+    owner: Option<Vec<u8>>,
     /// Set by [`Held::release`], so that dropping does not release twice.
     released: bool,
 }
@@ -155,8 +155,7 @@ impl Held {
     /// What [`Held::release`] does.
     fn remove(&self) -> io::Result<()> {
         match fingerprint(&self.path) {
-            Ok(print) if print.inode == self.inode && print.owner.as_ref() == Some(&self.owner) => {
-            }
+            Ok(print) if print.inode == self.inode && print.owner == self.owner => {}
             Ok(_) => return Ok(()),
             Err(e) => return gone_is_fine(e),
         }
@@ -226,7 +225,7 @@ fn take(path: &Path) -> io::Result<Held> {
     Ok(Held {
         path: path.to_path_buf(),
         inode: (meta.dev(), meta.ino()),
-        owner,
+        owner: Some(owner),
         released: false,
     })
 }

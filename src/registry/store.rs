@@ -154,12 +154,11 @@ fn insert_locked(
     fields.insert("pid".into(), pid.into());
     fields.insert("secret".into(), secret.expose().into());
     fields.insert("updatedAt".into(), time::now_iso8601().into());
+    fields.insert("host".into(), addr.ip().to_string().into());
+    fields.insert("proof".into(), true.into());
     if addr.ip() == DEFAULT_HOST {
         fields.remove("host");
-    } else {
-        fields.insert("host".into(), addr.ip().to_string().into());
     }
-    fields.insert("proof".into(), true.into());
     instances.insert(name.to_string(), Value::Object(fields));
     save(root, document, instances)
 }
