@@ -262,10 +262,8 @@ fn read_checked(path: &Path, max: u64, trusted: bool) -> io::Result<Vec<u8>> {
 pub fn open_append_regular(path: &Path, mode: u32) -> io::Result<(File, u64)> {
     let flags = OFlags::WRONLY | OFlags::APPEND | OFlags::CREATE;
     let (file, metadata) = open_no_follow(path, flags, Mode::from_raw_mode(mode))?;
-    if metadata.permissions().mode() & 0o7777 != mode {
-        // The umask may have narrowed a new file; an old one may be wider.
-        file.set_permissions(Permissions::from_mode(mode))?;
-    }
+    // The umask may have narrowed a new file; an old one may be wider.
+    file.set_permissions(Permissions::from_mode(mode))?;
     Ok((file, metadata.len()))
 }
 

@@ -62,10 +62,8 @@ impl Secret {
     /// from the documentation, or under [`MIN_SECRET_CHARS`] characters.
     pub fn weakness(&self) -> Option<Weakness> {
         let chars = self.0.chars().count();
-        if SAMPLE_SECRETS
-            .iter()
-            .any(|s| s.eq_ignore_ascii_case(&self.0))
-        {
+        let sample = |s: &&str| s.eq_ignore_ascii_case(&self.0);
+        if SAMPLE_SECRETS.iter().any(sample) {
             return Some(Weakness::Sample);
         }
         (chars < MIN_SECRET_CHARS).then_some(Weakness::Short { chars })
