@@ -62,9 +62,10 @@ pub fn with_registry_lock<T>(root: &Path, f: impl FnOnce() -> io::Result<T>) -> 
     within(root, LOCK_PATIENCE, f)?.ok_or_else(|| timed_out(root, LOCK_PATIENCE))
 }
 
-/// Runs `f` under the registry lock of `root` if it can be had within `patience`;
-/// `Ok(None)` if a live holder kept it that long. With no patience, for the registry
-/// self-check, which tries again at its next round.
+/// Runs `f` under the registry lock of `root` if it can be had within `patience`
+/// (stale locks are recovered on the way); `Ok(None)` if a live holder kept it that
+/// long. With no patience, for the registry self-check, which tries again at its next
+/// round.
 ///
 /// # Errors
 ///
@@ -74,11 +75,26 @@ pub fn within<T>(
     patience: Duration,
     f: impl FnOnce() -> io::Result<T>,
 ) -> io::Result<Option<T>> {
-    let Some(guard) = acquire(root, patience)? else {
-        return Ok(None);
+    let path = lock_path(root);
+    let deadline = Instant::now() + patience;
+    let held = loop {
+        match DirBuilder::new().mode(PRIVATE_DIR_MODE).create(&path) {
+            Ok(()) => break take(&path)?,
+            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
+            Err(e) => return Err(e),
+        }
+        // Something holds the name: a stale lock is cleared and the name tried again
+        // at once; a live one is waited for.
+        if clear_if_stale(&path)? {
+            continue;
+        }
+        if Instant::now() >= deadline {
+            return Ok(None);
+        }
+        std::thread::sleep(POLL_INTERVAL);
     };
     let result = f();
-    let released = guard.release();
+    let released = held.release();
     result.and_then(|value| released.map(|()| Some(value)))
 }
 
@@ -131,7 +147,7 @@ fn gone_is_fine(e: io::Error) -> io::Result<()> {
 /// A held lock: the directory this process made, known by its inode and the
 /// `owner.json` it wrote.
 #[derive(Debug)]
-pub struct Held {
+struct Held {
     path: PathBuf,
     inode: (u64, u64),
     owner: Option<Vec<u8>>,
@@ -147,7 +163,7 @@ impl Held {
     /// # Errors
     ///
     /// An I/O error removing them.
-    pub fn release(mut self) -> io::Result<()> {
+    fn release(mut self) -> io::Result<()> {
         self.released = true;
         self.remove()
     }
@@ -172,33 +188,6 @@ impl Drop for Held {
         if let Err(e) = self.remove() {
             log::warn!("cannot release {}: {e}", self.path.display());
         }
-    }
-}
-
-/// Takes the lock of `root` within `patience` (`Ok(None)` if a live holder kept it),
-/// recovering stale locks on the way.
-///
-/// # Errors
-///
-/// Any I/O error other than the lock being taken.
-pub fn acquire(root: &Path, patience: Duration) -> io::Result<Option<Held>> {
-    let path = lock_path(root);
-    let deadline = Instant::now() + patience;
-    loop {
-        match DirBuilder::new().mode(PRIVATE_DIR_MODE).create(&path) {
-            Ok(()) => return take(&path).map(Some),
-            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
-            Err(e) => return Err(e),
-        }
-        // Something holds the name: a stale lock is cleared and the name tried again
-        // at once; a live one is waited for.
-        if clear_if_stale(&path)? {
-            continue;
-        }
-        if Instant::now() >= deadline {
-            return Ok(None);
-        }
-        std::thread::sleep(POLL_INTERVAL);
     }
 }
 
@@ -396,10 +385,9 @@ mod tests {
             if let Some(secs) = mtime_ago {
                 set_mtime_ago(&path, secs);
             }
-            let held = acquire(dir.path(), Duration::ZERO).unwrap();
-            let held = held.unwrap_or_else(|| panic!("{what}: not recovered"));
-            assert_eq!(read_owner(&path).unwrap().0, live, "{what}");
-            held.release().unwrap();
+            let held = within(dir.path(), Duration::ZERO, || Ok(read_owner(&path))).unwrap();
+            let owner = held.unwrap_or_else(|| panic!("{what}: not recovered"));
+            assert_eq!(owner.unwrap().0, live, "{what}");
             let left: Vec<_> = fs::read_dir(dir.path()).unwrap().collect();
             assert!(left.is_empty(), "{what}: {left:?}");
         }
@@ -424,7 +412,8 @@ mod tests {
             let path = plant(dir.path(), owner);
             let started = Instant::now();
             let patience = Duration::from_millis(60);
-            assert!(acquire(dir.path(), patience).unwrap().is_none(), "{what}");
+            let taken = within(dir.path(), patience, || Ok(())).unwrap();
+            assert!(taken.is_none(), "{what}");
             assert!(started.elapsed() >= patience, "{what}");
             assert!(path.is_dir(), "{what}: a live lock is left alone");
         }
@@ -440,7 +429,7 @@ mod tests {
         let dir = TestDir::new("rlock-file");
         let path = lock_path(dir.path());
         fs::write(&path, b"").unwrap();
-        let refused = acquire(dir.path(), Duration::ZERO).unwrap_err();
+        let refused = within(dir.path(), Duration::ZERO, || Ok(())).unwrap_err();
         assert_eq!(refused.kind(), io::ErrorKind::InvalidData);
         assert!(
             refused.to_string().contains("not a lock directory"),
@@ -448,9 +437,8 @@ mod tests {
         );
         assert!(path.is_file(), "left alone");
         fs::remove_file(&path).unwrap();
-        let held = acquire(dir.path(), Duration::ZERO).unwrap().unwrap();
-        assert!(path.is_dir());
-        held.release().unwrap();
+        let held = within(dir.path(), Duration::ZERO, || Ok(path.is_dir())).unwrap();
+        assert_eq!(held, Some(true));
         assert!(!path.exists());
     }
 
@@ -465,30 +453,31 @@ mod tests {
         let judged = fingerprint(&path).unwrap();
         assert!(staleness(&judged, SystemTime::now()).is_some());
         fs::remove_dir_all(&path).unwrap();
-        let fresh = acquire(dir.path(), Duration::ZERO).unwrap().unwrap();
-        let moved = dir.path().join("moved");
-        fs::rename(&path, &moved).unwrap();
-        assert_ne!(fingerprint(&moved).unwrap(), judged);
-        fs::rename(&moved, &path).unwrap();
-        // The real code path: a live lock is not cleared.
-        assert!(!clear_if_stale(&path).unwrap());
-        assert!(path.join(OWNER_FILE).is_file());
-        fresh.release().unwrap();
+        let fresh = within(dir.path(), Duration::ZERO, || {
+            let moved = dir.path().join("moved");
+            fs::rename(&path, &moved)?;
+            assert_ne!(fingerprint(&moved)?, judged);
+            fs::rename(&moved, &path)?;
+            // The real code path: a live lock is not cleared.
+            assert!(!clear_if_stale(&path)?);
+            Ok(path.join(OWNER_FILE).is_file())
+        });
+        assert_eq!(fresh.unwrap(), Some(true));
         assert!(!path.exists());
     }
 
     #[test]
     fn release_leaves_a_lock_that_replaced_ours() {
         let dir = TestDir::new("rlock-replaced");
-        let held = acquire(dir.path(), Duration::ZERO).unwrap().unwrap();
         let path = lock_path(dir.path());
-        fs::remove_file(path.join(OWNER_FILE)).unwrap();
-        fs::remove_dir(&path).unwrap();
-        plant(
-            dir.path(),
-            Some(serde_json::json!({"pid": 1, "acquiredAt": iso_ago(0)})),
-        );
-        held.release().unwrap();
+        within(dir.path(), Duration::ZERO, || {
+            fs::remove_file(path.join(OWNER_FILE))?;
+            fs::remove_dir(&path)?;
+            let owner = serde_json::json!({"pid": 1, "acquiredAt": iso_ago(0)});
+            plant(dir.path(), Some(owner));
+            Ok(())
+        })
+        .unwrap();
         assert!(
             path.join(OWNER_FILE).is_file(),
             "another holder's lock is kept"
