@@ -77,7 +77,7 @@ pub fn within<T>(
 ) -> io::Result<Option<T>> {
     let path = lock_path(root);
     let deadline = Instant::now() + patience;
-    let held = loop {
+    let mut held = loop {
         match DirBuilder::new().mode(PRIVATE_DIR_MODE).create(&path) {
             Ok(()) => break take(&path)?,
             Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
@@ -151,7 +151,7 @@ struct Held {
     path: PathBuf,
     inode: (u64, u64),
     owner: Option<Vec<u8>>,
-    /// Set by [`Held::release`], so that dropping does not release twice.
+    /// Set once [`Held::release`] ran, so that dropping does not release twice.
     released: bool,
 }
 
@@ -163,13 +163,8 @@ impl Held {
     /// # Errors
     ///
     /// An I/O error removing them.
-    fn release(mut self) -> io::Result<()> {
+    fn release(&mut self) -> io::Result<()> {
         self.released = true;
-        self.remove()
-    }
-
-    /// What [`Held::release`] does.
-    fn remove(&self) -> io::Result<()> {
         match fingerprint(&self.path) {
             Ok(print) if print.inode == self.inode && print.owner == self.owner => {}
             Ok(_) => return Ok(()),
@@ -185,7 +180,7 @@ impl Drop for Held {
         if self.released {
             return;
         }
-        if let Err(e) = self.remove() {
+        if let Err(e) = self.release() {
             log::warn!("cannot release {}: {e}", self.path.display());
         }
     }
