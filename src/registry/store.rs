@@ -312,21 +312,17 @@ pub fn parse(bytes: &[u8]) -> Result<Parsed, &'static str> {
     let Some(Value::Object(instances)) = document.get("instances") else {
         return Err("not of the form {\"instances\": {...}}");
     };
-    let mut entries = BTreeMap::new();
-    let mut skipped = Vec::new();
+    let mut parsed = Parsed::default();
     for (name, value) in instances {
-        let Ok(name) = InstanceName::new(name.as_str()) else {
-            skipped.push("invalid instance name".to_owned());
-            continue;
-        };
-        match parse_entry(value) {
-            Ok(entry) => {
-                entries.insert(name, entry);
+        match (InstanceName::new(name.as_str()), parse_entry(value)) {
+            (Err(_), _) => parsed.skipped.push("invalid instance name".to_owned()),
+            (Ok(name), Err(reason)) => parsed.skipped.push(format!("{name}: {reason}")),
+            (Ok(name), Ok(entry)) => {
+                parsed.entries.insert(name, entry);
             }
-            Err(reason) => skipped.push(format!("{name}: {reason}")),
         }
     }
-    Ok(Parsed { entries, skipped })
+    Ok(parsed)
 }
 
 /// `value[key]` as a whole number from 1 to `T`'s largest (written as an integer or a
