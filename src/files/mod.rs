@@ -8,7 +8,7 @@
 //! Read-modify-write cycles (registry, usage) run inside [`with_lock`], which serializes
 //! them across processes and threads.
 
-use std::ffi::{OsStr, OsString};
+use std::ffi::OsString;
 use std::fs::{self, DirBuilder, File, Permissions};
 use std::io::{self, ErrorKind, Read, Write};
 use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
@@ -63,7 +63,23 @@ pub fn write_atomic(path: &Path, bytes: &[u8], mode: u32) -> io::Result<()> {
         Some(parent) if !parent.as_os_str().is_empty() => parent,
         _ => Path::new("."),
     };
-    let (tmp_path, mut file) = create_temp(dir, name, mode)?;
+    // A fresh temp file next to the target. Never an existing file, so it can't
+    // clobber another writer's temp file.
+    let mut tries = 0;
+    let (tmp_path, mut file) = loop {
+        tries += 1;
+        let mut tmp_name = OsString::from(".");
+        tmp_name.push(name);
+        let n = TEMP_COUNTER.fetch_add(1, Ordering::Relaxed);
+        tmp_name.push(format!(".tmp.{}.{n}", std::process::id()));
+        let tmp_path = dir.join(tmp_name);
+        let flags = OFlags::WRONLY | OFlags::CREATE | OFlags::EXCL;
+        match open_no_follow(&tmp_path, flags, Mode::from_raw_mode(mode)) {
+            Ok((file, _)) => break (tmp_path, file),
+            Err(err) if err.kind() == ErrorKind::AlreadyExists && tries < TEMP_NAME_ATTEMPTS => {}
+            Err(err) => return Err(err),
+        }
+    };
     // The exact mode (the umask may have narrowed it), the bytes, synced, renamed.
     file.set_permissions(Permissions::from_mode(mode))
         .and_then(|()| file.write_all(bytes))
@@ -103,26 +119,6 @@ fn temp_file_pid(name: &str) -> Option<u32> {
     let digits = |s: &str| !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit());
     let ours = !target.is_empty() && digits(pid) && digits(n);
     pid.parse().ok().filter(|_| ours)
-}
-
-/// Creates a fresh temp file next to the target. Never opens an existing file, so it
-/// can't clobber another writer's temp file.
-fn create_temp(dir: &Path, name: &OsStr, mode: u32) -> io::Result<(PathBuf, File)> {
-    let mut attempts = 0;
-    loop {
-        attempts += 1;
-        let mut tmp_name = OsString::from(".");
-        tmp_name.push(name);
-        let n = TEMP_COUNTER.fetch_add(1, Ordering::Relaxed);
-        tmp_name.push(format!(".tmp.{}.{n}", std::process::id()));
-        let tmp_path = dir.join(tmp_name);
-        let flags = OFlags::WRONLY | OFlags::CREATE | OFlags::EXCL;
-        match open_no_follow(&tmp_path, flags, Mode::from_raw_mode(mode)) {
-            Err(err) if err.kind() == ErrorKind::AlreadyExists && attempts < TEMP_NAME_ATTEMPTS => {
-            }
-            opened => return opened.map(|(file, _)| (tmp_path, file)),
-        }
-    }
 }
 
 // ---------------------------------------------------------------------------------------
