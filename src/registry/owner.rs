@@ -206,12 +206,9 @@ impl Tally {
                     && canonical(socket.remote) == canonical(ours)
             })
         };
-        if !receiving {
-            return;
-        }
-        if socket.uid != own {
+        if receiving && socket.uid != own {
             self.foreign = self.foreign.or(Some(socket.uid));
-        } else {
+        } else if receiving {
             // With a connection, only its accepted end decides.
             self.own |= ours.is_none() || !socket.listening;
         }
