@@ -28,6 +28,9 @@ pub const MAX_REGISTRY_BYTES: u64 = 1 << 20;
 /// write in progress.
 const TORN_REREADS: u32 = 5;
 
+/// A JSON object, as the registry file and its entries are rewritten.
+type Object = Map<String, Value>;
+
 /// The suffix (before `-<millis>`) of a torn registry file that was set aside.
 const CORRUPT_SUFFIX: &str = "corrupt";
 
@@ -252,7 +255,7 @@ pub fn remove_if(
 /// # Errors
 ///
 /// The file exists but can't be read.
-fn load(root: &Path) -> io::Result<(Map<String, Value>, Map<String, Value>)> {
+fn load(root: &Path) -> io::Result<(Object, Object)> {
     let path = registry_path(root);
     check_root(root)?;
     for attempt in 0..=TORN_REREADS {
@@ -285,11 +288,7 @@ fn load(root: &Path) -> io::Result<(Map<String, Value>, Map<String, Value>)> {
 
 /// Writes `document` with `instances` as the whole registry of `root`, atomically,
 /// mode 0600.
-fn save(
-    root: &Path,
-    mut document: Map<String, Value>,
-    instances: Map<String, Value>,
-) -> io::Result<()> {
+fn save(root: &Path, mut document: Object, instances: Object) -> io::Result<()> {
     document.insert("instances".into(), Value::Object(instances));
     let mut bytes = serde_json::to_vec_pretty(&document).map_err(io::Error::other)?;
     bytes.push(b'\n');
@@ -334,11 +333,6 @@ pub(super) fn positive<T: TryFrom<u64>>(value: &Value, key: &str) -> Option<T> {
 
 fn parse_entry(value: &Value) -> Result<RegistryEntry, &'static str> {
     let text = |key| value.get(key).and_then(Value::as_str);
-    // Only a loopback address is ever dialled; anything else makes the entry invalid
-    // rather than quietly pointing elsewhere.
-    let host = text("host")
-        .and_then(|h| h.parse::<IpAddr>().ok())
-        .filter(IpAddr::is_loopback);
     Ok(RegistryEntry {
         port: positive(value, "port").ok_or("port must be an integer from 1 to 65535")?,
         pid: positive(value, "pid").ok_or("pid must be a positive integer")?,
@@ -349,11 +343,13 @@ fn parse_entry(value: &Value) -> Result<RegistryEntry, &'static str> {
             .filter(|s| time::parse_iso8601(s).is_some())
             .ok_or("updatedAt must be an ISO-8601 time")?
             .to_owned(),
-        host: match value.get("host") {
+        // Only a loopback address is ever dialled; anything else makes the entry
+        // invalid rather than quietly pointing elsewhere.
+        host: match value.get("host").map(|h| h.as_str()?.parse().ok()) {
             None => DEFAULT_HOST,
-            Some(_) => {
-                host.ok_or("host must be a loopback address such as \"127.0.0.1\" or \"::1\"")?
-            }
+            Some(host) => host
+                .filter(IpAddr::is_loopback)
+                .ok_or("host must be a loopback address such as \"127.0.0.1\" or \"::1\"")?,
         },
         // `proof` other than `true` (absent, false, or of another shape) is an entry
         // that does not claim to prove itself.
@@ -375,10 +371,8 @@ pub fn default_channel_root() -> Option<PathBuf> {
 /// The channel root of a state directory (contract section 1): its parent, made
 /// absolute. Every instance under one root shares its registry.
 pub fn channel_root(state_dir: &Path) -> PathBuf {
-    absolute(state_dir)
-        .parent()
-        .map(Path::to_path_buf)
-        .unwrap_or_else(|| PathBuf::from("/"))
+    let absolute = absolute(state_dir);
+    absolute.parent().map_or("/".into(), Path::to_path_buf)
 }
 
 /// The name an instance takes by default: its state directory's last component (of
