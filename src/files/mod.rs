@@ -163,9 +163,8 @@ fn lock_within<T>(
         }
         if std::time::Instant::now() >= deadline {
             let (path, secs) = (path.display(), patience.as_secs());
-            let message =
-                format!("cannot lock {path}.lock: another process has held it for {secs} s");
-            return Err(io::Error::new(ErrorKind::TimedOut, message));
+            let text = format!("cannot lock {path}.lock: another process has held it for {secs} s");
+            return Err(io::Error::new(ErrorKind::TimedOut, text));
         }
         std::thread::sleep(LOCK_RETRY);
     }

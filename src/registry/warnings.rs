@@ -32,12 +32,9 @@ pub(super) fn warn_once(path: &Path, prefix: &str, problems: &[String]) -> usize
         (path, prefix, problem).hash(&mut hasher);
         let key = hasher.finish();
         // Past MAX_PROBLEMS_REMEMBERED, a new problem is only kept for this read.
-        let new = if warned.len() < MAX_PROBLEMS_REMEMBERED {
-            warned.insert(key)
-        } else {
-            !warned.contains(&key) && this_read.insert(key)
-        };
-        if new {
+        if (warned.len() < MAX_PROBLEMS_REMEMBERED && warned.insert(key))
+            || (!warned.contains(&key) && this_read.insert(key))
+        {
             fresh.push(problem);
         }
     }
