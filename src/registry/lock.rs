@@ -26,7 +26,7 @@ use std::time::{Duration, Instant, SystemTime};
 use rustix::fs::{renameat_with, RenameFlags, CWD};
 use serde_json::Value;
 
-use crate::files::{self, PRIVATE_DIR_MODE};
+use crate::files::{self, pid_is_gone, PRIVATE_DIR_MODE};
 use crate::time;
 
 /// A lock whose owner took it longer ago than this, or whose directory (without a
@@ -237,9 +237,7 @@ fn staleness(print: &Fingerprint, now: SystemTime) -> Option<String> {
     let old = |then| now.duration_since(then).is_ok_and(|age| age > STALE_AGE);
     let secs = STALE_AGE.as_secs();
     match print.owner.as_deref().and_then(parse_owner) {
-        Some((pid, ..)) if files::pid_is_gone(pid) => {
-            Some(format!("its owner, process {pid}, is gone"))
-        }
+        Some((pid, ..)) if pid_is_gone(pid) => Some(format!("its owner, process {pid}, is gone")),
         Some((pid, at, acquired)) if old(acquired) => {
             Some(format!("process {pid} took it at {at}, over {secs} s ago"))
         }

@@ -296,7 +296,8 @@ fn check_tables<R: BufRead>(
     open: impl Fn() -> Vec<R>,
 ) -> Result<(), OwnerRefusal> {
     let port = target.port();
-    let deadline = Instant::now() + OWNER_CHECK_TIME_LIMIT;
+    let limit = OWNER_CHECK_TIME_LIMIT;
+    let deadline = Instant::now() + limit;
     // The kernel writes these tables a bucket at a time and resumes a later read by
     // offset, so sockets opened or closed meanwhile can hide an entry from one reading:
     // a socket not found is looked for again before it counts as not listed. Only a
@@ -313,9 +314,7 @@ fn check_tables<R: BufRead>(
             Ok(Some(Verdict::Foreign(uid))) => return Err(OwnerRefusal::Foreign { port, uid }),
             Ok(Some(found)) => found == Verdict::NoListener,
             Ok(None) => {
-                log::debug!(
-                    "owner of port {port}: socket tables not read within {OWNER_CHECK_TIME_LIMIT:?}"
-                );
+                log::debug!("owner of port {port}: socket tables not read within {limit:?}");
                 free = false;
                 break;
             }

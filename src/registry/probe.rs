@@ -377,15 +377,13 @@ pub fn holds_name(name: &InstanceName, entry: &RegistryEntry) -> bool {
         Ok(_) => true,
         Err(e) if e.is_failed_proof() => {
             // Who holds it, as far as the socket tables tell (Linux).
-            let listener = std::net::SocketAddr::new(entry.host, entry.port);
-            let holder = match check_owner(listener, None) {
+            let (port, host) = (entry.port, entry.host);
+            let holder = match check_owner(std::net::SocketAddr::new(host, port), None) {
                 Err(OwnerRefusal::Foreign { uid, .. }) => format!(" (another user's, uid {uid})"),
                 _ => String::new(),
             };
             log::warn!(
-                "{name}'s registered port {} on {} is held by a process that is not {name}{holder}: {e}; taking the entry over",
-                entry.port,
-                entry.host
+                "{name}'s registered port {port} on {host} is held by a process that is not {name}{holder}: {e}; taking the entry over"
             );
             false
         }
