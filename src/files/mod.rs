@@ -147,22 +147,18 @@ pub const LOCK_TIMEOUT: Duration = Duration::from_secs(10);
 /// How often a taken lock is tried again.
 const LOCK_RETRY: Duration = Duration::from_millis(5);
 
-/// Runs `f` under the lock if it can be had within `patience`; else `TimedOut`.
-fn lock_within<T>(
-    path: &Path,
-    patience: Duration,
-    f: impl FnOnce() -> io::Result<T>,
-) -> io::Result<T> {
+/// Runs `f` under the lock if it can be had within `wait`; else `TimedOut`.
+fn lock_within<T>(path: &Path, wait: Duration, f: impl FnOnce() -> io::Result<T>) -> io::Result<T> {
     let mut lock_path = path.as_os_str().to_owned();
     lock_path.push(".lock");
-    let deadline = std::time::Instant::now() + patience;
+    let deadline = std::time::Instant::now() + wait;
     loop {
         // Closing the handle releases the lock.
         if let Some(_held) = hold_lock(Path::new(&lock_path))? {
             return f();
         }
         if std::time::Instant::now() >= deadline {
-            let (path, secs) = (path.display(), patience.as_secs());
+            let (path, secs) = (path.display(), wait.as_secs());
             let text = format!("cannot lock {path}.lock: another process has held it for {secs} s");
             return Err(io::Error::new(ErrorKind::TimedOut, text));
         }

@@ -84,7 +84,7 @@ fn owner_trusted(owner: u32, us: u32) -> bool {
     owner == us || owner == 0
 }
 
-/// Checks that `metadata` (of `path`) is of a file or directory no other user may
+/// Checks that `meta` (the metadata of `path`) is of a file or directory no other user may
 /// have written: owned by us or by root, and not writable by group or others. A
 /// directory writable by others is refused even with the sticky bit: a channel root
 /// or a state directory must be private to us (contract 1).
@@ -92,20 +92,16 @@ fn owner_trusted(owner: u32, us: u32) -> bool {
 /// # Errors
 ///
 /// `PermissionDenied` wrapping an [`Untrusted`] (see [`untrusted`]).
-pub fn check_trusted_metadata(
-    path: &Path,
-    metadata: &fs::Metadata,
-    kind: TrustKind,
-) -> io::Result<()> {
+pub fn check_trusted_metadata(path: &Path, meta: &fs::Metadata, kind: TrustKind) -> io::Result<()> {
     let us = rustix::process::geteuid().as_raw();
-    let mode = metadata.mode() & 0o7777;
-    if owner_trusted(metadata.uid(), us) && mode & GROUP_OTHER_WRITE == 0 {
+    let mode = meta.mode() & 0o7777;
+    if owner_trusted(meta.uid(), us) && mode & GROUP_OTHER_WRITE == 0 {
         return Ok(());
     }
     let untrusted = Untrusted {
         path: path.to_path_buf(),
         kind,
-        owner: metadata.uid(),
+        owner: meta.uid(),
         mode,
         us,
     };
