@@ -26,7 +26,7 @@ use std::time::{Duration, Instant, SystemTime};
 use rustix::fs::{renameat_with, RenameFlags, CWD};
 use serde_json::Value;
 
-use crate::files::{self, pid_is_gone, PRIVATE_DIR_MODE};
+use crate::files::{self, pid_is_gone, PRIVATE_DIR_MODE, PRIVATE_FILE_MODE};
 use crate::time;
 
 /// A lock whose owner took it longer ago than this, or whose directory (without a
@@ -196,16 +196,13 @@ fn take(path: &Path) -> io::Result<Held> {
     });
     let owner = owner.to_string().into_bytes();
     // The umask may have narrowed the mode; make it exactly 0700.
-    let written =
-        fs::set_permissions(path, fs::Permissions::from_mode(PRIVATE_DIR_MODE)).and_then(|()| {
-            files::write_atomic(&path.join(OWNER_FILE), &owner, files::PRIVATE_FILE_MODE)
-        });
-    if let Err(e) = written {
-        // Nothing else can have written owner.json into the directory we just made.
-        let _ = fs::remove_file(path.join(OWNER_FILE));
-        let _ = fs::remove_dir(path);
-        return Err(e);
-    }
+    fs::set_permissions(path, fs::Permissions::from_mode(PRIVATE_DIR_MODE))
+        .and_then(|()| files::write_atomic(&path.join(OWNER_FILE), &owner, PRIVATE_FILE_MODE))
+        .inspect_err(|_| {
+            // Nothing else can have written owner.json into the directory we just made.
+            let _ = fs::remove_file(path.join(OWNER_FILE));
+            let _ = fs::remove_dir(path);
+        })?;
     Ok(Held {
         path: path.to_path_buf(),
         inode: (meta.dev(), meta.ino()),
