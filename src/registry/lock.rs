@@ -138,10 +138,7 @@ fn fingerprint(path: &Path) -> io::Result<Fingerprint> {
 
 /// `Ok(())` for a `NotFound` error: what was to be removed is gone already.
 fn gone_is_fine(e: io::Error) -> io::Result<()> {
-    match e.kind() {
-        io::ErrorKind::NotFound => Ok(()),
-        _ => Err(e),
-    }
+    (e.kind() == io::ErrorKind::NotFound).then_some(()).ok_or(e)
 }
 
 /// A held lock: the directory this process made, known by its inode and the
