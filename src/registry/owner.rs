@@ -16,8 +16,7 @@
 //! whole, a line at a time, and only the lines on the target port are kept.
 //!
 //! The verdict ([`read_verdict`]) works on any readers of the tables' text, so it is
-//! tested without the kernel;
-//! [`check_owner`] and [`check_listener_owner`] read the files. Where no
+//! tested without the kernel; [`check_owner`] reads the files. Where no
 //! table can be read (a sandbox without /proc) the check fails closed
 //! ([`OwnerRefusal::TablesUnreadable`]); only off Linux, where there are no such tables,
 //! does it say so at debug level and let the delegation go on.
