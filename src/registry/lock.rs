@@ -17,7 +17,7 @@
 //! removed.
 
 use std::fs::{self, DirBuilder};
-use std::io;
+use std::io::{self, Write};
 use std::os::unix::fs::{DirBuilderExt, MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -194,7 +194,8 @@ fn take(path: &Path) -> io::Result<Held> {
     let owner = owner.to_string().into_bytes();
     // The umask may have narrowed the mode; make it exactly 0700.
     fs::set_permissions(path, fs::Permissions::from_mode(PRIVATE_DIR_MODE))
-        .and_then(|()| files::write_atomic(&path.join(OWNER_FILE), &owner, PRIVATE_FILE_MODE))
+        .and_then(|()| files::open_append_regular(&path.join(OWNER_FILE), PRIVATE_FILE_MODE))
+        .and_then(|(mut file, _)| file.write_all(&owner))
         .inspect_err(|_| {
             // Nothing else can have written owner.json into the directory we just made.
             let _ = fs::remove_file(path.join(OWNER_FILE));
