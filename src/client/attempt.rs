@@ -106,7 +106,7 @@ pub(super) fn prove(options: &DelegateOptions) -> Result<Proven, DelegateError> 
                 port: entry.port,
             }))
         })?;
-        registry::check_connection_owner(peer, local)
+        registry::check_owner(peer, Some(local))
             .map_err(|refusal| refused(ProbeError::NotSameUser(refusal)))?;
     }
     let capabilities = probed.answer.health.capabilities;

@@ -9,14 +9,15 @@
 //! them across processes and threads.
 
 use std::ffi::OsString;
-use std::fs::{self, DirBuilder, File, OpenOptions, Permissions};
-use std::io::{self, Read, Write};
-use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt, PermissionsExt};
+use std::fs::{self, DirBuilder, File, Permissions};
+use std::io::{self, ErrorKind, Read, Write};
+use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use rustix::fs::{Mode, OFlags};
+use rustix::io::Errno;
 
 mod pid;
 mod trust;
@@ -54,16 +55,39 @@ static TEMP_COUNTER: AtomicU64 = AtomicU64::new(0);
 /// Any I/O error creating, writing, syncing or renaming the temp file (which is then
 /// removed), or syncing the directory. `path` without a file name is `InvalidInput`.
 pub fn write_atomic(path: &Path, bytes: &[u8], mode: u32) -> io::Result<()> {
-    let (dir, name) = split_path(path)?;
-    let (tmp_path, mut file) = create_temp(&dir, &name, mode)?;
-    let written = fill_temp(&mut file, bytes, mode).and_then(|()| fs::rename(&tmp_path, path));
-    drop(file);
-    if let Err(err) = written {
+    let Some(name) = path.file_name() else {
+        let message = format!("{}: not a file path", path.display());
+        return Err(io::Error::new(ErrorKind::InvalidInput, message));
+    };
+    let dir = match path.parent() {
+        Some(parent) if !parent.as_os_str().is_empty() => parent,
+        _ => Path::new("."),
+    };
+    // A fresh temp file next to the target. Never an existing file, so it can't
+    // clobber another writer's temp file.
+    let mut tries = 0;
+    let (tmp_path, mut file) = loop {
+        tries += 1;
+        let mut tmp_name = OsString::from(".");
+        tmp_name.push(name);
+        let n = TEMP_COUNTER.fetch_add(1, Ordering::Relaxed);
+        tmp_name.push(format!(".tmp.{}.{n}", std::process::id()));
+        let tmp_path = dir.join(tmp_name);
+        let flags = OFlags::WRONLY | OFlags::CREATE | OFlags::EXCL;
+        match open_no_follow(&tmp_path, flags, Mode::from_raw_mode(mode)) {
+            Ok((file, _)) => break (tmp_path, file),
+            Err(err) if err.kind() == ErrorKind::AlreadyExists && tries < TEMP_NAME_ATTEMPTS => {}
+            Err(err) => return Err(err),
+        }
+    };
+    // The exact mode (the umask may have narrowed it), the bytes, synced, renamed.
+    file.set_permissions(Permissions::from_mode(mode))
+        .and_then(|()| file.write_all(bytes))
+        .and_then(|()| file.sync_all())
+        .and_then(|()| fs::rename(&tmp_path, path))
         // Best effort: the error worth reporting is the one that made us stop.
-        let _ = fs::remove_file(&tmp_path);
-        return Err(err);
-    }
-    File::open(&dir)?.sync_all()
+        .inspect_err(|_| drop(fs::remove_file(&tmp_path)))?;
+    File::open(dir)?.sync_all()
 }
 
 /// Removes the temp files of [`write_atomic`] (`.<name>.tmp.<pid>.<n>`) in `dir` that
@@ -90,63 +114,11 @@ pub fn remove_stale_temp_files(dir: &Path) -> io::Result<Vec<PathBuf>> {
 
 /// The writer's pid in a temp file name of [`write_atomic`]: `.<name>.tmp.<pid>.<n>`.
 fn temp_file_pid(name: &str) -> Option<u32> {
-    let rest = name.strip_prefix('.')?;
-    let (target, tail) = rest.rsplit_once(".tmp.")?;
+    let (target, tail) = name.strip_prefix('.')?.rsplit_once(".tmp.")?;
     let (pid, n) = tail.split_once('.')?;
     let digits = |s: &str| !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit());
-    if target.is_empty() || !digits(pid) || !digits(n) {
-        return None;
-    }
-    pid.parse().ok()
-}
-
-/// The directory of `path` (`.` for a bare file name) and its file name.
-fn split_path(path: &Path) -> io::Result<(PathBuf, OsString)> {
-    let name = path.file_name().ok_or_else(|| {
-        io::Error::new(
-            io::ErrorKind::InvalidInput,
-            format!("{}: not a file path", path.display()),
-        )
-    })?;
-    let dir = match path.parent() {
-        Some(parent) if !parent.as_os_str().is_empty() => parent.to_path_buf(),
-        _ => PathBuf::from("."),
-    };
-    Ok((dir, name.to_os_string()))
-}
-
-/// Creates a fresh temp file next to the target. Never opens an existing file, so it
-/// can't clobber another writer's temp file.
-fn create_temp(dir: &Path, name: &OsString, mode: u32) -> io::Result<(PathBuf, File)> {
-    let mut last_err = None;
-    for _ in 0..TEMP_NAME_ATTEMPTS {
-        let mut tmp_name = OsString::from(".");
-        tmp_name.push(name);
-        tmp_name.push(format!(
-            ".tmp.{}.{}",
-            std::process::id(),
-            TEMP_COUNTER.fetch_add(1, Ordering::Relaxed)
-        ));
-        let tmp_path = dir.join(tmp_name);
-        match OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .mode(mode)
-            .open(&tmp_path)
-        {
-            Ok(file) => return Ok((tmp_path, file)),
-            Err(err) if err.kind() == io::ErrorKind::AlreadyExists => last_err = Some(err),
-            Err(err) => return Err(err),
-        }
-    }
-    Err(last_err.unwrap_or_else(|| io::Error::other("no temp file name available")))
-}
-
-/// Sets the exact mode (the umask may have narrowed it), writes and syncs.
-fn fill_temp(file: &mut File, bytes: &[u8], mode: u32) -> io::Result<()> {
-    file.set_permissions(Permissions::from_mode(mode))?;
-    file.write_all(bytes)?;
-    file.sync_all()
+    let ours = !target.is_empty() && digits(pid) && digits(n);
+    pid.parse().ok().filter(|_| ours)
 }
 
 // ---------------------------------------------------------------------------------------
@@ -167,16 +139,7 @@ fn fill_temp(file: &mut File, bytes: &[u8], mode: u32) -> io::Result<()> {
 /// An error opening the lock file, `TimedOut` if the lock stayed taken for
 /// [`LOCK_TIMEOUT`], or whatever `f` returns.
 pub fn with_lock<T>(path: &Path, f: impl FnOnce() -> io::Result<T>) -> io::Result<T> {
-    lock_within(path, LOCK_TIMEOUT, f)?.unwrap_or_else(|| {
-        Err(io::Error::new(
-            io::ErrorKind::TimedOut,
-            format!(
-                "cannot lock {}.lock: another process has held it for {} s",
-                path.display(),
-                LOCK_TIMEOUT.as_secs()
-            ),
-        ))
-    })
+    lock_within(path, LOCK_TIMEOUT, f)
 }
 
 /// How long [`with_lock`] waits for a lock another process holds.
@@ -184,24 +147,23 @@ pub const LOCK_TIMEOUT: Duration = Duration::from_secs(10);
 /// How often a taken lock is tried again.
 const LOCK_RETRY: Duration = Duration::from_millis(5);
 
-/// Runs `f` under the lock if it can be had within `patience`; `Ok(None)` if not.
-fn lock_within<T>(
-    path: &Path,
-    patience: Duration,
-    f: impl FnOnce() -> io::Result<T>,
-) -> io::Result<Option<io::Result<T>>> {
+/// Runs `f` under the lock if it can be had within `wait`; else `TimedOut`.
+fn lock_within<T>(path: &Path, wait: Duration, f: impl FnOnce() -> io::Result<T>) -> io::Result<T> {
     let mut lock_path = path.as_os_str().to_owned();
     lock_path.push(".lock");
-    let deadline = std::time::Instant::now() + patience;
-    // Closing the handle releases the lock.
-    let _held = loop {
-        match hold_lock(Path::new(&lock_path))? {
-            Some(file) => break file,
-            None if std::time::Instant::now() >= deadline => return Ok(None),
-            None => std::thread::sleep(LOCK_RETRY),
+    let deadline = std::time::Instant::now() + wait;
+    loop {
+        // Closing the handle releases the lock.
+        if let Some(_held) = hold_lock(Path::new(&lock_path))? {
+            return f();
         }
-    };
-    Ok(Some(f()))
+        if std::time::Instant::now() >= deadline {
+            let (path, secs) = (path.display(), wait.as_secs());
+            let text = format!("cannot lock {path}.lock: another process has held it for {secs} s");
+            return Err(io::Error::new(ErrorKind::TimedOut, text));
+        }
+        std::thread::sleep(LOCK_RETRY);
+    }
 }
 
 /// Holds an exclusive lock on `path` (created 0600) for as long as the returned file
@@ -212,20 +174,15 @@ fn lock_within<T>(
 ///
 /// An error opening the file or locking it.
 pub fn hold_lock(path: &Path) -> io::Result<Option<File>> {
-    let file = open_lock_file(path)?;
+    // Opened like every other state file: a FIFO or a link planted in its place can
+    // neither stall nor redirect the locker.
+    let flags = OFlags::RDWR | OFlags::CREATE;
+    let (file, _) = open_no_follow(path, flags, Mode::from_raw_mode(PRIVATE_FILE_MODE))?;
     match file.try_lock() {
         Ok(()) => Ok(Some(file)),
         Err(fs::TryLockError::WouldBlock) => Ok(None),
         Err(fs::TryLockError::Error(e)) => Err(e),
     }
-}
-
-/// Opens (creating, 0600) a lock file like every other state file: without blocking,
-/// without following a symlink, and only if it is a regular file, so that a FIFO or a
-/// link planted in its place can neither stall nor redirect the locker.
-fn open_lock_file(path: &Path) -> io::Result<File> {
-    let flags = OFlags::RDWR | OFlags::CREATE;
-    open_no_follow(path, flags, Mode::from_raw_mode(PRIVATE_FILE_MODE)).map(|(file, _)| file)
 }
 
 // ---------------------------------------------------------------------------------------
@@ -273,19 +230,11 @@ fn read_checked(path: &Path, max: u64, trusted: bool) -> io::Result<Vec<u8>> {
     if trusted {
         check_trusted_metadata(path, &metadata, TrustKind::File)?;
     }
-    let too_large = || {
-        io::Error::new(
-            io::ErrorKind::InvalidData,
-            format!("larger than {max} bytes"),
-        )
-    };
-    if metadata.len() > max {
-        return Err(too_large());
-    }
     let mut bytes = Vec::new();
     file.take(max + 1).read_to_end(&mut bytes)?;
     if bytes.len() as u64 > max {
-        return Err(too_large());
+        let message = format!("larger than {max} bytes");
+        return Err(io::Error::new(ErrorKind::InvalidData, message));
     }
     Ok(bytes)
 }
@@ -304,10 +253,8 @@ fn read_checked(path: &Path, max: u64, trusted: bool) -> io::Result<Vec<u8>> {
 pub fn open_append_regular(path: &Path, mode: u32) -> io::Result<(File, u64)> {
     let flags = OFlags::WRONLY | OFlags::APPEND | OFlags::CREATE;
     let (file, metadata) = open_no_follow(path, flags, Mode::from_raw_mode(mode))?;
-    if metadata.permissions().mode() & 0o7777 != mode {
-        // The umask may have narrowed a new file; an old one may be wider.
-        file.set_permissions(Permissions::from_mode(mode))?;
-    }
+    // The umask may have narrowed a new file; an old one may be wider.
+    file.set_permissions(Permissions::from_mode(mode))?;
     Ok((file, metadata.len()))
 }
 
@@ -315,13 +262,11 @@ pub fn open_append_regular(path: &Path, mode: u32) -> io::Result<(File, u64)> {
 /// last component, and only if it is a regular file (else `InvalidData`), with its
 /// metadata.
 fn open_no_follow(path: &Path, flags: OFlags, mode: Mode) -> io::Result<(File, fs::Metadata)> {
-    let invalid = |what: &str| io::Error::new(io::ErrorKind::InvalidData, what);
+    let invalid = |what: &str| io::Error::new(ErrorKind::InvalidData, what);
     let flags = flags | OFlags::NONBLOCK | OFlags::NOFOLLOW | OFlags::CLOEXEC;
     let file = match rustix::fs::open(path, flags, mode) {
         Ok(fd) => File::from(fd),
-        Err(rustix::io::Errno::LOOP) => {
-            return Err(invalid("a symbolic link, which is not followed"))
-        }
+        Err(Errno::LOOP) => return Err(invalid("a symbolic link, which is not followed")),
         Err(e) => return Err(e.into()),
     };
     let metadata = file.metadata()?;
@@ -339,15 +284,10 @@ fn open_no_follow(path: &Path, flags: OFlags, mode: Mode) -> io::Result<(File, f
 ///
 /// Any I/O error from the rename (`NotFound` when `path` is gone).
 pub fn set_aside(path: &Path, suffix: &str) -> io::Result<PathBuf> {
-    let millis = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_millis())
-        .unwrap_or(0);
+    let millis = std::time::UNIX_EPOCH.elapsed().map_or(0, |d| d.as_millis());
     let mut aside = path.as_os_str().to_owned();
     aside.push(format!(".{suffix}-{millis}"));
-    let aside = PathBuf::from(aside);
-    fs::rename(path, &aside)?;
-    Ok(aside)
+    fs::rename(path, &aside).map(|()| aside.into())
 }
 
 // ---------------------------------------------------------------------------------------
@@ -372,7 +312,7 @@ pub fn create_dir_private(path: &Path) -> io::Result<()> {
         // The umask may have narrowed the mode; make it exactly 0700.
         Ok(()) => fs::set_permissions(path, Permissions::from_mode(PRIVATE_DIR_MODE)),
         // Another process won the race to create it.
-        Err(err) if err.kind() == io::ErrorKind::AlreadyExists && path.is_dir() => Ok(()),
+        Err(err) if err.kind() == ErrorKind::AlreadyExists && path.is_dir() => Ok(()),
         Err(err) => Err(err),
     }
 }
@@ -516,20 +456,16 @@ mod tests {
         let holder = File::create(dir.path().join("file.json.lock")).unwrap();
         holder.lock().unwrap();
         let started = std::time::Instant::now();
-        let got = lock_within(&path, Duration::from_millis(100), || Ok(1)).unwrap();
-        assert!(got.is_none(), "the lock was taken while held");
-        assert!(started.elapsed() >= Duration::from_millis(100));
-        assert!(lock_within(&path, Duration::ZERO, || Ok(1))
-            .unwrap()
-            .is_none());
-        drop(holder);
+        let got = lock_within(&path, Duration::from_millis(100), || Ok(1));
         assert_eq!(
-            lock_within(&path, Duration::ZERO, || Ok(1))
-                .unwrap()
-                .unwrap()
-                .unwrap(),
-            1
+            got.unwrap_err().kind(),
+            ErrorKind::TimedOut,
+            "taken while held"
         );
+        assert!(started.elapsed() >= Duration::from_millis(100));
+        assert!(lock_within(&path, Duration::ZERO, || Ok(1)).is_err());
+        drop(holder);
+        assert_eq!(lock_within(&path, Duration::ZERO, || Ok(1)).unwrap(), 1);
         // hold_lock: one holder at a time.
         let serving = dir.path().join(".serve.lock");
         let first = hold_lock(&serving).unwrap();
@@ -555,7 +491,7 @@ mod tests {
         .unwrap();
         for path in [&link, &fifo] {
             let err = read_regular_file(path, 10).unwrap_err();
-            assert_eq!(err.kind(), io::ErrorKind::InvalidData, "{path:?}: {err}");
+            assert_eq!(err.kind(), ErrorKind::InvalidData, "{path:?}: {err}");
             assert!(
                 open_append_regular(path, PRIVATE_FILE_MODE).is_err(),
                 "{path:?}"
@@ -602,7 +538,7 @@ mod tests {
         assert!(name.starts_with("state.json.corrupt-"), "{name}");
         assert_eq!(fs::read(&aside).unwrap(), b"torn");
         let err = set_aside(&path, "corrupt").unwrap_err();
-        assert_eq!(err.kind(), io::ErrorKind::NotFound);
+        assert_eq!(err.kind(), ErrorKind::NotFound);
     }
 
     #[test]
@@ -651,7 +587,7 @@ mod tests {
             let got = read_trusted_file(&file, 10);
             assert_eq!(got.is_ok(), trusted, "{mode:o}: {got:?}");
             if let Err(err) = got {
-                assert_eq!(err.kind(), io::ErrorKind::PermissionDenied);
+                assert_eq!(err.kind(), ErrorKind::PermissionDenied);
                 let refused = untrusted(&err).unwrap();
                 assert_eq!((refused.mode, refused.kind), (mode, TrustKind::File));
                 assert!(err.to_string().contains("chmod go-w"), "{err}");
@@ -686,7 +622,7 @@ mod tests {
             check_trusted(&dir.path().join("absent"), TrustKind::File)
                 .unwrap_err()
                 .kind(),
-            io::ErrorKind::NotFound
+            ErrorKind::NotFound
         );
     }
 
@@ -698,7 +634,7 @@ mod tests {
         let link = dir.path().join("linked");
         std::os::unix::fs::symlink(&target, dir.path().join("linked.lock")).unwrap();
         let err = with_lock(&link, || Ok(())).unwrap_err();
-        assert_eq!(err.kind(), io::ErrorKind::InvalidData, "{err}");
+        assert_eq!(err.kind(), ErrorKind::InvalidData, "{err}");
         let fifo = dir.path().join("fifo.lock");
         rustix::fs::mkfifoat(
             rustix::fs::CWD,
@@ -708,7 +644,7 @@ mod tests {
         .unwrap();
         // Without O_NONBLOCK this open would wait for a writer forever.
         let err = hold_lock(&fifo).unwrap_err();
-        assert_eq!(err.kind(), io::ErrorKind::InvalidData, "{err}");
+        assert_eq!(err.kind(), ErrorKind::InvalidData, "{err}");
         assert!(hold_lock(&dir.path().join("plain.lock")).unwrap().is_some());
     }
 

@@ -4,19 +4,16 @@
 //! whether a process group still has a live member (a cancelled engine's grace).
 //! Reading only; nothing here signals or reaps.
 
+use rustix::io::Errno;
+use rustix::process::{test_kill_process, Pid};
+
 /// The fields of `/proc/<pid>/stat` loopbus reads.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 struct Stat {
-    state: char,
+    /// Exited and only waiting to be reaped (state `Z`), or being reaped (`X`).
+    exited: bool,
     parent: u32,
     group: u32,
-}
-
-impl Stat {
-    /// Exited and only waiting to be reaped (`Z`), or being reaped (`X`).
-    fn exited(self) -> bool {
-        matches!(self.state, 'Z' | 'X')
-    }
 }
 
 /// `/proc/<pid>/stat` of `pid`; `None` when it can't be read.
@@ -30,7 +27,7 @@ fn parse_stat(text: &str) -> Option<Stat> {
     let (_, rest) = text.rsplit_once(')')?;
     let mut fields = rest.split_whitespace();
     Some(Stat {
-        state: fields.next()?.chars().next()?,
+        exited: matches!(fields.next()?.chars().next()?, 'Z' | 'X'),
         parent: fields.next()?.parse().ok()?,
         group: fields.next()?.parse().ok()?,
     })
@@ -52,23 +49,15 @@ fn every_process() -> impl Iterator<Item = (u32, Stat)> {
 /// cannot have is gone; one we may not signal (another user's) exists. The rule of
 /// temp-file cleanup, the registry lock and pruning.
 pub fn pid_is_gone(pid: u32) -> bool {
-    let Some(raw) = i32::try_from(pid)
-        .ok()
-        .and_then(rustix::process::Pid::from_raw)
-    else {
-        return true;
-    };
-    match rustix::process::test_kill_process(raw) {
-        Err(rustix::io::Errno::SRCH) => true,
-        _ => stat(pid).is_some_and(Stat::exited),
-    }
+    let raw = i32::try_from(pid).ok().and_then(Pid::from_raw);
+    let no_such = |raw| test_kill_process(raw) == Err(Errno::SRCH);
+    raw.is_none_or(no_such) || stat(pid).is_some_and(|stat| stat.exited)
 }
 
 /// The pids whose parent is `parent`.
 pub fn children_of(parent: u32) -> Vec<u32> {
     every_process()
-        .filter(|(_, stat)| stat.parent == parent)
-        .map(|(pid, _)| pid)
+        .filter_map(|(pid, stat)| (stat.parent == parent).then_some(pid))
         .collect()
 }
 
@@ -81,7 +70,7 @@ pub fn parent_of(pid: u32) -> Option<u32> {
 /// `pgid`. A zombie is not counted: it has exited and only waits to be reaped (the
 /// group's unreaped leader is one, by design).
 pub fn group_has_live_member(pgid: u32, leader: u32) -> bool {
-    every_process().any(|(pid, stat)| pid != leader && stat.group == pgid && !stat.exited())
+    every_process().any(|(pid, stat)| pid != leader && stat.group == pgid && !stat.exited)
 }
 
 #[cfg(test)]
@@ -90,16 +79,17 @@ mod tests {
 
     #[test]
     fn stat_fields() {
-        let stat = |state, parent, group| {
+        let stat = |exited, parent, group| {
             Some(Stat {
-                state,
+                exited,
                 parent,
                 group,
             })
         };
-        assert_eq!(parse_stat("12 (sh) S 7 40 12 0"), stat('S', 7, 40));
-        assert_eq!(parse_stat("12 (a) b) (c) Z 9 1"), stat('Z', 9, 1));
-        assert_eq!(parse_stat("12 (a) Z b) Z 9 41 1"), stat('Z', 9, 41));
+        assert_eq!(parse_stat("12 (sh) S 7 40 12 0"), stat(false, 7, 40));
+        assert_eq!(parse_stat("12 (a) b) (c) Z 9 1"), stat(true, 9, 1));
+        assert_eq!(parse_stat("12 (a) Z b) Z 9 41 1"), stat(true, 9, 41));
+        assert_eq!(parse_stat("12 (sh) X 9 41 1"), stat(true, 9, 41));
         assert_eq!(parse_stat("12 (sh) S 7"), None);
         assert_eq!(parse_stat("12 (sh)"), None);
     }
@@ -107,7 +97,7 @@ mod tests {
     /// Waits until `pid`, a child that exits at once, is a zombie.
     fn until_zombie(pid: u32) {
         let exited = std::time::Instant::now();
-        while !stat(pid).is_some_and(Stat::exited) {
+        while !stat(pid).is_some_and(|stat| stat.exited) {
             assert!(exited.elapsed() < std::time::Duration::from_secs(10));
             std::thread::sleep(std::time::Duration::from_millis(5));
         }

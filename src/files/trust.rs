@@ -4,6 +4,7 @@
 
 use std::fs;
 use std::io;
+use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 
 /// Permission bits that let the group or others change a file or a directory's entries.
@@ -39,30 +40,28 @@ pub struct Untrusted {
 
 impl std::fmt::Display for Untrusted {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let what = match self.kind {
+        let (kind, owner, mode, us) = (self.kind, self.owner, self.mode, self.us);
+        let what = match kind {
             TrustKind::File => "file",
             TrustKind::Dir => "directory",
         };
         let path = self.path.display();
         write!(
             f,
-            "refusing {path}: this {what} is owned by uid {} with mode {:o}",
-            self.owner, self.mode
+            "refusing {path}: this {what} is owned by uid {owner} with mode {mode:o}"
         )?;
-        if !owner_trusted(self.owner, self.us) {
+        if !owner_trusted(owner, us) {
             write!(
                 f,
-                ", not by us (uid {}): another user may have planted it; remove it, or \
-                 `chown {} {path}` if it is really ours",
-                self.us, self.us
+                ", not by us (uid {us}): another user may have planted it; remove it, or \
+                 `chown {us} {path}` if it is really ours"
             )
-        } else if self.kind == TrustKind::Dir && self.mode & STICKY != 0 {
+        } else if kind == TrustKind::Dir && mode & STICKY != 0 {
             // A shared sticky directory such as /tmp: never loosen it; move off it.
-            write!(
-                f,
+            f.write_str(
                 ", a directory every user may write to (like /tmp); put the channel root in \
                  a private directory of its own instead (`loopbus init /tmp/bus/NAME` \
-                 creates /tmp/bus private)"
+                 creates /tmp/bus private)",
             )
         } else {
             write!(
@@ -85,7 +84,7 @@ fn owner_trusted(owner: u32, us: u32) -> bool {
     owner == us || owner == 0
 }
 
-/// Checks that `metadata` (of `path`) is of a file or directory no other user may
+/// Checks that `meta` (the metadata of `path`) is of a file or directory no other user may
 /// have written: owned by us or by root, and not writable by group or others. A
 /// directory writable by others is refused even with the sticky bit: a channel root
 /// or a state directory must be private to us (contract 1).
@@ -93,31 +92,20 @@ fn owner_trusted(owner: u32, us: u32) -> bool {
 /// # Errors
 ///
 /// `PermissionDenied` wrapping an [`Untrusted`] (see [`untrusted`]).
-pub fn check_trusted_metadata(
-    path: &Path,
-    metadata: &fs::Metadata,
-    kind: TrustKind,
-) -> io::Result<()> {
-    use std::os::unix::fs::MetadataExt;
+pub fn check_trusted_metadata(path: &Path, meta: &fs::Metadata, kind: TrustKind) -> io::Result<()> {
     let us = rustix::process::geteuid().as_raw();
-    let mode = metadata.mode() & 0o7777;
-    if owner_trusted(metadata.uid(), us) && mode & GROUP_OTHER_WRITE == 0 {
+    let mode = meta.mode() & 0o7777;
+    if owner_trusted(meta.uid(), us) && mode & GROUP_OTHER_WRITE == 0 {
         return Ok(());
     }
-    Err(refused(path, metadata, kind, us))
-}
-
-/// The `PermissionDenied` error wrapping the [`Untrusted`] of `path`.
-fn refused(path: &Path, metadata: &fs::Metadata, kind: TrustKind, us: u32) -> io::Error {
-    use std::os::unix::fs::MetadataExt;
     let untrusted = Untrusted {
         path: path.to_path_buf(),
         kind,
-        owner: metadata.uid(),
-        mode: metadata.mode() & 0o7777,
+        owner: meta.uid(),
+        mode,
         us,
     };
-    io::Error::new(io::ErrorKind::PermissionDenied, untrusted)
+    Err(io::Error::new(io::ErrorKind::PermissionDenied, untrusted))
 }
 
 /// Checks that the file or directory at `path` is one no other user may have written:
@@ -131,16 +119,15 @@ fn refused(path: &Path, metadata: &fs::Metadata, kind: TrustKind, us: u32) -> io
 /// Any error reading the metadata (`NotFound` for a missing path), or
 /// `PermissionDenied` wrapping an [`Untrusted`].
 pub fn check_trusted(path: &Path, kind: TrustKind) -> io::Result<()> {
-    use std::os::unix::fs::MetadataExt;
     let link = fs::symlink_metadata(path)?;
     if !link.file_type().is_symlink() {
         return check_trusted_metadata(path, &link, kind);
     }
-    let us = rustix::process::geteuid().as_raw();
-    if !owner_trusted(link.uid(), us) {
-        return Err(refused(path, &link, kind, us));
+    // A symlink: only its owner counts (its own mode means nothing), then its target.
+    match check_trusted_metadata(path, &link, kind) {
+        Err(err) if untrusted(&err).is_some_and(|u| !owner_trusted(u.owner, u.us)) => Err(err),
+        _ => check_trusted_metadata(path, &fs::metadata(path)?, kind),
     }
-    check_trusted_metadata(path, &fs::metadata(path)?, kind)
 }
 
 /// The [`Untrusted`] inside an error of [`check_trusted`] (or of a trusted read), if

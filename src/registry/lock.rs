@@ -16,16 +16,18 @@
 //! meanwhile. Anything else at the lock's name (a file, a symlink) is refused, never
 //! removed.
 
-use std::fs::{self, DirBuilder, OpenOptions};
+use std::fs::{self, DirBuilder};
 use std::io::{self, Write};
-use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt, PermissionsExt};
+use std::os::unix::fs::{DirBuilderExt, MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant, SystemTime};
 
+use rustix::fs::{renameat_with, RenameFlags, CWD};
 use serde_json::Value;
 
-use crate::{files, time};
+use crate::files::{self, pid_is_gone, PRIVATE_DIR_MODE, PRIVATE_FILE_MODE};
+use crate::time;
 
 /// A lock whose owner took it longer ago than this, or whose directory (without a
 /// readable `owner.json`) was last changed longer ago than this, is stale.
@@ -57,146 +59,27 @@ pub fn lock_path(root: &Path) -> PathBuf {
 /// `TimedOut` (naming the holder) if the lock stayed taken, any I/O error taking or
 /// releasing it, or whatever `f` returns.
 pub fn with_registry_lock<T>(root: &Path, f: impl FnOnce() -> io::Result<T>) -> io::Result<T> {
-    within(root, LOCK_PATIENCE, f)?.unwrap_or_else(|| Err(timed_out(root, LOCK_PATIENCE)))
+    within(root, LOCK_PATIENCE, f)?.ok_or_else(|| timed_out(root, LOCK_PATIENCE))
 }
 
-/// Runs `f` under the registry lock of `root` if it can be had within `patience`;
-/// `Ok(None)` if a live holder kept it that long. With no patience, for the registry
-/// self-check, which tries again at its next round.
+/// Runs `f` under the registry lock of `root` if it can be had within `patience`
+/// (stale locks are recovered on the way); `Ok(None)` if a live holder kept it that
+/// long. With no patience, for the registry self-check, which tries again at its next
+/// round.
 ///
 /// # Errors
 ///
-/// Any I/O error taking or releasing the lock; whatever `f` returns is inside.
+/// Any I/O error taking or releasing the lock, or whatever `f` returns.
 pub fn within<T>(
     root: &Path,
     patience: Duration,
     f: impl FnOnce() -> io::Result<T>,
-) -> io::Result<Option<io::Result<T>>> {
-    let Some(guard) = acquire(root, patience)? else {
-        return Ok(None);
-    };
-    let result = f();
-    let released = guard.release();
-    Ok(Some(result.and_then(|value| released.map(|()| value))))
-}
-
-fn timed_out(root: &Path, patience: Duration) -> io::Error {
-    let path = lock_path(root);
-    let holder = match read_owner(&path) {
-        Some(owner) => format!("process {} since {}", owner.pid, owner.acquired_at),
-        None => "another process".to_owned(),
-    };
-    io::Error::new(
-        io::ErrorKind::TimedOut,
-        format!(
-            "cannot lock the registry: {} has been held by {holder} for more than {} s; \
-             remove it if no process is writing the registry",
-            path.display(),
-            patience.as_secs()
-        ),
-    )
-}
-
-/// What identifies one taking of the lock: the directory's inode, its mtime and the
-/// bytes of its `owner.json`. An inode alone is not enough (a directory removed and
-/// made again often gets the same one back); an `owner.json` names its pid and the
-/// moment the lock was taken, and without one the mtime tells an old directory from a
-/// new one.
-#[derive(Debug, Clone, PartialEq, Eq)]
-struct Fingerprint {
-    inode: (u64, u64),
-    mtime: Option<SystemTime>,
-    owner: Option<Vec<u8>>,
-}
-
-/// The fingerprint of the lock directory `path`, with its metadata; `NotFound` when
-/// it is gone.
-fn fingerprint(path: &Path) -> io::Result<(Fingerprint, fs::Metadata)> {
-    let meta = fs::symlink_metadata(path)?;
-    let owner = if meta.is_dir() {
-        files::read_regular_file(&path.join(OWNER_FILE), MAX_OWNER_BYTES).ok()
-    } else {
-        None
-    };
-    let print = Fingerprint {
-        inode: (meta.dev(), meta.ino()),
-        mtime: meta.modified().ok(),
-        owner,
-    };
-    Ok((print, meta))
-}
-
-/// A held lock: the directory this process made, known by its inode and the
-/// `owner.json` it wrote.
-#[derive(Debug)]
-pub struct Held {
-    path: PathBuf,
-    inode: (u64, u64),
-    owner: Vec<u8>,
-    /// Set by [`Held::release`], so that dropping does not release twice.
-    released: bool,
-}
-
-impl Held {
-    /// Releases the lock: removes `owner.json`, then the directory, but only if the
-    /// directory is still the one this process made.
-    ///
-    /// # Errors
-    ///
-    /// An I/O error removing them.
-    pub fn release(mut self) -> io::Result<()> {
-        self.released = true;
-        remove_own(&self.path, self.inode, &self.owner)
-    }
-}
-
-impl Drop for Held {
-    fn drop(&mut self) {
-        if self.released {
-            return;
-        }
-        if let Err(e) = remove_own(&self.path, self.inode, &self.owner) {
-            log::warn!("cannot release {}: {e}", self.path.display());
-        }
-    }
-}
-
-/// Removes the lock directory `path` (its `owner.json` first), if it is still the
-/// directory of inode `inode` holding `owner` (a lock that replaced it is another
-/// holder's). A lock already gone is released.
-fn remove_own(path: &Path, inode: (u64, u64), owner: &[u8]) -> io::Result<()> {
-    match fingerprint(path) {
-        Ok((print, _)) if print.inode == inode && print.owner.as_deref() == Some(owner) => {}
-        Ok(_) => return Ok(()),
-        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(()),
-        Err(e) => return Err(e),
-    }
-    match fs::remove_file(path.join(OWNER_FILE)) {
-        Ok(()) => {}
-        Err(e) if e.kind() == io::ErrorKind::NotFound => {}
-        Err(e) => return Err(e),
-    }
-    match fs::remove_dir(path) {
-        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
-        other => other,
-    }
-}
-
-/// Takes the lock of `root` within `patience` (`Ok(None)` if a live holder kept it),
-/// recovering stale locks on the way.
-///
-/// # Errors
-///
-/// Any I/O error other than the lock being taken.
-pub fn acquire(root: &Path, patience: Duration) -> io::Result<Option<Held>> {
+) -> io::Result<Option<T>> {
     let path = lock_path(root);
     let deadline = Instant::now() + patience;
-    loop {
-        match DirBuilder::new()
-            .mode(files::PRIVATE_DIR_MODE)
-            .create(&path)
-        {
-            Ok(()) => return take(&path).map(Some),
+    let mut held = loop {
+        match DirBuilder::new().mode(PRIVATE_DIR_MODE).create(&path) {
+            Ok(()) => break take(&path)?,
             Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
             Err(e) => return Err(e),
         }
@@ -209,6 +92,94 @@ pub fn acquire(root: &Path, patience: Duration) -> io::Result<Option<Held>> {
             return Ok(None);
         }
         std::thread::sleep(POLL_INTERVAL);
+    };
+    let result = f();
+    let released = held.release();
+    result.and_then(|value| released.map(|()| Some(value)))
+}
+
+fn timed_out(root: &Path, patience: Duration) -> io::Error {
+    let path = lock_path(root);
+    let holder = read_owner(&path).map_or("another process".to_owned(), |(pid, at, _)| {
+        format!("process {pid} since {at}")
+    });
+    let (path, secs) = (path.display(), patience.as_secs());
+    let message = format!(
+        "cannot lock the registry: {path} has been held by {holder} for more than {secs} s; \
+         remove it if no process is writing the registry"
+    );
+    io::Error::new(io::ErrorKind::TimedOut, message)
+}
+
+/// What identifies one taking of the lock: the directory's inode, its mtime and the
+/// bytes of its `owner.json`. An inode alone is not enough (a directory removed and
+/// made again often gets the same one back); an `owner.json` names its pid and the
+/// moment the lock was taken, and without one the mtime tells an old directory from a
+/// new one.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Fingerprint {
+    dir: bool,
+    inode: (u64, u64),
+    mtime: Option<SystemTime>,
+    owner: Option<Vec<u8>>,
+}
+
+/// The fingerprint of the lock directory `path`; `NotFound` when it is gone.
+fn fingerprint(path: &Path) -> io::Result<Fingerprint> {
+    let meta = fs::symlink_metadata(path)?;
+    Ok(Fingerprint {
+        dir: meta.is_dir(),
+        inode: (meta.dev(), meta.ino()),
+        mtime: meta.modified().ok(),
+        // Under anything but a directory, `owner.json` is not found.
+        owner: files::read_regular_file(&path.join(OWNER_FILE), MAX_OWNER_BYTES).ok(),
+    })
+}
+
+/// `Ok(())` for a `NotFound` error: what was to be removed is gone already.
+fn gone_is_fine(e: io::Error) -> io::Result<()> {
+    (e.kind() == io::ErrorKind::NotFound).then_some(()).ok_or(e)
+}
+
+/// A held lock: the directory this process made, known by its inode and the
+/// `owner.json` it wrote.
+#[derive(Debug)]
+struct Held {
+    path: PathBuf,
+    inode: (u64, u64),
+    owner: Option<Vec<u8>>,
+    /// Set once [`Held::release`] ran, so that dropping does not release twice.
+    released: bool,
+}
+
+impl Held {
+    /// Releases the lock: removes `owner.json`, then the directory, but only if the
+    /// directory is still the one this process made (a lock that replaced it is
+    /// another holder's). A lock already gone is released.
+    ///
+    /// # Errors
+    ///
+    /// An I/O error removing them.
+    fn release(&mut self) -> io::Result<()> {
+        self.released = true;
+        match fingerprint(&self.path) {
+            Ok(print) if print.inode == self.inode && print.owner == self.owner => {}
+            Ok(_) => return Ok(()),
+            Err(e) => return gone_is_fine(e),
+        }
+        fs::remove_file(self.path.join(OWNER_FILE)).or_else(gone_is_fine)?;
+        fs::remove_dir(&self.path).or_else(gone_is_fine)
+    }
+}
+
+impl Drop for Held {
+    fn drop(&mut self) {
+        if self.released {
+            return;
+        }
+        if let Err(e) = self.release() {
+            log::warn!("cannot release {}: {e}", self.path.display());
+        }
     }
 }
 
@@ -220,89 +191,56 @@ fn take(path: &Path) -> io::Result<Held> {
         "pid": std::process::id(),
         "acquiredAt": time::now_iso8601(),
     });
-    let held = Held {
+    let owner = owner.to_string().into_bytes();
+    // The umask may have narrowed the mode; make it exactly 0700.
+    fs::set_permissions(path, fs::Permissions::from_mode(PRIVATE_DIR_MODE))
+        .and_then(|()| files::open_append_regular(&path.join(OWNER_FILE), PRIVATE_FILE_MODE))
+        .and_then(|(mut file, _)| file.write_all(&owner))
+        .inspect_err(|_| {
+            // Nothing else can have written owner.json into the directory we just made.
+            let _ = fs::remove_file(path.join(OWNER_FILE));
+            let _ = fs::remove_dir(path);
+        })?;
+    Ok(Held {
         path: path.to_path_buf(),
         inode: (meta.dev(), meta.ino()),
-        owner: owner.to_string().into_bytes(),
+        owner: Some(owner),
         released: false,
-    };
-    let undo = |e: io::Error| {
-        // Nothing else can have written owner.json into the directory we just made.
-        let _ = fs::remove_file(path.join(OWNER_FILE));
-        let _ = fs::remove_dir(path);
-        e
-    };
-    // The umask may have narrowed the mode; make it exactly 0700.
-    fs::set_permissions(path, fs::Permissions::from_mode(files::PRIVATE_DIR_MODE)).map_err(undo)?;
-    OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .mode(files::PRIVATE_FILE_MODE)
-        .open(path.join(OWNER_FILE))
-        .and_then(|mut file| file.write_all(&held.owner))
-        .map_err(undo)?;
-    Ok(held)
-}
-
-/// `owner.json` as read.
-#[derive(Debug, PartialEq, Eq)]
-struct Owner {
-    pid: u32,
-    acquired_at: String,
-    acquired: SystemTime,
-}
-
-/// The owner of the lock directory `path`, or `None` when `owner.json` is missing or
-/// unreadable (not JSON, no positive pid, no ISO-8601 `acquiredAt`).
-fn read_owner(path: &Path) -> Option<Owner> {
-    let bytes = files::read_regular_file(&path.join(OWNER_FILE), MAX_OWNER_BYTES).ok()?;
-    parse_owner(&bytes)
-}
-
-fn parse_owner(bytes: &[u8]) -> Option<Owner> {
-    let value: Value = serde_json::from_slice(bytes).ok()?;
-    let pid = value
-        .get("pid")
-        .and_then(crate::protocol::non_negative_integer)
-        .and_then(|n| u32::try_from(n).ok())
-        .filter(|&pid| pid != 0)?;
-    let acquired_at = value.get("acquiredAt")?.as_str()?.to_owned();
-    let acquired = time::parse_iso8601(&acquired_at)?;
-    Some(Owner {
-        pid,
-        acquired_at,
-        acquired,
     })
 }
 
-/// Whether `then` is more than [`STALE_AGE`] before `now` (a time in the future is
-/// not old).
-fn older_than_stale_age(then: SystemTime, now: SystemTime) -> bool {
-    now.duration_since(then).is_ok_and(|age| age > STALE_AGE)
+/// The owner of the lock directory `path`, or `None` when `owner.json` is missing or
+/// unreadable.
+fn read_owner(path: &Path) -> Option<(u32, String, SystemTime)> {
+    parse_owner(&files::read_regular_file(&path.join(OWNER_FILE), MAX_OWNER_BYTES).ok()?)
 }
 
-/// Why the lock of fingerprint `print` is stale, or `None` if it is live.
+/// The pid and `acquiredAt` (as written, and as a time) `owner.json` names, or `None`
+/// when it is unreadable (not JSON, no positive pid, no ISO-8601 `acquiredAt`).
+fn parse_owner(bytes: &[u8]) -> Option<(u32, String, SystemTime)> {
+    let value: Value = serde_json::from_slice(bytes).ok()?;
+    let pid = super::store::positive(&value, "pid")?;
+    let at = value.get("acquiredAt")?.as_str()?;
+    Some((pid, at.to_owned(), time::parse_iso8601(at)?))
+}
+
+/// Why the lock of fingerprint `print` is stale, or `None` if it is live: its owner's
+/// pid is gone, or it took the lock more than [`STALE_AGE`] before `now`, or, without a
+/// readable `owner.json`, the directory was last changed that long ago (a time in the
+/// future is not old).
 fn staleness(print: &Fingerprint, now: SystemTime) -> Option<String> {
+    let old = |then| now.duration_since(then).is_ok_and(|age| age > STALE_AGE);
+    let secs = STALE_AGE.as_secs();
     match print.owner.as_deref().and_then(parse_owner) {
-        Some(owner) if files::pid_is_gone(owner.pid) => {
-            Some(format!("its owner, process {}, is gone", owner.pid))
+        Some((pid, ..)) if pid_is_gone(pid) => Some(format!("its owner, process {pid}, is gone")),
+        Some((pid, at, acquired)) if old(acquired) => {
+            Some(format!("process {pid} took it at {at}, over {secs} s ago"))
         }
-        Some(owner) if older_than_stale_age(owner.acquired, now) => Some(format!(
-            "process {} took it at {}, over {} s ago",
-            owner.pid,
-            owner.acquired_at,
-            STALE_AGE.as_secs()
-        )),
         Some(_) => None,
         None => print
             .mtime
-            .filter(|&mtime| older_than_stale_age(mtime, now))
-            .map(|_| {
-                format!(
-                    "it has no readable {OWNER_FILE} and is over {} s old",
-                    STALE_AGE.as_secs()
-                )
-            }),
+            .filter(|&mtime| old(mtime))
+            .map(|_| format!("it has no readable {OWNER_FILE} and is over {secs} s old")),
     }
 }
 
@@ -310,57 +248,38 @@ fn staleness(print: &Fingerprint, now: SystemTime) -> Option<String> {
 static MOVED: AtomicU64 = AtomicU64::new(0);
 
 /// Removes the lock directory at the lock's name if it is stale, and returns whether
-/// it did. `false` when it
-/// is live, or when it vanished meanwhile (the caller tries again either way).
+/// it did. `false` when it is live, or when it vanished meanwhile (the caller tries
+/// again either way).
 fn clear_if_stale(path: &Path) -> io::Result<bool> {
-    let (print, meta) = match fingerprint(path) {
-        Ok(found) => found,
-        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(true),
-        Err(e) => return Err(e),
+    let print = match fingerprint(path) {
+        Ok(print) => print,
+        Err(e) => return gone_is_fine(e).map(|()| true),
     };
-    if !meta.is_dir() {
-        return Err(io::Error::new(
-            io::ErrorKind::InvalidData,
-            format!("{}: not a lock directory; remove it", path.display()),
-        ));
+    if !print.dir {
+        let message = format!("{}: not a lock directory; remove it", path.display());
+        return Err(io::Error::new(io::ErrorKind::InvalidData, message));
     }
     let Some(why) = staleness(&print, SystemTime::now()) else {
         return Ok(false);
     };
-    let mut moved = path.as_os_str().to_owned();
-    moved.push(format!(
-        ".stale-{}-{}",
-        std::process::id(),
-        MOVED.fetch_add(1, Ordering::Relaxed)
-    ));
-    let moved = PathBuf::from(moved);
-    match fs::rename(path, &moved) {
-        Ok(()) => {}
-        // Another waiter cleared it first.
-        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(true),
-        Err(e) => return Err(e),
+    let n = MOVED.fetch_add(1, Ordering::Relaxed);
+    let moved = path.with_extension(format!("stale-{}-{n}", std::process::id()));
+    if let Err(e) = fs::rename(path, &moved) {
+        // NotFound: another waiter cleared it first.
+        return gone_is_fine(e).map(|()| true);
     }
-    if fingerprint(&moved)?.0 != print {
+    if fingerprint(&moved)? != print {
         // Between the check and the rename another waiter cleared the stale lock and
         // a third took the name afresh: this is that fresh lock. Put it back (never
         // over a newer one).
-        return match rustix::fs::renameat_with(
-            rustix::fs::CWD,
-            &moved,
-            rustix::fs::CWD,
-            path,
-            rustix::fs::RenameFlags::NOREPLACE,
-        ) {
-            Ok(()) => Ok(false),
-            Err(e) => {
-                log::warn!(
-                    "{}: moved a live lock aside by accident and cannot put it back ({e}); removing it",
-                    path.display()
-                );
-                fs::remove_dir_all(&moved)?;
-                Ok(true)
-            }
-        };
+        let back = renameat_with(CWD, &moved, CWD, path, RenameFlags::NOREPLACE);
+        let Err(e) = back else { return Ok(false) };
+        log::warn!(
+            "{}: moved a live lock aside by accident and cannot put it back ({e}); removing it",
+            path.display()
+        );
+        fs::remove_dir_all(&moved)?;
+        return Ok(true);
     }
     fs::remove_dir_all(&moved)?;
     log::warn!("{}: removed a stale lock: {why}", path.display());
@@ -415,7 +334,7 @@ mod tests {
                 meta.is_dir(),
                 meta.permissions().mode() & 0o777,
                 file_mode & 0o777,
-                owner.pid,
+                owner.0,
             ))
         })
         .unwrap();
@@ -454,10 +373,9 @@ mod tests {
             if let Some(secs) = mtime_ago {
                 set_mtime_ago(&path, secs);
             }
-            let held = acquire(dir.path(), Duration::ZERO).unwrap();
-            let held = held.unwrap_or_else(|| panic!("{what}: not recovered"));
-            assert_eq!(read_owner(&path).unwrap().pid, live, "{what}");
-            held.release().unwrap();
+            let held = within(dir.path(), Duration::ZERO, || Ok(read_owner(&path))).unwrap();
+            let owner = held.unwrap_or_else(|| panic!("{what}: not recovered"));
+            assert_eq!(owner.unwrap().0, live, "{what}");
             let left: Vec<_> = fs::read_dir(dir.path()).unwrap().collect();
             assert!(left.is_empty(), "{what}: {left:?}");
         }
@@ -482,7 +400,8 @@ mod tests {
             let path = plant(dir.path(), owner);
             let started = Instant::now();
             let patience = Duration::from_millis(60);
-            assert!(acquire(dir.path(), patience).unwrap().is_none(), "{what}");
+            let taken = within(dir.path(), patience, || Ok(())).unwrap();
+            assert!(taken.is_none(), "{what}");
             assert!(started.elapsed() >= patience, "{what}");
             assert!(path.is_dir(), "{what}: a live lock is left alone");
         }
@@ -498,7 +417,7 @@ mod tests {
         let dir = TestDir::new("rlock-file");
         let path = lock_path(dir.path());
         fs::write(&path, b"").unwrap();
-        let refused = acquire(dir.path(), Duration::ZERO).unwrap_err();
+        let refused = within(dir.path(), Duration::ZERO, || Ok(())).unwrap_err();
         assert_eq!(refused.kind(), io::ErrorKind::InvalidData);
         assert!(
             refused.to_string().contains("not a lock directory"),
@@ -506,9 +425,8 @@ mod tests {
         );
         assert!(path.is_file(), "left alone");
         fs::remove_file(&path).unwrap();
-        let held = acquire(dir.path(), Duration::ZERO).unwrap().unwrap();
-        assert!(path.is_dir());
-        held.release().unwrap();
+        let held = within(dir.path(), Duration::ZERO, || Ok(path.is_dir())).unwrap();
+        assert_eq!(held, Some(true));
         assert!(!path.exists());
     }
 
@@ -520,33 +438,34 @@ mod tests {
         let dir = TestDir::new("rlock-race");
         let stale_owner = serde_json::json!({"pid": dead_pid(), "acquiredAt": iso_ago(0)});
         let path = plant(dir.path(), Some(stale_owner));
-        let (judged, _) = fingerprint(&path).unwrap();
+        let judged = fingerprint(&path).unwrap();
         assert!(staleness(&judged, SystemTime::now()).is_some());
         fs::remove_dir_all(&path).unwrap();
-        let fresh = acquire(dir.path(), Duration::ZERO).unwrap().unwrap();
-        let moved = dir.path().join("moved");
-        fs::rename(&path, &moved).unwrap();
-        assert_ne!(fingerprint(&moved).unwrap().0, judged);
-        fs::rename(&moved, &path).unwrap();
-        // The real code path: a live lock is not cleared.
-        assert!(!clear_if_stale(&path).unwrap());
-        assert!(path.join(OWNER_FILE).is_file());
-        fresh.release().unwrap();
+        let fresh = within(dir.path(), Duration::ZERO, || {
+            let moved = dir.path().join("moved");
+            fs::rename(&path, &moved)?;
+            assert_ne!(fingerprint(&moved)?, judged);
+            fs::rename(&moved, &path)?;
+            // The real code path: a live lock is not cleared.
+            assert!(!clear_if_stale(&path)?);
+            Ok(path.join(OWNER_FILE).is_file())
+        });
+        assert_eq!(fresh.unwrap(), Some(true));
         assert!(!path.exists());
     }
 
     #[test]
     fn release_leaves_a_lock_that_replaced_ours() {
         let dir = TestDir::new("rlock-replaced");
-        let held = acquire(dir.path(), Duration::ZERO).unwrap().unwrap();
         let path = lock_path(dir.path());
-        fs::remove_file(path.join(OWNER_FILE)).unwrap();
-        fs::remove_dir(&path).unwrap();
-        plant(
-            dir.path(),
-            Some(serde_json::json!({"pid": 1, "acquiredAt": iso_ago(0)})),
-        );
-        held.release().unwrap();
+        within(dir.path(), Duration::ZERO, || {
+            fs::remove_file(path.join(OWNER_FILE))?;
+            fs::remove_dir(&path)?;
+            let owner = serde_json::json!({"pid": 1, "acquiredAt": iso_ago(0)});
+            plant(dir.path(), Some(owner));
+            Ok(())
+        })
+        .unwrap();
         assert!(
             path.join(OWNER_FILE).is_file(),
             "another holder's lock is kept"
@@ -580,9 +499,9 @@ mod tests {
         ];
         for (text, want) in cases {
             let got = parse_owner(text.as_bytes());
-            assert_eq!(got.as_ref().map(|o| o.pid), *want, "{text}");
+            assert_eq!(got.as_ref().map(|o| o.0), *want, "{text}");
             if let Some(owner) = got {
-                assert_eq!(owner.acquired_at, t);
+                assert_eq!(owner.1, t);
             }
         }
         assert!(!files::pid_is_gone(std::process::id()));
@@ -590,8 +509,18 @@ mod tests {
         assert!(files::pid_is_gone(dead_pid()));
         assert!(files::pid_is_gone(u32::MAX));
         let now = SystemTime::now();
-        assert!(older_than_stale_age(now - Duration::from_secs(31), now));
-        assert!(!older_than_stale_age(now - Duration::from_secs(29), now));
-        assert!(!older_than_stale_age(now + Duration::from_secs(100), now));
+        let changed = |mtime| Fingerprint {
+            dir: true,
+            inode: (0, 0),
+            mtime: Some(mtime),
+            owner: None,
+        };
+        let stale = |mtime| staleness(&changed(mtime), now).is_some();
+        assert!(stale(now - Duration::from_secs(31)));
+        assert!(!stale(now - Duration::from_secs(29)));
+        assert!(
+            !stale(now + Duration::from_secs(100)),
+            "the future is not old"
+        );
     }
 }

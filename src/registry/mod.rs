@@ -24,7 +24,7 @@ pub mod probe;
 pub mod store;
 mod warnings;
 
-pub use owner::{check_connection_owner, OwnerRefusal};
+pub use owner::{check_owner, OwnerRefusal};
 pub use probe::{
     holds_name, list, probe, probe_instance, probe_port, prune, running, HealthAnswer, Listed,
     ProbeError, Target, PROBE_TIMEOUT,

@@ -16,15 +16,14 @@
 //! whole, a line at a time, and only the lines on the target port are kept.
 //!
 //! The verdict ([`read_verdict`]) works on any readers of the tables' text, so it is
-//! tested without the kernel;
-//! [`check_connection_owner`] and [`check_listener_owner`] read the files. Where no
+//! tested without the kernel; [`check_owner`] reads the files. Where no
 //! table can be read (a sandbox without /proc) the check fails closed
 //! ([`OwnerRefusal::TablesUnreadable`]); only off Linux, where there are no such tables,
 //! does it say so at debug level and let the delegation go on.
 
 use std::fmt;
 use std::io::BufRead;
-use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
+use std::net::{IpAddr, SocketAddr};
 use std::time::{Duration, Instant};
 
 /// The kernel's IPv4 socket table.
@@ -88,15 +87,15 @@ pub enum OwnerRefusal {
 impl fmt::Display for OwnerRefusal {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            OwnerRefusal::Foreign { port, uid } => write!(
+            Self::Foreign { port, uid } => write!(
                 f,
                 "port {port} is held by another user's process, uid {uid}; not sending the secret"
             ),
-            OwnerRefusal::Unknown { port } => write!(
+            Self::Unknown { port } => write!(
                 f,
                 "cannot tell who holds port {port}; not sending the secret"
             ),
-            OwnerRefusal::TablesUnreadable { port } => write!(
+            Self::TablesUnreadable { port } => write!(
                 f,
                 "cannot tell who holds port {port}: neither {PROC_NET_TCP} nor {PROC_NET_TCP6} \
                  can be read; not sending the secret to a peer that cannot prove itself \
@@ -130,22 +129,19 @@ pub enum Verdict {
 /// word printed as the kernel holds it in memory (little-endian on x86 and arm:
 /// 127.0.0.1 is `0100007F`), and the port as 4 hex digits in plain order.
 fn parse_line(line: &str) -> Option<Socket> {
-    let fields: Vec<&str> = line.split_whitespace().take(8).collect();
-    let [_sl, local, remote, state, _queues, _timer, _retransmits, uid] = fields[..] else {
-        return None;
-    };
+    // sl, local, remote, state, then queues, timer and retransmits before the uid.
+    let mut fields = line.split_ascii_whitespace().skip(1);
     Some(Socket {
-        local: parse_address(local)?,
-        remote: parse_address(remote)?,
-        listening: state == TCP_LISTEN,
-        uid: uid.parse::<u32>().ok()?,
+        local: parse_address(fields.next()?)?,
+        remote: parse_address(fields.next()?)?,
+        listening: fields.next()? == TCP_LISTEN,
+        uid: fields.nth(3)?.parse::<u32>().ok()?,
     })
 }
 
 /// The local port of a table line (its second field's `:PORT`), without parsing the rest.
 fn local_port(line: &str) -> Option<u16> {
-    let local = line.split_ascii_whitespace().nth(1)?;
-    let (_, port_hex) = local.split_once(':')?;
+    let (_, port_hex) = line.split_ascii_whitespace().nth(1)?.split_once(':')?;
     u16::from_str_radix(port_hex, 16).ok()
 }
 
@@ -159,24 +155,19 @@ fn parse_address(field: &str) -> Option<SocketAddr> {
 /// An address of the table: 8 hex digits for IPv4, 32 for IPv6, in 32-bit words of
 /// the machine's byte order.
 fn parse_ip(hex: &str) -> Option<IpAddr> {
-    if !hex.bytes().all(|b| b.is_ascii_hexdigit()) {
+    if !matches!(hex.len(), 8 | 32) || !hex.bytes().all(|b| b.is_ascii_hexdigit()) {
         return None;
     }
-    let word = |i: usize| -> Option<[u8; 4]> {
-        let digits = hex.get(i * 8..i * 8 + 8)?;
-        u32::from_str_radix(digits, 16).ok().map(u32::to_ne_bytes)
-    };
-    match hex.len() {
-        8 => Some(IpAddr::V4(Ipv4Addr::from(word(0)?))),
-        32 => {
-            let mut octets = [0u8; 16];
-            for (i, chunk) in octets.chunks_exact_mut(4).enumerate() {
-                chunk.copy_from_slice(&word(i)?);
-            }
-            Some(IpAddr::V6(Ipv6Addr::from(octets)))
-        }
-        _ => None,
+    let mut octets = [0u8; 16];
+    for (i, word) in octets.chunks_exact_mut(4).take(hex.len() / 8).enumerate() {
+        let digits = u32::from_str_radix(&hex[i * 8..i * 8 + 8], 16).ok()?;
+        word.copy_from_slice(&digits.to_ne_bytes());
     }
+    let [a, b, c, d, ..] = octets;
+    Some(match hex.len() {
+        8 => IpAddr::from([a, b, c, d]),
+        _ => IpAddr::from(octets),
+    })
 }
 
 /// Whether a listener bound to `listener` would (or might) receive a connection to
@@ -184,13 +175,9 @@ fn parse_ip(hex: &str) -> Option<IpAddr> {
 /// it, or, for an IPv4 target, the IPv6 wildcard (a dual-stack listener; the tables do
 /// not say whether it is IPv6-only, so it counts).
 fn receives(listener: IpAddr, target: IpAddr) -> bool {
-    if listener == target || (listener.is_unspecified() && listener.is_ipv4() == target.is_ipv4()) {
-        return true;
-    }
-    match (listener, target) {
-        (IpAddr::V6(l), IpAddr::V4(t)) => l.is_unspecified() || l.to_ipv4_mapped() == Some(t),
-        _ => false,
-    }
+    let listener = listener.to_canonical();
+    let wildcard = listener.is_unspecified() && (listener.is_ipv6() || target.is_ipv4());
+    wildcard || listener == target.to_canonical()
 }
 
 /// `addr` with an IPv4-mapped IPv6 address written as IPv4, as the other end sees it.
@@ -203,10 +190,9 @@ fn canonical(addr: SocketAddr) -> SocketAddr {
 struct Tally {
     /// The first socket of another uid that would receive the connection.
     foreign: Option<u32>,
-    /// Whether an own listener that would receive it was seen.
-    listener: bool,
-    /// Whether the accepted end of our connection was seen (own uid).
-    accepted: bool,
+    /// Whether an own socket that decides was seen: the accepted end of our
+    /// connection if there is one, else a listener that would receive it.
+    own: bool,
 }
 
 impl Tally {
@@ -219,25 +205,20 @@ impl Tally {
                     && canonical(socket.remote) == canonical(ours)
             })
         };
-        if !receiving {
-            return;
-        }
-        if socket.uid != own {
+        if receiving && socket.uid != own {
             self.foreign = self.foreign.or(Some(socket.uid));
-        } else if socket.listening {
-            self.listener = true;
-        } else {
-            self.accepted = true;
+        } else if receiving {
+            // With a connection, only its accepted end decides.
+            self.own |= ours.is_none() || !socket.listening;
         }
     }
 
     fn verdict(&self, connection: bool) -> Verdict {
-        match (self.foreign, connection) {
-            (Some(uid), _) => Verdict::Foreign(uid),
-            (None, true) if self.accepted => Verdict::Own,
-            (None, true) => Verdict::ConnectionUnlisted,
-            (None, false) if self.listener => Verdict::Own,
-            (None, false) => Verdict::NoListener,
+        match self.foreign {
+            Some(uid) => Verdict::Foreign(uid),
+            None if self.own => Verdict::Own,
+            None if connection => Verdict::ConnectionUnlisted,
+            None => Verdict::NoListener,
         }
     }
 }
@@ -262,32 +243,21 @@ pub fn read_verdict<R: BufRead>(
     /// Lines read between looks at the clock.
     const LINES_PER_CLOCK_LOOK: usize = 4096;
     let mut tally = Tally::default();
-    let mut line = Vec::with_capacity(MAX_TABLE_LINE_BYTES);
-    for mut table in tables {
-        let mut count = 0usize;
-        loop {
-            line.clear();
-            if table.read_until(b'\n', &mut line)? == 0 {
-                break;
-            }
-            count = count.wrapping_add(1);
-            if count.is_multiple_of(LINES_PER_CLOCK_LOOK) && Instant::now() >= deadline {
+    for table in tables {
+        for (count, line) in table.split(b'\n').enumerate() {
+            let line = line?;
+            if (count + 1).is_multiple_of(LINES_PER_CLOCK_LOOK) && Instant::now() >= deadline {
                 return Ok(None);
             }
-            if line.len() > MAX_TABLE_LINE_BYTES {
-                continue;
-            }
-            let Ok(text) = std::str::from_utf8(&line) else {
-                continue;
-            };
             // Most lines are of other ports: their local port alone rules them out.
-            if local_port(text) != Some(target.port()) {
-                continue;
+            let socket = std::str::from_utf8(&line)
+                .ok()
+                .filter(|text| text.len() <= MAX_TABLE_LINE_BYTES)
+                .filter(|text| local_port(text) == Some(target.port()))
+                .and_then(parse_line);
+            if let Some(socket) = socket {
+                tally.add(&socket, target, ours, own_uid);
             }
-            let Some(socket) = parse_line(text) else {
-                continue;
-            };
-            tally.add(&socket, target, ours, own_uid);
             if tally.foreign.is_some() {
                 return Ok(Some(tally.verdict(ours.is_some())));
             }
@@ -296,20 +266,11 @@ pub fn read_verdict<R: BufRead>(
     Ok(Some(tally.verdict(ours.is_some())))
 }
 
-/// Checks that the socket listening on `ip:port` (and any wildcard listener that would
-/// also receive a connection to it) belongs to the caller's own uid. A port no one
-/// listens on passes; off Linux, says so at debug level and returns `Ok`.
-///
-/// # Errors
-/// A listener of another uid would receive the connection, or the tables could not be
-/// read (at all, or within [`OWNER_CHECK_TIME_LIMIT`]).
-pub fn check_listener_owner(ip: IpAddr, port: u16) -> Result<(), OwnerRefusal> {
-    check(SocketAddr::new(ip, port), None)
-}
-
-/// Checks, for the open connection from `local` to `peer`, that its accepted end and
-/// every listener that would receive a connection to `peer` belong to the caller's own
-/// uid. Only off Linux does it say so at debug level and return `Ok`.
+/// Checks, for the open connection from `ours` to `target`, that its accepted end and
+/// every listener that would receive a connection to `target` belong to the caller's
+/// own uid; without a connection, that every listener that would receive one does (a
+/// port no one listens on passes). Only off Linux does it say so at debug level and
+/// return `Ok`.
 ///
 /// # Errors
 /// A socket of another uid holds the connection or the port
@@ -317,11 +278,7 @@ pub fn check_listener_owner(ip: IpAddr, port: u16) -> Result<(), OwnerRefusal> {
 /// end within [`TABLE_READINGS`] readings and [`OWNER_CHECK_TIME_LIMIT`]
 /// ([`OwnerRefusal::Unknown`]), or no table can be read
 /// ([`OwnerRefusal::TablesUnreadable`]).
-pub fn check_connection_owner(peer: SocketAddr, local: SocketAddr) -> Result<(), OwnerRefusal> {
-    check(peer, Some(local))
-}
-
-fn check(target: SocketAddr, ours: Option<SocketAddr>) -> Result<(), OwnerRefusal> {
+pub fn check_owner(target: SocketAddr, ours: Option<SocketAddr>) -> Result<(), OwnerRefusal> {
     if !cfg!(target_os = "linux") {
         log::debug!("owner of port {} not checked: not Linux", target.port());
         return Ok(());
@@ -330,7 +287,7 @@ fn check(target: SocketAddr, ours: Option<SocketAddr>) -> Result<(), OwnerRefusa
     check_tables(target, ours, own_uid, open_tables)
 }
 
-/// [`check`] on the tables `open` gives at each reading (the kernel's, or a test's).
+/// [`check_owner`] on the tables `open` gives at each reading (the kernel's, or a test's).
 fn check_tables<R: BufRead>(
     target: SocketAddr,
     ours: Option<SocketAddr>,
@@ -338,47 +295,39 @@ fn check_tables<R: BufRead>(
     open: impl Fn() -> Vec<R>,
 ) -> Result<(), OwnerRefusal> {
     let port = target.port();
-    let started = Instant::now();
-    let deadline = started
-        .checked_add(OWNER_CHECK_TIME_LIMIT)
-        .unwrap_or(started);
+    let limit = OWNER_CHECK_TIME_LIMIT;
+    let deadline = Instant::now() + limit;
     // The kernel writes these tables a bucket at a time and resumes a later read by
     // offset, so sockets opened or closed meanwhile can hide an entry from one reading:
-    // a socket not found is looked for again before it counts as not listed.
-    let mut last = None;
+    // a socket not found is looked for again before it counts as not listed. Only a
+    // last reading that found no listener (and no connection to find) passes.
+    let mut free = false;
     for _ in 0..TABLE_READINGS {
         let tables = open();
         if tables.is_empty() {
             // Failing open here sent the secret to another user's squatter.
             return Err(OwnerRefusal::TablesUnreadable { port });
         }
-        match read_verdict(tables, target, ours, own_uid, deadline) {
+        free = match read_verdict(tables, target, ours, own_uid, deadline) {
             Ok(Some(Verdict::Own)) => return Ok(()),
             Ok(Some(Verdict::Foreign(uid))) => return Err(OwnerRefusal::Foreign { port, uid }),
-            Ok(Some(found)) => last = Some(found),
+            Ok(Some(found)) => found == Verdict::NoListener,
             Ok(None) => {
-                log::debug!(
-                    "owner of port {port}: socket tables not read within {OWNER_CHECK_TIME_LIMIT:?}"
-                );
-                last = None;
+                log::debug!("owner of port {port}: socket tables not read within {limit:?}");
+                free = false;
                 break;
             }
             Err(e) => {
                 log::debug!("owner of port {port}: reading the socket tables failed: {e}");
-                last = None;
+                false
             }
         }
     }
-    match last {
-        // No listener and no connection to check: the port is not held.
-        Some(Verdict::NoListener) => Ok(()),
-        _ => {
-            log::debug!(
-                "owner of port {port} unknown: {target} <- {ours:?} not in the socket tables"
-            );
-            Err(OwnerRefusal::Unknown { port })
-        }
+    if free {
+        return Ok(());
     }
+    log::debug!("owner of port {port} unknown: {target} <- {ours:?} not in the socket tables");
+    Err(OwnerRefusal::Unknown { port })
 }
 
 /// How many times the socket tables are read before a socket counts as not listed.
@@ -393,13 +342,12 @@ const TABLE_READ_CHUNK: usize = 256 * 1024;
 fn open_tables() -> Vec<std::io::BufReader<std::fs::File>> {
     [PROC_NET_TCP, PROC_NET_TCP6]
         .into_iter()
-        .filter_map(|path| match std::fs::File::open(path) {
-            Ok(file) => Some(std::io::BufReader::with_capacity(TABLE_READ_CHUNK, file)),
-            Err(e) => {
-                log::debug!("cannot read {path}: {e}");
-                None
-            }
+        .filter_map(|path| {
+            let file = std::fs::File::open(path);
+            file.inspect_err(|e| log::debug!("cannot read {path}: {e}"))
+                .ok()
         })
+        .map(|file| std::io::BufReader::with_capacity(TABLE_READ_CHUNK, file))
         .collect()
 }
 
@@ -717,7 +665,7 @@ mod tests {
         let mut text = String::from(HEADER);
         text.push('\n');
         for i in 0..flood {
-            let ip = Ipv4Addr::new(127, 0, 10, u8::try_from(i / 20_000 + 1).unwrap());
+            let ip = std::net::Ipv4Addr::new(127, 0, 10, u8::try_from(i / 20_000 + 1).unwrap());
             let port = u16::try_from(20_000 + i % 20_000).unwrap();
             let local = SocketAddr::new(IpAddr::V4(ip), port);
             text.push_str(&line4(i, local, a("0.0.0.0:0"), "0A", 65534));
@@ -822,13 +770,13 @@ mod tests {
         let stream = std::net::TcpStream::connect(target).unwrap();
         let ours = stream.local_addr().unwrap();
         let _accepted = listener.accept().unwrap();
-        assert_eq!(check_listener_owner(target.ip(), target.port()), Ok(()));
-        assert_eq!(check_connection_owner(target, ours), Ok(()));
+        assert_eq!(check_owner(target, None), Ok(()));
+        assert_eq!(check_owner(target, Some(ours)), Ok(()));
         if cfg!(target_os = "linux") {
             let own = rustix::process::getuid().as_raw();
             let far = Instant::now() + Duration::from_secs(3600);
             let live = |uid| read_verdict(open_tables(), target, Some(ours), uid, far);
-            // As `check` does: a reading that raced other sockets is read again.
+            // As `check_owner` does: a reading that raced other sockets is read again.
             let found = (0..TABLE_READINGS)
                 .map(|_| live(own).unwrap().unwrap())
                 .find(|v| *v != Verdict::ConnectionUnlisted);

@@ -5,7 +5,6 @@
 //! is. A caller sends an entry's secret only on the connection whose probe matched
 //! ([`probe`] hands that connection back).
 
-use std::collections::BTreeMap;
 use std::fmt;
 use std::io;
 use std::path::Path;
@@ -13,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
-use super::owner::{check_connection_owner, OwnerRefusal};
+use super::owner::{check_owner, OwnerRefusal};
 use super::store::{self, RegistryEntry};
 use crate::files;
 use crate::http::client::{ClientError, Connection, ReceivedResponse};
@@ -71,10 +70,8 @@ pub enum ProbeError {
 
 /// A peer-supplied string, quoted and cut to [`MAX_QUOTED_CHARS`].
 fn quoted(s: &str) -> String {
-    format!(
-        "{:?}",
-        protocol::truncate_chars(s.to_owned(), MAX_QUOTED_CHARS)
-    )
+    let cut = protocol::truncate_chars(s.to_owned(), MAX_QUOTED_CHARS);
+    format!("{cut:?}")
 }
 
 impl fmt::Display for ProbeError {
@@ -124,25 +121,15 @@ impl ProbeError {
     /// not proof (the instance may be overloaded), and an instance that answers as
     /// itself but is stopping or of another kind is still there.
     pub fn is_stale(&self) -> bool {
-        match self {
-            Self::Http(ClientError::Connect(_) | ClientError::Malformed(_))
-            | Self::Http(ClientError::Closed)
-            | Self::Status(_)
-            | Self::NotHealth(_)
-            | Self::OtherInstance(_)
-            | Self::NoProof
-            | Self::WrongProof
-            | Self::NotSameUser(OwnerRefusal::Foreign { .. }) => true,
-            Self::Http(
-                ClientError::NotLoopback(_)
-                | ClientError::Timeout
-                | ClientError::Io(_)
-                | ClientError::UnsendableSecret,
+        self.is_failed_proof()
+            || matches!(
+                self,
+                Self::Http(
+                    ClientError::Connect(_) | ClientError::Malformed(_) | ClientError::Closed
+                ) | Self::Status(_)
+                    | Self::NotHealth(_)
+                    | Self::OtherInstance(_)
             )
-            | Self::NotReady(_)
-            | Self::KindNotAccepted(_)
-            | Self::NotSameUser(_) => false,
-        }
     }
 }
 
@@ -162,18 +149,16 @@ pub fn check_health(
         return Err(ProbeError::Status(response.status));
     }
     let health = protocol::parse_health(&response.body).map_err(ProbeError::NotHealth)?;
-    let body: Value = serde_json::from_slice(&response.body)
-        .map_err(|_| ProbeError::NotHealth(ResponseError::NotJson))?;
+    // A health object is JSON, so this never falls back.
+    let body = serde_json::from_slice(&response.body).unwrap_or_default();
     if name.is_some_and(|name| health.instance != name) {
         return Err(ProbeError::OtherInstance(Box::new(health)));
     }
     if !health.is_ok() {
         return Err(ProbeError::NotReady(Box::new(health)));
     }
-    if let Some(kinds) = accept_kinds {
-        if !kinds.contains(&health.kind) {
-            return Err(ProbeError::KindNotAccepted(Box::new(health)));
-        }
+    if accept_kinds.is_some_and(|kinds| !kinds.contains(&health.kind)) {
+        return Err(ProbeError::KindNotAccepted(Box::new(health)));
     }
     Ok(HealthAnswer { health, body })
 }
@@ -206,7 +191,7 @@ pub enum Target<'a> {
 /// The health probe: connects to `target`, asks `GET /api/health`, and checks the
 /// answer as [`check_health`] does, and for a [`Target::Entry`] the proof of one that
 /// claims it, or else that the other end of the connection is of our own user
-/// ([`check_connection_owner`]: an answer of another user's squatter is no sign of
+/// ([`check_owner`]: an answer of another user's squatter is no sign of
 /// life). All within [`PROBE_TIMEOUT`] (the same-user check has its own bound). The
 /// connection handed back is the one the answer came on.
 ///
@@ -221,10 +206,8 @@ pub fn probe(target: Target<'_>, accept_kinds: Option<&[String]>) -> Result<Prob
         Target::Port(port, name) => (store::DEFAULT_HOST, port, name, None),
         Target::Entry(name, entry) => (entry.host, entry.port, Some(name), Some(entry)),
     };
-    let nonce = match entry {
-        Some(_) => Some(secret::nonce().map_err(|e| ProbeError::Http(ClientError::Io(e)))?),
-        None => None,
-    };
+    let nonce = entry.map(|_| secret::nonce()).transpose();
+    let nonce = nonce.map_err(|e| ProbeError::Http(ClientError::Io(e)))?;
     let mut connection = Connection::open_at(host, port, deadline).map_err(ProbeError::Http)?;
     let response = connection
         .get_health(nonce.as_deref(), deadline)
@@ -233,19 +216,14 @@ pub fn probe(target: Target<'_>, accept_kinds: Option<&[String]>) -> Result<Prob
     if let (Some(entry), Some(name), Some(nonce)) = (entry, name, &nonce) {
         if entry.proof {
             let message = proof::proof_message(name.as_str(), host, port, nonce);
-            match &answer.health.proof {
-                None => return Err(ProbeError::NoProof),
-                Some(given) if !entry.secret.verify_proof(&message, given) => {
-                    return Err(ProbeError::WrongProof)
-                }
-                Some(_) => {}
+            let given = answer.health.proof.as_deref().ok_or(ProbeError::NoProof)?;
+            if !entry.secret.verify_proof(&message, given) {
+                return Err(ProbeError::WrongProof);
             }
         } else {
-            let unknown = OwnerRefusal::Unknown { port };
-            let (peer, local) = connection
-                .addresses()
-                .map_err(|_| ProbeError::NotSameUser(unknown))?;
-            check_connection_owner(peer, local).map_err(ProbeError::NotSameUser)?;
+            let unknown = ProbeError::NotSameUser(OwnerRefusal::Unknown { port });
+            let (peer, local) = connection.addresses().map_err(|_| unknown)?;
+            check_owner(peer, Some(local)).map_err(ProbeError::NotSameUser)?;
         }
     }
     Ok(Probed { connection, answer })
@@ -309,13 +287,16 @@ impl Listed {
     }
 }
 
-/// Probes every entry, [`MAX_PARALLEL_PROBES`] at a time, so that a registry full of
-/// unresponsive ports costs about one [`PROBE_TIMEOUT`], not one per entry.
-fn probe_all(
-    entries: BTreeMap<InstanceName, RegistryEntry>,
-    accept_kinds: Option<&[String]>,
-) -> Vec<Listed> {
-    let entries: Vec<(InstanceName, RegistryEntry)> = entries.into_iter().collect();
+/// Every valid entry under `root`, by name, each with its liveness probe (kinds
+/// checked against `accept_kinds` unless it is `None`). The entries are probed
+/// `MAX_PARALLEL_PROBES` (32) at a time, so that a registry full of unresponsive ports
+/// costs about one [`PROBE_TIMEOUT`], not one per entry.
+///
+/// # Errors
+///
+/// The registry file exists but can't be read.
+pub fn list(root: &Path, accept_kinds: Option<&[String]>) -> io::Result<Vec<Listed>> {
+    let entries: Vec<(InstanceName, RegistryEntry)> = store::read(root)?.into_iter().collect();
     let mut listed = Vec::with_capacity(entries.len());
     for batch in entries.chunks(MAX_PARALLEL_PROBES) {
         std::thread::scope(|scope| {
@@ -345,17 +326,7 @@ fn probe_all(
             }
         });
     }
-    listed
-}
-
-/// Every valid entry under `root`, by name, each with its liveness probe (kinds
-/// checked against `accept_kinds` unless it is `None`).
-///
-/// # Errors
-///
-/// The registry file exists but can't be read.
-pub fn list(root: &Path, accept_kinds: Option<&[String]>) -> io::Result<Vec<Listed>> {
-    Ok(probe_all(store::read(root)?, accept_kinds))
+    Ok(listed)
 }
 
 /// Removes the entries whose pid certainly no longer exists (`files::pid_is_gone`)
@@ -363,7 +334,7 @@ pub fn list(root: &Path, accept_kinds: Option<&[String]>) -> io::Result<Vec<List
 /// another program sharing the root (the original implementation, of a kind loopbus
 /// does not accept, or one that does not answer loopbus's probe as expected) stays
 /// while its process lives. The removal happens under the lock, and only for entries
-/// that did not change meanwhile ([`store::remove_unchanged`]), so an instance that
+/// that did not change meanwhile ([`store::remove_if`] of the entries as they were read), so an instance that
 /// re-registered in between is kept; invalid entries are never removed. The entry of
 /// `keep`, if given, is left to its own start (which looks at it before replacing it).
 ///
@@ -375,7 +346,12 @@ pub fn prune(root: &Path, keep: Option<&InstanceName>) -> io::Result<Vec<Instanc
         .into_iter()
         .filter(|(name, entry)| Some(name) != keep && files::pid_is_gone(entry.pid))
         .collect();
-    store::remove_unchanged(root, stale)
+    if stale.is_empty() {
+        return Ok(Vec::new());
+    }
+    store::remove_if(root, |name, entry| {
+        stale.iter().any(|(n, e)| n.as_str() == name && e == entry)
+    })
 }
 
 /// The entry of `name` under `root` if it is of a running instance, so that a start of
@@ -401,14 +377,13 @@ pub fn holds_name(name: &InstanceName, entry: &RegistryEntry) -> bool {
         Ok(_) => true,
         Err(e) if e.is_failed_proof() => {
             // Who holds it, as far as the socket tables tell (Linux).
-            let holder = match super::owner::check_listener_owner(entry.host, entry.port) {
+            let (port, host) = (entry.port, entry.host);
+            let holder = match check_owner(std::net::SocketAddr::new(host, port), None) {
                 Err(OwnerRefusal::Foreign { uid, .. }) => format!(" (another user's, uid {uid})"),
                 _ => String::new(),
             };
             log::warn!(
-                "{name}'s registered port {} on {} is held by a process that is not {name}{holder}: {e}; taking the entry over",
-                entry.port,
-                entry.host
+                "{name}'s registered port {port} on {host} is held by a process that is not {name}{holder}: {e}; taking the entry over"
             );
             false
         }

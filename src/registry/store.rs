@@ -3,6 +3,7 @@
 //! [`probe`](mod@super::probe)'s job.
 
 use std::collections::BTreeMap;
+use std::env::var_os;
 use std::io;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::path::{Path, PathBuf};
@@ -26,6 +27,9 @@ pub const MAX_REGISTRY_BYTES: u64 = 1 << 20;
 /// older releases rewrite it in place and without the lock, so a torn read may be a
 /// write in progress.
 const TORN_REREADS: u32 = 5;
+
+/// A JSON object, as the registry file and its entries are rewritten.
+type Object = Map<String, Value>;
 
 /// The suffix (before `-<millis>`) of a torn registry file that was set aside.
 const CORRUPT_SUFFIX: &str = "corrupt";
@@ -69,29 +73,18 @@ pub fn registry_path(root: &Path) -> PathBuf {
 pub fn read(root: &Path) -> io::Result<BTreeMap<InstanceName, RegistryEntry>> {
     let path = registry_path(root);
     check_root(root)?;
-    let bytes = match files::read_trusted_file(&path, MAX_REGISTRY_BYTES) {
-        Ok(bytes) => bytes,
+    let parsed = match files::read_trusted_file(&path, MAX_REGISTRY_BYTES) {
+        Ok(bytes) => parse(&bytes).map_err(str::to_owned),
         Err(err) if err.kind() == io::ErrorKind::NotFound => return Ok(BTreeMap::new()),
-        Err(err) if err.kind() == io::ErrorKind::InvalidData => {
-            warn_once(&path, &[format!("{err}; treating it as empty")]);
-            return Ok(BTreeMap::new());
-        }
+        Err(err) if err.kind() == io::ErrorKind::InvalidData => Err(err.to_string()),
         Err(err) => return Err(err),
     };
-    match parse(&bytes) {
-        Ok(Parsed { entries, skipped }) => {
-            let problems: Vec<String> = skipped
-                .into_iter()
-                .map(|reason| format!("ignoring an entry: {reason}"))
-                .collect();
-            warn_once(&path, &problems);
-            Ok(entries)
-        }
-        Err(reason) => {
-            warn_once(&path, &[format!("{reason}; treating it as empty")]);
-            Ok(BTreeMap::new())
-        }
-    }
+    let parsed = parsed.unwrap_or_else(|reason| {
+        warn_once(&path, "", &[format!("{reason}; treating it as empty")]);
+        Parsed::default()
+    });
+    warn_once(&path, "ignoring an entry: ", &parsed.skipped);
+    Ok(parsed.entries)
 }
 
 /// Refuses a channel root that another user owns or may write to (contract 1): its
@@ -107,17 +100,6 @@ fn check_root(root: &Path) -> io::Result<()> {
         Err(err) if err.kind() == io::ErrorKind::NotFound => Ok(()),
         other => other,
     }
-}
-
-/// Refuses what [`read`] would skip; the name is valid by its type.
-fn check_entry(port: u16, pid: u32) -> io::Result<()> {
-    if port == 0 || pid == 0 {
-        return Err(io::Error::new(
-            io::ErrorKind::InvalidInput,
-            "registry entries need a non-zero port and a non-zero pid",
-        ));
-    }
-    Ok(())
 }
 
 /// Registers (or re-registers) `name` as listening on `host` and `port` in process
@@ -142,7 +124,6 @@ pub fn register_at(
     secret: &Secret,
     taken: impl FnOnce(&RegistryEntry) -> bool,
 ) -> io::Result<Option<RegistryEntry>> {
-    check_entry(addr.port(), pid)?;
     files::create_dir_private(root)?;
     lock::with_registry_lock(root, || {
         let holder = read(root)?.remove(name);
@@ -153,7 +134,9 @@ pub fn register_at(
     })
 }
 
-/// Inserts or replaces `name`'s entry; the caller holds the registry lock.
+/// Inserts or replaces `name`'s entry; the caller holds the registry lock. Port 0 or
+/// pid 0 (neither of which [`read`] would accept; the name is valid by its type) is
+/// `InvalidInput`.
 fn insert_locked(
     root: &Path,
     name: &InstanceName,
@@ -161,9 +144,11 @@ fn insert_locked(
     pid: u32,
     secret: &Secret,
 ) -> io::Result<()> {
-    let path = registry_path(root);
-    let mut document = load(&path)?;
-    let instances = instances_mut(&mut document);
+    if addr.port() == 0 || pid == 0 {
+        let message = "registry entries need a non-zero port and a non-zero pid";
+        return Err(io::Error::new(io::ErrorKind::InvalidInput, message));
+    }
+    let (document, mut instances) = load(root)?;
     let mut fields = match instances.remove(name.as_str()) {
         Some(Value::Object(fields)) => fields,
         _ => Map::new(),
@@ -172,14 +157,13 @@ fn insert_locked(
     fields.insert("pid".into(), pid.into());
     fields.insert("secret".into(), secret.expose().into());
     fields.insert("updatedAt".into(), time::now_iso8601().into());
+    fields.insert("host".into(), addr.ip().to_string().into());
+    fields.insert("proof".into(), true.into());
     if addr.ip() == DEFAULT_HOST {
         fields.remove("host");
-    } else {
-        fields.insert("host".into(), addr.ip().to_string().into());
     }
-    fields.insert("proof".into(), true.into());
     instances.insert(name.to_string(), Value::Object(fields));
-    save(&path, document)
+    save(root, document, instances)
 }
 
 /// Re-registers `name` if its entry is missing (the file was deleted, torn or
@@ -202,45 +186,13 @@ pub fn ensure_registered(
     if read(root)?.contains_key(name) {
         return Ok(false);
     }
-    check_entry(addr.port(), pid)?;
     let written = lock::within(root, std::time::Duration::ZERO, || {
         if read(root)?.contains_key(name) {
             return Ok(false);
         }
-        insert_locked(root, name, addr, pid, secret)?;
-        Ok(true)
+        insert_locked(root, name, addr, pid, secret).map(|()| true)
     })?;
-    written.unwrap_or(Ok(false))
-}
-
-/// A registry file that is not a JSON object (torn by something that did not write it
-/// atomically) is set aside as `.bus-registry.json.corrupt-<millis>` before it is
-/// rewritten, so nothing is destroyed without a trace. It is first read again up to
-/// [`TORN_REREADS`] times, since a writer without the lock may be halfway through.
-/// The caller holds the lock.
-fn set_aside_if_torn(path: &Path) {
-    for attempt in 0..=TORN_REREADS {
-        if attempt > 0 {
-            std::thread::sleep(lock::POLL_INTERVAL);
-        }
-        match files::read_regular_file(path, MAX_REGISTRY_BYTES) {
-            Ok(bytes) if matches!(serde_json::from_slice(&bytes), Ok(Value::Object(_))) => return,
-            Ok(_) => {}
-            Err(e) if e.kind() == io::ErrorKind::InvalidData => break,
-            Err(_) => return,
-        }
-    }
-    match files::set_aside(path, CORRUPT_SUFFIX) {
-        Ok(aside) => log::warn!(
-            "{} was unreadable; moved to {}",
-            path.display(),
-            aside.display()
-        ),
-        Err(e) => log::warn!(
-            "{}: cannot set the unreadable file aside: {e}",
-            path.display()
-        ),
-    }
+    Ok(written.unwrap_or(false))
 }
 
 /// Removes `name`'s entry if, and only if, it was registered by process `pid` (so a
@@ -267,35 +219,14 @@ pub fn lookup(root: &Path, name: &InstanceName) -> io::Result<Option<RegistryEnt
     Ok(read(root)?.remove(name))
 }
 
-/// Removes, under the lock, each of `stale` whose entry is still exactly as given (an
-/// instance that re-registered meanwhile is kept), and returns the names removed. The
-/// pruning half of [`super::prune`], which decides staleness by probing.
-///
-/// # Errors
-///
-/// Any I/O error locking, reading or writing the registry.
-pub fn remove_unchanged(
-    root: &Path,
-    stale: Vec<(InstanceName, RegistryEntry)>,
-) -> io::Result<Vec<InstanceName>> {
-    if stale.is_empty() {
-        return Ok(Vec::new());
-    }
-    remove_if(root, |name, entry| {
-        stale.iter().any(|(n, e)| n.as_str() == name && e == entry)
-    })
-}
-
 /// Removes, under the lock, every valid entry for which `matches` holds, and returns
 /// their names; writes only when it removed one.
-fn remove_if(
+pub fn remove_if(
     root: &Path,
     matches: impl Fn(&str, &RegistryEntry) -> bool,
 ) -> io::Result<Vec<InstanceName>> {
-    let path = registry_path(root);
     lock::with_registry_lock(root, || {
-        let mut document = load(&path)?;
-        let instances = instances_mut(&mut document);
+        let (document, mut instances) = load(root)?;
         let removed: Vec<InstanceName> = instances
             .iter()
             .filter(|(name, value)| parse_entry(value).is_ok_and(|entry| matches(name, &entry)))
@@ -305,66 +236,67 @@ fn remove_if(
             instances.remove(name.as_str());
         }
         if !removed.is_empty() {
-            save(&path, document)?;
+            save(root, document, instances)?;
         }
         Ok(removed)
     })
 }
 
-/// The registry file as a JSON document, for a rewrite that keeps everything it does
-/// not change: other programs' entries, invalid entries and unknown fields alike. A
-/// missing file is an empty document; a torn one is set aside first. The caller
-/// holds the registry lock.
+/// The registry file of `root` as a JSON document, for a rewrite that keeps everything
+/// it does not change (other programs' entries, invalid entries and unknown fields
+/// alike), with its `instances` taken out (empty when missing or of another shape,
+/// which [`read`] treats as an empty registry). A missing file is an empty document.
+/// A registry file that is not a JSON object (torn by something that did not write it
+/// atomically) is set aside as `.bus-registry.json.corrupt-<millis>` before it is
+/// rewritten, so nothing is destroyed without a trace. It is first read again up to
+/// [`TORN_REREADS`] times, since a writer without the lock may be halfway through.
+/// The caller holds the registry lock.
 ///
 /// # Errors
 ///
 /// The file exists but can't be read.
-fn load(path: &Path) -> io::Result<Map<String, Value>> {
-    check_root(path.parent().unwrap_or(Path::new(".")))?;
-    // Another user's file is refused, not set aside: it was never ours.
-    match files::check_trusted(path, files::TrustKind::File) {
-        Err(err) if err.kind() == io::ErrorKind::PermissionDenied => return Err(err),
-        _ => set_aside_if_torn(path),
+fn load(root: &Path) -> io::Result<(Object, Object)> {
+    let path = registry_path(root);
+    check_root(root)?;
+    for attempt in 0..=TORN_REREADS {
+        if attempt > 0 {
+            std::thread::sleep(lock::POLL_INTERVAL);
+        }
+        match files::read_trusted_file(&path, MAX_REGISTRY_BYTES) {
+            Ok(bytes) => {
+                if let Ok(Value::Object(mut document)) = serde_json::from_slice(&bytes) {
+                    let instances = match document.remove("instances") {
+                        Some(Value::Object(instances)) => instances,
+                        _ => Map::new(),
+                    };
+                    return Ok((document, instances));
+                }
+            }
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(Default::default()),
+            Err(e) if e.kind() == io::ErrorKind::InvalidData => break,
+            // Another user's file is refused, not set aside: it was never ours.
+            Err(e) => return Err(e),
+        }
     }
-    let bytes = match files::read_trusted_file(path, MAX_REGISTRY_BYTES) {
-        Ok(bytes) => bytes,
-        Err(err) if err.kind() == io::ErrorKind::NotFound => return Ok(Map::new()),
-        Err(err) => return Err(err),
-    };
-    // Valid JSON that is not an object (`set_aside_if_torn` kept it) has nothing to
-    // keep.
-    match serde_json::from_slice(&bytes) {
-        Ok(Value::Object(document)) => Ok(document),
-        _ => Ok(Map::new()),
+    let shown = path.display();
+    match files::set_aside(&path, CORRUPT_SUFFIX) {
+        Ok(aside) => log::warn!("{shown} was unreadable; moved to {}", aside.display()),
+        Err(e) => log::warn!("{shown}: cannot set the unreadable file aside: {e}"),
     }
+    Ok(Default::default())
 }
 
-/// The `instances` object of `document`, made one if it is missing or of another
-/// shape (which [`read`] treats as an empty registry).
-fn instances_mut(document: &mut Map<String, Value>) -> &mut Map<String, Value> {
-    let instances = document
-        .entry("instances")
-        .or_insert_with(|| Value::Object(Map::new()));
-    if !instances.is_object() {
-        *instances = Value::Object(Map::new());
-    }
-    match instances {
-        Value::Object(map) => map,
-        // Made an object just above.
-        _ => unreachable!("instances was just made an object"),
-    }
-}
-
-/// Writes `document` as the whole registry, atomically, mode 0600.
-fn save(path: &Path, document: Map<String, Value>) -> io::Result<()> {
-    let mut bytes =
-        serde_json::to_vec_pretty(&Value::Object(document)).map_err(io::Error::other)?;
+/// Writes `document` with `instances` as the whole registry of `root`, atomically,
+/// mode 0600.
+fn save(root: &Path, mut document: Object, instances: Object) -> io::Result<()> {
+    document.insert("instances".into(), Value::Object(instances));
+    let mut bytes = serde_json::to_vec_pretty(&document).map_err(io::Error::other)?;
     bytes.push(b'\n');
-    files::write_atomic(path, &bytes, files::PRIVATE_FILE_MODE)
+    files::write_atomic(&registry_path(root), &bytes, files::PRIVATE_FILE_MODE)
 }
 
 /// What a registry file holds.
-#[derive(Debug)]
+#[derive(Debug, Default)]
 pub struct Parsed {
     /// The valid entries.
     pub entries: BTreeMap<InstanceName, RegistryEntry>,
@@ -379,66 +311,49 @@ pub fn parse(bytes: &[u8]) -> Result<Parsed, &'static str> {
     let Some(Value::Object(instances)) = document.get("instances") else {
         return Err("not of the form {\"instances\": {...}}");
     };
-    let mut entries = BTreeMap::new();
-    let mut skipped = Vec::new();
+    let mut parsed = Parsed::default();
     for (name, value) in instances {
-        let Ok(name) = InstanceName::new(name.as_str()) else {
-            skipped.push("invalid instance name".to_owned());
-            continue;
-        };
-        match parse_entry(value) {
-            Ok(entry) => {
-                entries.insert(name, entry);
+        match (InstanceName::new(name.as_str()), parse_entry(value)) {
+            (Err(_), _) => parsed.skipped.push("invalid instance name".to_owned()),
+            (Ok(name), Err(reason)) => parsed.skipped.push(format!("{name}: {reason}")),
+            (Ok(name), Ok(entry)) => {
+                parsed.entries.insert(name, entry);
             }
-            Err(reason) => skipped.push(format!("{name}: {reason}")),
         }
     }
-    Ok(Parsed { entries, skipped })
+    Ok(parsed)
+}
+
+/// `value[key]` as a whole number from 1 to `T`'s largest (written as an integer or a
+/// whole float), as the original implementation writes ports and pids.
+pub(super) fn positive<T: TryFrom<u64>>(value: &Value, key: &str) -> Option<T> {
+    let n = value.get(key).and_then(non_negative_integer)?;
+    T::try_from(n).ok().filter(|_| n != 0)
 }
 
 fn parse_entry(value: &Value) -> Result<RegistryEntry, &'static str> {
-    let port = value
-        .get("port")
-        .and_then(non_negative_integer)
-        .and_then(|n| u16::try_from(n).ok())
-        .filter(|&port| port != 0)
-        .ok_or("port must be an integer from 1 to 65535")?;
-    let pid = value
-        .get("pid")
-        .and_then(non_negative_integer)
-        .and_then(|n| u32::try_from(n).ok())
-        .filter(|&pid| pid != 0)
-        .ok_or("pid must be a positive integer")?;
-    let secret = value
-        .get("secret")
-        .and_then(Value::as_str)
-        .and_then(Secret::new)
-        .ok_or("secret must be a non-empty string")?;
-    let updated_at = value
-        .get("updatedAt")
-        .and_then(Value::as_str)
-        .filter(|s| time::parse_iso8601(s).is_some())
-        .ok_or("updatedAt must be an ISO-8601 time")?;
-    // Only a loopback address is ever dialled; anything else makes the entry invalid
-    // rather than quietly pointing elsewhere.
-    let host = match value.get("host") {
-        None => DEFAULT_HOST,
-        Some(host) => host
-            .as_str()
-            .and_then(|h| h.parse::<IpAddr>().ok())
-            .filter(IpAddr::is_loopback)
-            .ok_or("host must be a loopback address such as \"127.0.0.1\" or \"::1\"")?,
-    };
-    // `proof` other than `true` (absent, false, or of another shape) is an entry that
-    // does not claim to prove itself.
-    let proof = value.get("proof").and_then(Value::as_bool).unwrap_or(false);
+    let text = |key| value.get(key).and_then(Value::as_str);
     Ok(RegistryEntry {
-        port,
-        pid,
-        secret,
-        updated_at: updated_at.to_owned(),
-        host,
-        proof,
+        port: positive(value, "port").ok_or("port must be an integer from 1 to 65535")?,
+        pid: positive(value, "pid").ok_or("pid must be a positive integer")?,
+        secret: text("secret")
+            .and_then(Secret::new)
+            .ok_or("secret must be a non-empty string")?,
+        updated_at: text("updatedAt")
+            .filter(|s| time::parse_iso8601(s).is_some())
+            .ok_or("updatedAt must be an ISO-8601 time")?
+            .to_owned(),
+        // Only a loopback address is ever dialled; anything else makes the entry
+        // invalid rather than quietly pointing elsewhere.
+        host: match value.get("host").map(|h| h.as_str()?.parse().ok()) {
+            None => DEFAULT_HOST,
+            Some(host) => host
+                .filter(IpAddr::is_loopback)
+                .ok_or("host must be a loopback address such as \"127.0.0.1\" or \"::1\"")?,
+        },
+        // `proof` other than `true` (absent, false, or of another shape) is an entry
+        // that does not claim to prove itself.
+        proof: value.get("proof").and_then(Value::as_bool).unwrap_or(false),
     })
 }
 
@@ -449,31 +364,22 @@ pub const DEFAULT_ROOT_DIR: &str = ".loopbus";
 /// `$LOOPBUS_ROOT`, else `$HOME/.loopbus` ([`DEFAULT_ROOT_DIR`]); `None` when neither
 /// variable is set. Nothing is created here.
 pub fn default_channel_root() -> Option<PathBuf> {
-    let var = |name| {
-        std::env::var_os(name)
-            .filter(|v| !v.is_empty())
-            .map(PathBuf::from)
-    };
+    let var = |name| var_os(name).filter(|v| !v.is_empty()).map(PathBuf::from);
     var("LOOPBUS_ROOT").or_else(|| var("HOME").map(|home| home.join(DEFAULT_ROOT_DIR)))
 }
 
 /// The channel root of a state directory (contract section 1): its parent, made
 /// absolute. Every instance under one root shares its registry.
 pub fn channel_root(state_dir: &Path) -> PathBuf {
-    absolute(state_dir)
-        .parent()
-        .map(Path::to_path_buf)
-        .unwrap_or_else(|| PathBuf::from("/"))
+    let absolute = absolute(state_dir);
+    absolute.parent().map_or("/".into(), Path::to_path_buf)
 }
 
 /// The name an instance takes by default: its state directory's last component (of
 /// the absolute path, so `.` works too). `None` when there is none or it is not UTF-8;
 /// the caller still parses it as an [`InstanceName`].
 pub fn default_name(state_dir: &Path) -> Option<String> {
-    absolute(state_dir)
-        .file_name()
-        .and_then(|n| n.to_str())
-        .map(str::to_owned)
+    Some(absolute(state_dir).file_name()?.to_str()?.to_owned())
 }
 
 fn absolute(path: &Path) -> PathBuf {
@@ -678,10 +584,8 @@ mod tests {
         want["instances"].as_object_mut().unwrap().remove("mine");
         assert_eq!(reread(), want);
         let bridge = read(root).unwrap()["bridge"].clone();
-        assert_eq!(
-            remove_unchanged(root, vec![(name("bridge"), bridge)]).unwrap(),
-            ["bridge"]
-        );
+        let unchanged = |n: &str, e: &RegistryEntry| n == "bridge" && *e == bridge;
+        assert_eq!(remove_if(root, unchanged).unwrap(), ["bridge"]);
         want["instances"].as_object_mut().unwrap().remove("bridge");
         assert_eq!(reread(), want);
         // An invalid entry is never ours to deregister.

@@ -20,47 +20,34 @@ const MAX_PROBLEMS_REMEMBERED: usize = 16_384;
 static WARNED: Mutex<BTreeSet<u64>> = Mutex::new(BTreeSet::new());
 
 /// Warns about each of `problems` in `path` that this process has not warned about
-/// yet: at most [`MAX_PROBLEMS_LISTED`] one per line, then one line counting the rest.
-pub(super) fn warn_once(path: &Path, problems: &[String]) {
-    let fresh = {
-        // A panic elsewhere while holding the set leaves it usable.
-        let mut warned = WARNED.lock().unwrap_or_else(PoisonError::into_inner);
-        fresh_problems(&mut warned, path, problems)
-    };
-    for problem in fresh.iter().take(MAX_PROBLEMS_LISTED) {
-        log::warn!("{}: {problem}", path.display());
-    }
-    if fresh.len() > MAX_PROBLEMS_LISTED {
-        log::warn!(
-            "{}: {} more problems not listed (each is reported once)",
-            path.display(),
-            fresh.len() - MAX_PROBLEMS_LISTED
-        );
-    }
-}
-
-/// The distinct problems of `problems` not in `warned`, in order, which are added to
-/// it (while it holds fewer than [`MAX_PROBLEMS_REMEMBERED`]).
-fn fresh_problems<'a>(
-    warned: &mut BTreeSet<u64>,
-    path: &Path,
-    problems: &'a [String],
-) -> Vec<&'a str> {
+/// yet, each after `prefix`: at most [`MAX_PROBLEMS_LISTED`] one per line, then one
+/// line counting the rest. Returns how many were new.
+pub(super) fn warn_once(path: &Path, prefix: &str, problems: &[String]) -> usize {
     let mut fresh = Vec::new();
     let mut this_read = BTreeSet::new();
+    // A panic elsewhere while holding the set leaves it usable.
+    let mut warned = WARNED.lock().unwrap_or_else(PoisonError::into_inner);
     for problem in problems {
         let mut hasher = DefaultHasher::new();
-        (path, problem).hash(&mut hasher);
+        (path, prefix, problem).hash(&mut hasher);
         let key = hasher.finish();
-        if warned.contains(&key) || !this_read.insert(key) {
-            continue;
+        // Past MAX_PROBLEMS_REMEMBERED, a new problem is only kept for this read.
+        if (warned.len() < MAX_PROBLEMS_REMEMBERED && warned.insert(key))
+            || (!warned.contains(&key) && this_read.insert(key))
+        {
+            fresh.push(problem);
         }
-        if warned.len() < MAX_PROBLEMS_REMEMBERED {
-            warned.insert(key);
-        }
-        fresh.push(problem.as_str());
     }
-    fresh
+    drop(warned);
+    let shown = path.display();
+    for problem in fresh.iter().take(MAX_PROBLEMS_LISTED) {
+        log::warn!("{shown}: {prefix}{problem}");
+    }
+    let more = fresh.len().saturating_sub(MAX_PROBLEMS_LISTED);
+    if more > 0 {
+        log::warn!("{shown}: {more} more problems not listed (each is reported once)");
+    }
+    fresh.len()
 }
 
 #[cfg(test)]
@@ -69,27 +56,27 @@ mod tests {
 
     #[test]
     fn bug_invalid_entries_flooded_the_log_at_every_read() {
-        let mut warned = BTreeSet::new();
         let path = Path::new("/r/.bus-registry.json");
         let problems: Vec<String> = (0..10_000)
-            .map(|i| format!("ignoring an entry: e{i}: pid must be a positive integer"))
+            .map(|i| format!("e{i}: pid must be a positive integer"))
             .chain(std::iter::repeat_n("invalid instance name".to_owned(), 500))
             .collect();
-        let first = fresh_problems(&mut warned, path, &problems);
-        assert_eq!(first.len(), 10_001, "repeats within one read count once");
-        assert!(fresh_problems(&mut warned, path, &problems).is_empty());
+        assert_eq!(
+            warn_once(path, "ignoring an entry: ", &problems),
+            10_001,
+            "repeats within one read count once"
+        );
+        assert_eq!(warn_once(path, "ignoring an entry: ", &problems), 0);
         // Another problem, or the same one in another file, is new.
         let other = ["not valid JSON; treating it as empty".to_owned()];
-        assert_eq!(fresh_problems(&mut warned, path, &other).len(), 1);
-        assert_eq!(
-            fresh_problems(&mut warned, Path::new("/s/.bus-registry.json"), &other).len(),
-            1
-        );
+        assert_eq!(warn_once(path, "", &other), 1);
+        assert_eq!(warn_once(Path::new("/s/.bus-registry.json"), "", &other), 1);
         // The memory is bounded; past it, new problems are reported but not kept.
         let many: Vec<String> = (0..MAX_PROBLEMS_REMEMBERED)
             .map(|i| format!("m{i}"))
             .collect();
-        fresh_problems(&mut warned, path, &many);
+        assert_eq!(warn_once(path, "", &many), MAX_PROBLEMS_REMEMBERED);
+        let warned = WARNED.lock().unwrap_or_else(PoisonError::into_inner);
         assert_eq!(warned.len(), MAX_PROBLEMS_REMEMBERED);
     }
 }

@@ -16,12 +16,6 @@ pub(crate) use random::random_hex;
 pub use random::{nonce, random_bytes, SECRET_BYTES};
 pub use strength::{Weakness, MIN_SECRET_CHARS, SAMPLE_SECRETS};
 
-/// HMAC-SHA256, the proof's MAC (contract section 6.1).
-type HmacSha256 = Hmac<Sha256>;
-
-/// Bytes in an HMAC-SHA256 tag (written as twice as many hex digits in a proof).
-pub const PROOF_BYTES: usize = 32;
-
 /// A bus secret. `Debug` and `Display` print `[redacted]`; the only ways to see the
 /// value are [`Secret::expose`] (for writing the registry or an `Authorization`
 /// header) and [`Secret::matches_bearer`] (for checking one).
@@ -53,31 +47,19 @@ impl Secret {
     /// length of `header`, which the caller chose, never on where the first difference
     /// is or on how long the secret is.
     pub fn matches_bearer(&self, header: &[u8]) -> bool {
-        let expected = self.bearer_header();
-        let expected = expected.as_bytes();
-        // `expected` is never empty ("Bearer " alone is 7 bytes), so the modulo is safe.
-        let mut diff = u8::from(header.len() != expected.len());
-        for (i, byte) in header.iter().enumerate() {
-            diff |= byte ^ expected[i % expected.len()];
-        }
-        diff == 0
+        constant_time_eq(header, self.bearer_header().as_bytes())
     }
 
     /// The HMAC-SHA256 of `message` keyed with the secret's UTF-8 bytes, as lowercase
-    /// hex (`PROOF_BYTES` bytes, so twice as many digits): what a server answers as
-    /// its health `proof` (contract section 6.1).
+    /// hex (32 bytes, so 64 digits): what a server answers as its health `proof`
+    /// (contract section 6.1).
     pub fn proof(&self, message: &[u8]) -> String {
-        let mut mac = self.mac();
-        mac.update(message);
-        hex(&mac.finalize().into_bytes())
-    }
-
-    /// A MAC keyed with the secret.
-    fn mac(&self) -> HmacSha256 {
         // HMAC takes keys of any length (long ones are hashed), so this never fails;
         // the fallback keeps the signature total without an `expect`.
-        HmacSha256::new_from_slice(self.0.as_bytes())
-            .unwrap_or_else(|_| HmacSha256::new(&Default::default()))
+        let mut mac = Hmac::<Sha256>::new_from_slice(self.0.as_bytes())
+            .unwrap_or_else(|_| Hmac::new(&Default::default()));
+        mac.update(message);
+        hex(&mac.finalize().into_bytes())
     }
 }
 
@@ -86,6 +68,17 @@ fn hex(bytes: &[u8]) -> String {
     // A digit table, not `format!` per byte: a turn's ids cost 40 allocations that way.
     let digit = |nibble: u8| char::from(b"0123456789abcdef"[usize::from(nibble)]);
     String::from_iter(bytes.iter().flat_map(|b| [digit(b >> 4), digit(b & 15)]))
+}
+
+/// Whether `given` equals `expected` (never empty), in constant time in `expected`:
+/// the work done depends only on the length of `given`, which the peer chose, never
+/// on where the first difference is or on how long `expected` is.
+fn constant_time_eq(given: &[u8], expected: &[u8]) -> bool {
+    let mut diff = u8::from(given.len() != expected.len());
+    for (i, byte) in given.iter().enumerate() {
+        diff |= byte ^ expected[i % expected.len()];
+    }
+    diff == 0
 }
 
 impl fmt::Debug for Secret {

@@ -15,9 +15,8 @@ impl Secret {
     ///
     /// The OS's randomness could not be read.
     pub fn generate() -> io::Result<Secret> {
-        let hex = random_hex(SECRET_BYTES)?;
         // `random_hex` of a non-zero count is never empty.
-        Ok(Secret(hex))
+        random_hex(SECRET_BYTES).map(Secret)
     }
 }
 
@@ -35,7 +34,7 @@ static RANDOM_SOURCE: OnceLock<File> = OnceLock::new();
 ///
 /// Any I/O error opening or reading [`RANDOM_DEVICE`].
 fn fill_random(buf: &mut [u8]) -> io::Result<()> {
-    let source = match RANDOM_SOURCE.get() {
+    let mut source: &File = match RANDOM_SOURCE.get() {
         Some(source) => source,
         None => {
             let opened = File::open(RANDOM_DEVICE)?;
@@ -43,8 +42,7 @@ fn fill_random(buf: &mut [u8]) -> io::Result<()> {
             RANDOM_SOURCE.get_or_init(|| opened)
         }
     };
-    let mut reader: &File = source;
-    reader.read_exact(buf)
+    source.read_exact(buf)
 }
 
 /// `N` random bytes from the OS (`/dev/urandom`): request ids (contract 8.2) and
@@ -55,8 +53,7 @@ fn fill_random(buf: &mut [u8]) -> io::Result<()> {
 /// Any I/O error opening or reading `/dev/urandom`.
 pub fn random_bytes<const N: usize>() -> io::Result<[u8; N]> {
     let mut bytes = [0u8; N];
-    fill_random(&mut bytes)?;
-    Ok(bytes)
+    fill_random(&mut bytes).map(|()| bytes)
 }
 
 /// `bytes` random bytes from the OS (`/dev/urandom`), as lowercase hex (`2 * bytes`
@@ -67,8 +64,7 @@ pub fn random_bytes<const N: usize>() -> io::Result<[u8; N]> {
 /// Any I/O error opening or reading `/dev/urandom`.
 pub(crate) fn random_hex(bytes: usize) -> io::Result<String> {
     let mut buf = vec![0u8; bytes];
-    fill_random(&mut buf)?;
-    Ok(hex(&buf))
+    fill_random(&mut buf).map(|()| hex(&buf))
 }
 
 /// Bytes of randomness in a proof nonce (contract section 6.1: 128 bits).

@@ -62,16 +62,11 @@ impl Secret {
     /// from the documentation, or under [`MIN_SECRET_CHARS`] characters.
     pub fn weakness(&self) -> Option<Weakness> {
         let chars = self.0.chars().count();
-        if SAMPLE_SECRETS
-            .iter()
-            .any(|s| s.eq_ignore_ascii_case(&self.0))
-        {
-            Some(Weakness::Sample)
-        } else if chars < MIN_SECRET_CHARS {
-            Some(Weakness::Short { chars })
-        } else {
-            None
+        let sample = |s: &&str| s.eq_ignore_ascii_case(&self.0);
+        if SAMPLE_SECRETS.iter().any(sample) {
+            return Some(Weakness::Sample);
         }
+        (chars < MIN_SECRET_CHARS).then_some(Weakness::Short { chars })
     }
 }
 
