@@ -9,8 +9,9 @@ use super::error::{refuse, ConfigError, Problem, MAX_CONFIG_PROBLEMS};
 use super::keys::{self, Object, BUS, ENGINE, TOP};
 use super::{
     BusConfig, Config, EngineConfig, OutputMode, Peers, Preset, PromptMode, CONFIG_FILE,
-    DEFAULT_ENGINE_MAX_OUTPUT_BYTES, DEFAULT_ENGINE_TIMEOUT_SECS, MAX_CONCURRENT_TURNS_LIMIT,
-    MAX_QUEUED_TURNS_LIMIT, MAX_REATTACH_SECS,
+    DEFAULT_ACCEPT_KINDS, DEFAULT_ENGINE_MAX_OUTPUT_BYTES, DEFAULT_ENGINE_TIMEOUT_SECS,
+    DEFAULT_KIND, DEFAULT_MAX_CONCURRENT_TURNS, DEFAULT_MAX_DEPTH, DEFAULT_MAX_QUEUED_TURNS,
+    DEFAULT_REATTACH_SECS, MAX_CONCURRENT_TURNS_LIMIT, MAX_QUEUED_TURNS_LIMIT, MAX_REATTACH_SECS,
 };
 use crate::protocol::{non_negative_integer, InstanceName};
 use crate::secret::Secret;
@@ -188,16 +189,22 @@ impl<'a> Section<'a> {
     }
 }
 
+/// What a `bus` object without keys reads as ([`BusConfig::open`]): every field at its
+/// default, the bus on.
+pub(super) fn bus_defaults() -> BusConfig {
+    parse_bus(&Section::new(&Map::new(), &BUS, &RefCell::default()))
+}
+
+/// The `bus` object; a missing key takes its default.
 fn parse_bus(bus: &Section) -> BusConfig {
-    let defaults = BusConfig::default();
-    let peers = bus.read("peers", defaults.peers, parse_peers);
+    let peers = bus.read("peers", Peers::Any, parse_peers);
     // Fields are checked in this order.
     BusConfig {
         // Allowing nobody turns the bus off.
         enabled: peers != Peers::Only(Vec::new()),
         peers,
-        max_depth: bus.int("maxDepth", defaults.max_depth, 1, u64::MAX),
-        port: bus.int("port", defaults.port, 0, u64::from(u16::MAX)),
+        max_depth: bus.int("maxDepth", DEFAULT_MAX_DEPTH, 1, u64::MAX),
+        port: bus.int("port", 0, 0, u64::from(u16::MAX)),
         // An empty string is no secret (`Secret::new` refuses it): one is generated.
         secret: bus.get(
             "secret",
@@ -207,32 +214,34 @@ fn parse_bus(bus: &Section) -> BusConfig {
         ),
         kind: bus.get(
             "kind",
-            defaults.kind,
+            DEFAULT_KIND.to_owned(),
             non_empty_string,
             "must be a non-empty string",
         ),
-        accept_kinds: bus.read("acceptKinds", defaults.accept_kinds, |kinds, path| {
-            string_list(kinds, path, true)
-        }),
+        accept_kinds: bus.read(
+            "acceptKinds",
+            DEFAULT_ACCEPT_KINDS.map(str::to_owned).to_vec(),
+            |kinds, path| string_list(kinds, path, true),
+        ),
         max_concurrent_turns: bus.int(
             "maxConcurrentTurns",
-            defaults.max_concurrent_turns,
+            DEFAULT_MAX_CONCURRENT_TURNS,
             1,
             MAX_CONCURRENT_TURNS_LIMIT as u64,
         ),
         max_queued_turns: bus.int(
             "maxQueuedTurns",
-            defaults.max_queued_turns,
+            DEFAULT_MAX_QUEUED_TURNS,
             0,
             MAX_QUEUED_TURNS_LIMIT as u64,
         ),
         cancel_on_hangup: bus.get(
             "cancelOnHangup",
-            defaults.cancel_on_hangup,
+            true,
             Value::as_bool,
             "must be true or false",
         ),
-        reattach_secs: bus.int("reattachSecs", defaults.reattach_secs, 0, MAX_REATTACH_SECS),
+        reattach_secs: bus.int("reattachSecs", DEFAULT_REATTACH_SECS, 0, MAX_REATTACH_SECS),
         parallel: bus.names("parallel"),
         chain: bus.names("chain"),
         verifier: bus.get(
