@@ -20,10 +20,9 @@ pub const SHUTDOWN_CONTAIN_LIMIT: Duration = Duration::from_secs(5);
 #[derive(Debug, Default, Clone)]
 pub struct RunningEngines {
     state: Arc<Mutex<State>>,
-    /// Signalled when an engine exited: its leftovers may now be ours.
-    nudged: Arc<Condvar>,
-    /// Signalled when the reaper finished a pass ([`State::passes`]).
-    passed: Arc<Condvar>,
+    /// Signalled when an engine exited (its leftovers may now be ours), and when the
+    /// reaper finished a pass ([`State::passes`]).
+    changed: Arc<Condvar>,
 }
 
 #[derive(Debug, Default)]
@@ -47,7 +46,7 @@ impl RunningEngines {
     pub(super) fn passed(&self, state: &mut State, leftovers: usize) {
         state.passes = state.passes.wrapping_add(1);
         state.leftovers = leftovers;
-        self.passed.notify_all();
+        self.changed.notify_all();
     }
 
     /// Waits, at most [`SHUTDOWN_CONTAIN_LIMIT`], until no engine runs and the leftover reaper has looked
@@ -76,9 +75,9 @@ impl RunningEngines {
             }
             // Look at once rather than at the next scan interval.
             state.nudged = true;
-            self.nudged.notify_all();
+            self.changed.notify_all();
             state = self
-                .passed
+                .changed
                 .wait_timeout(state, deadline - now)
                 .unwrap_or_else(PoisonError::into_inner)
                 .0;
@@ -117,7 +116,7 @@ impl RunningEngines {
     /// Tells the reaper that an engine has exited: its leftovers are ours now.
     pub(super) fn nudge(&self) {
         self.lock().nudged = true;
-        self.nudged.notify_all();
+        self.changed.notify_all();
     }
 
     /// Sends `signal` to `engine` (its pid and its group), which is not reaped yet:
@@ -127,22 +126,11 @@ impl RunningEngines {
         kill_tree(engine.id(), signal);
     }
 
-    /// Whether a process that has not exited is left in the group of `engine`, which
-    /// is not reaped yet (so its group id is still its own): one besides the engine.
-    pub(super) fn group_alive(&self, engine: &Child) -> bool {
-        let pid = engine.id();
-        let gone = i32::try_from(pid)
-            .ok()
-            .and_then(Pid::from_raw)
-            .is_none_or(|pid| rustix::process::test_kill_process_group(pid).is_err());
-        !gone && crate::files::group_has_live_member(pid, pid)
-    }
-
     /// Waits until an engine exited ([`RunningEngines::nudge`]) or `timeout` passed.
     pub(super) fn wait_nudged(&self, timeout: Duration) {
         let state = self.lock();
         let (mut state, _) = self
-            .nudged
+            .changed
             .wait_timeout_while(state, timeout, |s| !s.nudged)
             .unwrap_or_else(PoisonError::into_inner);
         state.nudged = false;
