@@ -291,11 +291,8 @@ impl Preset {
 
     /// The preset's name, which is also its CLI's program name.
     pub fn name(self) -> &'static str {
-        match self {
-            Preset::Claude => "claude",
-            Preset::Codex => "codex",
-            Preset::Gemini => "gemini",
-        }
+        // Each command of `command` is a literal that starts with the program.
+        self.command()[0]
     }
 
     /// Its `engine.command`: the program, then the arguments of its non-interactive

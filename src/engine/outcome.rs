@@ -125,7 +125,9 @@ pub fn interpret(output: OutputMode, exit: ExitStatus, stdout: &[u8], stderr: &[
                 fallback,
                 ..
             }) => {
-                let code = classify(&error).unwrap_or(fallback);
+                let code = classify(&error)
+                    .or(fallback)
+                    .unwrap_or(ErrorCode::EngineCli);
                 TurnResult::Failed(Failure::new(code, bounded(&error)))
             }
             Some(Report {
