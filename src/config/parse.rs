@@ -197,7 +197,12 @@ pub(super) fn bus_defaults() -> BusConfig {
 
 /// The `bus` object; a missing key takes its default.
 fn parse_bus(bus: &Section) -> BusConfig {
-    let peers = bus.read("peers", Peers::Any, parse_peers);
+    let peers = bus.read("peers", Peers::Any, |value, path| match value {
+        _ if *value == true || *value == "*" => Ok(Peers::Any),
+        Value::Bool(false) => Ok(Peers::Only(Vec::new())),
+        Value::Array(_) => Ok(Peers::Only(string_list(value, path, true)?)),
+        _ => refuse(path, "must be \"*\", true, false or an array of names"),
+    });
     // Fields are checked in this order.
     BusConfig {
         // Allowing nobody turns the bus off.
@@ -254,17 +259,6 @@ fn parse_bus(bus: &Section) -> BusConfig {
             },
             "must be an instance name or null",
         ),
-    }
-}
-
-/// `bus.peers`: who it allows.
-fn parse_peers(value: &Value, path: &str) -> Result<Peers, Problem> {
-    match value {
-        Value::Bool(true) => Ok(Peers::Any),
-        Value::String(s) if s == "*" => Ok(Peers::Any),
-        Value::Bool(false) => Ok(Peers::Only(Vec::new())),
-        Value::Array(_) => Ok(Peers::Only(string_list(value, path, true)?)),
-        _ => refuse(path, "must be \"*\", true, false or an array of names"),
     }
 }
 
