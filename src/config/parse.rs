@@ -9,9 +9,9 @@ use super::error::{refuse, ConfigError, Problem, MAX_CONFIG_PROBLEMS};
 use super::keys::{self, Object, BUS, ENGINE, TOP};
 use super::{
     BusConfig, Config, EngineConfig, OutputMode, Peers, Preset, PromptMode, CONFIG_FILE,
-    DEFAULT_ACCEPT_KINDS, DEFAULT_ENGINE_MAX_OUTPUT_BYTES, DEFAULT_ENGINE_TIMEOUT_SECS,
-    DEFAULT_KIND, DEFAULT_MAX_CONCURRENT_TURNS, DEFAULT_MAX_DEPTH, DEFAULT_MAX_QUEUED_TURNS,
-    DEFAULT_REATTACH_SECS, MAX_CONCURRENT_TURNS_LIMIT, MAX_QUEUED_TURNS_LIMIT, MAX_REATTACH_SECS,
+    DEFAULT_ACCEPT_KINDS, DEFAULT_KIND, DEFAULT_MAX_CONCURRENT_TURNS, DEFAULT_MAX_DEPTH,
+    DEFAULT_MAX_QUEUED_TURNS, DEFAULT_REATTACH_SECS, MAX_CONCURRENT_TURNS_LIMIT,
+    MAX_QUEUED_TURNS_LIMIT, MAX_REATTACH_SECS,
 };
 use crate::protocol::{non_negative_integer, InstanceName};
 use crate::secret::Secret;
@@ -292,13 +292,8 @@ fn parse_engine(engine: &Section) -> EngineConfig {
             ]
             .map(|o| (o.as_str(), o)),
         ),
-        timeout_secs: engine.int("timeoutSecs", DEFAULT_ENGINE_TIMEOUT_SECS, 1, u64::MAX),
-        max_output_bytes: engine.int(
-            "maxOutputBytes",
-            DEFAULT_ENGINE_MAX_OUTPUT_BYTES,
-            1,
-            u64::MAX,
-        ),
+        timeout_secs: engine.int("timeoutSecs", defaults.timeout_secs, 1, u64::MAX),
+        max_output_bytes: engine.int("maxOutputBytes", defaults.max_output_bytes, 1, u64::MAX),
         max_turn_cost_usd: engine.usd("maxTurnCostUsd"),
         cwd: engine.get(
             "cwd",
@@ -379,7 +374,7 @@ fn string_list(value: &Value, path: &str, non_empty: bool) -> Result<Vec<String>
 mod tests {
     use super::*;
     use crate::config::tests::default_config_json;
-    use crate::config::DEFAULT_REATTACH_SECS;
+    use crate::config::{DEFAULT_ENGINE_MAX_OUTPUT_BYTES, DEFAULT_ENGINE_TIMEOUT_SECS};
     use std::path::PathBuf;
 
     fn bus_defaults_enabled() -> BusConfig {
