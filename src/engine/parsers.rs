@@ -45,13 +45,18 @@ pub enum Unreadable {
     BadUsage(String),
 }
 
-/// Reads `stdout` with the parser of `mode` (`None` for `"text"`, which has none).
-pub fn parse(mode: OutputMode, stdout: &str) -> Option<Result<Report, Unreadable>> {
+/// Reads `stdout` with the parser of `mode` (`None` for `"text"`, which has none); for
+/// Gemini CLI, `stderr` when `stdout` holds no object.
+pub fn parse(mode: OutputMode, stdout: &str, stderr: &str) -> Option<Result<Report, Unreadable>> {
     match mode {
         OutputMode::Text => None,
         OutputMode::Json => Some(claude(stdout)),
         OutputMode::CodexJsonl => Some(codex(stdout)),
-        OutputMode::GeminiJson => Some(gemini(stdout)),
+        OutputMode::GeminiJson => Some(match gemini(stdout) {
+            // Gemini CLI writes its JSON error object to stderr, not stdout.
+            Err(Unreadable::NotStructured) => gemini(stderr),
+            read => read,
+        }),
     }
 }
 
