@@ -104,12 +104,10 @@ impl<'a> Section<'a> {
         default: T,
         read: impl FnOnce(&Value, &str) -> Result<T, Problem>,
     ) -> T {
-        match self.fields.get(key) {
-            None => default,
-            Some(value) => self
-                .ok(read(value, &self.object.path_of(key)))
-                .unwrap_or(default),
-        }
+        self.fields
+            .get(key)
+            .and_then(|value| self.ok(read(value, &self.object.path_of(key))))
+            .unwrap_or(default)
     }
 
     /// Field `key` as `convert` reads it, or `default` when it is missing. When `convert`
