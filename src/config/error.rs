@@ -79,14 +79,11 @@ impl ConfigError {
 
 /// The error of a field, at `path`, whose value it may not have: `message` says what
 /// it must be.
-pub(super) fn refuse<T>(
-    path: impl Into<String>,
-    message: impl Into<String>,
-) -> Result<T, ConfigError> {
-    Err(ConfigError::new(Problem::Field {
+pub(super) fn refuse<T>(path: impl Into<String>, message: impl Into<String>) -> Result<T, Problem> {
+    Err(Problem::Field {
         path: path.into(),
         message: message.into(),
-    }))
+    })
 }
 
 impl fmt::Display for ConfigError {

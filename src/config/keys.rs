@@ -6,7 +6,7 @@
 
 use serde_json::{Map, Value};
 
-use super::error::{ConfigError, Problem};
+use super::error::Problem;
 
 /// One object of the config whose keys are checked: the path that names its keys in
 /// errors, the keys it may hold, and the keys it may hold that are ignored (never
@@ -82,20 +82,20 @@ impl Object {
 /// unknown key's characters changed, so that `"x"` suggests nothing.
 pub const MAX_SUGGESTION_EDITS: usize = 2;
 
-/// Refuses the first key of `fields` (in the map's order) that `object` does not know.
-///
-/// # Errors
-///
-/// An unknown key, named by its path, with the path of the key probably meant.
-pub(super) fn check(fields: &Map<String, Value>, object: &Object) -> Result<(), ConfigError> {
+/// The keys of `fields` (in the map's order) that `object` does not know, each named by
+/// its path, with the path of the key probably meant.
+pub(super) fn unknown<'a>(
+    fields: &'a Map<String, Value>,
+    object: &'a Object,
+) -> impl Iterator<Item = Problem> + 'a {
     let known = |key: &str| object.keys.contains(&key) || object.ignored.contains(&key);
-    match fields.keys().find(|key| !known(key)) {
-        None => Ok(()),
-        Some(key) => Err(ConfigError::new(Problem::UnknownKey {
+    fields
+        .keys()
+        .filter(move |key| !known(key))
+        .map(|key| Problem::UnknownKey {
             path: object.path_of(key),
             suggestion: suggestion(key, object),
-        })),
-    }
+        })
 }
 
 /// The path of the key `key` was probably meant to be: a key of the same object that
@@ -153,6 +153,15 @@ fn edit_distance(a: &str, b: &str, limit: usize) -> Option<usize> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::config::ConfigError;
+
+    /// The first unknown key of `fields`, as the error that names it.
+    fn check(fields: &Map<String, Value>, object: &Object) -> Result<(), ConfigError> {
+        unknown(fields, object)
+            .next()
+            .map(ConfigError::new)
+            .map_or(Ok(()), Err)
+    }
 
     fn object(json: &str) -> Map<String, Value> {
         match serde_json::from_str(json).unwrap() {

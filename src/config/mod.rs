@@ -119,31 +119,16 @@ impl Default for BusConfig {
     fn default() -> BusConfig {
         BusConfig {
             enabled: false,
-            peers: Peers::Any,
-            max_depth: DEFAULT_MAX_DEPTH,
-            port: 0,
-            secret: None,
-            kind: DEFAULT_KIND.to_owned(),
-            accept_kinds: DEFAULT_ACCEPT_KINDS.map(str::to_owned).to_vec(),
-            max_concurrent_turns: DEFAULT_MAX_CONCURRENT_TURNS,
-            max_queued_turns: DEFAULT_MAX_QUEUED_TURNS,
-            cancel_on_hangup: true,
-            reattach_secs: DEFAULT_REATTACH_SECS,
-            parallel: Vec::new(),
-            chain: Vec::new(),
-            verifier: None,
+            ..BusConfig::open()
         }
     }
 }
 
 impl BusConfig {
-    /// What `"bus": true` means: the bus on, every caller allowed, every other field at
-    /// its default.
+    /// What `"bus": true` (and `"bus": {}`) means: the bus on, every caller allowed, every
+    /// other field at its default.
     pub fn open() -> BusConfig {
-        BusConfig {
-            enabled: true,
-            ..BusConfig::default()
-        }
+        parse::bus_defaults()
     }
 }
 
@@ -306,11 +291,8 @@ impl Preset {
 
     /// The preset's name, which is also its CLI's program name.
     pub fn name(self) -> &'static str {
-        match self {
-            Preset::Claude => "claude",
-            Preset::Codex => "codex",
-            Preset::Gemini => "gemini",
-        }
+        // Each command of `command` is a literal that starts with the program.
+        self.command()[0]
     }
 
     /// Its `engine.command`: the program, then the arguments of its non-interactive

@@ -1,5 +1,6 @@
 //! Parsing and validating the bytes of a `config.json` into a [`Config`]. No I/O.
 
+use std::cell::RefCell;
 use std::collections::BTreeMap;
 
 use serde_json::{Map, Value};
@@ -8,7 +9,8 @@ use super::error::{refuse, ConfigError, Problem, MAX_CONFIG_PROBLEMS};
 use super::keys::{self, Object, BUS, ENGINE, TOP};
 use super::{
     BusConfig, Config, EngineConfig, OutputMode, Peers, Preset, PromptMode, CONFIG_FILE,
-    DEFAULT_ENGINE_MAX_OUTPUT_BYTES, DEFAULT_ENGINE_TIMEOUT_SECS, MAX_CONCURRENT_TURNS_LIMIT,
+    DEFAULT_ACCEPT_KINDS, DEFAULT_KIND, DEFAULT_MAX_CONCURRENT_TURNS, DEFAULT_MAX_DEPTH,
+    DEFAULT_MAX_QUEUED_TURNS, DEFAULT_REATTACH_SECS, MAX_CONCURRENT_TURNS_LIMIT,
     MAX_QUEUED_TURNS_LIMIT, MAX_REATTACH_SECS,
 };
 use crate::protocol::{non_negative_integer, InstanceName};
@@ -31,107 +33,95 @@ pub fn parse(bytes: &[u8]) -> Result<Config, ConfigError> {
         let found = text.strip_suffix(&format!(" {at}")).unwrap_or(&text);
         ConfigError::new(Problem::Syntax(format!("{at}: {found}")))
     })?;
-    let Value::Object(mut top) = value else {
+    let Value::Object(fields) = value else {
         return Err(ConfigError::new(Problem::NotAnObject));
     };
-    // Every problem in one run: each field found wrong is taken out (so it takes its
-    // default) and the rest read again, up to MAX_CONFIG_PROBLEMS.
-    let mut found: Vec<ConfigError> = Vec::new();
-    loop {
-        match parse_object(&top) {
-            Ok(config) if found.is_empty() => return Ok(config),
-            Ok(_) => break,
-            // A required field, taken out, is missing now: said once is enough.
-            Err(e)
-                if e.field()
-                    .is_some_and(|at| found.iter().any(|f| f.field() == Some(at))) =>
-            {
-                break
-            }
-            Err(e) => {
-                let removed = e.field().is_some_and(|path| remove_field(&mut top, path));
-                found.push(e);
-                if !removed || found.len() == MAX_CONFIG_PROBLEMS {
-                    break;
-                }
-            }
-        }
-    }
-    Err(ConfigError {
-        file: CONFIG_FILE.to_owned(),
-        problems: found.into_iter().flat_map(|e| e.problems).collect(),
-    })
-}
-
-/// Takes the field at `path` (`bus.peers`, `bus.peers[1]` takes all of `peers`,
-/// `engine.env.HOME`) out of `top`; whether there was one to take.
-fn remove_field(top: &mut Map<String, Value>, path: &str) -> bool {
-    let path = path.split('[').next().unwrap_or(path);
-    let mut keys: Vec<&str> = path.split('.').collect();
-    let Some(last) = keys.pop() else {
-        return false;
-    };
-    let mut object = top;
-    for key in keys {
-        match object.get_mut(key) {
-            Some(Value::Object(inner)) => object = inner,
-            _ => return false,
-        }
-    }
-    object.remove(last).is_some()
-}
-
-/// [`parse`] of the object `top`, stopping at its first problem.
-fn parse_object(top: &Map<String, Value>) -> Result<Config, ConfigError> {
-    let section = Section::new(top, &TOP)?;
-    Ok(Config {
-        bus: match top.get("bus") {
+    // Every problem in one run (the first MAX_CONFIG_PROBLEMS are shown): a field found
+    // wrong takes its default and the rest is read on.
+    let found = RefCell::new(Vec::new());
+    let top = Section::new(&fields, &TOP, &found);
+    let config = Config {
+        bus: match fields.get("bus") {
             Some(Value::Bool(true)) => BusConfig::open(),
-            Some(Value::Object(section)) => parse_bus(section)?,
+            Some(Value::Object(bus)) => parse_bus(&Section::new(bus, &BUS, &found)),
             // Missing, null, false, or any other non-object: the bus is off.
             _ => BusConfig::default(),
         },
-        budget_usd: section.usd("budgetUsd")?,
-        engine: match top.get("engine") {
-            None | Some(Value::Null) => None,
-            Some(Value::Object(section)) => Some(parse_engine(section)?),
-            Some(_) => return refuse("engine", "must be an object or null"),
-        },
+        budget_usd: top.usd("budgetUsd"),
+        engine: top.read("engine", None, |value, path| match value {
+            Value::Null => Ok(None),
+            Value::Object(engine) => Ok(Some(parse_engine(&Section::new(engine, &ENGINE, &found)))),
+            _ => refuse(path, "must be an object or null"),
+        }),
+    };
+    let mut problems = found.into_inner();
+    if problems.is_empty() {
+        return Ok(config);
+    }
+    problems.truncate(MAX_CONFIG_PROBLEMS);
+    Err(ConfigError {
+        file: CONFIG_FILE.to_owned(),
+        problems,
     })
 }
 
-/// One object of the config, its keys checked, with the path that names its fields in
-/// errors.
+/// One object of the config, with the path that names its fields in problems, and
+/// where the problems found are noted.
 struct Section<'a> {
     fields: &'a Map<String, Value>,
     object: &'static Object,
+    /// The problems found so far, in the order found.
+    found: &'a RefCell<Vec<Problem>>,
 }
 
-impl Section<'_> {
-    /// `fields` as `object`, once its keys are all known ([`keys::check`]).
-    fn new<'a>(
+impl<'a> Section<'a> {
+    /// `fields` as `object`, its unknown keys noted first ([`keys::unknown`]).
+    fn new(
         fields: &'a Map<String, Value>,
         object: &'static Object,
-    ) -> Result<Section<'a>, ConfigError> {
-        keys::check(fields, object)?;
-        Ok(Section { fields, object })
+        found: &'a RefCell<Vec<Problem>>,
+    ) -> Section<'a> {
+        found.borrow_mut().extend(keys::unknown(fields, object));
+        Section {
+            fields,
+            object,
+            found,
+        }
+    }
+
+    /// The value of `result`, or `None` with its problem noted.
+    fn ok<T>(&self, result: Result<T, Problem>) -> Option<T> {
+        result
+            .map_err(|problem| self.found.borrow_mut().push(problem))
+            .ok()
+    }
+
+    /// Field `key` as `read` reads its value (given its path), or `default` when it is
+    /// missing or `read` refuses it (the problem noted).
+    fn read<T>(
+        &self,
+        key: &str,
+        default: T,
+        read: impl FnOnce(&Value, &str) -> Result<T, Problem>,
+    ) -> T {
+        self.fields
+            .get(key)
+            .and_then(|value| self.ok(read(value, &self.object.path_of(key))))
+            .unwrap_or(default)
     }
 
     /// Field `key` as `convert` reads it, or `default` when it is missing. When `convert`
-    /// refuses the value, an error naming the field with `message`.
+    /// refuses the value, a problem naming the field with `message`.
     fn get<T>(
         &self,
         key: &str,
         default: T,
         convert: impl FnOnce(&Value) -> Option<T>,
         message: impl Into<String>,
-    ) -> Result<T, ConfigError> {
-        match self.fields.get(key) {
-            None => Ok(default),
-            Some(value) => {
-                convert(value).map_or_else(|| refuse(self.object.path_of(key), message), Ok)
-            }
-        }
+    ) -> T {
+        self.read(key, default, |value, path| {
+            convert(value).map_or_else(|| refuse(path, message), Ok)
+        })
     }
 
     /// The integer `key` in `min..=max` (converted to `T`), or `default` when absent.
@@ -140,13 +130,7 @@ impl Section<'_> {
     /// readers were merged: a number beyond `u64::MAX` is refused here rather than
     /// saturated, so that a typo like `1e30` in a config is an error and not
     /// "unlimited".
-    fn int<T: TryFrom<u64>>(
-        &self,
-        key: &str,
-        default: T,
-        min: u64,
-        max: u64,
-    ) -> Result<T, ConfigError> {
+    fn int<T: TryFrom<u64>>(&self, key: &str, default: T, min: u64, max: u64) -> T {
         let message = if max == u64::MAX {
             "must be a positive integer".to_owned()
         } else {
@@ -161,12 +145,7 @@ impl Section<'_> {
     }
 
     /// Field `key` as one of `options` (by name), or `default` when it is missing.
-    fn choice<T: Copy>(
-        &self,
-        key: &str,
-        default: T,
-        options: &[(&str, T)],
-    ) -> Result<T, ConfigError> {
+    fn choice<T: Copy>(&self, key: &str, default: T, options: &[(&str, T)]) -> T {
         let quoted: Vec<String> = options
             .iter()
             .map(|(name, _)| format!("\"{name}\""))
@@ -181,24 +160,22 @@ impl Section<'_> {
 
     /// Field `key` as a list of instance names (empty when absent), naming the first
     /// bad item by index.
-    fn names(&self, key: &str) -> Result<Vec<InstanceName>, ConfigError> {
-        let path = self.object.path_of(key);
-        let Some(value) = self.fields.get(key) else {
-            return Ok(Vec::new());
-        };
-        string_list(value, &path, false)?
-            .into_iter()
-            .enumerate()
-            .map(|(i, name)| {
-                InstanceName::new(name)
-                    .or_else(|_| refuse(format!("{path}[{i}]"), "must be an instance name"))
-            })
-            .collect()
+    fn names(&self, key: &str) -> Vec<InstanceName> {
+        self.read(key, Vec::new(), |value, path| {
+            string_list(value, path, false)?
+                .into_iter()
+                .enumerate()
+                .map(|(i, name)| {
+                    InstanceName::new(name)
+                        .or_else(|_| refuse(format!("{path}[{i}]"), "must be an instance name"))
+                })
+                .collect()
+        })
     }
 
     /// Field `key`, an amount of US dollars that may be left out: missing or `null` is
     /// `None`, else a finite number `>= 0`.
-    fn usd(&self, key: &str) -> Result<Option<f64>, ConfigError> {
+    fn usd(&self, key: &str) -> Option<f64> {
         let read = |value: &Value| match value {
             Value::Null => Some(None),
             _ => value
@@ -210,55 +187,66 @@ impl Section<'_> {
     }
 }
 
-fn parse_bus(fields: &Map<String, Value>) -> Result<BusConfig, ConfigError> {
-    let bus = Section::new(fields, &BUS)?;
-    let defaults = BusConfig::default();
-    let peers = parse_peers(fields.get("peers"))?;
-    // Fields are checked in this order; the first bad one is reported.
-    Ok(BusConfig {
+/// What a `bus` object without keys reads as ([`BusConfig::open`]): every field at its
+/// default, the bus on.
+pub(super) fn bus_defaults() -> BusConfig {
+    parse_bus(&Section::new(&Map::new(), &BUS, &RefCell::default()))
+}
+
+/// The `bus` object; a missing key takes its default.
+fn parse_bus(bus: &Section) -> BusConfig {
+    let peers = bus.read("peers", Peers::Any, |value, path| match value {
+        _ if *value == true || *value == "*" => Ok(Peers::Any),
+        Value::Bool(false) => Ok(Peers::Only(Vec::new())),
+        Value::Array(_) => Ok(Peers::Only(string_list(value, path, true)?)),
+        _ => refuse(path, "must be \"*\", true, false or an array of names"),
+    });
+    // Fields are checked in this order.
+    BusConfig {
         // Allowing nobody turns the bus off.
         enabled: peers != Peers::Only(Vec::new()),
         peers,
-        max_depth: bus.int("maxDepth", defaults.max_depth, 1, u64::MAX)?,
-        port: bus.int("port", defaults.port, 0, u64::from(u16::MAX))?,
+        max_depth: bus.int("maxDepth", DEFAULT_MAX_DEPTH, 1, u64::MAX),
+        port: bus.int("port", 0, 0, u64::from(u16::MAX)),
         // An empty string is no secret (`Secret::new` refuses it): one is generated.
         secret: bus.get(
             "secret",
             None,
             |v| v.as_str().map(Secret::new),
             "must be a string",
-        )?,
+        ),
         kind: bus.get(
             "kind",
-            defaults.kind,
+            DEFAULT_KIND.to_owned(),
             non_empty_string,
             "must be a non-empty string",
-        )?,
-        accept_kinds: match fields.get("acceptKinds") {
-            None => defaults.accept_kinds,
-            Some(kinds) => string_list(kinds, "bus.acceptKinds", true)?,
-        },
+        ),
+        accept_kinds: bus.read(
+            "acceptKinds",
+            DEFAULT_ACCEPT_KINDS.map(str::to_owned).to_vec(),
+            |kinds, path| string_list(kinds, path, true),
+        ),
         max_concurrent_turns: bus.int(
             "maxConcurrentTurns",
-            defaults.max_concurrent_turns,
+            DEFAULT_MAX_CONCURRENT_TURNS,
             1,
             MAX_CONCURRENT_TURNS_LIMIT as u64,
-        )?,
+        ),
         max_queued_turns: bus.int(
             "maxQueuedTurns",
-            defaults.max_queued_turns,
+            DEFAULT_MAX_QUEUED_TURNS,
             0,
             MAX_QUEUED_TURNS_LIMIT as u64,
-        )?,
+        ),
         cancel_on_hangup: bus.get(
             "cancelOnHangup",
-            defaults.cancel_on_hangup,
+            true,
             Value::as_bool,
             "must be true or false",
-        )?,
-        reattach_secs: bus.int("reattachSecs", defaults.reattach_secs, 0, MAX_REATTACH_SECS)?,
-        parallel: bus.names("parallel")?,
-        chain: bus.names("chain")?,
+        ),
+        reattach_secs: bus.int("reattachSecs", DEFAULT_REATTACH_SECS, 0, MAX_REATTACH_SECS),
+        parallel: bus.names("parallel"),
+        chain: bus.names("chain"),
         verifier: bus.get(
             "verifier",
             None,
@@ -268,44 +256,29 @@ fn parse_bus(fields: &Map<String, Value>) -> Result<BusConfig, ConfigError> {
                 _ => None,
             },
             "must be an instance name or null",
-        )?,
-    })
-}
-
-/// `bus.peers`: who it allows.
-fn parse_peers(value: Option<&Value>) -> Result<Peers, ConfigError> {
-    match value {
-        None | Some(Value::Bool(true)) => Ok(Peers::Any),
-        Some(Value::String(s)) if s == "*" => Ok(Peers::Any),
-        Some(Value::Bool(false)) => Ok(Peers::Only(Vec::new())),
-        Some(value @ Value::Array(_)) => Ok(Peers::Only(string_list(value, "bus.peers", true)?)),
-        Some(_) => refuse(
-            "bus.peers",
-            "must be \"*\", true, false or an array of names",
         ),
     }
 }
 
-fn parse_engine(fields: &Map<String, Value>) -> Result<EngineConfig, ConfigError> {
-    let engine = Section::new(fields, &ENGINE)?;
+fn parse_engine(engine: &Section) -> EngineConfig {
     // A preset gives the defaults of `command`, `prompt` and `output`; each key set
     // overrides its own.
     let presets = Preset::ALL.map(|p| (p.name(), Some(p)));
-    let preset = engine.choice("preset", None, &presets)?;
+    let preset = engine.choice("preset", None, &presets);
     let defaults = match preset {
         Some(preset) => EngineConfig::from_preset(preset),
         None => EngineConfig::new(Vec::new()),
     };
-    Ok(EngineConfig {
-        command: match (fields.get("command"), preset) {
+    EngineConfig {
+        command: match (engine.fields.get("command"), preset) {
             (None, Some(_)) => defaults.command,
-            (command, _) => parse_command(command)?,
+            (command, _) => engine.ok(parse_command(command)).unwrap_or_default(),
         },
         prompt: engine.choice(
             "prompt",
             defaults.prompt,
             &[("stdin", PromptMode::Stdin), ("arg", PromptMode::Arg)],
-        )?,
+        ),
         output: engine.choice(
             "output",
             defaults.output,
@@ -316,15 +289,10 @@ fn parse_engine(fields: &Map<String, Value>) -> Result<EngineConfig, ConfigError
                 OutputMode::GeminiJson,
             ]
             .map(|o| (o.as_str(), o)),
-        )?,
-        timeout_secs: engine.int("timeoutSecs", DEFAULT_ENGINE_TIMEOUT_SECS, 1, u64::MAX)?,
-        max_output_bytes: engine.int(
-            "maxOutputBytes",
-            DEFAULT_ENGINE_MAX_OUTPUT_BYTES,
-            1,
-            u64::MAX,
-        )?,
-        max_turn_cost_usd: engine.usd("maxTurnCostUsd")?,
+        ),
+        timeout_secs: engine.int("timeoutSecs", defaults.timeout_secs, 1, u64::MAX),
+        max_output_bytes: engine.int("maxOutputBytes", defaults.max_output_bytes, 1, u64::MAX),
+        max_turn_cost_usd: engine.usd("maxTurnCostUsd"),
         cwd: engine.get(
             "cwd",
             None,
@@ -334,14 +302,14 @@ fn parse_engine(fields: &Map<String, Value>) -> Result<EngineConfig, ConfigError
                     .map(|s| Some(s.into()))
             },
             "must be a non-empty string",
-        )?,
-        env: parse_env(fields.get("env"))?,
+        ),
+        env: engine.read("env", BTreeMap::new(), |vars, _| parse_env(engine, vars)),
         preset,
-    })
+    }
 }
 
 /// `engine.command`: a non-empty argv whose program name is not empty.
-fn parse_command(value: Option<&Value>) -> Result<Vec<String>, ConfigError> {
+fn parse_command(value: Option<&Value>) -> Result<Vec<String>, Problem> {
     let path = "engine.command";
     let command = match value {
         None => return refuse(path, "is required (or set engine.preset)"),
@@ -358,12 +326,11 @@ fn parse_command(value: Option<&Value>) -> Result<Vec<String>, ConfigError> {
     }
 }
 
-/// `engine.env`: names that can be environment variables, string values.
-fn parse_env(value: Option<&Value>) -> Result<BTreeMap<String, String>, ConfigError> {
-    let vars = match value {
-        None => return Ok(BTreeMap::new()),
-        Some(Value::Object(vars)) => vars,
-        Some(_) => return refuse("engine.env", "must be an object of strings"),
+/// `engine.env`: names that can be environment variables, string values. Each bad
+/// variable is a problem of its own.
+fn parse_env(engine: &Section, vars: &Value) -> Result<BTreeMap<String, String>, Problem> {
+    let Value::Object(vars) = vars else {
+        return refuse("engine.env", "must be an object of strings");
     };
     let var = |(name, value): (&String, &Value)| match value {
         _ if name.is_empty() || name.contains('=') || name.contains('\0') => refuse(
@@ -373,7 +340,7 @@ fn parse_env(value: Option<&Value>) -> Result<BTreeMap<String, String>, ConfigEr
         Value::String(s) if !s.contains('\0') => Ok((name.clone(), s.clone())),
         _ => refuse(format!("engine.env.{name}"), "must be a string without NUL"),
     };
-    vars.iter().map(var).collect()
+    Ok(vars.iter().filter_map(|v| engine.ok(var(v))).collect())
 }
 
 fn non_empty_string(value: &Value) -> Option<String> {
@@ -382,7 +349,7 @@ fn non_empty_string(value: &Value) -> Option<String> {
 
 /// `value` as a list of strings (non-empty ones if `non_empty`), naming the first bad
 /// item by index.
-fn string_list(value: &Value, path: &str, non_empty: bool) -> Result<Vec<String>, ConfigError> {
+fn string_list(value: &Value, path: &str, non_empty: bool) -> Result<Vec<String>, Problem> {
     let kind = if non_empty {
         "non-empty string"
     } else {
@@ -405,7 +372,7 @@ fn string_list(value: &Value, path: &str, non_empty: bool) -> Result<Vec<String>
 mod tests {
     use super::*;
     use crate::config::tests::default_config_json;
-    use crate::config::DEFAULT_REATTACH_SECS;
+    use crate::config::{DEFAULT_ENGINE_MAX_OUTPUT_BYTES, DEFAULT_ENGINE_TIMEOUT_SECS};
     use std::path::PathBuf;
 
     fn bus_defaults_enabled() -> BusConfig {

@@ -72,14 +72,7 @@ impl TurnOutput {
 pub fn interpret(output: OutputMode, exit: ExitStatus, stdout: &[u8], stderr: &[u8]) -> TurnOutput {
     let stdout_text = String::from_utf8_lossy(stdout);
     let stderr_text = String::from_utf8_lossy(stderr);
-    // Gemini CLI writes its JSON error object to stderr, not stdout.
-    let parsed = match parsers::parse(output, &stdout_text) {
-        Some(Err(Unreadable::NotStructured)) if output == OutputMode::GeminiJson => {
-            parsers::parse(output, &stderr_text)
-        }
-        parsed => parsed,
-    };
-    let report = match parsed.transpose() {
+    let report = match parsers::parse(output, &stdout_text, &stderr_text).transpose() {
         Ok(report) => report,
         // Bad usage is bad output, whatever else the engine said. The turn still
         // counts, at no cost: nothing it reported can be trusted.
@@ -125,7 +118,9 @@ pub fn interpret(output: OutputMode, exit: ExitStatus, stdout: &[u8], stderr: &[
                 fallback,
                 ..
             }) => {
-                let code = classify(&error).unwrap_or(fallback);
+                let code = classify(&error)
+                    .or(fallback)
+                    .unwrap_or(ErrorCode::EngineCli);
                 TurnResult::Failed(Failure::new(code, bounded(&error)))
             }
             Some(Report {

@@ -19,16 +19,16 @@ pub const MAX_TURN_TOKENS: u64 = 1_000_000_000;
 pub const MAX_SESSION_ID_CHARS: usize = 128;
 
 /// What a structured engine's stdout said.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, Default)]
 pub struct Report {
     /// The reply text, when the engine gave one.
     pub reply: Option<String>,
     /// The engine's own account of a failure (claude `is_error` or an error subtype,
     /// codex `turn.failed` or `error`, gemini `error`), when it gave one.
     pub error: Option<String>,
-    /// The code of such a failure when no classification rule matches its text:
-    /// `unknown` for a claude `is_error` without an error subtype, else `engine_cli`.
-    pub fallback: ErrorCode,
+    /// The code of such a failure when no classification rule matches its text, when it
+    /// is not `engine_cli`: `unknown` for a claude `is_error` without an error subtype.
+    pub fallback: Option<ErrorCode>,
     /// The usage reported: absent fields count as 0.
     pub usage: TurnUsage,
     /// The CLI's session (conversation, thread) id, when it reported a plausible one.
@@ -45,13 +45,18 @@ pub enum Unreadable {
     BadUsage(String),
 }
 
-/// Reads `stdout` with the parser of `mode` (`None` for `"text"`, which has none).
-pub fn parse(mode: OutputMode, stdout: &str) -> Option<Result<Report, Unreadable>> {
+/// Reads `stdout` with the parser of `mode` (`None` for `"text"`, which has none); for
+/// Gemini CLI, `stderr` when `stdout` holds no object.
+pub fn parse(mode: OutputMode, stdout: &str, stderr: &str) -> Option<Result<Report, Unreadable>> {
     match mode {
         OutputMode::Text => None,
         OutputMode::Json => Some(claude(stdout)),
         OutputMode::CodexJsonl => Some(codex(stdout)),
-        OutputMode::GeminiJson => Some(gemini(stdout)),
+        OutputMode::GeminiJson => Some(match gemini(stdout) {
+            // Gemini CLI writes its JSON error object to stderr, not stdout.
+            Err(Unreadable::NotStructured) => gemini(stderr),
+            read => read,
+        }),
     }
 }
 
@@ -102,7 +107,7 @@ pub fn claude(stdout: &str) -> Result<Report, Unreadable> {
     Ok(Report {
         reply: result.filter(|_| !failed).map(str::to_owned),
         error: failed.then(message),
-        fallback: subtype.map_or(ErrorCode::Unknown, |_| ErrorCode::EngineCli),
+        fallback: subtype.is_none().then_some(ErrorCode::Unknown),
         usage,
         session_id: session_id(value.get("session_id")),
     })
@@ -115,13 +120,7 @@ pub fn claude(stdout: &str) -> Result<Report, Unreadable> {
 /// `message`) not followed by a `turn.completed` is a failure; the session id is `thread.started`'s `thread_id`. Lines
 /// that are not JSON objects (a warning) are skipped; no event at all is unreadable.
 pub fn codex(stdout: &str) -> Result<Report, Unreadable> {
-    let mut report = Report {
-        reply: None,
-        error: None,
-        fallback: ErrorCode::EngineCli,
-        usage: TurnUsage::default(),
-        session_id: None,
-    };
+    let mut report = Report::default();
     let events: Vec<Value> = stdout
         .lines()
         .filter_map(|line| serde_json::from_str::<Value>(line).ok())
@@ -200,9 +199,9 @@ pub fn gemini(stdout: &str) -> Result<Report, Unreadable> {
     Ok(Report {
         reply: string(value.get("response")),
         error,
-        fallback: ErrorCode::EngineCli,
         usage,
         session_id: session_id(value.get("session_id")),
+        ..Report::default()
     })
 }
 
@@ -367,9 +366,9 @@ mod tests {
             }
         );
         // Only a plain `is_error` falls back to `unknown`; an error subtype is the CLI's.
-        assert_eq!(report.fallback, ErrorCode::Unknown);
+        assert_eq!(report.fallback, Some(ErrorCode::Unknown));
         let stopped = claude(r#"{"subtype":"error_max_turns"}"#).unwrap();
-        assert_eq!(stopped.fallback, ErrorCode::EngineCli);
+        assert_eq!(stopped.fallback, None);
         assert_eq!(claude("not json"), Err(Unreadable::NotStructured));
         assert_eq!(claude("[1]"), Err(Unreadable::NotStructured));
     }

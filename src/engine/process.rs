@@ -23,6 +23,7 @@ use super::preflight;
 use super::running::RunningEngines;
 use super::Turn;
 use crate::config::{EngineConfig, PromptMode};
+use crate::files::group_has_live_member;
 use crate::protocol::ErrorCode;
 use rustix::event::{PollFd, PollFlags, Timespec};
 use rustix::fd::{AsFd, OwnedFd};
@@ -286,7 +287,9 @@ fn supervise(
                 Err(_) => return Ok(Some(stop.unwrap_or(Stop::WatchFailed))),
             }
         }
-        if group_waits && (kill_at.is_none_or(|k| now >= k) || !running.group_alive(child)) {
+        // The engine is not reaped yet, so its group id is still its own.
+        let group_gone = || !group_has_live_member(child.id(), child.id());
+        if group_waits && (kill_at.is_none_or(|k| now >= k) || group_gone()) {
             running.signal(child, Signal::KILL);
             group_waits = false;
         }

@@ -3,11 +3,14 @@
 //! and so that the leftover reaper ([`super::reaper`]) never mistakes an engine for a
 //! leftover.
 
+use super::reaper::LEFTOVER_POLL;
+use crate::files::children_of;
 use rustix::process::{Pid, Signal};
 use std::collections::HashSet;
 use std::io;
 use std::process::{Child, Command, ExitStatus};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
+use std::thread;
 use std::time::{Duration, Instant};
 
 /// How long serve, stopping, waits for its engines' leftovers to be killed and reaped
@@ -22,8 +25,6 @@ pub struct RunningEngines {
     state: Arc<Mutex<State>>,
     /// Signalled when an engine exited: its leftovers may now be ours.
     nudged: Arc<Condvar>,
-    /// Signalled when the reaper finished a pass ([`State::passes`]).
-    passed: Arc<Condvar>,
 }
 
 #[derive(Debug, Default)]
@@ -35,53 +36,29 @@ pub(super) struct State {
     pub(super) nudged: bool,
     /// The leftover reaper runs ([`super::contain_leftovers`]).
     pub(super) reaper_runs: bool,
-    /// Passes the reaper has finished (each looks for leftovers once).
-    passes: u64,
-    /// Leftovers the reaper is still killing, as of its last pass.
-    leftovers: usize,
 }
 
 impl RunningEngines {
-    /// Records, for [`RunningEngines::wait_contained`], that the reaper finished a pass
-    /// with `leftovers` leftovers still being killed.
-    pub(super) fn passed(&self, state: &mut State, leftovers: usize) {
-        state.passes = state.passes.wrapping_add(1);
-        state.leftovers = leftovers;
-        self.passed.notify_all();
-    }
-
-    /// Waits, at most [`SHUTDOWN_CONTAIN_LIMIT`], until no engine runs and the leftover reaper has looked
-    /// for leftovers after that and found none left (each got SIGTERM, SIGKILL after
-    /// its grace, and was reaped); whether that happened. For shutdown: what serve
-    /// leaves when it exits is no longer its to kill. Without the reaper running there
-    /// is nothing to wait for.
+    /// Waits, at most [`SHUTDOWN_CONTAIN_LIMIT`], until this process has no child left:
+    /// no engine runs and every leftover got SIGTERM, SIGKILL after its grace, and was
+    /// reaped; whether that happened. For shutdown: what serve leaves when it exits is
+    /// no longer its to kill. Without the leftover reaper running there is nothing to
+    /// wait for.
     pub fn wait_contained(&self) -> bool {
         let deadline = Instant::now() + SHUTDOWN_CONTAIN_LIMIT;
-        let mut state = self.lock();
-        if !state.reaper_runs {
-            return true;
-        }
-        // The pass count once no engine ran: two passes later, one began after that.
-        let mut since: Option<u64> = None;
         loop {
-            if state.engines.is_empty() {
-                let start = *since.get_or_insert(state.passes);
-                if state.passes.wrapping_sub(start) >= 2 && state.leftovers == 0 {
-                    return true;
-                }
+            let mut state = self.lock();
+            if !state.reaper_runs || children_of(std::process::id()).is_empty() {
+                return true;
             }
-            let now = Instant::now();
-            if now >= deadline {
+            if Instant::now() >= deadline {
                 return false;
             }
             // Look at once rather than at the next scan interval.
             state.nudged = true;
             self.nudged.notify_all();
-            state = self
-                .passed
-                .wait_timeout(state, deadline - now)
-                .unwrap_or_else(PoisonError::into_inner)
-                .0;
+            drop(state);
+            thread::sleep(LEFTOVER_POLL);
         }
     }
 
@@ -125,17 +102,6 @@ impl RunningEngines {
     pub(super) fn signal(&self, engine: &Child, signal: Signal) {
         let _state = self.lock();
         kill_tree(engine.id(), signal);
-    }
-
-    /// Whether a process that has not exited is left in the group of `engine`, which
-    /// is not reaped yet (so its group id is still its own): one besides the engine.
-    pub(super) fn group_alive(&self, engine: &Child) -> bool {
-        let pid = engine.id();
-        let gone = i32::try_from(pid)
-            .ok()
-            .and_then(Pid::from_raw)
-            .is_none_or(|pid| rustix::process::test_kill_process_group(pid).is_err());
-        !gone && crate::files::group_has_live_member(pid, pid)
     }
 
     /// Waits until an engine exited ([`RunningEngines::nudge`]) or `timeout` passed.
