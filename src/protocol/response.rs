@@ -117,11 +117,7 @@ pub fn parse_answer(status: u16, body: &[u8]) -> Result<Envelope, ResponseError>
         duration_ms: optional(&object, "durationMs", non_negative_integer)?.unwrap_or(0),
         protocol_version: optional(&object, "protocolVersion", non_negative_integer)?,
         capabilities: optional(&object, "capabilities", strings)?,
-        failure: if success {
-            None
-        } else {
-            Some(failure(status, &object)?)
-        },
+        failure: (!success).then(|| failure(status, &object)).transpose()?,
         usage: object.get("usage").and_then(UsageReport::from_value),
     })
 }
@@ -135,11 +131,9 @@ fn failure(status: u16, object: &Map<String, Value>) -> Result<Failure, Response
     };
     let retryable = optional(object, "retryable", Value::as_bool)?;
     let error = given.unwrap_or_else(|| format!("peer reported a failure ({code})"));
-    let failure = Failure::new(code, error);
-    Ok(Failure {
-        retryable: retryable.unwrap_or(failure.retryable),
-        ..failure
-    })
+    let mut failure = Failure::new(code, error);
+    failure.retryable = retryable.unwrap_or(failure.retryable);
+    Ok(failure)
 }
 
 impl UsageReport {
@@ -159,6 +153,11 @@ impl UsageReport {
     }
 }
 
+/// A JSON non-negative integer that fits in `T`.
+fn integer<T: TryFrom<u64>>(value: &Value) -> Option<T> {
+    non_negative_integer(value).and_then(|n| T::try_from(n).ok())
+}
+
 /// Parses a health answer, ignoring fields this build does not know. Only `kind`,
 /// `instance` and `status` are required; `pid`, `protocolVersion`, `capabilities`,
 /// `turns`, `busEnabled` and `proof` are read when they have the right shape and left out
@@ -174,28 +173,18 @@ pub fn parse_health(body: &[u8]) -> Result<Health, ResponseError> {
             .and_then(string)
             .ok_or(ResponseError::FieldType(name))
     };
-    let counter = |turns: &Value, name: &str| {
-        turns
-            .get(name)
-            .and_then(non_negative_integer)
-            .and_then(|n| usize::try_from(n).ok())
-    };
     let turns = object.get("turns").and_then(|turns| {
         Some(TurnLoad {
-            running: counter(turns, "running")?,
-            queued: counter(turns, "queued")?,
-            max: counter(turns, "max")?,
+            running: turns.get("running").and_then(integer)?,
+            queued: turns.get("queued").and_then(integer)?,
+            max: turns.get("max").and_then(integer)?,
         })
     });
     Ok(Health {
         kind: field("kind")?,
         instance: field("instance")?,
         status: field("status")?,
-        pid: object
-            .get("pid")
-            .and_then(non_negative_integer)
-            .and_then(|p| u32::try_from(p).ok())
-            .unwrap_or(0),
+        pid: object.get("pid").and_then(integer).unwrap_or(0),
         protocol_version: object.get("protocolVersion").and_then(non_negative_integer),
         capabilities: object
             .get("capabilities")
