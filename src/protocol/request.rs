@@ -139,17 +139,15 @@ pub fn parse_talk_request(body: &[u8]) -> Result<TalkRequest, RequestError> {
         Some(Value::String(s)) => s,
         _ => return Err(RequestError::Prompt),
     };
-    let depth_value = object.get("depth");
-    let depth = depth_value
-        .and_then(non_negative_integer)
-        .ok_or(RequestError::Depth)?;
     // A whole `f64` may be a rounded fraction (`1e-400` reads as 0): then the text
     // decides. Plain integers are exact and need no second look.
-    if depth_value.is_some_and(|v| !v.is_u64())
-        && !top_level_text(text, "depth").is_some_and(|t| is_integer_text(&t))
-    {
-        return Err(RequestError::Depth);
-    }
+    let exact =
+        |v: &&Value| v.is_u64() || top_level_text(text, "depth").is_some_and(is_integer_text);
+    let depth = object
+        .get("depth")
+        .filter(exact)
+        .and_then(non_negative_integer)
+        .ok_or(RequestError::Depth)?;
     if let Some(version) = object.get("protocolVersion") {
         if non_negative_integer(version) != Some(PROTOCOL_VERSION) {
             return Err(RequestError::ProtocolVersion);
@@ -171,9 +169,9 @@ pub fn parse_talk_request(body: &[u8]) -> Result<TalkRequest, RequestError> {
 
 /// The raw text of the top-level field `key` of `text`, a JSON object serde_json
 /// has already accepted (the last one when the key repeats, as `Value` keeps it).
-fn top_level_text(text: &str, key: &str) -> Option<String> {
+fn top_level_text<'a>(text: &'a str, key: &str) -> Option<&'a str> {
     let fields: BTreeMap<String, &RawValue> = serde_json::from_str(text).ok()?;
-    fields.get(key).map(|raw| raw.get().to_owned())
+    fields.get(key).map(|raw| raw.get())
 }
 
 /// Whether `text`, a JSON number serde_json has already accepted, denotes an integer
