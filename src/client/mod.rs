@@ -299,14 +299,7 @@ pub fn delegate(options: &DelegateOptions) -> Result<Reply, DelegateError> {
         let Err(error) = outcome else {
             return outcome;
         };
-        match retry::decide(
-            &error,
-            retries_done,
-            options.retries,
-            dedupes,
-            &backoff,
-            jitter_random(),
-        ) {
+        match retry::decide(&error, options.retries - retries_done, dedupes) {
             retry::Decision::GiveUp => return Err(error),
             retry::Decision::WouldRunTwice => {
                 return Err(DelegateError::NotRetried {
@@ -314,7 +307,8 @@ pub fn delegate(options: &DelegateOptions) -> Result<Reply, DelegateError> {
                     error: Box::new(error),
                 })
             }
-            retry::Decision::Retry(after) => {
+            retry::Decision::Retry => {
+                let after = backoff.delay(retries_done, jitter_random());
                 retries_done += 1;
                 log::info!(
                     "retry {retries_done} of {} to {} in {} ms, after: {error} [{}]",

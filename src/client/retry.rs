@@ -22,8 +22,8 @@ pub const DEFAULT_BACKOFF_CAP: Duration = Duration::from_secs(10);
 /// What to do after a failed attempt.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Decision {
-    /// Try again after this long.
-    Retry(Duration),
+    /// Try again, after [`Backoff::delay`].
+    Retry,
     /// Stop: the failure is not retryable, or no retries are left.
     GiveUp,
     /// Stop although retries are left: the failure may have run the turn and the peer
@@ -60,24 +60,16 @@ impl Backoff {
     }
 }
 
-/// Decides what follows the failed attempt `failed`, when `retries_done` retries have
-/// already been made of the `retries` allowed, against a peer that deduplicates
-/// requests (`peer_dedupes`: its health listed `idempotent-requests`) or not; `random`
-/// picks the backoff.
-pub fn decide(
-    failed: &DelegateError,
-    retries_done: u32,
-    retries: u32,
-    peer_dedupes: bool,
-    backoff: &Backoff,
-    random: u64,
-) -> Decision {
-    if !failed.retryable() || retries_done >= retries {
+/// Decides what follows the failed attempt `failed`, when `retries_left` of the retries
+/// allowed have not been made yet, against a peer that deduplicates requests
+/// (`peer_dedupes`: its health listed `idempotent-requests`) or not.
+pub fn decide(failed: &DelegateError, retries_left: u32, peer_dedupes: bool) -> Decision {
+    if !failed.retryable() || retries_left == 0 {
         Decision::GiveUp
     } else if failed.may_have_run() && !peer_dedupes {
         Decision::WouldRunTwice
     } else {
-        Decision::Retry(backoff.delay(retries_done, random))
+        Decision::Retry
     }
 }
 
@@ -166,7 +158,6 @@ mod tests {
     #[test]
     fn decision_table() {
         use crate::protocol::{ErrorCode, Failure};
-        let backoff = DEFAULT;
         let t = || "worker".to_owned();
         // (retryable, may have run the turn): one failure of each kind.
         let failed = |retryable, may_have_run| match (retryable, may_have_run) {
@@ -221,14 +212,9 @@ mod tests {
                 ),
                 "{failure:?}"
             );
-            let got = decide(&failure, done, allowed, dedupes, &backoff, 1);
-            match want {
-                Some(want) => assert_eq!(got, want, "{failure:?} {done}/{allowed} {dedupes}"),
-                None => match got {
-                    Decision::Retry(after) => assert!(after <= backoff.ceiling(done)),
-                    other => panic!("{failure:?} {done}/{allowed} {dedupes}: {other:?}"),
-                },
-            }
+            let got = decide(&failure, allowed - done, dedupes);
+            let want = want.unwrap_or(Decision::Retry);
+            assert_eq!(got, want, "{failure:?} {done}/{allowed} {dedupes}");
         }
     }
 
@@ -267,11 +253,8 @@ mod tests {
             (remote(ErrorCode::ServerBusy), false, None),
         ];
         for (error, dedupes, want) in cases {
-            let got = decide(&error, 0, 3, dedupes, &DEFAULT, 1);
-            match want {
-                Some(want) => assert_eq!(got, want, "{error:?} {dedupes}"),
-                None => assert!(matches!(got, Decision::Retry(_)), "{error:?}: {got:?}"),
-            }
+            let got = decide(&error, 3, dedupes);
+            assert_eq!(got, want.unwrap_or(Decision::Retry), "{error:?} {dedupes}");
         }
     }
 }

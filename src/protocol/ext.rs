@@ -199,18 +199,16 @@ pub fn parse_ext(ext: Option<&Value>) -> Result<RequestExt, ExtError> {
         Some(Value::Bool(true)) if request_id.is_some() => true,
         Some(_) => return Err(ExtError::Cancel),
     };
-    let trace_id = id(ext, "traceId", TraceId::new, ExtError::TraceId)?;
-    let parent_request_id = id(
-        ext,
-        "parentRequestId",
-        RequestId::new,
-        ExtError::ParentRequestId,
-    )?;
     Ok(RequestExt {
         cancel,
         request_id,
-        trace_id,
-        parent_request_id,
+        trace_id: id(ext, "traceId", TraceId::new, ExtError::TraceId)?,
+        parent_request_id: id(
+            ext,
+            "parentRequestId",
+            RequestId::new,
+            ExtError::ParentRequestId,
+        )?,
     })
 }
 
