@@ -50,13 +50,6 @@ pub(super) struct Proven {
     pub capabilities: Vec<String>,
 }
 
-impl Proven {
-    /// Whether the target's health listed `capability`.
-    pub fn lists(&self, capability: &str) -> bool {
-        self.capabilities.iter().any(|c| c == capability)
-    }
-}
-
 /// Looks the target up in the registry and proves it: the connection whose health
 /// probe of exactly the entry's address matched (name, kind, and for an entry with
 /// `proof: true` a valid proof of the entry's secret, contract 6.1), and, for an entry
@@ -109,11 +102,10 @@ pub(super) fn prove(options: &DelegateOptions) -> Result<Proven, DelegateError> 
         registry::check_connection_owner(peer, local)
             .map_err(|refusal| refused(ProbeError::NotSameUser(refusal)))?;
     }
-    let capabilities = probed.answer.health.capabilities;
     Ok(Proven {
         entry,
         connection,
-        capabilities,
+        capabilities: probed.answer.health.capabilities,
     })
 }
 
@@ -130,7 +122,7 @@ pub(super) fn send(
     mut request: TalkRequest,
     timeout: Duration,
 ) -> Result<ReceivedResponse, DelegateError> {
-    if !peer.lists(TRACE_CONTEXT) {
+    if !peer.capabilities.iter().any(|c| c == TRACE_CONTEXT) {
         request.ext.trace_id = None;
         request.ext.parent_request_id = None;
     }

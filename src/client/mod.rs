@@ -292,7 +292,7 @@ pub fn delegate(options: &DelegateOptions) -> Result<Reply, DelegateError> {
     let mut dedupes = false;
     loop {
         let outcome = attempt::prove(options).and_then(|peer| {
-            dedupes = peer.lists(IDEMPOTENT_REQUESTS);
+            dedupes = peer.capabilities.iter().any(|c| c == IDEMPOTENT_REQUESTS);
             let response = attempt::send(options, peer, request.clone(), options.timeout)?;
             attempt::interpret(&options.target, response, &request_id, &trace.trace_id)
         });
