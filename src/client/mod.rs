@@ -49,7 +49,7 @@ use std::fmt;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, UNIX_EPOCH};
 
 mod attempt;
 mod cancel;
@@ -331,14 +331,9 @@ const STOP_POLL: Duration = Duration::from_millis(50);
 /// Waits `after` before a retry: `true`, and sooner, when the delegation's stop flag
 /// is set meanwhile (or already was).
 fn stopped_during(options: &DelegateOptions, after: Duration) -> bool {
-    let stopped = || {
-        options
-            .stop
-            .as_ref()
-            .is_some_and(|s| s.load(Ordering::SeqCst))
-    };
+    let stop = options.stop.as_deref();
     let until = Instant::now() + after;
-    while !stopped() {
+    while !stop.is_some_and(|s| s.load(Ordering::SeqCst)) {
         let left = until.saturating_duration_since(Instant::now());
         if left.is_zero() {
             return false;
@@ -351,14 +346,8 @@ fn stopped_during(options: &DelegateOptions, after: Duration) -> bool {
 /// A random number for the retry jitter, from the OS (from the clock if that fails:
 /// jitter only spreads retries apart).
 fn jitter_random() -> u64 {
-    secret::random_bytes::<8>().map_or_else(
-        |_| {
-            std::time::UNIX_EPOCH
-                .elapsed()
-                .map_or(0, |d| d.subsec_nanos().into())
-        },
-        u64::from_le_bytes,
-    )
+    let clock = |_| UNIX_EPOCH.elapsed().map_or(0, |d| d.subsec_nanos().into());
+    secret::random_bytes::<8>().map_or_else(clock, u64::from_le_bytes)
 }
 
 #[cfg(test)]
