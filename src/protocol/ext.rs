@@ -46,18 +46,9 @@ impl RequestId {
         let form = form && (MIN_REQUEST_ID_LEN..=MAX_REQUEST_ID_LEN).contains(&id.len());
         form.then_some(RequestId(id)).ok_or(InvalidRequestId)
     }
-
-    /// The id as sent.
-    pub fn as_str(&self) -> &str {
-        &self.0
-    }
 }
 
-impl fmt::Display for RequestId {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.0)
-    }
-}
+string_type!(RequestId);
 
 /// A trace id: 32 lowercase hex digits, not all zeros (the W3C trace-id form, contract
 /// 8.4). It names one tree of delegations.
@@ -90,18 +81,9 @@ impl TraceId {
         let form = is_lower_hex(&id, TRACE_ID_LEN) && not_all_zeros(&id);
         form.then_some(TraceId(id)).ok_or(InvalidTraceId)
     }
-
-    /// The id as sent.
-    pub fn as_str(&self) -> &str {
-        &self.0
-    }
 }
 
-impl fmt::Display for TraceId {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.0)
-    }
-}
+string_type!(TraceId);
 
 /// The engine's environment variable that names its turn's trace (contract 8.4).
 pub const TRACE_ID_VAR: &str = "LOOPBUS_TRACE_ID";

@@ -51,12 +51,9 @@ impl InstanceName {
             Err(InvalidInstanceName(name))
         }
     }
-
-    /// The name as a string slice.
-    pub fn as_str(&self) -> &str {
-        &self.0
-    }
 }
+
+string_type!(InstanceName);
 
 impl InvalidInstanceName {
     /// The text that was refused.
@@ -110,12 +107,6 @@ impl PartialEq<str> for InstanceName {
 impl PartialEq<&str> for InstanceName {
     fn eq(&self, other: &&str) -> bool {
         self.0 == *other
-    }
-}
-
-impl fmt::Display for InstanceName {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.0)
     }
 }
 
