@@ -201,11 +201,8 @@ fn id<T, E>(
     new: fn(String) -> Result<T, E>,
     error: ExtError,
 ) -> Result<Option<T>, ExtError> {
-    match ext.get(key) {
-        None => Ok(None),
-        Some(Value::String(id)) => new(id.clone()).map(Some).map_err(|_| error),
-        Some(_) => Err(error),
-    }
+    let read = |v: &Value| new(v.as_str()?.to_owned()).ok();
+    ext.get(key).map(|v| read(v).ok_or(error)).transpose()
 }
 
 #[cfg(test)]

@@ -40,11 +40,10 @@ impl InstanceName {
     pub fn new(name: impl Into<String>) -> Result<InstanceName, InvalidInstanceName> {
         let name = name.into();
         let bytes = name.as_bytes();
+        let in_set = |c: &u8| c.is_ascii_alphanumeric() || matches!(c, b'.' | b'_' | b'-');
         let valid = bytes.first().is_some_and(u8::is_ascii_alphanumeric)
             && bytes.len() <= MAX_INSTANCE_NAME_LEN
-            && bytes
-                .iter()
-                .all(|&c| c.is_ascii_alphanumeric() || matches!(c, b'.' | b'_' | b'-'));
+            && bytes.iter().all(in_set);
         if valid {
             Ok(InstanceName(name))
         } else {
