@@ -44,9 +44,7 @@ impl fmt::Display for ResponseError {
             Self::NotJson => f.write_str("response body is not valid JSON"),
             Self::NotObject => f.write_str("response body is not a JSON object"),
             Self::Success => f.write_str("response has no boolean `success`"),
-            Self::FieldType(field) => {
-                write!(f, "response field `{field}` has the wrong type")
-            }
+            Self::FieldType(field) => write!(f, "response field `{field}` has the wrong type"),
         }
     }
 }
