@@ -274,10 +274,6 @@ pub fn delegate(options: &DelegateOptions) -> Result<Reply, DelegateError> {
     let request_id = request_id.map_err(no_randomness)?;
     let trace = options.trace.clone().map_or_else(TraceContext::new, Ok);
     let trace = trace.map_err(no_randomness)?;
-    let backoff = retry::Backoff {
-        base: options.backoff_base,
-        cap: options.backoff_cap,
-    };
     let ext = RequestExt {
         request_id: Some(request_id.clone()),
         trace_id: Some(trace.trace_id.clone()),
@@ -308,7 +304,7 @@ pub fn delegate(options: &DelegateOptions) -> Result<Reply, DelegateError> {
                 })
             }
             retry::Decision::Retry => {
-                let after = backoff.delay(retries_done, jitter_random());
+                let after = options.backoff_delay(retries_done, jitter_random());
                 retries_done += 1;
                 log::info!(
                     "retry {retries_done} of {} to {} in {} ms, after: {error} [{}]",

@@ -9,7 +9,7 @@
 //! only against a peer whose health listed `idempotent-requests`: that peer attaches
 //! the retry to the turn (contract 8.2), any other would run it a second time.
 
-use super::DelegateError;
+use super::{DelegateError, DelegateOptions};
 use std::time::Duration;
 
 /// The first retry's backoff ceiling, unless `DelegateOptions::backoff_base` says
@@ -22,7 +22,7 @@ pub const DEFAULT_BACKOFF_CAP: Duration = Duration::from_secs(10);
 /// What to do after a failed attempt.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Decision {
-    /// Try again, after [`Backoff::delay`].
+    /// Try again, after [`DelegateOptions::backoff_delay`].
     Retry,
     /// Stop: the failure is not retryable, or no retries are left.
     GiveUp,
@@ -31,31 +31,23 @@ pub enum Decision {
     WouldRunTwice,
 }
 
-/// Exponential backoff with full jitter.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Backoff {
-    /// The first retry's ceiling.
-    pub base: Duration,
-    /// The largest ceiling.
-    pub cap: Duration,
-}
-
-impl Backoff {
-    /// The ceiling of retry `retry` (from 0): `min(cap, base * 2^retry)`, without
-    /// overflow.
-    pub fn ceiling(&self, retry: u32) -> Duration {
+/// Exponential backoff with full jitter, between `backoff_base` and `backoff_cap`.
+impl DelegateOptions {
+    /// The ceiling of retry `retry` (from 0): `min(backoff_cap, backoff_base * 2^retry)`,
+    /// without overflow.
+    pub(super) fn backoff_ceiling(&self, retry: u32) -> Duration {
         let factor = 1u32.checked_shl(retry).unwrap_or(u32::MAX);
-        self.base
+        self.backoff_base
             .checked_mul(factor)
             .unwrap_or(Duration::MAX)
-            .min(self.cap)
+            .min(self.backoff_cap)
     }
 
-    /// How long retry `retry` waits: uniform in `[0, ceiling(retry)]`, to the
+    /// How long retry `retry` waits: uniform in `[0, backoff_ceiling(retry)]`, to the
     /// microsecond, given a uniform `random` number (the modulo's bias is far below
     /// what jitter cares for).
-    pub fn delay(&self, retry: u32, random: u64) -> Duration {
-        let ceiling = u64::try_from(self.ceiling(retry).as_micros()).unwrap_or(u64::MAX);
+    pub(super) fn backoff_delay(&self, retry: u32, random: u64) -> Duration {
+        let ceiling = u64::try_from(self.backoff_ceiling(retry).as_micros()).unwrap_or(u64::MAX);
         Duration::from_micros(random % ceiling.saturating_add(1))
     }
 }
@@ -77,17 +69,27 @@ pub fn decide(failed: &DelegateError, retries_left: u32, peer_dedupes: bool) -> 
 mod tests {
     use super::*;
 
+    /// Options with this backoff; nothing else of them matters here.
+    fn with_backoff(base: Duration, cap: Duration) -> DelegateOptions {
+        let name = |s: &str| crate::protocol::InstanceName::new(s).unwrap();
+        let bus = crate::config::BusConfig::default();
+        DelegateOptions {
+            backoff_base: base,
+            backoff_cap: cap,
+            ..DelegateOptions::new("/r", name("a"), bus, name("b"), "p")
+        }
+    }
+
     /// The default backoff.
-    const DEFAULT: Backoff = Backoff {
-        base: DEFAULT_BACKOFF_BASE,
-        cap: DEFAULT_BACKOFF_CAP,
-    };
+    fn default() -> DelegateOptions {
+        with_backoff(DEFAULT_BACKOFF_BASE, DEFAULT_BACKOFF_CAP)
+    }
 
     const MS: fn(u64) -> Duration = Duration::from_millis;
 
     #[test]
     fn ceilings_double_up_to_the_cap() {
-        let backoff = DEFAULT;
+        let backoff = default();
         let cases = [
             (0, MS(250)),
             (1, MS(500)),
@@ -99,18 +101,15 @@ mod tests {
             (u32::MAX, MS(10_000)),
         ];
         for (retry, want) in cases {
-            assert_eq!(backoff.ceiling(retry), want, "retry {retry}");
+            assert_eq!(backoff.backoff_ceiling(retry), want, "retry {retry}");
         }
-        let huge = Backoff {
-            base: Duration::MAX,
-            cap: Duration::MAX,
-        };
-        assert_eq!(huge.ceiling(3), Duration::MAX);
+        let huge = with_backoff(Duration::MAX, Duration::MAX);
+        assert_eq!(huge.backoff_ceiling(3), Duration::MAX);
     }
 
     #[test]
     fn delays_are_full_jitter_within_the_ceiling() {
-        let backoff = DEFAULT;
+        let backoff = default();
         // splitmix64 stands in for the OS's random numbers.
         let mut state = 7u64;
         let mut random = || {
@@ -123,36 +122,39 @@ mod tests {
             let mut lowest = Duration::MAX;
             let mut highest = Duration::ZERO;
             for _ in 0..2_000 {
-                let delay = backoff.delay(retry, random());
-                assert!(delay <= backoff.ceiling(retry), "retry {retry}: {delay:?}");
+                let delay = backoff.backoff_delay(retry, random());
+                assert!(
+                    delay <= backoff.backoff_ceiling(retry),
+                    "retry {retry}: {delay:?}"
+                );
                 lowest = lowest.min(delay);
                 highest = highest.max(delay);
             }
             // Full jitter: the whole range is used, from near zero to near the ceiling.
-            assert!(lowest < backoff.ceiling(retry) / 20, "retry {retry}");
-            assert!(highest > backoff.ceiling(retry) * 19 / 20, "retry {retry}");
+            assert!(
+                lowest < backoff.backoff_ceiling(retry) / 20,
+                "retry {retry}"
+            );
+            assert!(
+                highest > backoff.backoff_ceiling(retry) * 19 / 20,
+                "retry {retry}"
+            );
         }
-        let none = Backoff {
-            base: Duration::ZERO,
-            cap: Duration::ZERO,
-        };
-        assert_eq!(none.delay(4, u64::MAX), Duration::ZERO);
+        let none = with_backoff(Duration::ZERO, Duration::ZERO);
+        assert_eq!(none.backoff_delay(4, u64::MAX), Duration::ZERO);
     }
 
     #[test]
     fn the_same_random_gives_the_same_delay_and_the_ends_are_reached() {
-        let backoff = DEFAULT;
-        assert_eq!(backoff.delay(3, 42), backoff.delay(3, 42));
-        assert_ne!(backoff.delay(3, 42), backoff.delay(3, 43));
-        let ceiling = backoff.ceiling(3);
-        assert_eq!(backoff.delay(3, 0), Duration::ZERO);
+        let backoff = default();
+        assert_eq!(backoff.backoff_delay(3, 42), backoff.backoff_delay(3, 42));
+        assert_ne!(backoff.backoff_delay(3, 42), backoff.backoff_delay(3, 43));
+        let ceiling = backoff.backoff_ceiling(3);
+        assert_eq!(backoff.backoff_delay(3, 0), Duration::ZERO);
         let top = u64::try_from(ceiling.as_micros()).unwrap();
-        assert_eq!(backoff.delay(3, top), ceiling);
-        let huge = Backoff {
-            base: Duration::MAX,
-            cap: Duration::MAX,
-        };
-        assert!(huge.delay(0, u64::MAX) <= Duration::MAX);
+        assert_eq!(backoff.backoff_delay(3, top), ceiling);
+        let huge = with_backoff(Duration::MAX, Duration::MAX);
+        assert!(huge.backoff_delay(0, u64::MAX) <= Duration::MAX);
     }
 
     #[test]
