@@ -116,7 +116,7 @@ pub fn parse_answer(status: u16, body: &[u8]) -> Result<Envelope, ResponseError>
         protocol_version: optional(&object, "protocolVersion", non_negative_integer)?,
         capabilities: optional(&object, "capabilities", strings)?,
         failure: (!success).then(|| failure(status, &object)).transpose()?,
-        usage: object.get("usage").and_then(UsageReport::from_value),
+        usage: object.get("usage").and_then(usage),
     })
 }
 
@@ -134,21 +134,18 @@ fn failure(status: u16, object: &Map<String, Value>) -> Result<Failure, Response
     Ok(failure)
 }
 
-impl UsageReport {
-    /// Reads a peer's `usage` object; `None` when it is not one (a peer's malformed
-    /// usage does not cost the caller its reply).
-    fn from_value(value: &Value) -> Option<UsageReport> {
-        let object = value.as_object()?;
-        let tokens = |field: &str| object.get(field).and_then(non_negative_integer);
-        let cost = |v: &Value| v.as_f64().filter(|c| c.is_finite() && *c >= 0.0);
-        let cost_usd = optional(object, "costUsd", cost).ok()?;
-        Some(UsageReport {
-            cost_usd,
-            input_tokens: tokens("inputTokens")?,
-            output_tokens: tokens("outputTokens")?,
-            cached_tokens: tokens("cachedTokens").unwrap_or(0),
-        })
-    }
+/// Reads a peer's `usage` object; `None` when it is not one (a peer's malformed usage
+/// does not cost the caller its reply).
+fn usage(value: &Value) -> Option<UsageReport> {
+    let object = value.as_object()?;
+    let tokens = |field: &str| object.get(field).and_then(non_negative_integer);
+    let cost = |v: &Value| v.as_f64().filter(|c| c.is_finite() && *c >= 0.0);
+    Some(UsageReport {
+        cost_usd: optional(object, "costUsd", cost).ok()?,
+        input_tokens: tokens("inputTokens")?,
+        output_tokens: tokens("outputTokens")?,
+        cached_tokens: tokens("cachedTokens").unwrap_or(0),
+    })
 }
 
 /// A JSON non-negative integer that fits in `T`.
@@ -171,13 +168,6 @@ pub fn parse_health(body: &[u8]) -> Result<Health, ResponseError> {
             .and_then(string)
             .ok_or(ResponseError::FieldType(name))
     };
-    let turns = object.get("turns").and_then(|turns| {
-        Some(TurnLoad {
-            running: turns.get("running").and_then(integer)?,
-            queued: turns.get("queued").and_then(integer)?,
-            max: turns.get("max").and_then(integer)?,
-        })
-    });
     Ok(Health {
         kind: field("kind")?,
         instance: field("instance")?,
@@ -188,7 +178,13 @@ pub fn parse_health(body: &[u8]) -> Result<Health, ResponseError> {
             .get("capabilities")
             .and_then(strings)
             .unwrap_or_default(),
-        turns,
+        turns: object.get("turns").and_then(|turns| {
+            Some(TurnLoad {
+                running: turns.get("running").and_then(integer)?,
+                queued: turns.get("queued").and_then(integer)?,
+                max: turns.get("max").and_then(integer)?,
+            })
+        }),
         bus_enabled: object.get("busEnabled").and_then(Value::as_bool),
         proof: object.get("proof").and_then(string),
     })
