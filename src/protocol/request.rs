@@ -153,17 +153,15 @@ pub fn parse_talk_request(body: &[u8]) -> Result<TalkRequest, RequestError> {
             return Err(RequestError::ProtocolVersion);
         }
     }
-    let capabilities = match object.remove("capabilities") {
-        None => Vec::new(),
-        Some(v) => serde_json::from_value(v).map_err(|_| RequestError::Capabilities)?,
-    };
-    let ext = parse_ext(object.get("ext")).map_err(RequestError::Ext)?;
     Ok(TalkRequest {
         from_instance,
         prompt,
         depth,
-        capabilities,
-        ext,
+        capabilities: match object.remove("capabilities") {
+            None => Vec::new(),
+            Some(v) => serde_json::from_value(v).map_err(|_| RequestError::Capabilities)?,
+        },
+        ext: parse_ext(object.get("ext")).map_err(RequestError::Ext)?,
     })
 }
 
