@@ -19,11 +19,10 @@ impl Failure {
     /// A failure whose `retryable` comes from the retry table. The message is cut to
     /// 2,000 characters (`protocol::MAX_ERROR_CHARS`).
     pub fn new(code: ErrorCode, error: impl Into<String>) -> Failure {
-        let retryable = code.retryable();
         Failure {
+            retryable: code.retryable(),
             error: truncate_chars(error.into(), MAX_ERROR_CHARS),
             code,
-            retryable,
         }
     }
 }
