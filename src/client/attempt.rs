@@ -75,11 +75,8 @@ pub(super) fn prove(options: &DelegateOptions) -> Result<Proven, DelegateError> 
         port: entry.port,
         reason,
     };
-    let probed = registry::probe(
-        Target::Entry(target, &entry),
-        Some(&options.bus.accept_kinds),
-    )
-    .map_err(refused)?;
+    let kinds = options.bus.accept_kinds.as_slice();
+    let probed = registry::probe(Target::Entry(target, &entry), Some(kinds)).map_err(refused)?;
     let mut connection = probed.connection;
     if !connection.is_reusable() {
         if entry.proof {
@@ -148,13 +145,10 @@ pub(super) fn send(
 /// The request the caller sends (`depth + 1`: `depth < max_depth <= u64::MAX` by the
 /// local checks, so it cannot overflow).
 pub(super) fn request(options: &DelegateOptions, prompt: &str, ext: RequestExt) -> TalkRequest {
+    let depth = options.depth.saturating_add(1);
     TalkRequest {
         ext,
-        ..TalkRequest::new(
-            options.caller.to_string(),
-            prompt,
-            options.depth.saturating_add(1),
-        )
+        ..TalkRequest::new(options.caller.to_string(), prompt, depth)
     }
 }
 
@@ -215,14 +209,13 @@ pub(super) fn interpret(
     if envelope.from_instance.is_empty() {
         envelope.from_instance = target.to_owned();
     }
-    let from_instance = envelope.from_instance;
     let peer = PeerProtocol {
         protocol_version: envelope.protocol_version,
         capabilities: envelope.capabilities,
     };
     match envelope.failure {
         Some(failure) => Err(DelegateError::Remote {
-            from_instance,
+            from_instance: envelope.from_instance,
             failure,
             duration_ms: envelope.duration_ms,
             peer: Box::new(peer),
@@ -230,7 +223,7 @@ pub(super) fn interpret(
         }),
         None if response.status == 200 => Ok(Reply {
             text: envelope.text,
-            from_instance,
+            from_instance: envelope.from_instance,
             duration_ms: envelope.duration_ms,
             peer,
             usage: envelope.usage,
