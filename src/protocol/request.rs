@@ -187,10 +187,8 @@ fn is_integer_text(text: &str) -> bool {
         .unwrap_or(if negative { i64::MIN } else { i64::MAX });
     let point = i64::try_from(whole.len()).map_or(i64::MAX, |n| n.saturating_add(exponent));
     let point = usize::try_from(point).unwrap_or(0);
-    format!("{whole}{fraction}")
-        .bytes()
-        .skip(point)
-        .all(|b| b == b'0')
+    let digits = format!("{whole}{fraction}");
+    digits.bytes().skip(point).all(|b| b == b'0')
 }
 
 /// Serializes a v1 request listing the base capabilities; see
