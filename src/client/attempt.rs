@@ -70,9 +70,10 @@ pub(super) fn prove(options: &DelegateOptions) -> Result<Proven, DelegateError> 
         .ok_or_else(|| DelegateError::NotRegistered {
             target: target.to_string(),
         })?;
+    let port = entry.port;
     let refused = |reason| DelegateError::ProbeFailed {
         target: target.to_string(),
-        port: entry.port,
+        port,
         reason,
     };
     let kinds = options.bus.accept_kinds.as_slice();
@@ -86,15 +87,13 @@ pub(super) fn prove(options: &DelegateOptions) -> Result<Proven, DelegateError> 
                 reason: ClientError::Closed,
             });
         }
-        connection = Connection::open_at(entry.host, entry.port, Instant::now() + PROVE_CONNECT)
+        connection = Connection::open_at(entry.host, port, Instant::now() + PROVE_CONNECT)
             .map_err(|e| transport_error(target, PROVE_CONNECT, e, false))?;
         // The probe checked its own connection's other end; this one is checked anew:
         // where the tables are readable but do not list that end, nothing goes out.
         let (peer, local) = connection.addresses().map_err(|e| {
-            log::debug!("owner of port {} unknown: {e}", entry.port);
-            refused(ProbeError::NotSameUser(OwnerRefusal::Unknown {
-                port: entry.port,
-            }))
+            log::debug!("owner of port {port} unknown: {e}");
+            refused(ProbeError::NotSameUser(OwnerRefusal::Unknown { port }))
         })?;
         registry::check_connection_owner(peer, local)
             .map_err(|refusal| refused(ProbeError::NotSameUser(refusal)))?;

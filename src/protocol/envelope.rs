@@ -89,9 +89,8 @@ impl Envelope {
     }
 
     /// The same envelope carrying `usage` (contract 8.3).
-    pub fn with_usage(mut self, usage: Option<UsageReport>) -> Envelope {
-        self.usage = usage;
-        self
+    pub fn with_usage(self, usage: Option<UsageReport>) -> Envelope {
+        Envelope { usage, ..self }
     }
 
     /// A v1 failure envelope from this build.

@@ -169,11 +169,10 @@ pub enum ExtError {
 /// # Errors
 /// The first field of the wrong form, in the order of [`ExtError`].
 pub fn parse_ext(ext: Option<&Value>) -> Result<RequestExt, ExtError> {
-    let Some(ext) = ext else {
-        return Ok(RequestExt::default());
-    };
-    let Value::Object(ext) = ext else {
-        return Err(ExtError::NotObject);
+    let ext = match ext {
+        None => return Ok(RequestExt::default()),
+        Some(Value::Object(ext)) => ext,
+        Some(_) => return Err(ExtError::NotObject),
     };
     let request_id = id(ext, "requestId", RequestId::new, ExtError::RequestId)?;
     let cancel = match ext.get("cancel") {
