@@ -485,7 +485,7 @@ mod tests {
             ("1", None),
         ];
         for (text, want) in cases {
-            assert_eq!(top_level_text(text, "depth").as_deref(), want, "{text}");
+            assert_eq!(top_level_text(text, "depth"), want, "{text}");
         }
     }
 }
