@@ -50,13 +50,6 @@ pub(super) struct Proven {
     pub capabilities: Vec<String>,
 }
 
-impl Proven {
-    /// Whether the target's health listed `capability`.
-    pub fn lists(&self, capability: &str) -> bool {
-        self.capabilities.iter().any(|c| c == capability)
-    }
-}
-
 /// Looks the target up in the registry and proves it: the connection whose health
 /// probe of exactly the entry's address matched (name, kind, and for an entry with
 /// `proof: true` a valid proof of the entry's secret, contract 6.1), and, for an entry
@@ -77,16 +70,14 @@ pub(super) fn prove(options: &DelegateOptions) -> Result<Proven, DelegateError> 
         .ok_or_else(|| DelegateError::NotRegistered {
             target: target.to_string(),
         })?;
+    let port = entry.port;
     let refused = |reason| DelegateError::ProbeFailed {
         target: target.to_string(),
-        port: entry.port,
+        port,
         reason,
     };
-    let probed = registry::probe(
-        Target::Entry(target, &entry),
-        Some(&options.bus.accept_kinds),
-    )
-    .map_err(refused)?;
+    let kinds = options.bus.accept_kinds.as_slice();
+    let probed = registry::probe(Target::Entry(target, &entry), Some(kinds)).map_err(refused)?;
     let mut connection = probed.connection;
     if !connection.is_reusable() {
         if entry.proof {
@@ -96,24 +87,21 @@ pub(super) fn prove(options: &DelegateOptions) -> Result<Proven, DelegateError> 
                 reason: ClientError::Closed,
             });
         }
-        connection = Connection::open_at(entry.host, entry.port, Instant::now() + PROVE_CONNECT)
+        connection = Connection::open_at(entry.host, port, Instant::now() + PROVE_CONNECT)
             .map_err(|e| transport_error(target, PROVE_CONNECT, e, false))?;
         // The probe checked its own connection's other end; this one is checked anew:
         // where the tables are readable but do not list that end, nothing goes out.
         let (peer, local) = connection.addresses().map_err(|e| {
-            log::debug!("owner of port {} unknown: {e}", entry.port);
-            refused(ProbeError::NotSameUser(OwnerRefusal::Unknown {
-                port: entry.port,
-            }))
+            log::debug!("owner of port {port} unknown: {e}");
+            refused(ProbeError::NotSameUser(OwnerRefusal::Unknown { port }))
         })?;
         registry::check_owner(peer, Some(local))
             .map_err(|refusal| refused(ProbeError::NotSameUser(refusal)))?;
     }
-    let capabilities = probed.answer.health.capabilities;
     Ok(Proven {
         entry,
         connection,
-        capabilities,
+        capabilities: probed.answer.health.capabilities,
     })
 }
 
@@ -130,7 +118,7 @@ pub(super) fn send(
     mut request: TalkRequest,
     timeout: Duration,
 ) -> Result<ReceivedResponse, DelegateError> {
-    if !peer.lists(TRACE_CONTEXT) {
+    if !peer.capabilities.iter().any(|c| c == TRACE_CONTEXT) {
         request.ext.trace_id = None;
         request.ext.parent_request_id = None;
     }
@@ -156,13 +144,10 @@ pub(super) fn send(
 /// The request the caller sends (`depth + 1`: `depth < max_depth <= u64::MAX` by the
 /// local checks, so it cannot overflow).
 pub(super) fn request(options: &DelegateOptions, prompt: &str, ext: RequestExt) -> TalkRequest {
+    let depth = options.depth.saturating_add(1);
     TalkRequest {
         ext,
-        ..TalkRequest::new(
-            options.caller.to_string(),
-            prompt,
-            options.depth.saturating_add(1),
-        )
+        ..TalkRequest::new(options.caller.to_string(), prompt, depth)
     }
 }
 
@@ -223,14 +208,13 @@ pub(super) fn interpret(
     if envelope.from_instance.is_empty() {
         envelope.from_instance = target.to_owned();
     }
-    let from_instance = envelope.from_instance;
     let peer = PeerProtocol {
         protocol_version: envelope.protocol_version,
         capabilities: envelope.capabilities,
     };
     match envelope.failure {
         Some(failure) => Err(DelegateError::Remote {
-            from_instance,
+            from_instance: envelope.from_instance,
             failure,
             duration_ms: envelope.duration_ms,
             peer: Box::new(peer),
@@ -238,7 +222,7 @@ pub(super) fn interpret(
         }),
         None if response.status == 200 => Ok(Reply {
             text: envelope.text,
-            from_instance,
+            from_instance: envelope.from_instance,
             duration_ms: envelope.duration_ms,
             peer,
             usage: envelope.usage,

@@ -84,7 +84,7 @@ pub fn cancel(options: &DelegateOptions) -> Result<CancelOutcome, DelegateError>
     };
     attempt::local_checks(options)?;
     let peer = attempt::prove(options)?;
-    if !peer.lists(CANCEL_ON_HANGUP) {
+    if !peer.capabilities.iter().any(|c| c == CANCEL_ON_HANGUP) {
         return Ok(CancelOutcome::NotSupported);
     }
     let ext = RequestExt {

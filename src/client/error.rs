@@ -223,14 +223,11 @@ impl DelegateError {
                 ..Envelope::failure(from_instance, failure.clone(), *duration_ms)
             }
             .with_usage(usage.as_deref().copied()),
-            _ => Envelope::failure(
-                caller,
-                Failure {
-                    retryable: self.retryable(),
-                    ..Failure::new(self.code(), self.to_string())
-                },
-                duration_ms,
-            ),
+            _ => {
+                let mut failure = Failure::new(self.code(), self.to_string());
+                failure.retryable = self.retryable();
+                Envelope::failure(caller, failure, duration_ms)
+            }
         }
     }
 }

@@ -49,7 +49,7 @@ use std::fmt;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, UNIX_EPOCH};
 
 mod attempt;
 mod cancel;
@@ -274,10 +274,6 @@ pub fn delegate(options: &DelegateOptions) -> Result<Reply, DelegateError> {
     let request_id = request_id.map_err(no_randomness)?;
     let trace = options.trace.clone().map_or_else(TraceContext::new, Ok);
     let trace = trace.map_err(no_randomness)?;
-    let backoff = retry::Backoff {
-        base: options.backoff_base,
-        cap: options.backoff_cap,
-    };
     let ext = RequestExt {
         request_id: Some(request_id.clone()),
         trace_id: Some(trace.trace_id.clone()),
@@ -292,21 +288,14 @@ pub fn delegate(options: &DelegateOptions) -> Result<Reply, DelegateError> {
     let mut dedupes = false;
     loop {
         let outcome = attempt::prove(options).and_then(|peer| {
-            dedupes = peer.lists(IDEMPOTENT_REQUESTS);
+            dedupes = peer.capabilities.iter().any(|c| c == IDEMPOTENT_REQUESTS);
             let response = attempt::send(options, peer, request.clone(), options.timeout)?;
             attempt::interpret(&options.target, response, &request_id, &trace.trace_id)
         });
         let Err(error) = outcome else {
             return outcome;
         };
-        match retry::decide(
-            &error,
-            retries_done,
-            options.retries,
-            dedupes,
-            &backoff,
-            jitter_random(),
-        ) {
+        match retry::decide(&error, options.retries - retries_done, dedupes) {
             retry::Decision::GiveUp => return Err(error),
             retry::Decision::WouldRunTwice => {
                 return Err(DelegateError::NotRetried {
@@ -314,7 +303,8 @@ pub fn delegate(options: &DelegateOptions) -> Result<Reply, DelegateError> {
                     error: Box::new(error),
                 })
             }
-            retry::Decision::Retry(after) => {
+            retry::Decision::Retry => {
+                let after = options.backoff_delay(retries_done, jitter_random());
                 retries_done += 1;
                 log::info!(
                     "retry {retries_done} of {} to {} in {} ms, after: {error} [{}]",
@@ -337,14 +327,9 @@ const STOP_POLL: Duration = Duration::from_millis(50);
 /// Waits `after` before a retry: `true`, and sooner, when the delegation's stop flag
 /// is set meanwhile (or already was).
 fn stopped_during(options: &DelegateOptions, after: Duration) -> bool {
-    let stopped = || {
-        options
-            .stop
-            .as_ref()
-            .is_some_and(|s| s.load(Ordering::SeqCst))
-    };
+    let stop = options.stop.as_deref();
     let until = Instant::now() + after;
-    while !stopped() {
+    while !stop.is_some_and(|s| s.load(Ordering::SeqCst)) {
         let left = until.saturating_duration_since(Instant::now());
         if left.is_zero() {
             return false;
@@ -357,14 +342,8 @@ fn stopped_during(options: &DelegateOptions, after: Duration) -> bool {
 /// A random number for the retry jitter, from the OS (from the clock if that fails:
 /// jitter only spreads retries apart).
 fn jitter_random() -> u64 {
-    secret::random_bytes::<8>().map_or_else(
-        |_| {
-            std::time::UNIX_EPOCH
-                .elapsed()
-                .map_or(0, |d| d.subsec_nanos().into())
-        },
-        u64::from_le_bytes,
-    )
+    let clock = |_| UNIX_EPOCH.elapsed().map_or(0, |d| d.subsec_nanos().into());
+    secret::random_bytes::<8>().map_or_else(clock, u64::from_le_bytes)
 }
 
 #[cfg(test)]

@@ -9,7 +9,7 @@
 //! only against a peer whose health listed `idempotent-requests`: that peer attaches
 //! the retry to the turn (contract 8.2), any other would run it a second time.
 
-use super::DelegateError;
+use super::{DelegateError, DelegateOptions};
 use std::time::Duration;
 
 /// The first retry's backoff ceiling, unless `DelegateOptions::backoff_base` says
@@ -22,8 +22,8 @@ pub const DEFAULT_BACKOFF_CAP: Duration = Duration::from_secs(10);
 /// What to do after a failed attempt.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Decision {
-    /// Try again after this long.
-    Retry(Duration),
+    /// Try again, after [`DelegateOptions::backoff_delay`].
+    Retry,
     /// Stop: the failure is not retryable, or no retries are left.
     GiveUp,
     /// Stop although retries are left: the failure may have run the turn and the peer
@@ -31,53 +31,37 @@ pub enum Decision {
     WouldRunTwice,
 }
 
-/// Exponential backoff with full jitter.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Backoff {
-    /// The first retry's ceiling.
-    pub base: Duration,
-    /// The largest ceiling.
-    pub cap: Duration,
-}
-
-impl Backoff {
-    /// The ceiling of retry `retry` (from 0): `min(cap, base * 2^retry)`, without
-    /// overflow.
-    pub fn ceiling(&self, retry: u32) -> Duration {
+/// Exponential backoff with full jitter, between `backoff_base` and `backoff_cap`.
+impl DelegateOptions {
+    /// The ceiling of retry `retry` (from 0): `min(backoff_cap, backoff_base * 2^retry)`,
+    /// without overflow.
+    pub(super) fn backoff_ceiling(&self, retry: u32) -> Duration {
         let factor = 1u32.checked_shl(retry).unwrap_or(u32::MAX);
-        self.base
+        self.backoff_base
             .checked_mul(factor)
             .unwrap_or(Duration::MAX)
-            .min(self.cap)
+            .min(self.backoff_cap)
     }
 
-    /// How long retry `retry` waits: uniform in `[0, ceiling(retry)]`, to the
+    /// How long retry `retry` waits: uniform in `[0, backoff_ceiling(retry)]`, to the
     /// microsecond, given a uniform `random` number (the modulo's bias is far below
     /// what jitter cares for).
-    pub fn delay(&self, retry: u32, random: u64) -> Duration {
-        let ceiling = u64::try_from(self.ceiling(retry).as_micros()).unwrap_or(u64::MAX);
+    pub(super) fn backoff_delay(&self, retry: u32, random: u64) -> Duration {
+        let ceiling = u64::try_from(self.backoff_ceiling(retry).as_micros()).unwrap_or(u64::MAX);
         Duration::from_micros(random % ceiling.saturating_add(1))
     }
 }
 
-/// Decides what follows the failed attempt `failed`, when `retries_done` retries have
-/// already been made of the `retries` allowed, against a peer that deduplicates
-/// requests (`peer_dedupes`: its health listed `idempotent-requests`) or not; `random`
-/// picks the backoff.
-pub fn decide(
-    failed: &DelegateError,
-    retries_done: u32,
-    retries: u32,
-    peer_dedupes: bool,
-    backoff: &Backoff,
-    random: u64,
-) -> Decision {
-    if !failed.retryable() || retries_done >= retries {
+/// Decides what follows the failed attempt `failed`, when `retries_left` of the retries
+/// allowed have not been made yet, against a peer that deduplicates requests
+/// (`peer_dedupes`: its health listed `idempotent-requests`) or not.
+pub fn decide(failed: &DelegateError, retries_left: u32, peer_dedupes: bool) -> Decision {
+    if !failed.retryable() || retries_left == 0 {
         Decision::GiveUp
     } else if failed.may_have_run() && !peer_dedupes {
         Decision::WouldRunTwice
     } else {
-        Decision::Retry(backoff.delay(retries_done, random))
+        Decision::Retry
     }
 }
 
@@ -85,17 +69,27 @@ pub fn decide(
 mod tests {
     use super::*;
 
+    /// Options with this backoff; nothing else of them matters here.
+    fn with_backoff(base: Duration, cap: Duration) -> DelegateOptions {
+        let name = |s: &str| crate::protocol::InstanceName::new(s).unwrap();
+        let bus = crate::config::BusConfig::default();
+        DelegateOptions {
+            backoff_base: base,
+            backoff_cap: cap,
+            ..DelegateOptions::new("/r", name("a"), bus, name("b"), "p")
+        }
+    }
+
     /// The default backoff.
-    const DEFAULT: Backoff = Backoff {
-        base: DEFAULT_BACKOFF_BASE,
-        cap: DEFAULT_BACKOFF_CAP,
-    };
+    fn default() -> DelegateOptions {
+        with_backoff(DEFAULT_BACKOFF_BASE, DEFAULT_BACKOFF_CAP)
+    }
 
     const MS: fn(u64) -> Duration = Duration::from_millis;
 
     #[test]
     fn ceilings_double_up_to_the_cap() {
-        let backoff = DEFAULT;
+        let backoff = default();
         let cases = [
             (0, MS(250)),
             (1, MS(500)),
@@ -107,18 +101,15 @@ mod tests {
             (u32::MAX, MS(10_000)),
         ];
         for (retry, want) in cases {
-            assert_eq!(backoff.ceiling(retry), want, "retry {retry}");
+            assert_eq!(backoff.backoff_ceiling(retry), want, "retry {retry}");
         }
-        let huge = Backoff {
-            base: Duration::MAX,
-            cap: Duration::MAX,
-        };
-        assert_eq!(huge.ceiling(3), Duration::MAX);
+        let huge = with_backoff(Duration::MAX, Duration::MAX);
+        assert_eq!(huge.backoff_ceiling(3), Duration::MAX);
     }
 
     #[test]
     fn delays_are_full_jitter_within_the_ceiling() {
-        let backoff = DEFAULT;
+        let backoff = default();
         // splitmix64 stands in for the OS's random numbers.
         let mut state = 7u64;
         let mut random = || {
@@ -131,42 +122,44 @@ mod tests {
             let mut lowest = Duration::MAX;
             let mut highest = Duration::ZERO;
             for _ in 0..2_000 {
-                let delay = backoff.delay(retry, random());
-                assert!(delay <= backoff.ceiling(retry), "retry {retry}: {delay:?}");
+                let delay = backoff.backoff_delay(retry, random());
+                assert!(
+                    delay <= backoff.backoff_ceiling(retry),
+                    "retry {retry}: {delay:?}"
+                );
                 lowest = lowest.min(delay);
                 highest = highest.max(delay);
             }
             // Full jitter: the whole range is used, from near zero to near the ceiling.
-            assert!(lowest < backoff.ceiling(retry) / 20, "retry {retry}");
-            assert!(highest > backoff.ceiling(retry) * 19 / 20, "retry {retry}");
+            assert!(
+                lowest < backoff.backoff_ceiling(retry) / 20,
+                "retry {retry}"
+            );
+            assert!(
+                highest > backoff.backoff_ceiling(retry) * 19 / 20,
+                "retry {retry}"
+            );
         }
-        let none = Backoff {
-            base: Duration::ZERO,
-            cap: Duration::ZERO,
-        };
-        assert_eq!(none.delay(4, u64::MAX), Duration::ZERO);
+        let none = with_backoff(Duration::ZERO, Duration::ZERO);
+        assert_eq!(none.backoff_delay(4, u64::MAX), Duration::ZERO);
     }
 
     #[test]
     fn the_same_random_gives_the_same_delay_and_the_ends_are_reached() {
-        let backoff = DEFAULT;
-        assert_eq!(backoff.delay(3, 42), backoff.delay(3, 42));
-        assert_ne!(backoff.delay(3, 42), backoff.delay(3, 43));
-        let ceiling = backoff.ceiling(3);
-        assert_eq!(backoff.delay(3, 0), Duration::ZERO);
+        let backoff = default();
+        assert_eq!(backoff.backoff_delay(3, 42), backoff.backoff_delay(3, 42));
+        assert_ne!(backoff.backoff_delay(3, 42), backoff.backoff_delay(3, 43));
+        let ceiling = backoff.backoff_ceiling(3);
+        assert_eq!(backoff.backoff_delay(3, 0), Duration::ZERO);
         let top = u64::try_from(ceiling.as_micros()).unwrap();
-        assert_eq!(backoff.delay(3, top), ceiling);
-        let huge = Backoff {
-            base: Duration::MAX,
-            cap: Duration::MAX,
-        };
-        assert!(huge.delay(0, u64::MAX) <= Duration::MAX);
+        assert_eq!(backoff.backoff_delay(3, top), ceiling);
+        let huge = with_backoff(Duration::MAX, Duration::MAX);
+        assert!(huge.backoff_delay(0, u64::MAX) <= Duration::MAX);
     }
 
     #[test]
     fn decision_table() {
         use crate::protocol::{ErrorCode, Failure};
-        let backoff = DEFAULT;
         let t = || "worker".to_owned();
         // (retryable, may have run the turn): one failure of each kind.
         let failed = |retryable, may_have_run| match (retryable, may_have_run) {
@@ -221,14 +214,9 @@ mod tests {
                 ),
                 "{failure:?}"
             );
-            let got = decide(&failure, done, allowed, dedupes, &backoff, 1);
-            match want {
-                Some(want) => assert_eq!(got, want, "{failure:?} {done}/{allowed} {dedupes}"),
-                None => match got {
-                    Decision::Retry(after) => assert!(after <= backoff.ceiling(done)),
-                    other => panic!("{failure:?} {done}/{allowed} {dedupes}: {other:?}"),
-                },
-            }
+            let got = decide(&failure, allowed - done, dedupes);
+            let want = want.unwrap_or(Decision::Retry);
+            assert_eq!(got, want, "{failure:?} {done}/{allowed} {dedupes}");
         }
     }
 
@@ -267,11 +255,8 @@ mod tests {
             (remote(ErrorCode::ServerBusy), false, None),
         ];
         for (error, dedupes, want) in cases {
-            let got = decide(&error, 0, 3, dedupes, &DEFAULT, 1);
-            match want {
-                Some(want) => assert_eq!(got, want, "{error:?} {dedupes}"),
-                None => assert!(matches!(got, Decision::Retry(_)), "{error:?}: {got:?}"),
-            }
+            let got = decide(&error, 3, dedupes);
+            assert_eq!(got, want.unwrap_or(Decision::Retry), "{error:?} {dedupes}");
         }
     }
 }

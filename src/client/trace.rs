@@ -69,12 +69,8 @@ impl TraceContext {
     /// # Errors
     /// A new tree was needed and the OS's randomness could not be read.
     pub fn from_env() -> std::io::Result<(TraceContext, Vec<TraceEnvWarning>)> {
-        let var = |name| std::env::var_os(name).map(|v| v.to_string_lossy().into_owned());
-        let (joined, warnings) = from_vars(
-            var(TRACE_ID_VAR).as_deref(),
-            var(REQUEST_ID_VAR).as_deref(),
-            var(TRACEPARENT_VAR).as_deref(),
-        );
+        let (joined, warnings) =
+            from_vars(|name| std::env::var_os(name).map(|v| v.to_string_lossy().into_owned()));
         Ok((joined.map_or_else(TraceContext::new, Ok)?, warnings))
     }
 }
@@ -82,25 +78,23 @@ impl TraceContext {
 /// Random bytes in a trace id made by [`TraceContext::new`]: 128 bits.
 const TRACE_ID_BYTES: usize = 16;
 
-/// The pure part of [`TraceContext::from_env`]: the context the three variables name
-/// (`None`: start a new tree), and the ones ignored. `LOOPBUS_REQUEST_ID` is read only
-/// with a valid `LOOPBUS_TRACE_ID`, `TRACEPARENT` only without one.
-fn from_vars(
-    trace_id: Option<&str>,
-    request_id: Option<&str>,
-    traceparent: Option<&str>,
-) -> (Option<TraceContext>, Vec<TraceEnvWarning>) {
-    let set = |value: Option<&str>| value.filter(|v| !v.is_empty()).map(str::to_owned);
+/// The pure part of [`TraceContext::from_env`]: the context the three variables that
+/// `var` reads name (`None`: start a new tree), and the ones ignored.
+/// `LOOPBUS_REQUEST_ID` is read only with a valid `LOOPBUS_TRACE_ID`, `TRACEPARENT` only
+/// without one.
+fn from_vars(var: impl Fn(&str) -> Option<String>) -> (Option<TraceContext>, Vec<TraceEnvWarning>) {
+    let set = |name| var(name).filter(|v: &String| !v.is_empty());
     let mut warnings = Vec::new();
     let mut warn = |variable| warnings.push(TraceEnvWarning { variable });
-    let trace_id = set(trace_id).and_then(|v| TraceId::new(v).map_err(|_| warn(TRACE_ID_VAR)).ok());
+    let trace_id =
+        set(TRACE_ID_VAR).and_then(|v| TraceId::new(v).map_err(|_| warn(TRACE_ID_VAR)).ok());
     let context = match trace_id {
         Some(trace_id) => {
-            let parent = set(request_id)
+            let parent = set(REQUEST_ID_VAR)
                 .and_then(|v| RequestId::new(v).map_err(|_| warn(REQUEST_ID_VAR)).ok());
             Some(TraceContext::joined(trace_id, parent))
         }
-        None => set(traceparent)
+        None => set(TRACEPARENT_VAR)
             .and_then(|v| {
                 parse_traceparent(&v)
                     .ok_or_else(|| warn(TRACEPARENT_VAR))
@@ -161,8 +155,16 @@ mod tests {
             ),
         ];
         for ((trace_id, request_id, traceparent), want, warnings) in cases {
+            let var = |name: &str| {
+                let value = match name {
+                    TRACE_ID_VAR => trace_id,
+                    REQUEST_ID_VAR => request_id,
+                    _ => traceparent,
+                };
+                value.map(str::to_owned)
+            };
             assert_eq!(
-                from_vars(trace_id, request_id, traceparent),
+                from_vars(var),
                 (want, warnings),
                 "{trace_id:?} {request_id:?} {traceparent:?}"
             );

@@ -107,10 +107,8 @@ impl ErrorCode {
     /// The code for a wire string; strings this build does not know are kept as
     /// [`ErrorCode::Other`].
     pub fn from_wire(code: &str) -> ErrorCode {
-        match KNOWN_CODES.iter().find(|(_, wire, _)| *wire == code) {
-            Some((known, _, _)) => known.clone(),
-            None => ErrorCode::Other(code.to_owned()),
-        }
+        let known = KNOWN_CODES.iter().find(|(_, wire, _)| *wire == code);
+        known.map_or_else(|| ErrorCode::Other(code.to_owned()), |row| row.0.clone())
     }
 
     /// The retry table: can the caller reasonably try the same delegation again

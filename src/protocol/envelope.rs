@@ -19,11 +19,10 @@ impl Failure {
     /// A failure whose `retryable` comes from the retry table. The message is cut to
     /// 2,000 characters (`protocol::MAX_ERROR_CHARS`).
     pub fn new(code: ErrorCode, error: impl Into<String>) -> Failure {
-        let retryable = code.retryable();
         Failure {
+            retryable: code.retryable(),
             error: truncate_chars(error.into(), MAX_ERROR_CHARS),
             code,
-            retryable,
         }
     }
 }
@@ -90,9 +89,8 @@ impl Envelope {
     }
 
     /// The same envelope carrying `usage` (contract 8.3).
-    pub fn with_usage(mut self, usage: Option<UsageReport>) -> Envelope {
-        self.usage = usage;
-        self
+    pub fn with_usage(self, usage: Option<UsageReport>) -> Envelope {
+        Envelope { usage, ..self }
     }
 
     /// A v1 failure envelope from this build.

@@ -46,18 +46,9 @@ impl RequestId {
         let form = form && (MIN_REQUEST_ID_LEN..=MAX_REQUEST_ID_LEN).contains(&id.len());
         form.then_some(RequestId(id)).ok_or(InvalidRequestId)
     }
-
-    /// The id as sent.
-    pub fn as_str(&self) -> &str {
-        &self.0
-    }
 }
 
-impl fmt::Display for RequestId {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.0)
-    }
-}
+string_type!(RequestId);
 
 /// A trace id: 32 lowercase hex digits, not all zeros (the W3C trace-id form, contract
 /// 8.4). It names one tree of delegations.
@@ -90,18 +81,9 @@ impl TraceId {
         let form = is_lower_hex(&id, TRACE_ID_LEN) && not_all_zeros(&id);
         form.then_some(TraceId(id)).ok_or(InvalidTraceId)
     }
-
-    /// The id as sent.
-    pub fn as_str(&self) -> &str {
-        &self.0
-    }
 }
 
-impl fmt::Display for TraceId {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.0)
-    }
-}
+string_type!(TraceId);
 
 /// The engine's environment variable that names its turn's trace (contract 8.4).
 pub const TRACE_ID_VAR: &str = "LOOPBUS_TRACE_ID";
@@ -187,11 +169,10 @@ pub enum ExtError {
 /// # Errors
 /// The first field of the wrong form, in the order of [`ExtError`].
 pub fn parse_ext(ext: Option<&Value>) -> Result<RequestExt, ExtError> {
-    let Some(ext) = ext else {
-        return Ok(RequestExt::default());
-    };
-    let Value::Object(ext) = ext else {
-        return Err(ExtError::NotObject);
+    let ext = match ext {
+        None => return Ok(RequestExt::default()),
+        Some(Value::Object(ext)) => ext,
+        Some(_) => return Err(ExtError::NotObject),
     };
     let request_id = id(ext, "requestId", RequestId::new, ExtError::RequestId)?;
     let cancel = match ext.get("cancel") {
@@ -199,18 +180,16 @@ pub fn parse_ext(ext: Option<&Value>) -> Result<RequestExt, ExtError> {
         Some(Value::Bool(true)) if request_id.is_some() => true,
         Some(_) => return Err(ExtError::Cancel),
     };
-    let trace_id = id(ext, "traceId", TraceId::new, ExtError::TraceId)?;
-    let parent_request_id = id(
-        ext,
-        "parentRequestId",
-        RequestId::new,
-        ExtError::ParentRequestId,
-    )?;
     Ok(RequestExt {
         cancel,
         request_id,
-        trace_id,
-        parent_request_id,
+        trace_id: id(ext, "traceId", TraceId::new, ExtError::TraceId)?,
+        parent_request_id: id(
+            ext,
+            "parentRequestId",
+            RequestId::new,
+            ExtError::ParentRequestId,
+        )?,
     })
 }
 
@@ -221,11 +200,8 @@ fn id<T, E>(
     new: fn(String) -> Result<T, E>,
     error: ExtError,
 ) -> Result<Option<T>, ExtError> {
-    match ext.get(key) {
-        None => Ok(None),
-        Some(Value::String(id)) => new(id.clone()).map(Some).map_err(|_| error),
-        Some(_) => Err(error),
-    }
+    let read = |v: &Value| new(v.as_str()?.to_owned()).ok();
+    ext.get(key).map(|v| read(v).ok_or(error)).transpose()
 }
 
 #[cfg(test)]

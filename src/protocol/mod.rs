@@ -6,6 +6,26 @@
 
 use serde_json::Value;
 
+/// `as_str` and a `Display` that writes the string, for a validated string type
+/// (`InstanceName`, `RequestId`, `TraceId`: a newtype of `String` its constructor
+/// checks).
+macro_rules! string_type {
+    ($name:ident) => {
+        impl $name {
+            /// The string, as checked (and as sent).
+            pub fn as_str(&self) -> &str {
+                &self.0
+            }
+        }
+
+        impl std::fmt::Display for $name {
+            fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str(&self.0)
+            }
+        }
+    };
+}
+
 mod classify;
 mod codes;
 mod envelope;

@@ -40,23 +40,19 @@ impl InstanceName {
     pub fn new(name: impl Into<String>) -> Result<InstanceName, InvalidInstanceName> {
         let name = name.into();
         let bytes = name.as_bytes();
+        let in_set = |c: &u8| c.is_ascii_alphanumeric() || matches!(c, b'.' | b'_' | b'-');
         let valid = bytes.first().is_some_and(u8::is_ascii_alphanumeric)
             && bytes.len() <= MAX_INSTANCE_NAME_LEN
-            && bytes
-                .iter()
-                .all(|&c| c.is_ascii_alphanumeric() || matches!(c, b'.' | b'_' | b'-'));
+            && bytes.iter().all(in_set);
         if valid {
             Ok(InstanceName(name))
         } else {
             Err(InvalidInstanceName(name))
         }
     }
-
-    /// The name as a string slice.
-    pub fn as_str(&self) -> &str {
-        &self.0
-    }
 }
+
+string_type!(InstanceName);
 
 impl InvalidInstanceName {
     /// The text that was refused.
@@ -110,12 +106,6 @@ impl PartialEq<str> for InstanceName {
 impl PartialEq<&str> for InstanceName {
     fn eq(&self, other: &&str) -> bool {
         self.0 == *other
-    }
-}
-
-impl fmt::Display for InstanceName {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.0)
     }
 }
 

@@ -139,41 +139,37 @@ pub fn parse_talk_request(body: &[u8]) -> Result<TalkRequest, RequestError> {
         Some(Value::String(s)) => s,
         _ => return Err(RequestError::Prompt),
     };
-    let depth_value = object.get("depth");
-    let depth = depth_value
-        .and_then(non_negative_integer)
-        .ok_or(RequestError::Depth)?;
     // A whole `f64` may be a rounded fraction (`1e-400` reads as 0): then the text
     // decides. Plain integers are exact and need no second look.
-    if depth_value.is_some_and(|v| !v.is_u64())
-        && !top_level_text(text, "depth").is_some_and(|t| is_integer_text(&t))
-    {
-        return Err(RequestError::Depth);
-    }
+    let exact =
+        |v: &&Value| v.is_u64() || top_level_text(text, "depth").is_some_and(is_integer_text);
+    let depth = object
+        .get("depth")
+        .filter(exact)
+        .and_then(non_negative_integer)
+        .ok_or(RequestError::Depth)?;
     if let Some(version) = object.get("protocolVersion") {
         if non_negative_integer(version) != Some(PROTOCOL_VERSION) {
             return Err(RequestError::ProtocolVersion);
         }
     }
-    let capabilities = match object.remove("capabilities") {
-        None => Vec::new(),
-        Some(v) => serde_json::from_value(v).map_err(|_| RequestError::Capabilities)?,
-    };
-    let ext = parse_ext(object.get("ext")).map_err(RequestError::Ext)?;
     Ok(TalkRequest {
         from_instance,
         prompt,
         depth,
-        capabilities,
-        ext,
+        capabilities: match object.remove("capabilities") {
+            None => Vec::new(),
+            Some(v) => serde_json::from_value(v).map_err(|_| RequestError::Capabilities)?,
+        },
+        ext: parse_ext(object.get("ext")).map_err(RequestError::Ext)?,
     })
 }
 
 /// The raw text of the top-level field `key` of `text`, a JSON object serde_json
 /// has already accepted (the last one when the key repeats, as `Value` keeps it).
-fn top_level_text(text: &str, key: &str) -> Option<String> {
+fn top_level_text<'a>(text: &'a str, key: &str) -> Option<&'a str> {
     let fields: BTreeMap<String, &RawValue> = serde_json::from_str(text).ok()?;
-    fields.get(key).map(|raw| raw.get().to_owned())
+    fields.get(key).map(|raw| raw.get())
 }
 
 /// Whether `text`, a JSON number serde_json has already accepted, denotes an integer
@@ -191,10 +187,8 @@ fn is_integer_text(text: &str) -> bool {
         .unwrap_or(if negative { i64::MIN } else { i64::MAX });
     let point = i64::try_from(whole.len()).map_or(i64::MAX, |n| n.saturating_add(exponent));
     let point = usize::try_from(point).unwrap_or(0);
-    format!("{whole}{fraction}")
-        .bytes()
-        .skip(point)
-        .all(|b| b == b'0')
+    let digits = format!("{whole}{fraction}");
+    digits.bytes().skip(point).all(|b| b == b'0')
 }
 
 /// Serializes a v1 request listing the base capabilities; see
@@ -491,7 +485,7 @@ mod tests {
             ("1", None),
         ];
         for (text, want) in cases {
-            assert_eq!(top_level_text(text, "depth").as_deref(), want, "{text}");
+            assert_eq!(top_level_text(text, "depth"), want, "{text}");
         }
     }
 }

@@ -44,9 +44,7 @@ impl fmt::Display for ResponseError {
             Self::NotJson => f.write_str("response body is not valid JSON"),
             Self::NotObject => f.write_str("response body is not a JSON object"),
             Self::Success => f.write_str("response has no boolean `success`"),
-            Self::FieldType(field) => {
-                write!(f, "response field `{field}` has the wrong type")
-            }
+            Self::FieldType(field) => write!(f, "response field `{field}` has the wrong type"),
         }
     }
 }
@@ -117,12 +115,8 @@ pub fn parse_answer(status: u16, body: &[u8]) -> Result<Envelope, ResponseError>
         duration_ms: optional(&object, "durationMs", non_negative_integer)?.unwrap_or(0),
         protocol_version: optional(&object, "protocolVersion", non_negative_integer)?,
         capabilities: optional(&object, "capabilities", strings)?,
-        failure: if success {
-            None
-        } else {
-            Some(failure(status, &object)?)
-        },
-        usage: object.get("usage").and_then(UsageReport::from_value),
+        failure: (!success).then(|| failure(status, &object)).transpose()?,
+        usage: object.get("usage").and_then(usage),
     })
 }
 
@@ -135,28 +129,28 @@ fn failure(status: u16, object: &Map<String, Value>) -> Result<Failure, Response
     };
     let retryable = optional(object, "retryable", Value::as_bool)?;
     let error = given.unwrap_or_else(|| format!("peer reported a failure ({code})"));
-    let failure = Failure::new(code, error);
-    Ok(Failure {
-        retryable: retryable.unwrap_or(failure.retryable),
-        ..failure
+    let mut failure = Failure::new(code, error);
+    failure.retryable = retryable.unwrap_or(failure.retryable);
+    Ok(failure)
+}
+
+/// Reads a peer's `usage` object; `None` when it is not one (a peer's malformed usage
+/// does not cost the caller its reply).
+fn usage(value: &Value) -> Option<UsageReport> {
+    let object = value.as_object()?;
+    let tokens = |field: &str| object.get(field).and_then(non_negative_integer);
+    let cost = |v: &Value| v.as_f64().filter(|c| c.is_finite() && *c >= 0.0);
+    Some(UsageReport {
+        cost_usd: optional(object, "costUsd", cost).ok()?,
+        input_tokens: tokens("inputTokens")?,
+        output_tokens: tokens("outputTokens")?,
+        cached_tokens: tokens("cachedTokens").unwrap_or(0),
     })
 }
 
-impl UsageReport {
-    /// Reads a peer's `usage` object; `None` when it is not one (a peer's malformed
-    /// usage does not cost the caller its reply).
-    fn from_value(value: &Value) -> Option<UsageReport> {
-        let object = value.as_object()?;
-        let tokens = |field: &str| object.get(field).and_then(non_negative_integer);
-        let cost = |v: &Value| v.as_f64().filter(|c| c.is_finite() && *c >= 0.0);
-        let cost_usd = optional(object, "costUsd", cost).ok()?;
-        Some(UsageReport {
-            cost_usd,
-            input_tokens: tokens("inputTokens")?,
-            output_tokens: tokens("outputTokens")?,
-            cached_tokens: tokens("cachedTokens").unwrap_or(0),
-        })
-    }
+/// A JSON non-negative integer that fits in `T`.
+fn integer<T: TryFrom<u64>>(value: &Value) -> Option<T> {
+    non_negative_integer(value).and_then(|n| T::try_from(n).ok())
 }
 
 /// Parses a health answer, ignoring fields this build does not know. Only `kind`,
@@ -174,34 +168,23 @@ pub fn parse_health(body: &[u8]) -> Result<Health, ResponseError> {
             .and_then(string)
             .ok_or(ResponseError::FieldType(name))
     };
-    let counter = |turns: &Value, name: &str| {
-        turns
-            .get(name)
-            .and_then(non_negative_integer)
-            .and_then(|n| usize::try_from(n).ok())
-    };
-    let turns = object.get("turns").and_then(|turns| {
-        Some(TurnLoad {
-            running: counter(turns, "running")?,
-            queued: counter(turns, "queued")?,
-            max: counter(turns, "max")?,
-        })
-    });
     Ok(Health {
         kind: field("kind")?,
         instance: field("instance")?,
         status: field("status")?,
-        pid: object
-            .get("pid")
-            .and_then(non_negative_integer)
-            .and_then(|p| u32::try_from(p).ok())
-            .unwrap_or(0),
+        pid: object.get("pid").and_then(integer).unwrap_or(0),
         protocol_version: object.get("protocolVersion").and_then(non_negative_integer),
         capabilities: object
             .get("capabilities")
             .and_then(strings)
             .unwrap_or_default(),
-        turns,
+        turns: object.get("turns").and_then(|turns| {
+            Some(TurnLoad {
+                running: turns.get("running").and_then(integer)?,
+                queued: turns.get("queued").and_then(integer)?,
+                max: turns.get("max").and_then(integer)?,
+            })
+        }),
         bus_enabled: object.get("busEnabled").and_then(Value::as_bool),
         proof: object.get("proof").and_then(string),
     })
