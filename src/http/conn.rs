@@ -55,7 +55,7 @@ pub enum CloseReason {
 /// What closing a connection would lose, for eviction when the connection table is
 /// full. The variants are in eviction order: the loop closes a connection of the first
 /// class present, and within a class the one whose phase began first
-/// ([`Conn::class_since`]). [`Class::Authorized`] is never evicted.
+/// ([`Conn::phase_started`]). [`Class::Authorized`] is never evicted.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 pub enum Class {
     /// The answer is out: lingering or closing. Nothing is lost but the linger.
@@ -153,8 +153,8 @@ pub struct Conn {
     /// Whether the request being served is authorized work: the service agreed to read
     /// its body ([`Conn::read_body`]). Cleared once its answer is written.
     authorized: bool,
-    /// Start of the current phase's clock.
-    phase_started: Instant,
+    /// Start of the current phase's clock, and the eviction order within a [`Class`].
+    pub(super) phase_started: Instant,
     /// Heads served and bytes read in this step.
     step_heads: usize,
     step_read: usize,
@@ -377,9 +377,9 @@ impl Conn {
         self.served && self.inbuf.is_empty()
     }
 
-    /// The head being served, if any.
-    pub fn head(&self) -> Option<&Head> {
-        self.head.as_ref()
+    /// Answers `error` instead of the request: [`poll`](Conn::poll) asks for it next.
+    pub fn fail(&mut self, error: HttpError) {
+        self.phase = Phase::Failing(error);
     }
 
     /// Waiting for the service's deferred answer.
@@ -410,25 +410,13 @@ impl Conn {
         }
     }
 
-    /// When the current phase began: the eviction order within a [`Class`].
-    pub fn class_since(&self) -> Instant {
-        self.phase_started
-    }
-
-    /// The bytes of the response being written (head and body), or 0: its share of
-    /// the loop's response budget.
-    pub fn response_in_flight(&self) -> usize {
+    /// Its shares of the loop's budgets: the declared length of the body being read,
+    /// and the bytes of the response being written (head and body).
+    pub fn in_flight(&self) -> (usize, usize) {
         match &self.phase {
-            Phase::Writing { out, .. } => out.len(),
-            _ => 0,
-        }
-    }
-
-    /// The declared length of the body being read, or 0.
-    pub fn body_in_flight(&self) -> usize {
-        match self.phase {
-            Phase::ReadingBody { len, .. } => len,
-            _ => 0,
+            Phase::ReadingBody { len, .. } => (*len, 0),
+            Phase::Writing { out, .. } => (0, out.len()),
+            _ => (0, 0),
         }
     }
 }
@@ -603,10 +591,10 @@ mod tests {
             b"POST /body HTTP/1.1\r\nContent-Length: 10\r\n\r\n12345",
         );
         assert_eq!((next, out.as_str()), (Seen::Read(5), ""));
-        assert_eq!(conn.body_in_flight(), 10);
+        assert_eq!(conn.in_flight().0, 10);
         assert_eq!(conn.deadline(), Some(clock.now() + BODY_TIMEOUT));
         assert!(conn.expire(clock.advance(BODY_TIMEOUT)));
-        assert_eq!(conn.body_in_flight(), 0);
+        assert_eq!(conn.in_flight().0, 0);
         // The error comes with the head, so the service can tell what it was for.
         assert_eq!(
             seen(&mut conn, clock.now()),
@@ -997,7 +985,7 @@ mod tests {
         let mut conn = Conn::new(accepted);
         // A new connection that sent nothing: an incomplete head since accept.
         assert_eq!(conn.class(), Class::IncompleteHead);
-        assert_eq!(conn.class_since(), accepted);
+        assert_eq!(conn.phase_started, accepted);
         clock.advance(Duration::from_secs(1));
         feed(
             &mut conn,
@@ -1005,7 +993,7 @@ mod tests {
             b"POST /defer HTTP/1.1\r\nContent-Length: 4\r\n",
         );
         assert_eq!(
-            (conn.class(), conn.class_since()),
+            (conn.class(), conn.phase_started),
             (Class::IncompleteHead, accepted)
         );
         // The head is complete: deciding is not authorized yet.
@@ -1027,16 +1015,16 @@ mod tests {
         conn.respond(answer(200, "later"), clock.now());
         conn.wrote(3, clock.now());
         assert_eq!(conn.class(), Class::Authorized);
-        assert!(conn.response_in_flight() > 0);
+        assert!(conn.in_flight().1 > 0);
         let Action::Write(rest) = conn.poll(clock.now()) else {
             panic!("nothing to write")
         };
         let rest = rest.len();
         let answered = clock.advance(Duration::from_secs(1));
         conn.wrote(rest, answered);
-        assert_eq!(conn.response_in_flight(), 0);
+        assert_eq!(conn.in_flight().1, 0);
         // Kept alive: idle since the answer.
-        assert_eq!((conn.class(), conn.class_since()), (Class::Idle, answered));
+        assert_eq!((conn.class(), conn.phase_started), (Class::Idle, answered));
         // A head that is not authorized work, answered from the head alone (health,
         // a refusal): being written, it may be evicted.
         conn.received(b"GET /a HTTP/1.1\r\n\r\n", clock.now());

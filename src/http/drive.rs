@@ -38,8 +38,9 @@ impl InFlight {
     pub(super) fn of(conns: &[Option<OpenConn>]) -> InFlight {
         let mut sum = InFlight::default();
         for conn in conns.iter().flatten().map(|entry| &entry.conn) {
-            sum.bodies = sum.bodies.saturating_add(conn.body_in_flight());
-            sum.responses = sum.responses.saturating_add(conn.response_in_flight());
+            let (body, response) = conn.in_flight();
+            sum.bodies = sum.bodies.saturating_add(body);
+            sum.responses = sum.responses.saturating_add(response);
             sum.authorized += usize::from(conn.class() == Class::Authorized);
         }
         sum
@@ -142,11 +143,11 @@ impl OpenConn {
                     }
                     // Past the body budget, or into the health reserve: refused the
                     // way the service refuses (and audits) an HTTP-layer error.
-                    HeadAction::ReadBody(_) => self.overloaded(service),
+                    HeadAction::ReadBody(_) => self.conn.fail(HttpError::Overloaded),
                 },
                 Action::Request(head, body) => {
                     if let Some(response) = service.on_request(id, head, body) {
-                        self.answer(service, response, &InFlight::of(others), stopping);
+                        self.answer(response, &InFlight::of(others), stopping);
                     }
                 }
                 Action::Error(error, head) => {
@@ -162,14 +163,9 @@ impl OpenConn {
 
     /// Starts writing `response`, the answer to this connection's authorized request
     /// (now or deferred), if it fits the response budget beside what is `in_flight`;
-    /// otherwise a small 503 from the service, after which the connection closes.
-    pub(super) fn answer<S: Service>(
-        &mut self,
-        service: &mut S,
-        response: Response,
-        in_flight: &InFlight,
-        stopping: bool,
-    ) {
+    /// otherwise [`HttpError::Overloaded`] (a small 503 from the service), after which
+    /// the connection closes.
+    pub(super) fn answer(&mut self, response: Response, in_flight: &InFlight, stopping: bool) {
         if in_flight.admits_response(response.body.len()) {
             self.conn
                 .respond(finalize(response, stopping), Instant::now());
@@ -179,14 +175,8 @@ impl OpenConn {
                 in_flight.responses,
                 response.body.len()
             );
-            self.overloaded(service);
+            self.conn.fail(HttpError::Overloaded);
         }
-    }
-
-    /// The service's answer to [`HttpError::Overloaded`], after which it closes.
-    fn overloaded<S: Service>(&mut self, service: &mut S) {
-        let response = service.error_response(HttpError::Overloaded, self.conn.head());
-        self.conn.respond_error(response, Instant::now());
     }
 }
 

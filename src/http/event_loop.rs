@@ -157,8 +157,11 @@ impl EventLoop {
                 polled => polled?,
             }
             // New connections first, so that a health check is not accepted only after
-            // a round over every busy connection.
-            if events.iter().any(|e| e.token() == LISTENER) {
+            // a round over every busy connection; and again once a backoff has passed.
+            let resume = self
+                .accept_paused_until
+                .is_some_and(|at| Instant::now() >= at);
+            if resume || events.iter().any(|e| e.token() == LISTENER) {
                 self.accept_all(service);
             }
             for event in events.iter() {
@@ -171,14 +174,17 @@ impl EventLoop {
                         self.call(service, S::on_interrupt);
                     }
                     Token(token) => {
-                        let Some(slot) = self.event_slot(token) else {
+                        let slot = (token & SLOT_MASK).wrapping_sub(FIRST_CONN);
+                        let entry = self.conns.get_mut(slot).and_then(Option::as_mut);
+                        let Some(entry) =
+                            entry.filter(|e| conn_token(slot, e.generation).0 == token)
+                        else {
                             continue; // left over from a connection that closed
                         };
                         let hung_up = event.is_read_closed() || event.is_error();
                         // A caller that hangs up while its request waits for a turn is
                         // gone: close now, so a queued turn can be dropped.
-                        let waiting = self.conns.get(slot).and_then(Option::as_ref);
-                        if hung_up && waiting.is_some_and(|e| e.conn.is_waiting()) {
+                        if hung_up && entry.conn.is_waiting() {
                             self.close(service, slot);
                         } else {
                             self.enqueue(slot);
@@ -198,12 +204,6 @@ impl EventLoop {
                 }
             }
             self.expire(service);
-            if let Some(at) = self.accept_paused_until {
-                if Instant::now() >= at {
-                    self.accept_paused_until = None;
-                    self.accept_all(service);
-                }
-            }
         }
     }
 
@@ -221,7 +221,7 @@ impl EventLoop {
             let in_flight = InFlight::of(&self.conns);
             let entry = live(&mut self.conns, id.slot, id.generation);
             if let Some(entry) = entry.filter(|e| e.conn.is_waiting()) {
-                entry.answer(service, response, &in_flight, self.stopping);
+                entry.answer(response, &in_flight, self.stopping);
                 self.drive(service, id.slot);
             }
         }
@@ -229,7 +229,6 @@ impl EventLoop {
             if let Some(mut listener) = self.listener.take() {
                 let _ = self.poll.registry().deregister(&mut listener);
             }
-            self.accept_paused_until = None;
             // Idle keep-alive connections will never get another answer: close them.
             for slot in 0..self.conns.len() {
                 if self.conns[slot]
@@ -247,6 +246,7 @@ impl EventLoop {
     }
 
     fn accept_all<S: Service>(&mut self, service: &mut S) {
+        self.accept_paused_until = None;
         loop {
             let Some(listener) = self.listener.as_ref() else {
                 return;
@@ -284,7 +284,7 @@ impl EventLoop {
             }
             let open = self.conns.iter().enumerate().filter_map(|(slot, e)| {
                 e.as_ref()
-                    .map(|e| (slot, e.conn.class(), e.conn.class_since()))
+                    .map(|e| (slot, e.conn.class(), e.conn.phase_started))
             });
             let Some((slot, class)) = eviction_victim(open) else {
                 return false;
@@ -387,13 +387,6 @@ impl EventLoop {
             Step::Park => {}
             Step::Yield => self.enqueue(slot),
         }
-    }
-
-    /// The slot an event's token names, if that connection is still the one open there.
-    fn event_slot(&self, token: usize) -> Option<usize> {
-        let slot = (token & SLOT_MASK).checked_sub(FIRST_CONN)?;
-        let entry = self.conns.get(slot)?.as_ref()?;
-        (conn_token(slot, entry.generation).0 == token).then_some(slot)
     }
 
     /// Puts a connection on the run queue (once, however many events it has).
