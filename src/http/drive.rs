@@ -64,7 +64,7 @@ impl InFlight {
 /// One open connection: its socket, its place on the run queue, and its HTTP state.
 pub(super) struct OpenConn {
     pub(super) stream: TcpStream,
-    pub(super) generation: u64,
+    pub(super) id: ConnId,
     /// Whether the connection is on the run queue.
     pub(super) queued: bool,
     pub(super) conn: Conn,
@@ -87,27 +87,18 @@ pub(super) fn finalize(mut response: Response, stopping: bool) -> Response {
 }
 
 impl OpenConn {
-    /// This connection's id for the service, in `slot`.
-    pub(super) fn id(&self, slot: usize) -> ConnId {
-        ConnId {
-            slot,
-            generation: self.generation,
-        }
-    }
-
     /// Does what the connection asks, one [`Action`] at a time, until it has to wait:
     /// reads into `scratch`, writes, and calls `service`. `others` are the other
     /// connections, whose shares the budgets count.
     pub(super) fn step<S: Service>(
         &mut self,
         service: &mut S,
-        slot: usize,
         scratch: &mut [u8],
         others: &[Option<OpenConn>],
         max_authorized: usize,
         stopping: bool,
     ) -> Step {
-        let id = self.id(slot);
+        let id = self.id;
         self.conn.begin_step();
         loop {
             match self.conn.poll(Instant::now()) {

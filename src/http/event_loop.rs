@@ -5,7 +5,7 @@
 use super::conn::{Class, Conn, STEP_MAX_READ};
 use super::drive::{InFlight, OpenConn, Step};
 use super::listener::{connection_cap, max_authorized, warn_if_reduced};
-use super::service::{Control, Service};
+use super::service::{ConnId, Control, Service};
 use mio::net::{TcpListener, TcpStream, UnixStream};
 use mio::{Events, Interest, Poll, Token, Waker};
 use std::collections::VecDeque;
@@ -36,10 +36,10 @@ const FIRST_CONN: usize = 3;
 const SLOT_BITS: u32 = 24;
 const SLOT_MASK: usize = (1 << SLOT_BITS) - 1;
 
-fn conn_token(slot: usize, generation: u64) -> Token {
+fn conn_token(id: ConnId) -> Token {
     // Truncating the generation is fine: it only has to differ from the slot's
     // previous occupants, and 2^40 connections is beyond any run.
-    Token(((generation as usize) << SLOT_BITS) | (slot + FIRST_CONN))
+    Token(((id.generation as usize) << SLOT_BITS) | (id.slot + FIRST_CONN))
 }
 
 /// The connection to close to admit a new one, from each one's slot, [`Class`] and
@@ -53,12 +53,9 @@ fn eviction_victim(conns: impl Iterator<Item = (usize, Class, Instant)>) -> Opti
         .map(|(slot, class, _)| (slot, class))
 }
 
-/// The connection in `slot`, if it is still the one of `generation`.
-fn live(conns: &mut [Option<OpenConn>], slot: usize, generation: u64) -> Option<&mut OpenConn> {
-    conns
-        .get_mut(slot)?
-        .as_mut()
-        .filter(|e| e.generation == generation)
+/// The connection `id` names, if it is still open.
+fn live(conns: &mut [Option<OpenConn>], id: ConnId) -> Option<&mut OpenConn> {
+    conns.get_mut(id.slot)?.as_mut().filter(|e| e.id == id)
 }
 
 /// The event loop: owns the listener and every connection.
@@ -79,7 +76,7 @@ pub struct EventLoop {
     stopping: bool,
     exiting: bool,
     /// The run queue: connections with an event or with work left, in FIFO order.
-    ready: VecDeque<(usize, u64)>,
+    ready: VecDeque<ConnId>,
     /// When [`Service::on_tick`] is due.
     next_tick: Instant,
 }
@@ -148,9 +145,9 @@ impl EventLoop {
             let wake_at = conns
                 .filter_map(|e| e.conn.deadline())
                 .chain(self.accept_paused_until)
+                // Work left on the run queue: only look for new events.
+                .chain(Some(now).filter(|_| !self.ready.is_empty()))
                 .fold(self.next_tick, Instant::min);
-            // Work left on the run queue: only look for new events.
-            let wake_at = if self.ready.is_empty() { wake_at } else { now };
             let timeout = wake_at.saturating_duration_since(Instant::now());
             match self.poll.poll(&mut events, Some(timeout)) {
                 Err(e) if e.kind() == ErrorKind::Interrupted => continue,
@@ -176,9 +173,7 @@ impl EventLoop {
                     Token(token) => {
                         let slot = (token & SLOT_MASK).wrapping_sub(FIRST_CONN);
                         let entry = self.conns.get_mut(slot).and_then(Option::as_mut);
-                        let Some(entry) =
-                            entry.filter(|e| conn_token(slot, e.generation).0 == token)
-                        else {
+                        let Some(entry) = entry.filter(|e| conn_token(e.id) == Token(token)) else {
                             continue; // left over from a connection that closed
                         };
                         let hung_up = event.is_read_closed() || event.is_error();
@@ -193,12 +188,12 @@ impl EventLoop {
                 }
             }
             let round_end = Instant::now() + ROUND_BUDGET;
-            while let Some((slot, generation)) = self.ready.pop_front() {
-                let Some(entry) = live(&mut self.conns, slot, generation) else {
+            while let Some(id) = self.ready.pop_front() {
+                let Some(entry) = live(&mut self.conns, id) else {
                     continue;
                 };
                 entry.queued = false;
-                self.drive(service, slot);
+                self.drive(service, id.slot);
                 if Instant::now() >= round_end {
                     break;
                 }
@@ -219,7 +214,7 @@ impl EventLoop {
         self.stopping |= control.stop_accepting || control.exit;
         for (id, response) in control.responses {
             let in_flight = InFlight::of(&self.conns);
-            let entry = live(&mut self.conns, id.slot, id.generation);
+            let entry = live(&mut self.conns, id);
             if let Some(entry) = entry.filter(|e| e.conn.is_waiting()) {
                 entry.answer(response, &in_flight, self.stopping);
                 self.drive(service, id.slot);
@@ -229,14 +224,10 @@ impl EventLoop {
             if let Some(mut listener) = self.listener.take() {
                 let _ = self.poll.registry().deregister(&mut listener);
             }
-            // Idle keep-alive connections will never get another answer: close them.
+            // Idle keep-alive connections will never get another answer: running each
+            // connection once closes them (see `drive`).
             for slot in 0..self.conns.len() {
-                if self.conns[slot]
-                    .as_ref()
-                    .is_some_and(|e| e.conn.is_between_requests())
-                {
-                    self.close(service, slot);
-                }
+                self.drive(service, slot);
             }
         }
         self.exiting |= control.exit;
@@ -247,11 +238,8 @@ impl EventLoop {
 
     fn accept_all<S: Service>(&mut self, service: &mut S) {
         self.accept_paused_until = None;
-        loop {
-            let Some(listener) = self.listener.as_ref() else {
-                return;
-            };
-            match listener.accept() {
+        while let Some(accepted) = self.listener.as_ref().map(TcpListener::accept) {
+            match accepted {
                 Ok((stream, _peer)) => self.admit(service, stream),
                 Err(e) if e.kind() == ErrorKind::WouldBlock => return,
                 Err(e) if e.kind() == ErrorKind::Interrupted => continue,
@@ -313,11 +301,16 @@ impl EventLoop {
             self.conns.push(None);
             self.conns.len() - 1
         });
-        if let Err(e) = self.poll.registry().register(
-            &mut stream,
-            conn_token(slot, self.next_generation + 1),
-            Interest::READABLE | Interest::WRITABLE,
-        ) {
+        let id = ConnId {
+            slot,
+            generation: self.next_generation + 1,
+        };
+        let interest = Interest::READABLE | Interest::WRITABLE;
+        if let Err(e) = self
+            .poll
+            .registry()
+            .register(&mut stream, conn_token(id), interest)
+        {
             log::warn!("cannot register a connection: {e}");
             self.free.push(slot);
             return;
@@ -325,7 +318,7 @@ impl EventLoop {
         self.next_generation += 1;
         self.conns[slot] = Some(OpenConn {
             stream,
-            generation: self.next_generation,
+            id,
             queued: false,
             conn: Conn::new(Instant::now()),
         });
@@ -340,7 +333,7 @@ impl EventLoop {
         };
         let _ = self.poll.registry().deregister(&mut entry.stream);
         if entry.conn.is_waiting() {
-            service.on_abandoned(entry.id(slot));
+            service.on_abandoned(entry.id);
         }
         self.free.push(slot);
     }
@@ -371,7 +364,6 @@ impl EventLoop {
         };
         let step = entry.step(
             service,
-            slot,
             &mut self.scratch,
             &self.conns,
             max_authorized(self.max_connections),
@@ -394,7 +386,7 @@ impl EventLoop {
         let entry = self.conns.get_mut(slot).and_then(Option::as_mut);
         if let Some(entry) = entry.filter(|e| !e.queued) {
             entry.queued = true;
-            self.ready.push_back((slot, entry.generation));
+            self.ready.push_back(entry.id);
         }
     }
 }
