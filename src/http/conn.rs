@@ -121,13 +121,13 @@ pub enum Action<'a> {
     /// Shut down the socket's write side: the answer is out, lingering begins.
     ShutdownWrite,
     /// A complete head: the service decides, then [`Conn::respond`],
-    /// [`Conn::read_body`] or [`Conn::respond_error`].
+    /// [`Conn::read_body`] or [`Conn::fail`].
     Head(&'a Head),
     /// A complete request: the service answers with [`Conn::respond`] now, or later
     /// (the connection waits meanwhile).
     Request(&'a Head, Vec<u8>),
     /// An error the HTTP layer answers itself (with the head when there is one): the
-    /// service gives the response for [`Conn::respond_error`].
+    /// service gives the response for [`Conn::respond`].
     Error(HttpError, Option<&'a Head>),
     /// Nothing to do until the service answers.
     Wait,
@@ -302,22 +302,17 @@ impl Conn {
         self.authorized = true;
     }
 
-    /// Starts writing `response` at `now`: the answer to a head, to a request, or a
-    /// deferred one.
+    /// Starts writing `response` at `now`: the answer to a head, to a request, a
+    /// deferred one, or to an HTTP-layer error ([`Action::Error`]).
     pub fn respond(&mut self, response: Response, now: Instant) {
-        // An answer from the head alone leaves any announced body unread.
-        let linger =
-            self.phase == Phase::Deciding && self.head.as_ref().is_some_and(Head::announces_body);
-        self.start(response, linger, now);
-    }
-
-    /// Starts writing the answer to an HTTP-layer error at `now`; the connection closes
-    /// afterwards, lingering so that the client can read it.
-    pub fn respond_error(&mut self, response: Response, now: Instant) {
-        self.start(response, true, now);
-    }
-
-    fn start(&mut self, response: Response, linger: bool, now: Instant) {
+        let linger = match self.phase {
+            // After an error the connection closes, lingering so that the client can
+            // read the answer.
+            Phase::Failing(_) => true,
+            // An answer from the head alone leaves any announced body unread.
+            Phase::Deciding => self.head.as_ref().is_some_and(Head::announces_body),
+            _ => false,
+        };
         let keep_alive = self.head.as_ref().is_some_and(Head::wants_keep_alive);
         let after = match (linger, response.close, keep_alive) {
             (true, _, _) => After::Linger,
@@ -509,7 +504,7 @@ mod tests {
                         HttpError::BodyTimeout => 408,
                         HttpError::Overloaded => 503,
                     };
-                    conn.respond_error(answer(status, "error"), now);
+                    conn.respond(answer(status, "error"), now);
                 }
                 Action::Write(bytes) => {
                     out.extend_from_slice(bytes);
@@ -1063,7 +1058,11 @@ mod tests {
         let Seen::Head(..) = seen(&mut conn, clock.now()) else {
             panic!("no head")
         };
-        conn.respond_error(answer(503, "busy"), clock.now());
+        conn.fail(HttpError::Overloaded);
+        let Seen::Error(HttpError::Overloaded, true) = seen(&mut conn, clock.now()) else {
+            panic!("no error")
+        };
+        conn.respond(answer(503, "busy"), clock.now());
         assert_eq!(conn.class(), Class::Answering);
         // Closing after an answer.
         let mut conn = Conn::new(clock.now());

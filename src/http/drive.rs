@@ -143,7 +143,7 @@ impl OpenConn {
                 }
                 Action::Error(error, head) => {
                     let response = service.error_response(error, head);
-                    self.conn.respond_error(response, Instant::now());
+                    self.conn.respond(response, Instant::now());
                 }
                 Action::Wait => return Step::Park,
                 Action::Yield => return Step::Yield,
