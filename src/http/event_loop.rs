@@ -65,8 +65,6 @@ pub struct EventLoop {
     interrupt: UnixStream,
     waker: Arc<Waker>,
     conns: Vec<Option<OpenConn>>,
-    /// The empty slots of `conns`: every other slot holds an open connection.
-    free: Vec<usize>,
     /// [`super::MAX_CONNECTIONS`], or fewer if the open-files limit is lower.
     max_connections: usize,
     next_generation: u64,
@@ -108,7 +106,6 @@ impl EventLoop {
             interrupt,
             waker,
             conns: Vec::new(),
-            free: Vec::new(),
             max_connections,
             next_generation: 0,
             scratch: vec![0u8; READ_CHUNK].into_boxed_slice(),
@@ -270,10 +267,8 @@ impl EventLoop {
             if open < open_before || (!failed_accept && open < self.max_connections) {
                 return true; // reading one closed it
             }
-            let open = self.conns.iter().enumerate().filter_map(|(slot, e)| {
-                e.as_ref()
-                    .map(|e| (slot, e.conn.class(), e.conn.phase_started))
-            });
+            let open = self.conns.iter().flatten();
+            let open = open.map(|e| (e.id.slot, e.conn.class(), e.conn.phase_started));
             let Some((slot, class)) = eviction_victim(open) else {
                 return false;
             };
@@ -297,7 +292,8 @@ impl EventLoop {
             return; // dropping the stream closes it
         }
         let _ = stream.set_nodelay(true);
-        let slot = self.free.pop().unwrap_or_else(|| {
+        let slot = self.conns.iter().position(Option::is_none);
+        let slot = slot.unwrap_or_else(|| {
             self.conns.push(None);
             self.conns.len() - 1
         });
@@ -312,7 +308,6 @@ impl EventLoop {
             .register(&mut stream, conn_token(id), interest)
         {
             log::warn!("cannot register a connection: {e}");
-            self.free.push(slot);
             return;
         }
         self.next_generation += 1;
@@ -335,12 +330,11 @@ impl EventLoop {
         if entry.conn.is_waiting() {
             service.on_abandoned(entry.id);
         }
-        self.free.push(slot);
     }
 
     /// How many connections are open.
     fn open(&self) -> usize {
-        self.conns.len() - self.free.len()
+        self.conns.iter().flatten().count()
     }
 
     /// Applies every deadline that has passed: the connection answers 408 or closes.
