@@ -248,14 +248,8 @@ impl Conn {
     /// and its eviction order count from its start.
     pub fn received(&mut self, bytes: &[u8], _now: Instant) {
         self.step_read += bytes.len();
-        match self.phase {
-            Phase::Lingering { .. } => {}
-            Phase::ReadingBody { len, .. } => {
-                self.inbuf
-                    .reserve_exact(len.saturating_sub(self.inbuf.len()));
-                self.inbuf.extend_from_slice(bytes);
-            }
-            _ => self.inbuf.extend_from_slice(bytes),
+        if !matches!(self.phase, Phase::Lingering { .. }) {
+            self.inbuf.extend_from_slice(bytes);
         }
     }
 
@@ -293,8 +287,11 @@ impl Conn {
         }
     }
 
-    /// After [`Action::Head`]: read exactly `len` body bytes, from `now` on.
+    /// After [`Action::Head`]: read exactly `len` body bytes, from `now` on, into a
+    /// buffer of exactly that size (the body budget counts it).
     pub fn read_body(&mut self, len: usize, now: Instant) {
+        self.inbuf
+            .reserve_exact(len.saturating_sub(self.inbuf.len()));
         let send_continue =
             len > self.inbuf.len() && self.head.as_ref().is_some_and(Head::expects_continue);
         self.phase = Phase::ReadingBody { len, send_continue };

@@ -105,19 +105,17 @@ impl OpenConn {
                 Action::Read(wanted) => {
                     let (buf, _) = scratch.split_at_mut(wanted.min(scratch.len()));
                     match self.stream.read(buf) {
-                        Ok(0) => return Step::Close,
-                        Ok(n) => self.conn.received(&buf[..n], Instant::now()),
+                        Ok(n) if n > 0 => self.conn.received(&buf[..n], Instant::now()),
                         Err(e) if e.kind() == ErrorKind::WouldBlock => return Step::Park,
                         Err(e) if e.kind() == ErrorKind::Interrupted => {}
-                        Err(_) => return Step::Close,
+                        _ => return Step::Close, // the peer hung up, or the socket failed
                     }
                 }
                 Action::Write(bytes) => match self.stream.write(bytes) {
-                    Ok(0) => return Step::Close,
-                    Ok(n) => self.conn.wrote(n, Instant::now()),
+                    Ok(n) if n > 0 => self.conn.wrote(n, Instant::now()),
                     Err(e) if e.kind() == ErrorKind::WouldBlock => return Step::Park,
                     Err(e) if e.kind() == ErrorKind::Interrupted => {}
-                    Err(_) => return Step::Close,
+                    _ => return Step::Close,
                 },
                 Action::ShutdownWrite => {
                     let _ = self.stream.shutdown(Shutdown::Write);

@@ -297,20 +297,17 @@ impl EventLoop {
             self.conns.push(None);
             self.conns.len() - 1
         });
+        self.next_generation += 1;
         let id = ConnId {
             slot,
-            generation: self.next_generation + 1,
+            generation: self.next_generation,
         };
         let interest = Interest::READABLE | Interest::WRITABLE;
-        if let Err(e) = self
-            .poll
-            .registry()
-            .register(&mut stream, conn_token(id), interest)
-        {
+        let registry = self.poll.registry();
+        if let Err(e) = registry.register(&mut stream, conn_token(id), interest) {
             log::warn!("cannot register a connection: {e}");
             return;
         }
-        self.next_generation += 1;
         self.conns[slot] = Some(OpenConn {
             stream,
             id,
@@ -341,10 +338,8 @@ impl EventLoop {
     fn expire<S: Service>(&mut self, service: &mut S) {
         let now = Instant::now();
         for slot in 0..self.conns.len() {
-            if self.conns[slot]
-                .as_mut()
-                .is_some_and(|e| e.conn.expire(now))
-            {
+            let entry = self.conns[slot].as_mut();
+            if entry.is_some_and(|e| e.conn.expire(now)) {
                 self.drive(service, slot);
             }
         }
