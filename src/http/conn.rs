@@ -264,18 +264,16 @@ impl Conn {
                 self.served = true;
                 self.authorized = false;
                 self.phase_started = now;
+                // Lingering discards its input; an empty buffer past the keep size goes.
+                let oversized =
+                    self.inbuf.is_empty() && self.inbuf.capacity() > KEEP_INPUT_CAPACITY;
+                if after == After::Linger || oversized {
+                    self.inbuf = Vec::new();
+                }
                 self.phase = match after {
-                    After::Linger => {
-                        self.inbuf = Vec::new();
-                        Phase::Lingering { shut_down: false }
-                    }
+                    After::Linger => Phase::Lingering { shut_down: false },
                     After::Close(reason) => Phase::Closing(reason),
-                    After::KeepAlive => {
-                        if self.inbuf.is_empty() && self.inbuf.capacity() > KEEP_INPUT_CAPACITY {
-                            self.inbuf = Vec::new();
-                        }
-                        Phase::ReadingHead
-                    }
+                    After::KeepAlive => Phase::ReadingHead,
                 };
             }
             Phase::ReadingBody { send_continue, .. } if n >= CONTINUE.len() => {

@@ -186,11 +186,10 @@ impl EventLoop {
             }
             let round_end = Instant::now() + ROUND_BUDGET;
             while let Some(id) = self.ready.pop_front() {
-                let Some(entry) = live(&mut self.conns, id) else {
-                    continue;
-                };
-                entry.queued = false;
-                self.drive(service, id.slot);
+                if let Some(entry) = live(&mut self.conns, id) {
+                    entry.queued = false;
+                    self.drive(service, id.slot);
+                }
                 if Instant::now() >= round_end {
                     break;
                 }
