@@ -9,7 +9,7 @@ use super::service::{ConnId, Control, Service};
 use mio::net::{TcpListener, TcpStream, UnixStream};
 use mio::{Events, Interest, Poll, Token, Waker};
 use std::collections::VecDeque;
-use std::io::{self, ErrorKind, Read};
+use std::io::{self, ErrorKind};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -93,11 +93,10 @@ impl EventLoop {
         concurrent_turns: usize,
     ) -> io::Result<EventLoop> {
         let poll = Poll::new()?;
-        poll.registry()
-            .register(&mut listener, LISTENER, Interest::READABLE)?;
-        let waker = Arc::new(Waker::new(poll.registry(), WAKER)?);
-        poll.registry()
-            .register(&mut interrupt, INTERRUPT, Interest::READABLE)?;
+        let registry = poll.registry();
+        registry.register(&mut listener, LISTENER, Interest::READABLE)?;
+        registry.register(&mut interrupt, INTERRUPT, Interest::READABLE)?;
+        let waker = Arc::new(Waker::new(registry, WAKER)?);
         let max_connections = connection_cap(concurrent_turns);
         warn_if_reduced(max_connections, concurrent_turns);
         Ok(EventLoop {
@@ -163,8 +162,7 @@ impl EventLoop {
                     LISTENER => {}
                     WAKER => self.call(service, S::on_wake),
                     INTERRUPT => {
-                        let mut buf = [0u8; 64];
-                        while matches!(self.interrupt.read(&mut buf), Ok(n) if n > 0) {}
+                        let _ = io::copy(&mut self.interrupt, &mut io::sink()); // drain it
                         self.call(service, S::on_interrupt);
                     }
                     Token(token) => {
