@@ -2,6 +2,7 @@
 //! for, and the budgets all connections share.
 
 use super::conn::{Action, Class, Conn};
+use super::event_loop::EventLoop;
 use super::message::{HttpError, Response};
 use super::service::{ConnId, HeadAction, Service};
 use mio::net::TcpStream;
@@ -86,62 +87,56 @@ pub(super) fn finalize(mut response: Response, stopping: bool) -> Response {
     response
 }
 
-impl OpenConn {
-    /// Does what the connection asks, one [`Action`] at a time, until it has to wait:
-    /// reads into `scratch`, writes, and calls `service`. `others` are the other
-    /// connections, whose shares the budgets count.
-    pub(super) fn step<S: Service>(
-        &mut self,
-        service: &mut S,
-        scratch: &mut [u8],
-        others: &[Option<OpenConn>],
-        max_authorized: usize,
-        stopping: bool,
-    ) -> Step {
-        let id = self.id;
-        self.conn.begin_step();
+impl EventLoop {
+    /// Does what `entry`, out of its slot, asks, one [`Action`] at a time, until it has
+    /// to wait: reads into the loop's one buffer, writes, and calls `service`. The
+    /// budgets count the shares of the other connections, those in their slots.
+    pub(super) fn step<S: Service>(&mut self, service: &mut S, entry: &mut OpenConn) -> Step {
+        let (id, stopping) = (entry.id, self.stopping);
+        entry.conn.begin_step();
         loop {
-            match self.conn.poll(Instant::now()) {
+            match entry.conn.poll(Instant::now()) {
                 Action::Read(wanted) => {
-                    let (buf, _) = scratch.split_at_mut(wanted.min(scratch.len()));
-                    match self.stream.read(buf) {
-                        Ok(n) if n > 0 => self.conn.received(&buf[..n], Instant::now()),
+                    let (buf, _) = self.scratch.split_at_mut(wanted.min(self.scratch.len()));
+                    match entry.stream.read(buf) {
+                        Ok(n) if n > 0 => entry.conn.received(&buf[..n], Instant::now()),
                         Err(e) if e.kind() == ErrorKind::WouldBlock => return Step::Park,
                         Err(e) if e.kind() == ErrorKind::Interrupted => {}
                         _ => return Step::Close, // the peer hung up, or the socket failed
                     }
                 }
-                Action::Write(bytes) => match self.stream.write(bytes) {
-                    Ok(n) if n > 0 => self.conn.wrote(n, Instant::now()),
+                Action::Write(bytes) => match entry.stream.write(bytes) {
+                    Ok(n) if n > 0 => entry.conn.wrote(n, Instant::now()),
                     Err(e) if e.kind() == ErrorKind::WouldBlock => return Step::Park,
                     Err(e) if e.kind() == ErrorKind::Interrupted => {}
                     _ => return Step::Close,
                 },
                 Action::ShutdownWrite => {
-                    let _ = self.stream.shutdown(Shutdown::Write);
+                    let _ = entry.stream.shutdown(Shutdown::Write);
                 }
                 Action::Head(head) => match service.on_head(id, head) {
                     HeadAction::Respond(response) => {
-                        self.conn
+                        entry
+                            .conn
                             .respond(finalize(response, stopping), Instant::now());
                     }
                     HeadAction::ReadBody(len)
-                        if InFlight::of(others).admits_request(len, max_authorized) =>
+                        if InFlight::of(&self.conns).admits_request(len, self.max_authorized()) =>
                     {
-                        self.conn.read_body(len, Instant::now());
+                        entry.conn.read_body(len, Instant::now());
                     }
                     // Past the body budget, or into the health reserve: refused the
                     // way the service refuses (and audits) an HTTP-layer error.
-                    HeadAction::ReadBody(_) => self.conn.fail(HttpError::Overloaded),
+                    HeadAction::ReadBody(_) => entry.conn.fail(HttpError::Overloaded),
                 },
                 Action::Request(head, body) => {
                     if let Some(response) = service.on_request(id, head, body) {
-                        self.answer(response, &InFlight::of(others), stopping);
+                        entry.answer(response, &InFlight::of(&self.conns), stopping);
                     }
                 }
                 Action::Error(error, head) => {
                     let response = service.error_response(error, head);
-                    self.conn.respond(response, Instant::now());
+                    entry.conn.respond(response, Instant::now());
                 }
                 Action::Wait => return Step::Park,
                 Action::Yield => return Step::Yield,
@@ -149,7 +144,9 @@ impl OpenConn {
             }
         }
     }
+}
 
+impl OpenConn {
     /// Starts writing `response`, the answer to this connection's authorized request
     /// (now or deferred), if it fits the response budget beside what is `in_flight`;
     /// otherwise [`HttpError::Overloaded`] (a small 503 from the service), after which

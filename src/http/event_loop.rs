@@ -64,14 +64,14 @@ pub struct EventLoop {
     listener: Option<TcpListener>,
     interrupt: UnixStream,
     waker: Arc<Waker>,
-    conns: Vec<Option<OpenConn>>,
+    pub(super) conns: Vec<Option<OpenConn>>,
     /// [`super::MAX_CONNECTIONS`], or fewer if the open-files limit is lower.
     max_connections: usize,
     next_generation: u64,
-    scratch: Box<[u8]>,
+    pub(super) scratch: Box<[u8]>,
     accept_paused_until: Option<Instant>,
     /// Every answer closes its connection from now on (stop accepting, or exit).
-    stopping: bool,
+    pub(super) stopping: bool,
     exiting: bool,
     /// The run queue: connections with an event or with work left, in FIFO order.
     ready: VecDeque<ConnId>,
@@ -326,6 +326,11 @@ impl EventLoop {
         }
     }
 
+    /// Most connections that may hold authorized work (see [`max_authorized`]).
+    pub(super) fn max_authorized(&self) -> usize {
+        max_authorized(self.max_connections)
+    }
+
     /// How many connections are open.
     fn open(&self) -> usize {
         self.conns.iter().flatten().count()
@@ -348,13 +353,7 @@ impl EventLoop {
         let Some(mut entry) = self.conns.get_mut(slot).and_then(Option::take) else {
             return;
         };
-        let step = entry.step(
-            service,
-            &mut self.scratch,
-            &self.conns,
-            max_authorized(self.max_connections),
-            self.stopping,
-        );
+        let step = self.step(service, &mut entry);
         // An answer begun before the stop, now written, leaves a kept-alive connection
         // that will never get another: close it.
         let done = self.stopping && entry.conn.is_between_requests();
