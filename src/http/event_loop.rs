@@ -252,10 +252,10 @@ impl EventLoop {
     /// Closes one connection to admit a new one (see [`eviction_victim`]); whether
     /// there is room now. With `failed_accept` (accept ran out of descriptors) one is
     /// closed even below the cap, to give the next accept a descriptor. An incomplete
-    /// head is read once more before it is judged: its bytes may have arrived since the last read (its readiness event waiting
-    /// behind the accept), and hold a head that passes its checks, which is then
-    /// authorized work. Each connection is read at most once per call, so the work is
-    /// bounded by the connections open.
+    /// head is read once more before it is judged: its bytes may have arrived since the
+    /// last read (its readiness event waiting behind the accept), and hold a head that
+    /// passes its checks, which is then authorized work. Each connection is read at
+    /// most once per call, so the work is bounded by the connections open.
     fn make_room<S: Service>(&mut self, service: &mut S, failed_accept: bool) -> bool {
         let mut read_again = Vec::new();
         let open_before = self.open();
