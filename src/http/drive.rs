@@ -72,7 +72,7 @@ pub(super) struct OpenConn {
 }
 
 /// What running a connection as far as it can go ended with.
-pub(super) enum Step {
+enum Step {
     /// Wait for the next readiness event.
     Park,
     Close,
@@ -88,28 +88,33 @@ pub(super) fn finalize(mut response: Response, stopping: bool) -> Response {
 }
 
 impl EventLoop {
-    /// Does what `entry`, out of its slot, asks, one [`Action`] at a time, until it has
-    /// to wait: reads into the loop's one buffer, writes, and calls `service`. The
-    /// budgets count the shares of the other connections, those in their slots.
-    pub(super) fn step<S: Service>(&mut self, service: &mut S, entry: &mut OpenConn) -> Step {
+    /// Runs the connection in `slot` as far as it can go without blocking: does what
+    /// it asks, one [`Action`] at a time, until it has to wait (reads into the loop's
+    /// one buffer, writes, and calls `service`). The budgets count the shares of the
+    /// other connections, those in their slots.
+    pub(super) fn drive<S: Service>(&mut self, service: &mut S, slot: usize) {
+        // Out of its slot while it runs; no callback of the service can reach it there.
+        let Some(mut entry) = self.conns.get_mut(slot).and_then(Option::take) else {
+            return;
+        };
         let (id, stopping) = (entry.id, self.stopping);
         entry.conn.begin_step();
-        loop {
+        let step = loop {
             match entry.conn.poll(Instant::now()) {
                 Action::Read(wanted) => {
                     let (buf, _) = self.scratch.split_at_mut(wanted.min(self.scratch.len()));
                     match entry.stream.read(buf) {
                         Ok(n) if n > 0 => entry.conn.received(&buf[..n], Instant::now()),
-                        Err(e) if e.kind() == ErrorKind::WouldBlock => return Step::Park,
+                        Err(e) if e.kind() == ErrorKind::WouldBlock => break Step::Park,
                         Err(e) if e.kind() == ErrorKind::Interrupted => {}
-                        _ => return Step::Close, // the peer hung up, or the socket failed
+                        _ => break Step::Close, // the peer hung up, or the socket failed
                     }
                 }
                 Action::Write(bytes) => match entry.stream.write(bytes) {
                     Ok(n) if n > 0 => entry.conn.wrote(n, Instant::now()),
-                    Err(e) if e.kind() == ErrorKind::WouldBlock => return Step::Park,
+                    Err(e) if e.kind() == ErrorKind::WouldBlock => break Step::Park,
                     Err(e) if e.kind() == ErrorKind::Interrupted => {}
-                    _ => return Step::Close,
+                    _ => break Step::Close,
                 },
                 Action::ShutdownWrite => {
                     let _ = entry.stream.shutdown(Shutdown::Write);
@@ -121,7 +126,7 @@ impl EventLoop {
                             .respond(finalize(response, stopping), Instant::now());
                     }
                     HeadAction::ReadBody(len)
-                        if InFlight::of(&self.conns).admits_request(len, self.max_authorized()) =>
+                        if InFlight::of(&self.conns).admits_request(len, self.max_authorized) =>
                     {
                         entry.conn.read_body(len, Instant::now());
                     }
@@ -138,10 +143,20 @@ impl EventLoop {
                     let response = service.error_response(error, head);
                     entry.conn.respond(response, Instant::now());
                 }
-                Action::Wait => return Step::Park,
-                Action::Yield => return Step::Yield,
-                Action::Close(_) => return Step::Close,
+                Action::Wait => break Step::Park,
+                Action::Yield => break Step::Yield,
+                Action::Close(_) => break Step::Close,
             }
+        };
+        // An answer begun before the stop, now written, leaves a kept-alive connection
+        // that will never get another: close it.
+        let done = stopping && entry.conn.is_between_requests();
+        self.conns[slot] = Some(entry);
+        match step {
+            Step::Close => self.close(service, slot),
+            _ if done => self.close(service, slot),
+            Step::Park => {}
+            Step::Yield => self.enqueue(slot),
         }
     }
 }

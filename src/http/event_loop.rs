@@ -3,7 +3,7 @@
 //! eviction. Running one connection is `drive`'s job.
 
 use super::conn::{Class, Conn, STEP_MAX_READ};
-use super::drive::{InFlight, OpenConn, Step};
+use super::drive::{InFlight, OpenConn};
 use super::listener::{connection_cap, max_authorized, warn_if_reduced};
 use super::service::{ConnId, Control, Service};
 use mio::net::{TcpListener, TcpStream, UnixStream};
@@ -67,6 +67,8 @@ pub struct EventLoop {
     pub(super) conns: Vec<Option<OpenConn>>,
     /// [`super::MAX_CONNECTIONS`], or fewer if the open-files limit is lower.
     max_connections: usize,
+    /// Most connections that may hold authorized work: [`max_authorized`] of the cap.
+    pub(super) max_authorized: usize,
     next_generation: u64,
     pub(super) scratch: Box<[u8]>,
     accept_paused_until: Option<Instant>,
@@ -106,6 +108,7 @@ impl EventLoop {
             waker,
             conns: Vec::new(),
             max_connections,
+            max_authorized: max_authorized(max_connections),
             next_generation: 0,
             scratch: vec![0u8; READ_CHUNK].into_boxed_slice(),
             accept_paused_until: None,
@@ -316,7 +319,7 @@ impl EventLoop {
         self.drive(service, slot);
     }
 
-    fn close<S: Service>(&mut self, service: &mut S, slot: usize) {
+    pub(super) fn close<S: Service>(&mut self, service: &mut S, slot: usize) {
         let Some(mut entry) = self.conns.get_mut(slot).and_then(Option::take) else {
             return;
         };
@@ -324,11 +327,6 @@ impl EventLoop {
         if entry.conn.is_waiting() {
             service.on_abandoned(entry.id);
         }
-    }
-
-    /// Most connections that may hold authorized work (see [`max_authorized`]).
-    pub(super) fn max_authorized(&self) -> usize {
-        max_authorized(self.max_connections)
     }
 
     /// How many connections are open.
@@ -347,27 +345,8 @@ impl EventLoop {
         }
     }
 
-    /// Runs one connection as far as it can go without blocking.
-    fn drive<S: Service>(&mut self, service: &mut S, slot: usize) {
-        // Out of its slot while it runs; no callback of the service can reach it there.
-        let Some(mut entry) = self.conns.get_mut(slot).and_then(Option::take) else {
-            return;
-        };
-        let step = self.step(service, &mut entry);
-        // An answer begun before the stop, now written, leaves a kept-alive connection
-        // that will never get another: close it.
-        let done = self.stopping && entry.conn.is_between_requests();
-        self.conns[slot] = Some(entry);
-        match step {
-            Step::Close => self.close(service, slot),
-            _ if done => self.close(service, slot),
-            Step::Park => {}
-            Step::Yield => self.enqueue(slot),
-        }
-    }
-
     /// Puts a connection on the run queue (once, however many events it has).
-    fn enqueue(&mut self, slot: usize) {
+    pub(super) fn enqueue(&mut self, slot: usize) {
         let entry = self.conns.get_mut(slot).and_then(Option::as_mut);
         if let Some(entry) = entry.filter(|e| !e.queued) {
             entry.queued = true;
