@@ -29,7 +29,7 @@ pub const MAX_RESPONSE_BYTES_IN_FLIGHT: usize = 16 * 1024 * 1024;
 #[derive(Debug, Default)]
 pub(super) struct InFlight {
     bodies: usize,
-    responses: usize,
+    pub(super) responses: usize,
     authorized: usize,
 }
 
@@ -82,7 +82,7 @@ enum Step {
 
 /// A response as it will be written: once the loop is stopping, it closes its
 /// connection, and says so.
-pub(super) fn finalize(mut response: Response, stopping: bool) -> Response {
+fn finalize(mut response: Response, stopping: bool) -> Response {
     response.close |= stopping;
     response
 }
@@ -149,14 +149,13 @@ impl EventLoop {
             }
         };
         // An answer begun before the stop, now written, leaves a kept-alive connection
-        // that will never get another: close it.
-        let done = stopping && entry.conn.is_between_requests();
+        // that will never get another: close it too.
+        let closes = matches!(step, Step::Close) || stopping && entry.conn.is_between_requests();
         self.conns[slot] = Some(entry);
         match step {
-            Step::Close => self.close(service, slot),
-            _ if done => self.close(service, slot),
-            Step::Park => {}
+            _ if closes => self.close(service, slot),
             Step::Yield => self.enqueue(slot),
+            Step::Park | Step::Close => {}
         }
     }
 }

@@ -137,7 +137,7 @@ impl EventLoop {
                 self.next_tick = service.on_tick(now, &mut control);
                 self.apply(service, control);
             }
-            if self.exiting && !self.conns.iter().flatten().any(|e| e.conn.is_writing()) {
+            if self.exiting && InFlight::of(&self.conns).responses == 0 {
                 return Ok(());
             }
             let conns = self.conns.iter().flatten();
