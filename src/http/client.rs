@@ -350,12 +350,9 @@ impl Connection {
         if length.is_some_and(|length| length > MAX_RESPONSE_BODY_BYTES) {
             return Err(too_large);
         }
-        loop {
-            let have = self.buffer.len() as u64;
-            match length {
-                Some(length) if have >= length => break,
-                None if have > MAX_RESPONSE_BODY_BYTES => return Err(too_large),
-                _ => {}
+        while length.is_none_or(|length| (self.buffer.len() as u64) < length) {
+            if self.buffer.len() as u64 > MAX_RESPONSE_BODY_BYTES {
+                return Err(too_large);
             }
             if !self.fill(deadline)? {
                 if length.is_some() {

@@ -55,7 +55,7 @@ pub enum CloseReason {
 /// What closing a connection would lose, for eviction when the connection table is
 /// full. The variants are in eviction order: the loop closes a connection of the first
 /// class present, and within a class the one whose phase began first
-/// ([`Conn::class_since`]). [`Class::Authorized`] is never evicted.
+/// ([`Conn::phase_started`]). [`Class::Authorized`] is never evicted.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 pub enum Class {
     /// The answer is out: lingering or closing. Nothing is lost but the linger.
@@ -121,13 +121,13 @@ pub enum Action<'a> {
     /// Shut down the socket's write side: the answer is out, lingering begins.
     ShutdownWrite,
     /// A complete head: the service decides, then [`Conn::respond`],
-    /// [`Conn::read_body`] or [`Conn::respond_error`].
+    /// [`Conn::read_body`] or [`Conn::fail`].
     Head(&'a Head),
     /// A complete request: the service answers with [`Conn::respond`] now, or later
     /// (the connection waits meanwhile).
     Request(&'a Head, Vec<u8>),
     /// An error the HTTP layer answers itself (with the head when there is one): the
-    /// service gives the response for [`Conn::respond_error`].
+    /// service gives the response for [`Conn::respond`].
     Error(HttpError, Option<&'a Head>),
     /// Nothing to do until the service answers.
     Wait,
@@ -153,8 +153,8 @@ pub struct Conn {
     /// Whether the request being served is authorized work: the service agreed to read
     /// its body ([`Conn::read_body`]). Cleared once its answer is written.
     authorized: bool,
-    /// Start of the current phase's clock.
-    phase_started: Instant,
+    /// Start of the current phase's clock, and the eviction order within a [`Class`].
+    pub(super) phase_started: Instant,
     /// Heads served and bytes read in this step.
     step_heads: usize,
     step_read: usize,
@@ -248,14 +248,8 @@ impl Conn {
     /// and its eviction order count from its start.
     pub fn received(&mut self, bytes: &[u8], _now: Instant) {
         self.step_read += bytes.len();
-        match self.phase {
-            Phase::Lingering { .. } => {}
-            Phase::ReadingBody { len, .. } => {
-                self.inbuf
-                    .reserve_exact(len.saturating_sub(self.inbuf.len()));
-                self.inbuf.extend_from_slice(bytes);
-            }
-            _ => self.inbuf.extend_from_slice(bytes),
+        if !matches!(self.phase, Phase::Lingering { .. }) {
+            self.inbuf.extend_from_slice(bytes);
         }
     }
 
@@ -270,18 +264,16 @@ impl Conn {
                 self.served = true;
                 self.authorized = false;
                 self.phase_started = now;
+                // Lingering discards its input; an empty buffer past the keep size goes.
+                let oversized =
+                    self.inbuf.is_empty() && self.inbuf.capacity() > KEEP_INPUT_CAPACITY;
+                if after == After::Linger || oversized {
+                    self.inbuf = Vec::new();
+                }
                 self.phase = match after {
-                    After::Linger => {
-                        self.inbuf = Vec::new();
-                        Phase::Lingering { shut_down: false }
-                    }
+                    After::Linger => Phase::Lingering { shut_down: false },
                     After::Close(reason) => Phase::Closing(reason),
-                    After::KeepAlive => {
-                        if self.inbuf.is_empty() && self.inbuf.capacity() > KEEP_INPUT_CAPACITY {
-                            self.inbuf = Vec::new();
-                        }
-                        Phase::ReadingHead
-                    }
+                    After::KeepAlive => Phase::ReadingHead,
                 };
             }
             Phase::ReadingBody { send_continue, .. } if n >= CONTINUE.len() => {
@@ -293,8 +285,11 @@ impl Conn {
         }
     }
 
-    /// After [`Action::Head`]: read exactly `len` body bytes, from `now` on.
+    /// After [`Action::Head`]: read exactly `len` body bytes, from `now` on, into a
+    /// buffer of exactly that size (the body budget counts it).
     pub fn read_body(&mut self, len: usize, now: Instant) {
+        self.inbuf
+            .reserve_exact(len.saturating_sub(self.inbuf.len()));
         let send_continue =
             len > self.inbuf.len() && self.head.as_ref().is_some_and(Head::expects_continue);
         self.phase = Phase::ReadingBody { len, send_continue };
@@ -302,22 +297,17 @@ impl Conn {
         self.authorized = true;
     }
 
-    /// Starts writing `response` at `now`: the answer to a head, to a request, or a
-    /// deferred one.
+    /// Starts writing `response` at `now`: the answer to a head, to a request, a
+    /// deferred one, or to an HTTP-layer error ([`Action::Error`]).
     pub fn respond(&mut self, response: Response, now: Instant) {
-        // An answer from the head alone leaves any announced body unread.
-        let linger =
-            self.phase == Phase::Deciding && self.head.as_ref().is_some_and(Head::announces_body);
-        self.start(response, linger, now);
-    }
-
-    /// Starts writing the answer to an HTTP-layer error at `now`; the connection closes
-    /// afterwards, lingering so that the client can read it.
-    pub fn respond_error(&mut self, response: Response, now: Instant) {
-        self.start(response, true, now);
-    }
-
-    fn start(&mut self, response: Response, linger: bool, now: Instant) {
+        let linger = match self.phase {
+            // After an error the connection closes, lingering so that the client can
+            // read the answer.
+            Phase::Failing(_) => true,
+            // An answer from the head alone leaves any announced body unread.
+            Phase::Deciding => self.head.as_ref().is_some_and(Head::announces_body),
+            _ => false,
+        };
         let keep_alive = self.head.as_ref().is_some_and(Head::wants_keep_alive);
         let after = match (linger, response.close, keep_alive) {
             (true, _, _) => After::Linger,
@@ -377,19 +367,14 @@ impl Conn {
         self.served && self.inbuf.is_empty()
     }
 
-    /// The head being served, if any.
-    pub fn head(&self) -> Option<&Head> {
-        self.head.as_ref()
+    /// Answers `error` instead of the request: [`poll`](Conn::poll) asks for it next.
+    pub fn fail(&mut self, error: HttpError) {
+        self.phase = Phase::Failing(error);
     }
 
     /// Waiting for the service's deferred answer.
     pub fn is_waiting(&self) -> bool {
         self.phase == Phase::Waiting
-    }
-
-    /// Writing a response.
-    pub fn is_writing(&self) -> bool {
-        matches!(self.phase, Phase::Writing { .. })
     }
 
     /// Between requests with nothing received: closing it loses no request.
@@ -410,25 +395,13 @@ impl Conn {
         }
     }
 
-    /// When the current phase began: the eviction order within a [`Class`].
-    pub fn class_since(&self) -> Instant {
-        self.phase_started
-    }
-
-    /// The bytes of the response being written (head and body), or 0: its share of
-    /// the loop's response budget.
-    pub fn response_in_flight(&self) -> usize {
+    /// Its shares of the loop's budgets: the declared length of the body being read,
+    /// and the bytes of the response being written (head and body).
+    pub fn in_flight(&self) -> (usize, usize) {
         match &self.phase {
-            Phase::Writing { out, .. } => out.len(),
-            _ => 0,
-        }
-    }
-
-    /// The declared length of the body being read, or 0.
-    pub fn body_in_flight(&self) -> usize {
-        match self.phase {
-            Phase::ReadingBody { len, .. } => len,
-            _ => 0,
+            Phase::ReadingBody { len, .. } => (*len, 0),
+            Phase::Writing { out, .. } => (0, out.len()),
+            _ => (0, 0),
         }
     }
 }
@@ -521,7 +494,7 @@ mod tests {
                         HttpError::BodyTimeout => 408,
                         HttpError::Overloaded => 503,
                     };
-                    conn.respond_error(answer(status, "error"), now);
+                    conn.respond(answer(status, "error"), now);
                 }
                 Action::Write(bytes) => {
                     out.extend_from_slice(bytes);
@@ -603,10 +576,10 @@ mod tests {
             b"POST /body HTTP/1.1\r\nContent-Length: 10\r\n\r\n12345",
         );
         assert_eq!((next, out.as_str()), (Seen::Read(5), ""));
-        assert_eq!(conn.body_in_flight(), 10);
+        assert_eq!(conn.in_flight().0, 10);
         assert_eq!(conn.deadline(), Some(clock.now() + BODY_TIMEOUT));
         assert!(conn.expire(clock.advance(BODY_TIMEOUT)));
-        assert_eq!(conn.body_in_flight(), 0);
+        assert_eq!(conn.in_flight().0, 0);
         // The error comes with the head, so the service can tell what it was for.
         assert_eq!(
             seen(&mut conn, clock.now()),
@@ -678,7 +651,7 @@ mod tests {
             panic!("the rest is not pending")
         };
         assert_eq!(rest.len(), total - 100);
-        assert!(conn.is_writing());
+        assert!(conn.in_flight().1 > 0, "writing");
         // The write clock runs from the start of the response, not from the last write.
         assert!(!conn.expire(
             clock.advance(WRITE_TIMEOUT - Duration::from_secs(3) - Duration::from_millis(1))
@@ -930,7 +903,7 @@ mod tests {
         assert_eq!(conn.deadline(), None);
         assert!(!conn.expire(clock.now() + Duration::from_secs(3600)));
         conn.respond(answer(200, "later"), clock.now());
-        assert!(conn.is_writing());
+        assert!(conn.in_flight().1 > 0, "writing");
         assert_eq!(conn.deadline(), Some(clock.now() + WRITE_TIMEOUT));
     }
 
@@ -997,7 +970,7 @@ mod tests {
         let mut conn = Conn::new(accepted);
         // A new connection that sent nothing: an incomplete head since accept.
         assert_eq!(conn.class(), Class::IncompleteHead);
-        assert_eq!(conn.class_since(), accepted);
+        assert_eq!(conn.phase_started, accepted);
         clock.advance(Duration::from_secs(1));
         feed(
             &mut conn,
@@ -1005,7 +978,7 @@ mod tests {
             b"POST /defer HTTP/1.1\r\nContent-Length: 4\r\n",
         );
         assert_eq!(
-            (conn.class(), conn.class_since()),
+            (conn.class(), conn.phase_started),
             (Class::IncompleteHead, accepted)
         );
         // The head is complete: deciding is not authorized yet.
@@ -1027,16 +1000,16 @@ mod tests {
         conn.respond(answer(200, "later"), clock.now());
         conn.wrote(3, clock.now());
         assert_eq!(conn.class(), Class::Authorized);
-        assert!(conn.response_in_flight() > 0);
+        assert!(conn.in_flight().1 > 0);
         let Action::Write(rest) = conn.poll(clock.now()) else {
             panic!("nothing to write")
         };
         let rest = rest.len();
         let answered = clock.advance(Duration::from_secs(1));
         conn.wrote(rest, answered);
-        assert_eq!(conn.response_in_flight(), 0);
+        assert_eq!(conn.in_flight().1, 0);
         // Kept alive: idle since the answer.
-        assert_eq!((conn.class(), conn.class_since()), (Class::Idle, answered));
+        assert_eq!((conn.class(), conn.phase_started), (Class::Idle, answered));
         // A head that is not authorized work, answered from the head alone (health,
         // a refusal): being written, it may be evicted.
         conn.received(b"GET /a HTTP/1.1\r\n\r\n", clock.now());
@@ -1075,7 +1048,11 @@ mod tests {
         let Seen::Head(..) = seen(&mut conn, clock.now()) else {
             panic!("no head")
         };
-        conn.respond_error(answer(503, "busy"), clock.now());
+        conn.fail(HttpError::Overloaded);
+        let Seen::Error(HttpError::Overloaded, true) = seen(&mut conn, clock.now()) else {
+            panic!("no error")
+        };
+        conn.respond(answer(503, "busy"), clock.now());
         assert_eq!(conn.class(), Class::Answering);
         // Closing after an answer.
         let mut conn = Conn::new(clock.now());

@@ -2,6 +2,7 @@
 //! for, and the budgets all connections share.
 
 use super::conn::{Action, Class, Conn};
+use super::event_loop::EventLoop;
 use super::message::{HttpError, Response};
 use super::service::{ConnId, HeadAction, Service};
 use mio::net::TcpStream;
@@ -28,7 +29,7 @@ pub const MAX_RESPONSE_BYTES_IN_FLIGHT: usize = 16 * 1024 * 1024;
 #[derive(Debug, Default)]
 pub(super) struct InFlight {
     bodies: usize,
-    responses: usize,
+    pub(super) responses: usize,
     authorized: usize,
 }
 
@@ -38,8 +39,9 @@ impl InFlight {
     pub(super) fn of(conns: &[Option<OpenConn>]) -> InFlight {
         let mut sum = InFlight::default();
         for conn in conns.iter().flatten().map(|entry| &entry.conn) {
-            sum.bodies = sum.bodies.saturating_add(conn.body_in_flight());
-            sum.responses = sum.responses.saturating_add(conn.response_in_flight());
+            let (body, response) = conn.in_flight();
+            sum.bodies = sum.bodies.saturating_add(body);
+            sum.responses = sum.responses.saturating_add(response);
             sum.authorized += usize::from(conn.class() == Class::Authorized);
         }
         sum
@@ -63,14 +65,14 @@ impl InFlight {
 /// One open connection: its socket, its place on the run queue, and its HTTP state.
 pub(super) struct OpenConn {
     pub(super) stream: TcpStream,
-    pub(super) generation: u64,
+    pub(super) id: ConnId,
     /// Whether the connection is on the run queue.
     pub(super) queued: bool,
     pub(super) conn: Conn,
 }
 
 /// What running a connection as far as it can go ended with.
-pub(super) enum Step {
+enum Step {
     /// Wait for the next readiness event.
     Park,
     Close,
@@ -80,96 +82,90 @@ pub(super) enum Step {
 
 /// A response as it will be written: once the loop is stopping, it closes its
 /// connection, and says so.
-pub(super) fn finalize(mut response: Response, stopping: bool) -> Response {
+fn finalize(mut response: Response, stopping: bool) -> Response {
     response.close |= stopping;
     response
 }
 
-impl OpenConn {
-    /// This connection's id for the service, in `slot`.
-    pub(super) fn id(&self, slot: usize) -> ConnId {
-        ConnId {
-            slot,
-            generation: self.generation,
-        }
-    }
-
-    /// Does what the connection asks, one [`Action`] at a time, until it has to wait:
-    /// reads into `scratch`, writes, and calls `service`. `others` are the other
-    /// connections, whose shares the budgets count.
-    pub(super) fn step<S: Service>(
-        &mut self,
-        service: &mut S,
-        slot: usize,
-        scratch: &mut [u8],
-        others: &[Option<OpenConn>],
-        max_authorized: usize,
-        stopping: bool,
-    ) -> Step {
-        let id = self.id(slot);
-        self.conn.begin_step();
-        loop {
-            match self.conn.poll(Instant::now()) {
+impl EventLoop {
+    /// Runs the connection in `slot` as far as it can go without blocking: does what
+    /// it asks, one [`Action`] at a time, until it has to wait (reads into the loop's
+    /// one buffer, writes, and calls `service`). The budgets count the shares of the
+    /// other connections, those in their slots.
+    pub(super) fn drive<S: Service>(&mut self, service: &mut S, slot: usize) {
+        // Out of its slot while it runs; no callback of the service can reach it there.
+        let Some(mut entry) = self.conns.get_mut(slot).and_then(Option::take) else {
+            return;
+        };
+        let (id, stopping) = (entry.id, self.stopping);
+        entry.conn.begin_step();
+        let step = loop {
+            match entry.conn.poll(Instant::now()) {
                 Action::Read(wanted) => {
-                    let (buf, _) = scratch.split_at_mut(wanted.min(scratch.len()));
-                    match self.stream.read(buf) {
-                        Ok(0) => return Step::Close,
-                        Ok(n) => self.conn.received(&buf[..n], Instant::now()),
-                        Err(e) if e.kind() == ErrorKind::WouldBlock => return Step::Park,
+                    let (buf, _) = self.scratch.split_at_mut(wanted.min(self.scratch.len()));
+                    match entry.stream.read(buf) {
+                        Ok(n) if n > 0 => entry.conn.received(&buf[..n], Instant::now()),
+                        Err(e) if e.kind() == ErrorKind::WouldBlock => break Step::Park,
                         Err(e) if e.kind() == ErrorKind::Interrupted => {}
-                        Err(_) => return Step::Close,
+                        _ => break Step::Close, // the peer hung up, or the socket failed
                     }
                 }
-                Action::Write(bytes) => match self.stream.write(bytes) {
-                    Ok(0) => return Step::Close,
-                    Ok(n) => self.conn.wrote(n, Instant::now()),
-                    Err(e) if e.kind() == ErrorKind::WouldBlock => return Step::Park,
+                Action::Write(bytes) => match entry.stream.write(bytes) {
+                    Ok(n) if n > 0 => entry.conn.wrote(n, Instant::now()),
+                    Err(e) if e.kind() == ErrorKind::WouldBlock => break Step::Park,
                     Err(e) if e.kind() == ErrorKind::Interrupted => {}
-                    Err(_) => return Step::Close,
+                    _ => break Step::Close,
                 },
                 Action::ShutdownWrite => {
-                    let _ = self.stream.shutdown(Shutdown::Write);
+                    let _ = entry.stream.shutdown(Shutdown::Write);
                 }
                 Action::Head(head) => match service.on_head(id, head) {
                     HeadAction::Respond(response) => {
-                        self.conn
+                        entry
+                            .conn
                             .respond(finalize(response, stopping), Instant::now());
                     }
                     HeadAction::ReadBody(len)
-                        if InFlight::of(others).admits_request(len, max_authorized) =>
+                        if InFlight::of(&self.conns).admits_request(len, self.max_authorized) =>
                     {
-                        self.conn.read_body(len, Instant::now());
+                        entry.conn.read_body(len, Instant::now());
                     }
                     // Past the body budget, or into the health reserve: refused the
                     // way the service refuses (and audits) an HTTP-layer error.
-                    HeadAction::ReadBody(_) => self.overloaded(service),
+                    HeadAction::ReadBody(_) => entry.conn.fail(HttpError::Overloaded),
                 },
                 Action::Request(head, body) => {
                     if let Some(response) = service.on_request(id, head, body) {
-                        self.answer(service, response, &InFlight::of(others), stopping);
+                        entry.answer(response, &InFlight::of(&self.conns), stopping);
                     }
                 }
                 Action::Error(error, head) => {
                     let response = service.error_response(error, head);
-                    self.conn.respond_error(response, Instant::now());
+                    entry.conn.respond(response, Instant::now());
                 }
-                Action::Wait => return Step::Park,
-                Action::Yield => return Step::Yield,
-                Action::Close(_) => return Step::Close,
+                Action::Wait => break Step::Park,
+                Action::Yield => break Step::Yield,
+                Action::Close(_) => break Step::Close,
             }
+        };
+        // An answer begun before the stop, now written, leaves a kept-alive connection
+        // that will never get another: close it too.
+        let closes = matches!(step, Step::Close) || stopping && entry.conn.is_between_requests();
+        self.conns[slot] = Some(entry);
+        match step {
+            _ if closes => self.close(service, slot),
+            Step::Yield => self.enqueue(slot),
+            Step::Park | Step::Close => {}
         }
     }
+}
 
+impl OpenConn {
     /// Starts writing `response`, the answer to this connection's authorized request
     /// (now or deferred), if it fits the response budget beside what is `in_flight`;
-    /// otherwise a small 503 from the service, after which the connection closes.
-    pub(super) fn answer<S: Service>(
-        &mut self,
-        service: &mut S,
-        response: Response,
-        in_flight: &InFlight,
-        stopping: bool,
-    ) {
+    /// otherwise [`HttpError::Overloaded`] (a small 503 from the service), after which
+    /// the connection closes.
+    pub(super) fn answer(&mut self, response: Response, in_flight: &InFlight, stopping: bool) {
         if in_flight.admits_response(response.body.len()) {
             self.conn
                 .respond(finalize(response, stopping), Instant::now());
@@ -179,14 +175,8 @@ impl OpenConn {
                 in_flight.responses,
                 response.body.len()
             );
-            self.overloaded(service);
+            self.conn.fail(HttpError::Overloaded);
         }
-    }
-
-    /// The service's answer to [`HttpError::Overloaded`], after which it closes.
-    fn overloaded<S: Service>(&mut self, service: &mut S) {
-        let response = service.error_response(HttpError::Overloaded, self.conn.head());
-        self.conn.respond_error(response, Instant::now());
     }
 }
 

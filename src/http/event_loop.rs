@@ -3,13 +3,13 @@
 //! eviction. Running one connection is `drive`'s job.
 
 use super::conn::{Class, Conn, STEP_MAX_READ};
-use super::drive::{InFlight, OpenConn, Step};
+use super::drive::{InFlight, OpenConn};
 use super::listener::{connection_cap, max_authorized, warn_if_reduced};
-use super::service::{Control, Service};
+use super::service::{ConnId, Control, Service};
 use mio::net::{TcpListener, TcpStream, UnixStream};
 use mio::{Events, Interest, Poll, Token, Waker};
 use std::collections::VecDeque;
-use std::io::{self, ErrorKind, Read};
+use std::io::{self, ErrorKind};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -36,10 +36,10 @@ const FIRST_CONN: usize = 3;
 const SLOT_BITS: u32 = 24;
 const SLOT_MASK: usize = (1 << SLOT_BITS) - 1;
 
-fn conn_token(slot: usize, generation: u64) -> Token {
+fn conn_token(id: ConnId) -> Token {
     // Truncating the generation is fine: it only has to differ from the slot's
     // previous occupants, and 2^40 connections is beyond any run.
-    Token(((generation as usize) << SLOT_BITS) | (slot + FIRST_CONN))
+    Token(((id.generation as usize) << SLOT_BITS) | (id.slot + FIRST_CONN))
 }
 
 /// The connection to close to admit a new one, from each one's slot, [`Class`] and
@@ -53,12 +53,9 @@ fn eviction_victim(conns: impl Iterator<Item = (usize, Class, Instant)>) -> Opti
         .map(|(slot, class, _)| (slot, class))
 }
 
-/// The connection in `slot`, if it is still the one of `generation`.
-fn live(conns: &mut [Option<OpenConn>], slot: usize, generation: u64) -> Option<&mut OpenConn> {
-    conns
-        .get_mut(slot)?
-        .as_mut()
-        .filter(|e| e.generation == generation)
+/// The connection `id` names, if it is still open.
+fn live(conns: &mut [Option<OpenConn>], id: ConnId) -> Option<&mut OpenConn> {
+    conns.get_mut(id.slot)?.as_mut().filter(|e| e.id == id)
 }
 
 /// The event loop: owns the listener and every connection.
@@ -67,19 +64,19 @@ pub struct EventLoop {
     listener: Option<TcpListener>,
     interrupt: UnixStream,
     waker: Arc<Waker>,
-    conns: Vec<Option<OpenConn>>,
-    /// The empty slots of `conns`: every other slot holds an open connection.
-    free: Vec<usize>,
+    pub(super) conns: Vec<Option<OpenConn>>,
     /// [`super::MAX_CONNECTIONS`], or fewer if the open-files limit is lower.
     max_connections: usize,
+    /// Most connections that may hold authorized work: [`max_authorized`] of the cap.
+    pub(super) max_authorized: usize,
     next_generation: u64,
-    scratch: Box<[u8]>,
+    pub(super) scratch: Box<[u8]>,
     accept_paused_until: Option<Instant>,
     /// Every answer closes its connection from now on (stop accepting, or exit).
-    stopping: bool,
+    pub(super) stopping: bool,
     exiting: bool,
     /// The run queue: connections with an event or with work left, in FIFO order.
-    ready: VecDeque<(usize, u64)>,
+    ready: VecDeque<ConnId>,
     /// When [`Service::on_tick`] is due.
     next_tick: Instant,
 }
@@ -98,11 +95,10 @@ impl EventLoop {
         concurrent_turns: usize,
     ) -> io::Result<EventLoop> {
         let poll = Poll::new()?;
-        poll.registry()
-            .register(&mut listener, LISTENER, Interest::READABLE)?;
-        let waker = Arc::new(Waker::new(poll.registry(), WAKER)?);
-        poll.registry()
-            .register(&mut interrupt, INTERRUPT, Interest::READABLE)?;
+        let registry = poll.registry();
+        registry.register(&mut listener, LISTENER, Interest::READABLE)?;
+        registry.register(&mut interrupt, INTERRUPT, Interest::READABLE)?;
+        let waker = Arc::new(Waker::new(registry, WAKER)?);
         let max_connections = connection_cap(concurrent_turns);
         warn_if_reduced(max_connections, concurrent_turns);
         Ok(EventLoop {
@@ -111,8 +107,8 @@ impl EventLoop {
             interrupt,
             waker,
             conns: Vec::new(),
-            free: Vec::new(),
             max_connections,
+            max_authorized: max_authorized(max_connections),
             next_generation: 0,
             scratch: vec![0u8; READ_CHUNK].into_boxed_slice(),
             accept_paused_until: None,
@@ -141,16 +137,16 @@ impl EventLoop {
                 self.next_tick = service.on_tick(now, &mut control);
                 self.apply(service, control);
             }
-            if self.exiting && !self.conns.iter().flatten().any(|e| e.conn.is_writing()) {
+            if self.exiting && InFlight::of(&self.conns).responses == 0 {
                 return Ok(());
             }
             let conns = self.conns.iter().flatten();
             let wake_at = conns
                 .filter_map(|e| e.conn.deadline())
                 .chain(self.accept_paused_until)
+                // Work left on the run queue: only look for new events.
+                .chain(Some(now).filter(|_| !self.ready.is_empty()))
                 .fold(self.next_tick, Instant::min);
-            // Work left on the run queue: only look for new events.
-            let wake_at = if self.ready.is_empty() { wake_at } else { now };
             let timeout = wake_at.saturating_duration_since(Instant::now());
             service.before_poll();
             match self.poll.poll(&mut events, Some(timeout)) {
@@ -158,8 +154,11 @@ impl EventLoop {
                 polled => polled?,
             }
             // New connections first, so that a health check is not accepted only after
-            // a round over every busy connection.
-            if events.iter().any(|e| e.token() == LISTENER) {
+            // a round over every busy connection; and again once a backoff has passed.
+            let resume = self
+                .accept_paused_until
+                .is_some_and(|at| Instant::now() >= at);
+            if resume || events.iter().any(|e| e.token() == LISTENER) {
                 self.accept_all(service);
             }
             for event in events.iter() {
@@ -167,19 +166,19 @@ impl EventLoop {
                     LISTENER => {}
                     WAKER => self.call(service, S::on_wake),
                     INTERRUPT => {
-                        let mut buf = [0u8; 64];
-                        while matches!(self.interrupt.read(&mut buf), Ok(n) if n > 0) {}
+                        let _ = io::copy(&mut self.interrupt, &mut io::sink()); // drain it
                         self.call(service, S::on_interrupt);
                     }
                     Token(token) => {
-                        let Some(slot) = self.event_slot(token) else {
+                        let slot = (token & SLOT_MASK).wrapping_sub(FIRST_CONN);
+                        let entry = self.conns.get_mut(slot).and_then(Option::as_mut);
+                        let Some(entry) = entry.filter(|e| conn_token(e.id) == Token(token)) else {
                             continue; // left over from a connection that closed
                         };
                         let hung_up = event.is_read_closed() || event.is_error();
                         // A caller that hangs up while its request waits for a turn is
                         // gone: close now, so a queued turn can be dropped.
-                        let waiting = self.conns.get(slot).and_then(Option::as_ref);
-                        if hung_up && waiting.is_some_and(|e| e.conn.is_waiting()) {
+                        if hung_up && entry.conn.is_waiting() {
                             self.close(service, slot);
                         } else {
                             self.enqueue(slot);
@@ -188,23 +187,16 @@ impl EventLoop {
                 }
             }
             let round_end = Instant::now() + ROUND_BUDGET;
-            while let Some((slot, generation)) = self.ready.pop_front() {
-                let Some(entry) = live(&mut self.conns, slot, generation) else {
-                    continue;
-                };
-                entry.queued = false;
-                self.drive(service, slot);
+            while let Some(id) = self.ready.pop_front() {
+                if let Some(entry) = live(&mut self.conns, id) {
+                    entry.queued = false;
+                    self.drive(service, id.slot);
+                }
                 if Instant::now() >= round_end {
                     break;
                 }
             }
             self.expire(service);
-            if let Some(at) = self.accept_paused_until {
-                if Instant::now() >= at {
-                    self.accept_paused_until = None;
-                    self.accept_all(service);
-                }
-            }
         }
     }
 
@@ -220,9 +212,9 @@ impl EventLoop {
         self.stopping |= control.stop_accepting || control.exit;
         for (id, response) in control.responses {
             let in_flight = InFlight::of(&self.conns);
-            let entry = live(&mut self.conns, id.slot, id.generation);
+            let entry = live(&mut self.conns, id);
             if let Some(entry) = entry.filter(|e| e.conn.is_waiting()) {
-                entry.answer(service, response, &in_flight, self.stopping);
+                entry.answer(response, &in_flight, self.stopping);
                 self.drive(service, id.slot);
             }
         }
@@ -230,15 +222,10 @@ impl EventLoop {
             if let Some(mut listener) = self.listener.take() {
                 let _ = self.poll.registry().deregister(&mut listener);
             }
-            self.accept_paused_until = None;
-            // Idle keep-alive connections will never get another answer: close them.
+            // Idle keep-alive connections will never get another answer: running each
+            // connection once closes them (see `drive`).
             for slot in 0..self.conns.len() {
-                if self.conns[slot]
-                    .as_ref()
-                    .is_some_and(|e| e.conn.is_between_requests())
-                {
-                    self.close(service, slot);
-                }
+                self.drive(service, slot);
             }
         }
         self.exiting |= control.exit;
@@ -248,11 +235,9 @@ impl EventLoop {
     }
 
     fn accept_all<S: Service>(&mut self, service: &mut S) {
-        loop {
-            let Some(listener) = self.listener.as_ref() else {
-                return;
-            };
-            match listener.accept() {
+        self.accept_paused_until = None;
+        while let Some(accepted) = self.listener.as_ref().map(TcpListener::accept) {
+            match accepted {
                 Ok((stream, _peer)) => self.admit(service, stream),
                 Err(e) if e.kind() == ErrorKind::WouldBlock => return,
                 Err(e) if e.kind() == ErrorKind::Interrupted => continue,
@@ -271,10 +256,10 @@ impl EventLoop {
     /// Closes one connection to admit a new one (see [`eviction_victim`]); whether
     /// there is room now. With `failed_accept` (accept ran out of descriptors) one is
     /// closed even below the cap, to give the next accept a descriptor. An incomplete
-    /// head is read once more before it is judged: its bytes may have arrived since the last read (its readiness event waiting
-    /// behind the accept), and hold a head that passes its checks, which is then
-    /// authorized work. Each connection is read at most once per call, so the work is
-    /// bounded by the connections open.
+    /// head is read once more before it is judged: its bytes may have arrived since the
+    /// last read (its readiness event waiting behind the accept), and hold a head that
+    /// passes its checks, which is then authorized work. Each connection is read at
+    /// most once per call, so the work is bounded by the connections open.
     fn make_room<S: Service>(&mut self, service: &mut S, failed_accept: bool) -> bool {
         let mut read_again = Vec::new();
         let open_before = self.open();
@@ -283,10 +268,8 @@ impl EventLoop {
             if open < open_before || (!failed_accept && open < self.max_connections) {
                 return true; // reading one closed it
             }
-            let open = self.conns.iter().enumerate().filter_map(|(slot, e)| {
-                e.as_ref()
-                    .map(|e| (slot, e.conn.class(), e.conn.class_since()))
-            });
+            let open = self.conns.iter().flatten();
+            let open = open.map(|e| (e.id.slot, e.conn.class(), e.conn.phase_started));
             let Some((slot, class)) = eviction_victim(open) else {
                 return false;
             };
@@ -310,23 +293,25 @@ impl EventLoop {
             return; // dropping the stream closes it
         }
         let _ = stream.set_nodelay(true);
-        let slot = self.free.pop().unwrap_or_else(|| {
+        let slot = self.conns.iter().position(Option::is_none);
+        let slot = slot.unwrap_or_else(|| {
             self.conns.push(None);
             self.conns.len() - 1
         });
-        if let Err(e) = self.poll.registry().register(
-            &mut stream,
-            conn_token(slot, self.next_generation + 1),
-            Interest::READABLE | Interest::WRITABLE,
-        ) {
+        self.next_generation += 1;
+        let id = ConnId {
+            slot,
+            generation: self.next_generation,
+        };
+        let interest = Interest::READABLE | Interest::WRITABLE;
+        let registry = self.poll.registry();
+        if let Err(e) = registry.register(&mut stream, conn_token(id), interest) {
             log::warn!("cannot register a connection: {e}");
-            self.free.push(slot);
             return;
         }
-        self.next_generation += 1;
         self.conns[slot] = Some(OpenConn {
             stream,
-            generation: self.next_generation,
+            id,
             queued: false,
             conn: Conn::new(Instant::now()),
         });
@@ -335,74 +320,38 @@ impl EventLoop {
         self.drive(service, slot);
     }
 
-    fn close<S: Service>(&mut self, service: &mut S, slot: usize) {
+    pub(super) fn close<S: Service>(&mut self, service: &mut S, slot: usize) {
         let Some(mut entry) = self.conns.get_mut(slot).and_then(Option::take) else {
             return;
         };
         let _ = self.poll.registry().deregister(&mut entry.stream);
         if entry.conn.is_waiting() {
-            service.on_abandoned(entry.id(slot));
+            service.on_abandoned(entry.id);
         }
-        self.free.push(slot);
     }
 
     /// How many connections are open.
     fn open(&self) -> usize {
-        self.conns.len() - self.free.len()
+        self.conns.iter().flatten().count()
     }
 
     /// Applies every deadline that has passed: the connection answers 408 or closes.
     fn expire<S: Service>(&mut self, service: &mut S) {
         let now = Instant::now();
         for slot in 0..self.conns.len() {
-            if self.conns[slot]
-                .as_mut()
-                .is_some_and(|e| e.conn.expire(now))
-            {
+            let entry = self.conns[slot].as_mut();
+            if entry.is_some_and(|e| e.conn.expire(now)) {
                 self.drive(service, slot);
             }
         }
     }
 
-    /// Runs one connection as far as it can go without blocking.
-    fn drive<S: Service>(&mut self, service: &mut S, slot: usize) {
-        // Out of its slot while it runs; no callback of the service can reach it there.
-        let Some(mut entry) = self.conns.get_mut(slot).and_then(Option::take) else {
-            return;
-        };
-        let step = entry.step(
-            service,
-            slot,
-            &mut self.scratch,
-            &self.conns,
-            max_authorized(self.max_connections),
-            self.stopping,
-        );
-        // An answer begun before the stop, now written, leaves a kept-alive connection
-        // that will never get another: close it.
-        let done = self.stopping && entry.conn.is_between_requests();
-        self.conns[slot] = Some(entry);
-        match step {
-            Step::Close => self.close(service, slot),
-            _ if done => self.close(service, slot),
-            Step::Park => {}
-            Step::Yield => self.enqueue(slot),
-        }
-    }
-
-    /// The slot an event's token names, if that connection is still the one open there.
-    fn event_slot(&self, token: usize) -> Option<usize> {
-        let slot = (token & SLOT_MASK).checked_sub(FIRST_CONN)?;
-        let entry = self.conns.get(slot)?.as_ref()?;
-        (conn_token(slot, entry.generation).0 == token).then_some(slot)
-    }
-
     /// Puts a connection on the run queue (once, however many events it has).
-    fn enqueue(&mut self, slot: usize) {
+    pub(super) fn enqueue(&mut self, slot: usize) {
         let entry = self.conns.get_mut(slot).and_then(Option::as_mut);
         if let Some(entry) = entry.filter(|e| !e.queued) {
             entry.queued = true;
-            self.ready.push_back((slot, entry.generation));
+            self.ready.push_back(entry.id);
         }
     }
 }

@@ -202,7 +202,7 @@ fn run(conn: &mut Conn, now: Instant, out: &mut Replayed) -> Next {
                     HttpError::Overloaded => 503,
                 };
                 let text = head.map(describe).unwrap_or_default();
-                conn.respond_error(answer(status, text), now);
+                conn.respond(answer(status, text), now);
             }
             // The stub answers every request at once, so nothing ever waits; a wait
             // would last forever, which is what a close says here.
