@@ -4,7 +4,7 @@
 use super::{Bus, Refusal};
 use crate::audit;
 use crate::http::{Head, Response};
-use crate::protocol::{proof, Envelope, Failure, Health, UsageReport};
+use crate::protocol::{proof, Envelope, Failure, Health, TraceId, UsageReport};
 use std::time::Instant;
 
 /// What the audit line of one talk outcome knows about the request.
@@ -18,7 +18,7 @@ pub(super) struct TalkMeta {
     /// The request's `ext.requestId`, or the one the server made for its turn.
     pub(super) request_id: Option<String>,
     /// The request's `ext.traceId`, or the one the server made for its turn.
-    pub(super) trace_id: Option<String>,
+    pub(super) trace_id: Option<TraceId>,
     pub(super) parent_request_id: Option<String>,
     /// The engine's session id, once its turn reported one.
     pub(super) session_id: Option<String>,
@@ -115,24 +115,23 @@ impl Bus {
     ) {
         let known = usage.map(|_| ());
         let usage = usage.unwrap_or_default();
-        self.audit.record(&audit::Record {
-            outcome,
-            detail,
-            from_instance: meta.from_instance.as_deref(),
+        let metadata = audit::AuditMetadata {
+            from_instance: meta.from_instance.clone(),
             depth: meta.depth,
             duration_ms: elapsed_ms(meta.received_at),
-            error_code,
+            error_code: error_code.map(str::to_owned),
             prompt_chars: meta.prompt_chars,
             status,
-            request_id: meta.request_id.as_deref(),
-            trace_id: meta.trace_id.as_deref(),
-            parent_request_id: meta.parent_request_id.as_deref(),
+            request_id: meta.request_id.clone(),
+            trace_id: meta.trace_id.clone(),
+            parent_request_id: meta.parent_request_id.clone(),
             cost_usd: usage.cost_usd,
             input_tokens: known.map(|()| usage.input_tokens),
             output_tokens: known.map(|()| usage.output_tokens),
             cached_tokens: known.map(|()| usage.cached_tokens),
-            session_id: meta.session_id.as_deref(),
-        });
+            session_id: meta.session_id.clone(),
+        };
+        self.audit.record(outcome, detail, &metadata);
     }
 
     /// The health answer, with a `proof` of the request's `X-Loopbus-Nonce` when it

@@ -22,7 +22,7 @@ impl TalkMeta {
             depth: Some(request.depth),
             prompt_chars: Some(request.prompt.chars().count()),
             request_id: request.ext.request_id.as_ref().map(|id| id.to_string()),
-            trace_id: request.ext.trace_id.as_ref().map(|id| id.to_string()),
+            trace_id: request.ext.trace_id.clone(),
             parent_request_id: request
                 .ext
                 .parent_request_id
@@ -113,7 +113,7 @@ impl Bus {
                     .ok();
                 if let Some(trace) = &trace {
                     let meta = new.meta_mut();
-                    meta.trace_id = Some(trace.trace_id.to_string());
+                    meta.trace_id = Some(trace.trace_id.clone());
                     meta.request_id = Some(trace.request_id.to_string());
                 }
                 let turn = Turn {
