@@ -51,7 +51,6 @@ pub fn round_cost(cost: f64) -> f64 {
 #[non_exhaustive]
 pub struct Usage {
     /// When the file was last updated (ISO-8601), if ever.
-    #[serde(default)]
     pub last_updated_at: Option<String>,
     /// Number of engine turns recorded.
     pub request_count: u64,
