@@ -79,29 +79,24 @@ pub fn parse_iso8601(s: &str) -> Option<SystemTime> {
         [0..4, 5..7, 8..10, 11..13, 14..16, 17..19].map(|at| digits(&b[at]));
     let (year, month, day) = (i64::from(year?), month?, day?);
     let (hour, minute, second) = (hour?, minute?, second?);
-    // A day past its month's end (February 30) comes back as another date.
+    // A day past its month's end (February 30), or month 0 or 13, comes back as
+    // another date.
     let days = days_from_civil(year, month, day);
-    if !(1..=12).contains(&month) || civil_from_days(days) != (year, month, day) {
+    if civil_from_days(days) != (year, month, day) || hour > 23 || minute > 59 || second > 59 {
         return None;
     }
-    if hour > 23 || minute > 59 || second > 59 {
+    let tail = s.get(19..)?;
+    let (fraction, zone) = tail.split_at(tail.find(['Z', '+']).unwrap_or(tail.len()));
+    if zone != "Z" && zone != "+00:00" {
         return None;
     }
-
-    let mut rest = &b[19..];
-    let mut nanos = 0u32;
-    if let Some(after_dot) = rest.strip_prefix(b".") {
-        let len = after_dot.iter().take_while(|c| c.is_ascii_digit()).count();
-        if !(1..=9).contains(&len) {
-            return None;
+    let nanos = match fraction.strip_prefix('.') {
+        None if fraction.is_empty() => 0,
+        Some(f) if (1..=9).contains(&f.len()) => {
+            digits(f.as_bytes())? * 10u32.pow(9 - f.len() as u32)
         }
-        nanos = digits(&after_dot[..len])? * 10u32.pow(9 - len as u32);
-        rest = &after_dot[len..];
-    }
-    if rest != b"Z" && rest != b"+00:00" {
-        return None;
-    }
-
+        _ => return None,
+    };
     let secs = days * 86_400 + i64::from(hour) * 3600 + i64::from(minute) * 60 + i64::from(second);
     let whole = Duration::from_secs(secs.unsigned_abs());
     let base = if secs >= 0 {
