@@ -159,22 +159,37 @@ fn queue(state_dir: &Path, instance: &str, capacity: usize) -> (AuditLog, Writer
     };
     let writer = Writer {
         lines,
-        file: AuditFile::new(state_dir),
         dropped,
         instance: instance.to_owned(),
         _done: done,
+        path: state_dir.join(AUDIT_FILE),
+        rotated: state_dir.join(ROTATED_AUDIT_FILE),
+        file: None,
+        size: 0,
+        failing: false,
+        rotation_failing: false,
+        lost: 0,
     };
     (log, writer)
 }
 
-/// The writer thread's state: the queue's far end and the file.
+/// The writer thread's state: the queue's far end, and the file, which only it touches.
 struct Writer {
     lines: Receiver<Vec<u8>>,
-    file: AuditFile,
     dropped: Arc<AtomicU64>,
     instance: String,
     /// Dropped with the writer, which tells the log it has finished.
     _done: mpsc::Sender<()>,
+    path: PathBuf,
+    rotated: PathBuf,
+    file: Option<File>,
+    size: u64,
+    /// The last line could not be written (warned about once until one is).
+    failing: bool,
+    /// The last rotation failed (warned about once until one succeeds).
+    rotation_failing: bool,
+    /// Lines that could not be written, reported when the writer finishes.
+    lost: u64,
 }
 
 impl Writer {
@@ -195,16 +210,16 @@ impl Writer {
             let batch: Vec<Vec<u8>> = std::iter::once(first)
                 .chain(self.lines.try_iter())
                 .collect();
-            self.file.append(&batch.concat(), batch.len() as u64);
+            self.append(&batch.concat(), batch.len() as u64);
             self.report_dropped();
         }
         // The log was dropped: the loop records nothing more, so the count is final.
         self.report_dropped();
-        if self.file.lost > 0 {
+        if self.lost > 0 {
             log::warn!(
                 "{}: {} audit line(s) could not be written",
-                self.file.path.display(),
-                self.file.lost
+                self.path.display(),
+                self.lost
             );
         }
     }
@@ -216,40 +231,12 @@ impl Writer {
         }
         log::warn!(
             "{}: the audit queue was full; {dropped} line(s) dropped",
-            self.file.path.display()
+            self.path.display()
         );
         let detail = format!("{dropped} lines dropped");
         let metadata = serde_json::json!({ "droppedLines": dropped });
         let notice = to_line("audit", &self.instance, "dropped", &detail, &metadata);
-        self.file.append(&notice, 1);
-    }
-}
-
-/// The file itself, owned by the writer thread.
-struct AuditFile {
-    path: PathBuf,
-    rotated: PathBuf,
-    file: Option<File>,
-    size: u64,
-    /// The last line could not be written (warned about once until one is).
-    failing: bool,
-    /// The last rotation failed (warned about once until one succeeds).
-    rotation_failing: bool,
-    /// Lines that could not be written, reported when the writer finishes.
-    lost: u64,
-}
-
-impl AuditFile {
-    fn new(state_dir: &Path) -> AuditFile {
-        AuditFile {
-            path: state_dir.join(AUDIT_FILE),
-            rotated: state_dir.join(ROTATED_AUDIT_FILE),
-            file: None,
-            size: 0,
-            failing: false,
-            rotation_failing: false,
-            lost: 0,
-        }
+        self.append(&notice, 1);
     }
 
     /// Appends `lines` (`count` whole lines). A failure counts them lost, is warned
@@ -823,7 +810,7 @@ mod tests {
     #[test]
     fn rotates_past_the_size_cap() {
         let dir = TestDir::new("audit-rotate");
-        let mut file = AuditFile::new(dir.path());
+        let (_log, mut file) = queue(dir.path(), "w", 1);
         file.append(b"{\"outcome\":\"success\"}\n", 1);
         file.size = MAX_AUDIT_BYTES; // pretend the file is full
         file.append(b"{\"outcome\":\"refused\"}\n", 1);
@@ -842,7 +829,7 @@ mod tests {
         let rotated = dir.path().join("audit.log.jsonl.1");
         std::fs::create_dir(&rotated).unwrap();
         std::fs::write(rotated.join("inside"), b"x").unwrap();
-        let mut file = AuditFile::new(dir.path());
+        let (_log, mut file) = queue(dir.path(), "w", 1);
         const LINES: usize = 10;
         for i in 0..LINES {
             file.size = MAX_AUDIT_BYTES; // every line would pass the cap
@@ -942,7 +929,7 @@ mod tests {
         let kind = std::fs::symlink_metadata(&path).unwrap().file_type();
         assert!(std::os::unix::fs::FileTypeExt::is_fifo(&kind));
 
-        let mut file = AuditFile::new(dir.path());
+        let (_log, mut file) = queue(dir.path(), "w", 1);
         file.append(b"{}\n", 1);
         file.append(b"{}\n", 1);
         assert_eq!(file.lost, 2);
@@ -968,7 +955,7 @@ mod tests {
         std::fs::write(&target, b"").unwrap();
         let path = dir.path().join(AUDIT_FILE);
         std::os::unix::fs::symlink(&target, &path).unwrap();
-        let mut file = AuditFile::new(dir.path());
+        let (_log, mut file) = queue(dir.path(), "w", 1);
         file.append(b"{}\n", 1);
         assert_eq!(file.lost, 1);
         assert_eq!(std::fs::read(&target).unwrap(), b"");
@@ -987,7 +974,7 @@ mod tests {
         let path = dir.path().join(AUDIT_FILE);
         std::fs::write(&path, b"{}\n").unwrap();
         std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o644)).unwrap();
-        let mut file = AuditFile::new(dir.path());
+        let (_log, mut file) = queue(dir.path(), "w", 1);
         file.append(b"{}\n", 1);
         assert_eq!(crate::files::mode_is_wider(&path, 0o600).unwrap(), None);
         assert_eq!(file.size, 6);
