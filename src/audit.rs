@@ -163,7 +163,6 @@ fn queue(state_dir: &Path, instance: &str, capacity: usize) -> (AuditLog, Writer
         instance: instance.to_owned(),
         _done: done,
         path: state_dir.join(AUDIT_FILE),
-        rotated: state_dir.join(ROTATED_AUDIT_FILE),
         file: None,
         size: 0,
         failing: false,
@@ -181,7 +180,6 @@ struct Writer {
     /// Dropped with the writer, which tells the log it has finished.
     _done: mpsc::Sender<()>,
     path: PathBuf,
-    rotated: PathBuf,
     file: Option<File>,
     size: u64,
     /// The last line could not be written (warned about once until one is).
@@ -290,7 +288,8 @@ impl Writer {
     /// rename fails, the current file is kept (no line is lost) and the failure warned
     /// about once.
     fn rotate(&mut self) {
-        match std::fs::rename(&self.path, &self.rotated) {
+        let rotated = self.path.with_file_name(ROTATED_AUDIT_FILE);
+        match std::fs::rename(&self.path, &rotated) {
             Ok(()) => {
                 if std::mem::replace(&mut self.rotation_failing, false) {
                     log::info!("{}: rotated again", self.path.display());
@@ -302,7 +301,7 @@ impl Writer {
                     log::warn!(
                         "cannot rotate {} to {}: {e}; appending past {MAX_AUDIT_BYTES} bytes instead",
                         self.path.display(),
-                        self.rotated.display()
+                        rotated.display()
                     );
                 }
             }
