@@ -161,13 +161,13 @@ fn queue(state_dir: &Path, instance: &str, capacity: usize) -> (AuditLog, Writer
         lines,
         dropped,
         instance: instance.to_owned(),
-        _done: done,
         path: state_dir.join(AUDIT_FILE),
         file: None,
         size: 0,
         failing: false,
         rotation_failing: false,
         lost: 0,
+        _done: done,
     };
     (log, writer)
 }
@@ -177,8 +177,6 @@ struct Writer {
     lines: Receiver<Vec<u8>>,
     dropped: Arc<AtomicU64>,
     instance: String,
-    /// Dropped with the writer, which tells the log it has finished.
-    _done: mpsc::Sender<()>,
     path: PathBuf,
     file: Option<File>,
     size: u64,
@@ -188,6 +186,9 @@ struct Writer {
     rotation_failing: bool,
     /// Lines that could not be written, reported when the writer finishes.
     lost: u64,
+    /// Dropped with the writer (last, after the file is closed), which tells the log
+    /// it has finished.
+    _done: mpsc::Sender<()>,
 }
 
 impl Writer {
