@@ -82,18 +82,14 @@ impl Outcome {
 pub(super) fn sum_usage<'a>(
     reports: impl IntoIterator<Item = &'a UsageReport>,
 ) -> Option<UsageReport> {
-    reports.into_iter().fold(None, |sum, one| {
-        let sum = sum.unwrap_or_default();
-        Some(UsageReport {
-            cost_usd: sum
-                .cost_usd
-                .into_iter()
-                .chain(one.cost_usd)
-                .reduce(|a, b| a + b),
-            input_tokens: sum.input_tokens.saturating_add(one.input_tokens),
-            output_tokens: sum.output_tokens.saturating_add(one.output_tokens),
-            cached_tokens: sum.cached_tokens.saturating_add(one.cached_tokens),
-        })
+    reports.into_iter().copied().reduce(|sum, one| UsageReport {
+        cost_usd: match (sum.cost_usd, one.cost_usd) {
+            (Some(a), Some(b)) => Some(a + b),
+            (a, b) => a.or(b),
+        },
+        input_tokens: sum.input_tokens.saturating_add(one.input_tokens),
+        output_tokens: sum.output_tokens.saturating_add(one.output_tokens),
+        cached_tokens: sum.cached_tokens.saturating_add(one.cached_tokens),
     })
 }
 
