@@ -201,11 +201,9 @@ pub fn fan(
         for _ in 0..targets.len().min(FAN_THREADS) {
             scope.spawn(|| loop {
                 let index = next.fetch_add(1, Ordering::SeqCst);
-                if index >= targets.len() {
-                    return;
-                }
+                let Some(slot) = done.get(index) else { return };
                 // Each index is taken once: its slot is set once.
-                let _ = done[index].set(plan.run(index, prompt.to_owned()));
+                let _ = slot.set(plan.run(index, prompt.to_owned()));
             });
         }
     });
