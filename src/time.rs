@@ -77,10 +77,7 @@ pub fn parse_iso8601(s: &str) -> Option<SystemTime> {
         return None;
     }
     let tail = s.get(19..)?;
-    let (fraction, zone) = tail.split_at(tail.find(['Z', '+']).unwrap_or(tail.len()));
-    if zone != "Z" && zone != "+00:00" {
-        return None;
-    }
+    let fraction = tail.strip_suffix('Z').or(tail.strip_suffix("+00:00"))?;
     let nanos = match fraction.strip_prefix('.') {
         None if fraction.is_empty() => 0,
         Some(f) if (1..=9).contains(&f.len()) => {
@@ -178,6 +175,8 @@ mod tests {
             ("2026-11-29t18:36:58Z", None),
             ("2026-11-29 18:36:58Z", None),
             ("2026-11-29T18:36:58ZZ", None),
+            ("2026-11-29T18:36:58+00:00Z", None),
+            ("2026-11-29T18:36:58.5Z+00:00", None),
             ("2026-13-01T00:00:00Z", None),
             ("2026-00-01T00:00:00Z", None),
             ("2026-01-00T00:00:00Z", None),
