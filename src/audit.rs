@@ -416,11 +416,8 @@ pub struct AuditMetadata {
     /// The turn's trace id: the request's `ext.traceId`, or the one the server made
     /// for a turn of a request without (contract 8.4); a line whose `traceId` is not
     /// one is no record.
-    #[serde(
-        default,
-        deserialize_with = "trace_id",
-        skip_serializing_if = "Option::is_none"
-    )]
+    #[serde(default, deserialize_with = "trace_id")]
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub trace_id: Option<TraceId>,
     /// The request's `ext.parentRequestId`, when it carried one.
     #[serde(skip_serializing_if = "Option::is_none")]
