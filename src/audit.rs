@@ -71,63 +71,6 @@ pub const AUDIT_FLUSH_TIMEOUT: Duration = Duration::from_secs(5);
 /// second however busy the instance is; a line reaches the file this much later.
 pub const AUDIT_BATCH_PAUSE: Duration = Duration::from_millis(5);
 
-/// One `/api/talk` outcome; its fields from `from_instance` on are the line's
-/// `metadata`.
-#[derive(Debug, Clone, Default, serde::Serialize)]
-#[serde(rename_all = "camelCase")]
-pub struct Record<'a> {
-    /// `"success"`, `"failure"` (a turn failed), `"refused"` (a check refused it),
-    /// `"cancelled"` (the caller hung up or sent a cancel request, contract 8.1),
-    /// `"abandoned"` (the caller went away, `bus.cancelOnHangup` false: the turn runs on),
-    /// `"attached"` (a retry joined its request id's running turn), `"duplicate"` (a
-    /// retry got its request id's stored envelope, no engine ran) or `"cancel"` (a
-    /// cancel request for a running turn).
-    #[serde(skip)]
-    pub outcome: &'a str,
-    /// Human-readable detail (the error message, or `"ok"`); cut to
-    /// [`MAX_DETAIL_CHARS`].
-    #[serde(skip)]
-    pub detail: &'a str,
-    /// The caller's `fromInstance`, when the body got that far.
-    pub from_instance: Option<&'a str>,
-    /// The request's depth, when known.
-    pub depth: Option<u64>,
-    /// Time from request head to answer.
-    pub duration_ms: u64,
-    /// The wire error code, for failures and refusals.
-    pub error_code: Option<&'a str>,
-    /// The prompt's length in characters, when known.
-    pub prompt_chars: Option<usize>,
-    /// The HTTP status answered; `None` when no answer went out (the caller left).
-    pub status: Option<u16>,
-    /// The turn's request id: the request's `ext.requestId`, or the one the server
-    /// made for a turn of a request without (contract 8.4).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub request_id: Option<&'a str>,
-    /// The turn's trace id: the request's `ext.traceId`, or the one the server made
-    /// for a turn of a request without (contract 8.4).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub trace_id: Option<&'a str>,
-    /// The request's `ext.parentRequestId`, when it carried one.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub parent_request_id: Option<&'a str>,
-    /// The turn's cost in US dollars, when its engine reported one.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub cost_usd: Option<f64>,
-    /// The turn's input tokens, when its engine reported usage.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub input_tokens: Option<u64>,
-    /// The turn's output tokens, when its engine reported usage.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub output_tokens: Option<u64>,
-    /// The turn's cache-read input tokens, when its engine reported usage.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub cached_tokens: Option<u64>,
-    /// The agent CLI's session id for the turn, when its engine reported one.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub session_id: Option<&'a str>,
-}
-
 /// The audit log of one instance: the event loop's end of the queue to the writer
 /// thread. Dropping it closes the queue and waits (at most [`AUDIT_FLUSH_TIMEOUT`]) for
 /// the writer to finish.
@@ -138,10 +81,8 @@ pub struct AuditLog {
     queue: Option<SyncSender<Vec<u8>>>,
     /// Lines dropped because the queue was full, not yet reported by the writer.
     dropped: Arc<AtomicU64>,
-    /// Signalled (or disconnected) when the writer thread has finished.
+    /// Disconnected when the writer thread has finished.
     writer_done: Receiver<()>,
-    /// The writer thread is gone (it panicked); said once.
-    writer_gone: bool,
 }
 
 impl AuditLog {
@@ -157,26 +98,31 @@ impl AuditLog {
         Ok(log)
     }
 
-    /// Queues one line for the writer; never waits. If the queue is full, the line is
-    /// dropped and counted, for the writer to report.
-    pub fn record(&mut self, record: &Record<'_>) {
-        let detail = match record.detail.char_indices().nth(MAX_DETAIL_CHARS) {
-            Some((cut, _)) => &record.detail[..cut],
-            None => record.detail,
+    /// Queues one line for the writer; never waits. `outcome` is `"success"`,
+    /// `"failure"` (a turn failed), `"refused"` (a check refused it), `"cancelled"` (the
+    /// caller hung up or sent a cancel request, contract 8.1), `"abandoned"` (the caller
+    /// went away, `bus.cancelOnHangup` false: the turn runs on), `"attached"` (a retry
+    /// joined its request id's running turn), `"duplicate"` (a retry got its request
+    /// id's stored envelope, no engine ran) or `"cancel"` (a cancel request for a
+    /// running turn); `detail` is cut to [`MAX_DETAIL_CHARS`]. If the queue is full, the
+    /// line is dropped and counted, for the writer to report.
+    pub fn record(&mut self, outcome: &str, detail: &str, metadata: &AuditMetadata) {
+        let detail = match detail.char_indices().nth(MAX_DETAIL_CHARS) {
+            Some((cut, _)) => &detail[..cut],
+            None => detail,
         };
-        let line = to_line("talk", &self.instance, record.outcome, detail, record);
+        let line = to_line("talk", &self.instance, outcome, detail, metadata);
         match self.queue.as_ref().map(|queue| queue.try_send(line)) {
             Some(Err(TrySendError::Full(_))) => {
                 self.dropped.fetch_add(1, Ordering::Relaxed);
             }
             Some(Err(TrySendError::Disconnected(_))) => {
-                if !self.writer_gone {
-                    log::error!(
-                        "{}: the audit writer has stopped; audit lines are lost",
-                        self.path.display()
-                    );
-                }
-                self.writer_gone = true;
+                log::error!(
+                    "{}: the audit writer has stopped; audit lines are lost",
+                    self.path.display()
+                );
+                // Said once: the later lines have nowhere to go.
+                self.queue = None;
             }
             _ => {}
         }
@@ -201,8 +147,8 @@ impl Drop for AuditLog {
 /// A log whose queue holds `capacity` lines, and its writer, not yet started.
 fn queue(state_dir: &Path, instance: &str, capacity: usize) -> (AuditLog, Writer) {
     let (lines_in, lines) = mpsc::sync_channel(capacity);
-    // One slot: the writer signals once, and never waits to do so.
-    let (done, writer_done) = mpsc::sync_channel(1);
+    // Nothing is sent: the writer's end is dropped when it finishes (or panics).
+    let (done, writer_done) = mpsc::channel();
     let dropped = Arc::new(AtomicU64::new(0));
     let log = AuditLog {
         path: state_dir.join(AUDIT_FILE),
@@ -210,25 +156,39 @@ fn queue(state_dir: &Path, instance: &str, capacity: usize) -> (AuditLog, Writer
         queue: Some(lines_in),
         dropped: Arc::clone(&dropped),
         writer_done,
-        writer_gone: false,
     };
     let writer = Writer {
         lines,
-        file: AuditFile::new(state_dir),
         dropped,
         instance: instance.to_owned(),
-        done,
+        path: state_dir.join(AUDIT_FILE),
+        file: None,
+        size: 0,
+        failing: false,
+        rotation_failing: false,
+        lost: 0,
+        _done: done,
     };
     (log, writer)
 }
 
-/// The writer thread's state: the queue's far end and the file.
+/// The writer thread's state: the queue's far end, and the file, which only it touches.
 struct Writer {
     lines: Receiver<Vec<u8>>,
-    file: AuditFile,
     dropped: Arc<AtomicU64>,
     instance: String,
-    done: SyncSender<()>,
+    path: PathBuf,
+    file: Option<File>,
+    size: u64,
+    /// The last line could not be written (warned about once until one is).
+    failing: bool,
+    /// The last rotation failed (warned about once until one succeeds).
+    rotation_failing: bool,
+    /// Lines that could not be written, reported when the writer finishes.
+    lost: u64,
+    /// Dropped with the writer (last, after the file is closed), which tells the log
+    /// it has finished.
+    _done: mpsc::Sender<()>,
 }
 
 impl Writer {
@@ -240,7 +200,7 @@ impl Writer {
     }
 
     /// Writes lines until the queue is closed and empty, reporting dropped lines each
-    /// time it has caught up, then says it is done.
+    /// time it has caught up.
     fn run(mut self) {
         while let Ok(first) = self.lines.recv() {
             // Let the lines of a busy moment gather: one wake-up and one write for many
@@ -249,19 +209,18 @@ impl Writer {
             let batch: Vec<Vec<u8>> = std::iter::once(first)
                 .chain(self.lines.try_iter())
                 .collect();
-            self.file.append(&batch.concat(), batch.len() as u64);
+            self.append(&batch.concat(), batch.len() as u64);
             self.report_dropped();
         }
         // The log was dropped: the loop records nothing more, so the count is final.
         self.report_dropped();
-        if self.file.lost > 0 {
+        if self.lost > 0 {
             log::warn!(
                 "{}: {} audit line(s) could not be written",
-                self.file.path.display(),
-                self.file.lost
+                self.path.display(),
+                self.lost
             );
         }
-        let _ = self.done.try_send(());
     }
 
     fn report_dropped(&mut self) {
@@ -271,40 +230,12 @@ impl Writer {
         }
         log::warn!(
             "{}: the audit queue was full; {dropped} line(s) dropped",
-            self.file.path.display()
+            self.path.display()
         );
         let detail = format!("{dropped} lines dropped");
         let metadata = serde_json::json!({ "droppedLines": dropped });
         let notice = to_line("audit", &self.instance, "dropped", &detail, &metadata);
-        self.file.append(&notice, 1);
-    }
-}
-
-/// The file itself, owned by the writer thread.
-struct AuditFile {
-    path: PathBuf,
-    rotated: PathBuf,
-    file: Option<File>,
-    size: u64,
-    /// The last line could not be written (warned about once until one is).
-    failing: bool,
-    /// The last rotation failed (warned about once until one succeeds).
-    rotation_failing: bool,
-    /// Lines that could not be written, reported when the writer finishes.
-    lost: u64,
-}
-
-impl AuditFile {
-    fn new(state_dir: &Path) -> AuditFile {
-        AuditFile {
-            path: state_dir.join(AUDIT_FILE),
-            rotated: state_dir.join(ROTATED_AUDIT_FILE),
-            file: None,
-            size: 0,
-            failing: false,
-            rotation_failing: false,
-            lost: 0,
-        }
+        self.append(&notice, 1);
     }
 
     /// Appends `lines` (`count` whole lines). A failure counts them lost, is warned
@@ -358,7 +289,8 @@ impl AuditFile {
     /// rename fails, the current file is kept (no line is lost) and the failure warned
     /// about once.
     fn rotate(&mut self) {
-        match std::fs::rename(&self.path, &self.rotated) {
+        let rotated = self.path.with_file_name(ROTATED_AUDIT_FILE);
+        match std::fs::rename(&self.path, &rotated) {
             Ok(()) => {
                 if std::mem::replace(&mut self.rotation_failing, false) {
                     log::info!("{}: rotated again", self.path.display());
@@ -370,7 +302,7 @@ impl AuditFile {
                     log::warn!(
                         "cannot rotate {} to {}: {e}; appending past {MAX_AUDIT_BYTES} bytes instead",
                         self.path.display(),
-                        self.rotated.display()
+                        rotated.display()
                     );
                 }
             }
@@ -457,36 +389,54 @@ pub struct AuditRecord {
     pub metadata: AuditMetadata,
 }
 
-/// The `metadata` of an [`AuditRecord`], as far as a reader needs it: who asked, how
-/// the turn ended, its ids and what it cost, as the writer names them.
-#[derive(Clone, Debug, Default, PartialEq, serde::Deserialize)]
+/// The `metadata` of a talk's line, as the writer writes it (in this field order) and
+/// an [`AuditRecord`] reads it back: who asked, how the turn ended, its ids and what it
+/// cost.
+#[derive(Clone, Debug, Default, PartialEq, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "camelCase")]
 #[non_exhaustive]
 pub struct AuditMetadata {
-    /// The caller's `fromInstance`.
+    /// The caller's `fromInstance`, when the body got that far.
     pub from_instance: Option<String>,
-    /// The request's depth.
+    /// The request's depth, when known.
     pub depth: Option<u64>,
     /// Time from request head to answer (0 when absent).
     #[serde(default)]
     pub duration_ms: u64,
-    /// The wire error code.
+    /// The wire error code, for failures and refusals.
     pub error_code: Option<String>,
-    /// The turn's request id.
+    /// The prompt's length in characters, when known (never its text).
+    pub prompt_chars: Option<usize>,
+    /// The HTTP status answered; `None` when no answer went out (the caller left).
+    pub status: Option<u16>,
+    /// The turn's request id: the request's `ext.requestId`, or the one the server
+    /// made for a turn of a request without (contract 8.4).
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub request_id: Option<String>,
-    /// The turn's trace id; a line whose `traceId` is not one is no record.
+    /// The turn's trace id: the request's `ext.traceId`, or the one the server made
+    /// for a turn of a request without (contract 8.4); a line whose `traceId` is not
+    /// one is no record.
     #[serde(default, deserialize_with = "trace_id")]
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub trace_id: Option<TraceId>,
-    /// The request's `ext.parentRequestId`.
+    /// The request's `ext.parentRequestId`, when it carried one.
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub parent_request_id: Option<String>,
-    /// The turn's cost in US dollars.
+    /// The turn's cost in US dollars, when its engine reported one.
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub cost_usd: Option<f64>,
-    /// The turn's input tokens.
+    /// The turn's input tokens, when its engine reported usage.
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub input_tokens: Option<u64>,
-    /// The turn's output tokens.
+    /// The turn's output tokens, when its engine reported usage.
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub output_tokens: Option<u64>,
-    /// The turn's cache-read input tokens.
+    /// The turn's cache-read input tokens, when its engine reported usage.
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub cached_tokens: Option<u64>,
+    /// The agent CLI's session id for the turn, when its engine reported one.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub session_id: Option<String>,
 }
 
 fn timestamp<'de, D: serde::Deserializer<'de>>(d: D) -> Result<SystemTime, D::Error> {
@@ -610,13 +560,6 @@ mod tests {
             .collect()
     }
 
-    fn outcome(outcome: &str) -> Record<'_> {
-        Record {
-            outcome,
-            ..Record::default()
-        }
-    }
-
     fn read_lines(input: &[u8]) -> (Vec<Vec<u8>>, u64) {
         let mut lines = AuditLines::new(input);
         let (mut whole, mut cut) = (Vec::new(), 0);
@@ -715,6 +658,7 @@ mod tests {
                 input_tokens: Some(7),
                 output_tokens: Some(8),
                 cached_tokens: Some(9),
+                ..AuditMetadata::default()
             }
         );
         let traced = format!(r#"{{"traceId":"{t}"}}"#);
@@ -794,23 +738,21 @@ mod tests {
         let dir = TestDir::new("audit-fields");
         let mut log = AuditLog::start(dir.path(), "worker").unwrap();
         let path = log.path.clone();
-        log.record(&Record {
-            outcome: "refused",
-            detail: "missing or wrong bearer secret",
-            error_code: Some("auth_failed"),
+        let refused = AuditMetadata {
+            error_code: Some("auth_failed".to_owned()),
             status: Some(401),
-            ..Record::default()
-        });
-        log.record(&Record {
-            outcome: "success",
-            detail: "ok",
-            from_instance: Some("caller"),
+            ..AuditMetadata::default()
+        };
+        log.record("refused", "missing or wrong bearer secret", &refused);
+        let success = AuditMetadata {
+            from_instance: Some("caller".to_owned()),
             depth: Some(1),
             duration_ms: 12,
             prompt_chars: Some(5),
             status: Some(200),
-            ..Record::default()
-        });
+            ..AuditMetadata::default()
+        };
+        log.record("success", "ok", &success);
         drop(log); // flushes
         let lines = lines_of(&path);
         assert_eq!(lines.len(), 2);
@@ -838,6 +780,14 @@ mod tests {
         }
         assert_eq!(lines[0]["metadata"]["errorCode"], "auth_failed");
         assert_eq!(lines[1]["metadata"]["promptChars"], 5);
+        // The reader reads back what the writer wrote.
+        let mut read = Vec::new();
+        read_audit_log(dir.path(), |r| read.push((r.outcome, r.metadata)));
+        let want = [
+            ("refused".to_owned(), refused),
+            ("success".to_owned(), success),
+        ];
+        assert_eq!(read, want);
         assert_eq!(crate::files::mode_is_wider(&path, 0o600).unwrap(), None);
     }
 
@@ -847,11 +797,7 @@ mod tests {
         let mut log = AuditLog::start(dir.path(), "w").unwrap();
         let path = log.path.clone();
         let long = "\u{e9}".repeat(MAX_DETAIL_CHARS + 10);
-        log.record(&Record {
-            outcome: "failure",
-            detail: &long,
-            ..Record::default()
-        });
+        log.record("failure", &long, &AuditMetadata::default());
         drop(log);
         let lines = lines_of(&path);
         let detail = lines[0]["detail"].as_str().unwrap();
@@ -861,7 +807,7 @@ mod tests {
     #[test]
     fn rotates_past_the_size_cap() {
         let dir = TestDir::new("audit-rotate");
-        let mut file = AuditFile::new(dir.path());
+        let (_log, mut file) = queue(dir.path(), "w", 1);
         file.append(b"{\"outcome\":\"success\"}\n", 1);
         file.size = MAX_AUDIT_BYTES; // pretend the file is full
         file.append(b"{\"outcome\":\"refused\"}\n", 1);
@@ -880,7 +826,7 @@ mod tests {
         let rotated = dir.path().join("audit.log.jsonl.1");
         std::fs::create_dir(&rotated).unwrap();
         std::fs::write(rotated.join("inside"), b"x").unwrap();
-        let mut file = AuditFile::new(dir.path());
+        let (_log, mut file) = queue(dir.path(), "w", 1);
         const LINES: usize = 10;
         for i in 0..LINES {
             file.size = MAX_AUDIT_BYTES; // every line would pass the cap
@@ -912,7 +858,7 @@ mod tests {
         let (mut log, writer) = queue(dir.path(), "w", CAPACITY);
         let path = log.path.clone();
         for _ in 0..RECORDED {
-            log.record(&outcome("refused"));
+            log.record("refused", "", &AuditMetadata::default());
         }
         assert_eq!(
             log.dropped.load(Ordering::Relaxed),
@@ -936,8 +882,8 @@ mod tests {
         let dir = TestDir::new("audit-catch-up");
         let (mut log, writer) = queue(dir.path(), "w", 1);
         let path = log.path.clone();
-        log.record(&outcome("success"));
-        log.record(&outcome("refused")); // dropped: the queue holds one
+        log.record("success", "", &AuditMetadata::default());
+        log.record("refused", "", &AuditMetadata::default()); // dropped: the queue holds one
         writer.spawn().unwrap();
         // Wait until the writer has written the first line and its report.
         let deadline = std::time::Instant::now() + Duration::from_secs(10);
@@ -952,7 +898,7 @@ mod tests {
             );
             std::thread::sleep(Duration::from_millis(5));
         }
-        log.record(&outcome("failure"));
+        log.record("failure", "", &AuditMetadata::default());
         drop(log);
         let outcomes: Vec<_> = lines_of(&path)
             .iter()
@@ -973,14 +919,14 @@ mod tests {
         .unwrap();
         let mut log = AuditLog::start(dir.path(), "w").unwrap();
         for _ in 0..3 {
-            log.record(&outcome("refused"));
+            log.record("refused", "", &AuditMetadata::default());
         }
         // Returns (the writer never blocks on the FIFO), and the FIFO is left alone.
         drop(log);
         let kind = std::fs::symlink_metadata(&path).unwrap().file_type();
         assert!(std::os::unix::fs::FileTypeExt::is_fifo(&kind));
 
-        let mut file = AuditFile::new(dir.path());
+        let (_log, mut file) = queue(dir.path(), "w", 1);
         file.append(b"{}\n", 1);
         file.append(b"{}\n", 1);
         assert_eq!(file.lost, 2);
@@ -1006,7 +952,7 @@ mod tests {
         std::fs::write(&target, b"").unwrap();
         let path = dir.path().join(AUDIT_FILE);
         std::os::unix::fs::symlink(&target, &path).unwrap();
-        let mut file = AuditFile::new(dir.path());
+        let (_log, mut file) = queue(dir.path(), "w", 1);
         file.append(b"{}\n", 1);
         assert_eq!(file.lost, 1);
         assert_eq!(std::fs::read(&target).unwrap(), b"");
@@ -1025,7 +971,7 @@ mod tests {
         let path = dir.path().join(AUDIT_FILE);
         std::fs::write(&path, b"{}\n").unwrap();
         std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o644)).unwrap();
-        let mut file = AuditFile::new(dir.path());
+        let (_log, mut file) = queue(dir.path(), "w", 1);
         file.append(b"{}\n", 1);
         assert_eq!(crate::files::mode_is_wider(&path, 0o600).unwrap(), None);
         assert_eq!(file.size, 6);

@@ -51,7 +51,6 @@ pub fn round_cost(cost: f64) -> f64 {
 #[non_exhaustive]
 pub struct Usage {
     /// When the file was last updated (ISO-8601), if ever.
-    #[serde(default)]
     pub last_updated_at: Option<String>,
     /// Number of engine turns recorded.
     pub request_count: u64,
@@ -113,10 +112,8 @@ impl Usage {
     /// (the totals are left as they were), so the file never holds `null` or `inf`.
     fn add(&mut self, turn: &TurnUsage) -> Result<(), UsageFileError> {
         let total = round_cost(self.total_cost_usd + turn.cost_usd);
-        if !turn.cost_usd.is_finite()
-            || turn.cost_usd < 0.0
-            || !(total.is_finite() && total <= MAX_TOTAL_COST_USD)
-        {
+        // A cost that is not finite makes the total not finite too.
+        if turn.cost_usd < 0.0 || !(total.is_finite() && total <= MAX_TOTAL_COST_USD) {
             return Err(UsageFileError::Overflow {
                 total: self.total_cost_usd,
                 cost: turn.cost_usd,

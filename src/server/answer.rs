@@ -5,7 +5,7 @@ use super::{Bus, Refusal};
 use crate::audit;
 use crate::http::{Head, Response};
 use crate::protocol::{
-    proof, Envelope, Failure, Health, RequestExt, RequestId, TalkRequest, TraceId, UsageReport,
+    proof, Envelope, Failure, Health, RequestExt, RequestId, TalkRequest, UsageReport,
 };
 use std::time::Instant;
 
@@ -107,24 +107,26 @@ impl Bus {
         status: Option<u16>,
         usage: Option<UsageReport>,
     ) {
-        self.audit.record(&audit::Record {
-            outcome,
-            detail,
-            from_instance: meta.from_instance.as_deref(),
+        let known = usage.map(|_| ());
+        let usage = usage.unwrap_or_default();
+        let id = |id: &Option<RequestId>| id.as_ref().map(ToString::to_string);
+        let metadata = audit::AuditMetadata {
+            from_instance: meta.from_instance.clone(),
             depth: meta.depth,
             duration_ms: elapsed_ms(meta.received_at, Instant::now()),
-            error_code,
+            error_code: error_code.map(str::to_owned),
             prompt_chars: meta.prompt_chars,
             status,
-            request_id: meta.ext.request_id.as_ref().map(RequestId::as_str),
-            trace_id: meta.ext.trace_id.as_ref().map(TraceId::as_str),
-            parent_request_id: meta.ext.parent_request_id.as_ref().map(RequestId::as_str),
-            cost_usd: usage.and_then(|u| u.cost_usd),
-            input_tokens: usage.map(|u| u.input_tokens),
-            output_tokens: usage.map(|u| u.output_tokens),
-            cached_tokens: usage.map(|u| u.cached_tokens),
-            session_id: meta.session_id.as_deref(),
-        });
+            request_id: id(&meta.ext.request_id),
+            trace_id: meta.ext.trace_id.clone(),
+            parent_request_id: id(&meta.ext.parent_request_id),
+            cost_usd: usage.cost_usd,
+            input_tokens: known.map(|()| usage.input_tokens),
+            output_tokens: known.map(|()| usage.output_tokens),
+            cached_tokens: known.map(|()| usage.cached_tokens),
+            session_id: meta.session_id.clone(),
+        };
+        self.audit.record(outcome, detail, &metadata);
     }
 
     /// The health answer, with a `proof` of the request's `X-Loopbus-Nonce` when it

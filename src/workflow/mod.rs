@@ -32,7 +32,7 @@ use crate::protocol::{InstanceName, RequestId};
 use std::fmt;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 mod outcome;
@@ -196,26 +196,18 @@ pub fn fan(
 ) -> Result<Outcome, WorkflowError> {
     let plan = prepare(options, targets)?;
     let next = AtomicUsize::new(0);
-    let done: Mutex<Vec<Option<Stage>>> = Mutex::new(targets.iter().map(|_| None).collect());
+    let done: Vec<OnceLock<Stage>> = targets.iter().map(|_| OnceLock::new()).collect();
     std::thread::scope(|scope| {
         for _ in 0..targets.len().min(FAN_THREADS) {
             scope.spawn(|| loop {
                 let index = next.fetch_add(1, Ordering::SeqCst);
-                if index >= targets.len() {
-                    return;
-                }
-                let stage = plan.run(index, prompt.to_owned());
-                // Each slot is written once; a panic elsewhere left the others valid.
-                done.lock().unwrap_or_else(|p| p.into_inner())[index] = Some(stage);
+                let Some(slot) = done.get(index) else { return };
+                // Each index is taken once: its slot is set once.
+                let _ = slot.set(plan.run(index, prompt.to_owned()));
             });
         }
     });
-    let stages = done
-        .into_inner()
-        .unwrap_or_else(|p| p.into_inner())
-        .into_iter()
-        .flatten()
-        .collect();
+    let stages = done.into_iter().filter_map(OnceLock::into_inner).collect();
     Ok(plan.finish(stages, None))
 }
 

@@ -56,35 +56,24 @@ pub enum Conclusion {
 
 impl Outcome {
     /// How the workflow ended: a failure when a failure is not retryable or the verdict
-    /// is `FAIL`, else retryable when anything failed, else success.
+    /// is `FAIL` (or no verdict could be read, and that failure is not retryable), else
+    /// retryable when anything failed, else success.
     pub fn conclusion(&self) -> Conclusion {
         let failures = self.stages.iter().filter_map(|s| s.outcome.as_ref().err());
-        let verdict = self
-            .verdict
-            .as_ref()
-            .map(|v| v.as_ref().copied().map_err(|f| f.retryable));
-        conclude(failures.map(DelegateError::retryable), verdict)
-    }
-}
-
-/// The conclusion from each failure's `retryable` flag and verify's verdict (`Err`:
-/// no verdict could be read, with that failure's flag): any failure that is not
-/// retryable, or `FAIL`, is a [`Conclusion::Failure`]; else any failure at all is
-/// [`Conclusion::Retryable`]; else success.
-pub(super) fn conclude(
-    failures: impl IntoIterator<Item = bool>,
-    verdict: Option<Result<Verdict, bool>>,
-) -> Conclusion {
-    let verdict = match verdict {
-        Some(Ok(Verdict::Fail)) => Some(false),
-        Some(Err(retryable)) => Some(retryable),
-        None | Some(Ok(Verdict::Pass)) => None,
-    };
-    let flags: Vec<bool> = failures.into_iter().chain(verdict).collect();
-    match (flags.contains(&false), flags.is_empty()) {
-        (true, _) => Conclusion::Failure,
-        (false, true) => Conclusion::Success,
-        (false, false) => Conclusion::Retryable,
+        let verdict = match &self.verdict {
+            Some(Ok(Verdict::Fail)) => Some(false),
+            Some(Err(failure)) => Some(failure.retryable),
+            None | Some(Ok(Verdict::Pass)) => None,
+        };
+        let flags: Vec<bool> = failures
+            .map(DelegateError::retryable)
+            .chain(verdict)
+            .collect();
+        match (flags.contains(&false), flags.is_empty()) {
+            (true, _) => Conclusion::Failure,
+            (false, true) => Conclusion::Success,
+            (false, false) => Conclusion::Retryable,
+        }
     }
 }
 
@@ -93,18 +82,14 @@ pub(super) fn conclude(
 pub(super) fn sum_usage<'a>(
     reports: impl IntoIterator<Item = &'a UsageReport>,
 ) -> Option<UsageReport> {
-    reports.into_iter().fold(None, |sum, one| {
-        let sum = sum.unwrap_or_default();
-        let cost_usd = match (sum.cost_usd, one.cost_usd) {
+    reports.into_iter().copied().reduce(|sum, one| UsageReport {
+        cost_usd: match (sum.cost_usd, one.cost_usd) {
             (Some(a), Some(b)) => Some(a + b),
             (a, b) => a.or(b),
-        };
-        Some(UsageReport {
-            cost_usd,
-            input_tokens: sum.input_tokens.saturating_add(one.input_tokens),
-            output_tokens: sum.output_tokens.saturating_add(one.output_tokens),
-            cached_tokens: sum.cached_tokens.saturating_add(one.cached_tokens),
-        })
+        },
+        input_tokens: sum.input_tokens.saturating_add(one.input_tokens),
+        output_tokens: sum.output_tokens.saturating_add(one.output_tokens),
+        cached_tokens: sum.cached_tokens.saturating_add(one.cached_tokens),
     })
 }
 
@@ -114,11 +99,34 @@ mod tests {
 
     #[test]
     fn conclusion_table() {
+        use crate::protocol::ErrorCode;
         use Conclusion::*;
+        // A failed delegation, retryable or not.
+        let stage = |retryable: bool| {
+            let target = "w".to_owned();
+            let error = match retryable {
+                true => DelegateError::Timeout {
+                    target,
+                    after: Duration::ZERO,
+                },
+                false => DelegateError::Stopped { target },
+            };
+            assert_eq!(error.retryable(), retryable);
+            Stage {
+                target: InstanceName::new("w").unwrap(),
+                request_id: RequestId::new("rrrrrrrrrrrrrrrr").unwrap(),
+                outcome: Err(error),
+                elapsed: Duration::ZERO,
+            }
+        };
+        let unreadable = |retryable| crate::protocol::Failure {
+            retryable,
+            ..crate::protocol::Failure::new(ErrorCode::InvalidHandlerResponse, "no verdict")
+        };
         /// Failures' retryable flags, the verdict (`Err`: none readable, retryable or
         /// not), the conclusion.
         type Case = (&'static [bool], Option<Result<Verdict, bool>>, Conclusion);
-        let cases: [Case; 11] = [
+        let cases: [Case; 12] = [
             (&[], None, Success),
             (&[true], None, Retryable),
             (&[true, true], None, Retryable),
@@ -127,16 +135,21 @@ mod tests {
             (&[], Some(Ok(Verdict::Pass)), Success),
             (&[], Some(Ok(Verdict::Fail)), Failure),
             (&[], Some(Err(true)), Retryable),
+            (&[], Some(Err(false)), Failure),
             (&[true], Some(Ok(Verdict::Fail)), Failure),
             (&[false], Some(Ok(Verdict::Pass)), Failure),
             (&[true], Some(Err(true)), Retryable),
         ];
         for (failures, verdict, want) in cases {
-            assert_eq!(
-                conclude(failures.iter().copied(), verdict),
-                want,
-                "{failures:?} {verdict:?}"
-            );
+            let outcome = Outcome {
+                stages: failures.iter().map(|&r| stage(r)).collect(),
+                planned: failures.len(),
+                usage: None,
+                verdict: verdict.map(|v| v.map_err(unreadable)),
+                trace_id: TraceId::new("4bf92f3577b34da6a3ce929d0e0e4736").unwrap(),
+                elapsed: Duration::ZERO,
+            };
+            assert_eq!(outcome.conclusion(), want, "{failures:?} {verdict:?}");
         }
     }
 

@@ -184,10 +184,8 @@ pub(super) fn prepare(
         }
     }
     let random = |error| WorkflowError::NoRandomness { error };
-    let trace = match &options.trace {
-        Some(trace) => trace.clone(),
-        None => TraceContext::new().map_err(random)?,
-    };
+    let trace = options.trace.clone().map_or_else(TraceContext::new, Ok);
+    let trace = trace.map_err(random)?;
     let ids = targets
         .iter()
         .map(|_| new_request_id().map_err(random))
