@@ -176,17 +176,17 @@ impl Bus {
 
     /// Writes a turn's answer to each of its waiters and records it: its envelope
     /// (audited once), or a refusal each.
-    pub(super) fn answer(&mut self, ended: Ended<ConnId>, control: &mut Control) {
-        let envelope = match &ended.answer {
+    pub(super) fn answer(&mut self, (turn, answer): Ended<ConnId>, control: &mut Control) {
+        let envelope = match &answer {
             Ok(envelope) => envelope,
             Err(refusal) => {
-                for waiter in &ended.waiters {
-                    control.respond(waiter.conn, self.refuse_talk(refusal, &ended.meta));
+                for waiter in &turn.waiters {
+                    control.respond(waiter.conn, self.refuse_talk(refusal, &turn.meta));
                 }
                 return;
             }
         };
-        let (outcome, detail, code) = match (&envelope.failure, ended.cancelled) {
+        let (outcome, detail, code) = match (&envelope.failure, turn.cancelled) {
             (None, _) => ("success", "ok", None),
             (Some(f), Some(why)) => ("cancelled", why, Some(f.code.as_str())),
             (Some(f), None) => ("failure", audit_detail(f), Some(f.code.as_str())),
@@ -194,21 +194,21 @@ impl Bus {
         log::debug!(
             "talk answered: {outcome}{} ({}, {} ms)",
             code.map(|c| format!(" {c}")).unwrap_or_default(),
-            ended.meta.describe(),
+            turn.meta.describe(),
             envelope.duration_ms
         );
-        if let (Some(failure), None) = (&envelope.failure, ended.cancelled) {
+        if let (Some(failure), None) = (&envelope.failure, turn.cancelled) {
             // The person running the instance sees its failures (never the prompt):
             // the first line of its message, cut to MAX_LOGGED_FAILURE_CHARS (the
             // logger escapes it: it may quote the engine).
             let line = failure.error.lines().next().unwrap_or_default();
             let first: String = line.chars().take(MAX_LOGGED_FAILURE_CHARS).collect();
-            let who = ended.meta.describe();
+            let who = turn.meta.describe();
             log::info!("turn failed: {} ({who}): {first}", failure.code);
         }
-        let status = (!ended.waiters.is_empty()).then_some(200);
-        self.audit(&ended.meta, outcome, detail, code, status, envelope.usage);
-        for waiter in &ended.waiters {
+        let status = (!turn.waiters.is_empty()).then_some(200);
+        self.audit(&turn.meta, outcome, detail, code, status, envelope.usage);
+        for waiter in &turn.waiters {
             control.respond(waiter.conn, json(200, waiter.negotiate(envelope).to_json()));
         }
     }

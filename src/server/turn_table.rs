@@ -41,8 +41,9 @@
 //!     stopped; the pool reports it like any turn: FINISHED, `cancelled`.
 //! ```
 //!
-//! Each waiter gets the turn's envelope as its own request negotiated it. A turn's
-//! request id is in the table's `running` map exactly while the turn is in the table.
+//! Each waiter gets the turn's envelope as its own request negotiated it. The table
+//! holds turns only: which turn a connection or a request id waits on is looked up
+//! among them (a few hundred at most: the pool's running and queued turns).
 
 use super::answer::{elapsed_ms, TalkMeta};
 use super::requests::{self, RequestDigest, RequestKey, RequestStore};
@@ -52,7 +53,6 @@ use crate::engine::{self, CancelToken, TurnOutput, TurnResult};
 use crate::protocol::{self, Envelope, ErrorCode, InstanceName, TalkRequest, UsageReport};
 use crate::turns::Outcome;
 use std::collections::HashMap;
-use std::hash::Hash;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -93,16 +93,16 @@ impl<C> Waiter<C> {
 pub(super) struct TurnState<C> {
     /// The connections waiting for its envelope: the first request's, and those of
     /// retries and cancel requests attached to it.
-    waiters: Vec<Waiter<C>>,
+    pub(super) waiters: Vec<Waiter<C>>,
     /// The first request, for the audit line (with the ids the bus made for the turn);
     /// its envelope's `durationMs` counts from its `received_at`.
-    meta: TalkMeta,
+    pub(super) meta: TalkMeta,
     /// Its (`fromInstance`, `requestId`) and what that id stands for, if it named one.
     named: Option<(RequestKey, RequestDigest)>,
     /// Stops its engine (the job holds a clone).
     cancel: CancelToken,
     /// Why it was cancelled, once it was.
-    cancelled: Option<&'static str>,
+    pub(super) cancelled: Option<&'static str>,
     /// When it was first seen out of the queue; its waiters' deadline counts from here.
     started_at: Option<Instant>,
     /// `engine.timeoutSecs` (as admitted) plus [`WAITER_GRACE`].
@@ -143,18 +143,9 @@ pub(super) enum HangUp {
     Abandoned(TurnId, TalkMeta),
 }
 
-/// A turn that left the table, with the answer for each of its waiters.
-#[derive(Debug)]
-pub(super) struct Ended<C> {
-    /// The connections waiting on it.
-    pub(super) waiters: Vec<Waiter<C>>,
-    /// Its first request.
-    pub(super) meta: TalkMeta,
-    /// Why it was cancelled, if it was.
-    pub(super) cancelled: Option<&'static str>,
-    /// Its envelope (each waiter gets it negotiated), or the refusal each waiter gets.
-    pub(super) answer: Result<Envelope, Refusal>,
-}
+/// A turn that left the table, with the connections waiting on it, and its envelope
+/// (each waiter gets it negotiated) or the refusal each waiter gets.
+pub(super) type Ended<C> = (TurnState<C>, Result<Envelope, Refusal>);
 
 /// What [`TurnTable::tick`] found due.
 #[derive(Debug)]
@@ -174,23 +165,16 @@ pub(super) struct TurnTable<C> {
     /// The instance's name, for envelopes.
     name: InstanceName,
     turns: HashMap<TurnId, TurnState<C>>,
-    /// Which turn each waiting connection waits on.
-    waiting: HashMap<C, TurnId>,
-    /// Which turn runs under each request id: an id is here exactly while its turn is
-    /// in `turns` (`admit` and `remove` keep them so).
-    running: HashMap<RequestKey, TurnId>,
     /// The stored answers of finished turns that named an id (contract 8.2).
     requests: RequestStore,
     next_id: u64,
 }
 
-impl<C: Copy + Eq + Hash> TurnTable<C> {
+impl<C: Copy + Eq> TurnTable<C> {
     pub(super) fn new(name: InstanceName) -> TurnTable<C> {
         TurnTable {
             name,
             turns: HashMap::new(),
-            waiting: HashMap::new(),
-            running: HashMap::new(),
             requests: RequestStore::default(),
             next_id: 0,
         }
@@ -221,12 +205,13 @@ impl<C: Copy + Eq + Hash> TurnTable<C> {
             (key.is_some() && !cancel).then(|| requests::digest(&request.prompt, request.depth));
         if let Some(key) = &key {
             let reused = |known: &RequestDigest| digest.is_some_and(|d| d != *known);
-            let running = self.running.get(key);
-            if let Some((turn, state)) = running.and_then(|t| Some((*t, self.turns.get_mut(t)?))) {
+            let mut turns = self.turns.iter_mut();
+            if let Some((&turn, state)) =
+                turns.find(|(_, s)| s.named.as_ref().is_some_and(|n| n.0 == *key))
+            {
                 if state.named.as_ref().is_some_and(|(_, known)| reused(known)) {
                     return Admit::Refused(Refusal::RequestIdReused);
                 }
-                self.waiting.insert(conn, turn);
                 state.waiters.push(waiter);
                 state.orphaned_at = None;
                 return if cancel {
@@ -247,16 +232,11 @@ impl<C: Copy + Eq + Hash> TurnTable<C> {
         }
         let id = TurnId(self.next_id);
         self.next_id = self.next_id.wrapping_add(1);
-        let named = key.zip(digest);
-        if let Some((key, _)) = &named {
-            self.running.insert(key.clone(), id);
-        }
-        self.waiting.insert(conn, id);
         let cancel = CancelToken::new();
         let state = TurnState {
             waiters: vec![waiter],
             meta,
-            named,
+            named: key.zip(digest),
             cancel: cancel.clone(),
             cancelled: None,
             started_at: None,
@@ -283,8 +263,9 @@ impl<C: Copy + Eq + Hash> TurnTable<C> {
     /// otherwise (contract 8.1) it is cancelled at once without an id, after
     /// `bus.reattachSecs` with one; with `bus.cancelOnHangup` false it runs on.
     pub(super) fn hang_up(&mut self, conn: C, bus: &BusConfig, now: Instant) -> HangUp {
-        let waited_on = self.waiting.remove(&conn);
-        let Some((turn, state)) = waited_on.and_then(|t| Some((t, self.turns.get_mut(&t)?))) else {
+        let mut turns = self.turns.iter_mut();
+        let Some((&turn, state)) = turns.find(|(_, s)| s.waiters.iter().any(|w| w.conn == conn))
+        else {
             return HangUp::Nothing;
         };
         state.waiters.retain(|w| w.conn != conn);
@@ -355,7 +336,7 @@ impl<C: Copy + Eq + Hash> TurnTable<C> {
             let answer = Arc::new(envelope.clone());
             self.requests.store(key, *digest, answer, size, now);
         }
-        Some(ended(state, Ok(envelope)))
+        Some((state, Ok(envelope)))
     }
 
     /// Ends `turn` with `refusal` for every waiter (shutdown: the pool handed it back
@@ -363,7 +344,7 @@ impl<C: Copy + Eq + Hash> TurnTable<C> {
     pub(super) fn refuse(&mut self, turn: TurnId, refusal: Refusal) -> Option<Ended<C>> {
         let state = self.remove(turn)?;
         state.cancel.cancel();
-        Some(ended(state, Err(refusal)))
+        Some((state, Err(refusal)))
     }
 
     /// The upkeep at `now`: drops stored answers past their TTL, notes the turns that
@@ -415,23 +396,7 @@ impl<C: Copy + Eq + Hash> TurnTable<C> {
 
     /// Takes `turn` out of the table, with its waiters and its id.
     pub(super) fn remove(&mut self, turn: TurnId) -> Option<TurnState<C>> {
-        let state = self.turns.remove(&turn)?;
-        for waiter in &state.waiters {
-            self.waiting.remove(&waiter.conn);
-        }
-        if let Some((key, _)) = &state.named {
-            self.running.remove(key);
-        }
-        Some(state)
-    }
-}
-
-fn ended<C>(state: TurnState<C>, answer: Result<Envelope, Refusal>) -> Ended<C> {
-    Ended {
-        waiters: state.waiters,
-        meta: state.meta,
-        cancelled: state.cancelled,
-        answer,
+        self.turns.remove(&turn)
     }
 }
 
@@ -475,12 +440,13 @@ mod tests {
     /// Each waiter's connection and its answer's error code (`ok`: a success), as
     /// `1 ok, 2 ok`.
     fn answers(ended: &Ended<u32>) -> String {
-        let code = match &ended.answer {
+        let code = match &ended.1 {
             Ok(envelope) => envelope.failure.as_ref().map(|f| f.code.clone()),
             Err(refusal) => Some(refusal.status_and_code().1),
         };
         let code = code.as_ref().map_or("ok", |c| c.as_str());
         let each: Vec<String> = ended
+            .0
             .waiters
             .iter()
             .map(|w| format!("{} {code}", w.conn))
@@ -515,7 +481,7 @@ mod tests {
         ));
         let ended = table.finish(turn, reply("done"), t0 + SECS).unwrap();
         assert_eq!(answers(&ended), "1 ok, 2 ok");
-        assert_eq!(ended.answer.unwrap().duration_ms, 1000);
+        assert_eq!(ended.1.unwrap().duration_ms, 1000);
         assert!(table.is_empty());
         // A late retry gets the stored envelope; no turn starts.
         match table.admit(4, &first, meta, SECS, t0 + 2 * SECS) {
@@ -542,7 +508,7 @@ mod tests {
         // The engine finished as the cancel came: cancelled is cancelled.
         let ended = table.finish(turn, reply("late"), t0).unwrap();
         assert_eq!(answers(&ended), "1 cancelled, 2 cancelled");
-        assert_eq!(ended.cancelled, Some("a cancel request"));
+        assert_eq!(ended.0.cancelled, Some("a cancel request"));
         // `cancelled` is not retryable: stored, a second cancel request gets it.
         assert!(matches!(
             table.admit(3, &cancel, meta.clone(), SECS, t0),

@@ -160,7 +160,7 @@ impl Bus {
             log::error!(
                 "a bug: the turn of {} did not answer within engine.timeoutSecs plus {} s; \
                  its callers get internal_error",
-                super::turn_table::caller(&ended.meta),
+                super::turn_table::caller(&ended.0.meta),
                 super::turn_table::WAITER_GRACE.as_secs()
             );
             self.pool.cancel(turn);
