@@ -49,7 +49,7 @@ impl Bus {
         let request = match protocol::parse_talk_request(body) {
             Ok(request) => request,
             Err(e) => {
-                return Some(self.refuse_talk(&Refusal::Body(e), &TalkMeta::of(None, received_at)))
+                return Some(self.refuse(&Refusal::Body(e), &TalkMeta::of(None, received_at), true))
             }
         };
         let meta = TalkMeta::of(Some(&request), received_at);
@@ -64,7 +64,7 @@ impl Bus {
         } else {
             return self.admit(conn, request, meta);
         };
-        Some(self.refuse_talk(&refusal, &meta))
+        Some(self.refuse(&refusal, &meta, true))
     }
 
     /// Admits a request that passed checks 1-9 (see [`TurnTable::admit`]). `Some`
@@ -95,11 +95,11 @@ impl Bus {
                 };
                 if let Err(Busy(_)) = self.pool.submit(id, turn) {
                     self.table.remove(id);
-                    return Some(self.refuse_talk(&Refusal::Busy, &meta));
+                    return Some(self.refuse(&Refusal::Busy, &meta, true));
                 }
                 return None;
             }
-            Admit::Refused(refusal) => return Some(self.refuse_talk(&refusal, &meta)),
+            Admit::Refused(refusal) => return Some(self.refuse(&refusal, &meta, true)),
             Admit::Attached => (
                 "attached",
                 "a retry joined the running turn of its request id",
@@ -181,7 +181,7 @@ impl Bus {
             Ok(envelope) => envelope,
             Err(refusal) => {
                 for waiter in &turn.waiters {
-                    control.respond(waiter.conn, self.refuse_talk(refusal, &turn.meta));
+                    control.respond(waiter.conn, self.refuse(refusal, &turn.meta, true));
                 }
                 return;
             }
