@@ -100,12 +100,7 @@ impl Bus {
                 return None;
             }
             Admit::Refused(refusal) => return Some(self.refuse(&refusal, &meta, true)),
-            Admit::Attached => (
-                "attached",
-                "a retry joined the running turn of its request id",
-                None,
-            ),
-            Admit::Cancel(turn) => {
+            Admit::Attached(turn) if request.ext.cancel => {
                 self.cancel(turn, "cancelled by a cancel request");
                 (
                     "cancel",
@@ -113,6 +108,11 @@ impl Bus {
                     None,
                 )
             }
+            Admit::Attached(_) => (
+                "attached",
+                "a retry joined the running turn of its request id",
+                None,
+            ),
             Admit::Stored(envelope) => (
                 "duplicate",
                 match request.ext.cancel {

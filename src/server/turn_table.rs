@@ -117,10 +117,9 @@ pub(super) enum Admit {
     /// A new turn, held, to submit with the token that stops its engine; if the pool
     /// refuses it, the bus takes it back out ([`TurnTable::remove`]).
     New(TurnId, CancelToken),
-    /// A retry joined the running turn of its id, and waits with it.
-    Attached,
-    /// A cancel request joined the running turn of its id: the bus cancels it.
-    Cancel(TurnId),
+    /// A retry or a cancel request joined the running turn of its id, and waits with
+    /// it; the bus cancels it for a cancel request.
+    Attached(TurnId),
     /// The stored envelope of its id, as this request negotiated it; no engine runs.
     Stored(Envelope),
     /// `RequestIdReused` or `UnknownRequestId`.
@@ -214,11 +213,7 @@ impl<C: Copy + Eq> TurnTable<C> {
                 }
                 state.waiters.push(waiter);
                 state.orphaned_at = None;
-                return if cancel {
-                    Admit::Cancel(turn)
-                } else {
-                    Admit::Attached
-                };
+                return Admit::Attached(turn);
             }
             if let Some((known, envelope)) = self.requests.get(key, now) {
                 if reused(&known) {
@@ -472,7 +467,7 @@ mod tests {
         let meta = TalkMeta::of(Some(&first), t0);
         assert!(matches!(
             table.admit(2, &first, meta.clone(), SECS, t0),
-            Admit::Attached
+            Admit::Attached(_)
         ));
         let other = request("q", Some(1), false);
         assert!(matches!(
@@ -501,7 +496,7 @@ mod tests {
         let meta = TalkMeta::of(Some(&cancel), t0);
         assert!(matches!(
             table.admit(2, &cancel, meta.clone(), SECS, t0),
-            Admit::Cancel(t) if t == turn
+            Admit::Attached(t) if t == turn
         ));
         assert!(table.cancel(turn, "a cancel request").is_some());
         assert!(table.cancel(turn, "again").is_none(), "logged once");
@@ -542,7 +537,7 @@ mod tests {
         let meta = TalkMeta::of(Some(&named), t0);
         assert!(matches!(
             table.admit(2, &named, meta, SECS, t0),
-            Admit::Attached
+            Admit::Attached(_)
         ));
         assert!(matches!(
             table.hang_up(1, &bus(true, 15), t0),
@@ -590,7 +585,7 @@ mod tests {
         let meta = TalkMeta::of(Some(&named), t0);
         assert!(matches!(
             table.admit(2, &named, meta, SECS, t0 + SECS),
-            Admit::Attached
+            Admit::Attached(_)
         ));
         assert!(table
             .tick(t0 + 60 * SECS, &bus(true, 15), |_| false)
