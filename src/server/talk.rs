@@ -84,7 +84,7 @@ impl Bus {
         let admitted = self
             .table
             .admit(conn, &request, turn_meta, timeout, Instant::now());
-        let (outcome, detail, answer) = match admitted {
+        let (outcome, detail) = match admitted {
             Admit::New(id, cancel) => {
                 let config = Arc::clone(&self.config);
                 let turn = Turn {
@@ -105,26 +105,23 @@ impl Bus {
                 (
                     "cancel",
                     "a cancel request for the running turn of its request id",
-                    None,
                 )
             }
             Admit::Attached(_) => (
                 "attached",
                 "a retry joined the running turn of its request id",
-                None,
             ),
-            Admit::Stored(envelope) => (
-                "duplicate",
-                match request.ext.cancel {
+            Admit::Stored(envelope) => {
+                let detail = match request.ext.cancel {
                     true => "a cancel request for a finished turn got its stored envelope",
                     false => "a retry got the stored envelope of its request id; no engine ran",
-                },
-                Some(json(200, envelope.to_json())),
-            ),
+                };
+                self.audit(&meta, "duplicate", detail, None, Some(200), None);
+                return Some(json(200, envelope.to_json()));
+            }
         };
-        let status = answer.as_ref().map(|_| 200);
-        self.audit(&meta, outcome, detail, None, status, None);
-        answer
+        self.audit(&meta, outcome, detail, None, None, None);
+        None
     }
 
     /// Cancels `turn` (contract 8.1): a queued one is taken out of the queue, a running
