@@ -12,7 +12,6 @@
 use crate::protocol::{Envelope, RequestId};
 use sha2::{Digest as _, Sha256};
 use std::collections::{HashMap, VecDeque};
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 /// How long a finished turn's envelope is kept for retries (contract 8.2).
@@ -51,7 +50,7 @@ pub fn digest(prompt: &str, depth: u64) -> RequestDigest {
 pub struct RequestStore {
     /// Each stored answer, with the digest of what its id stood for and the bytes it
     /// counts against [`MAX_STORED_BYTES`].
-    entries: HashMap<RequestKey, (RequestDigest, Arc<Envelope>, usize)>,
+    entries: HashMap<RequestKey, (RequestDigest, Envelope, usize)>,
     /// The keys of `entries`, oldest first, with when each was stored.
     order: VecDeque<(RequestKey, Instant)>,
     bytes: usize,
@@ -59,14 +58,10 @@ pub struct RequestStore {
 
 impl RequestStore {
     /// The stored answer of `key` at `now`, and the digest of what its id stood for.
-    pub fn get(
-        &mut self,
-        key: &RequestKey,
-        now: Instant,
-    ) -> Option<(RequestDigest, Arc<Envelope>)> {
+    pub fn get(&mut self, key: &RequestKey, now: Instant) -> Option<(RequestDigest, &Envelope)> {
         self.expire(now);
         let (digest, answer, _) = self.entries.get(key)?;
-        Some((*digest, Arc::clone(answer)))
+        Some((*digest, answer))
     }
 
     /// Stores what `key`'s turn (of `digest`) answered, `size` bytes of it (an
@@ -77,7 +72,7 @@ impl RequestStore {
         &mut self,
         key: &RequestKey,
         digest: RequestDigest,
-        answer: Arc<Envelope>,
+        answer: Envelope,
         size: usize,
         now: Instant,
     ) {
@@ -132,8 +127,8 @@ mod tests {
         }
     }
 
-    fn body(text: &str) -> Arc<Envelope> {
-        Arc::new(Envelope::success("worker", text.to_owned(), 0))
+    fn body(text: &str) -> Envelope {
+        Envelope::success("worker", text.to_owned(), 0)
     }
 
     #[test]
@@ -146,16 +141,16 @@ mod tests {
         assert_ne!(d, digest("p", 2));
         assert_eq!(store.get(&k, t0), None);
         store.store(&k, d, body("envelope"), 8, t0);
-        assert_eq!(store.get(&k, t0), Some((d, body("envelope"))));
+        assert_eq!(store.get(&k, t0), Some((d, &body("envelope"))));
         // Another caller's same id is another request.
         assert_eq!(store.get(&key("b", 1), t0), None);
         assert_eq!(store.stored(), (1, 8 + 1 + 32 + ENTRY_OVERHEAD_BYTES));
         // A second answer for a stored key is not taken.
         store.store(&k, d, body("other"), 5, t0);
-        assert_eq!(store.get(&k, t0), Some((d, body("envelope"))));
+        assert_eq!(store.get(&k, t0), Some((d, &body("envelope"))));
         // Just under the TTL it is there; at the TTL it is gone.
         let late = t0 + ANSWER_TTL - Duration::from_millis(1);
-        assert_eq!(store.get(&k, late), Some((d, body("envelope"))));
+        assert_eq!(store.get(&k, late), Some((d, &body("envelope"))));
         assert_eq!(store.get(&k, t0 + ANSWER_TTL), None);
         assert_eq!(store.stored(), (0, 0));
         assert!(store.order.is_empty());
@@ -169,7 +164,7 @@ mod tests {
         let d = digest("p", 1);
         for n in 0..10_000u128 {
             let at = t0 + Duration::from_millis(n as u64);
-            store.store(&key("caller", n), d, Arc::clone(&big), 16 * 1024, at);
+            store.store(&key("caller", n), d, big.clone(), 16 * 1024, at);
             let (answers, bytes) = store.stored();
             assert!(answers <= MAX_STORED_ANSWERS, "{answers}");
             assert!(bytes <= MAX_STORED_BYTES, "{bytes}");
@@ -203,7 +198,7 @@ mod tests {
         store.expire(t0 + ANSWER_TTL);
         assert_eq!(
             store.get(&fresh, t0 + ANSWER_TTL),
-            Some((digest("p", 1), body("fresh")))
+            Some((digest("p", 1), &body("fresh")))
         );
         assert_eq!(store.get(&old, t0 + ANSWER_TTL), None);
         assert_eq!(store.stored().0, 1);

@@ -53,7 +53,6 @@ use crate::engine::{self, CancelToken, TurnOutput, TurnResult};
 use crate::protocol::{self, Envelope, ErrorCode, InstanceName, TalkRequest, UsageReport};
 use crate::turns::Outcome;
 use std::collections::HashMap;
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 /// What a waiting connection's deadline adds to its turn's `engine.timeoutSecs`
@@ -219,7 +218,7 @@ impl<C: Copy + Eq> TurnTable<C> {
                 if reused(&known) {
                     return Admit::Refused(Refusal::RequestIdReused);
                 }
-                return Admit::Stored(waiter.negotiate(&envelope));
+                return Admit::Stored(waiter.negotiate(envelope));
             }
         }
         if cancel {
@@ -328,8 +327,8 @@ impl<C: Copy + Eq> TurnTable<C> {
         let storable = failure.is_none_or(|f| !f.retryable && f.code != ErrorCode::BudgetExhausted);
         if let Some((key, digest)) = state.named.as_ref().filter(|_| storable) {
             let size = envelope.to_json().len();
-            let answer = Arc::new(envelope.clone());
-            self.requests.store(key, *digest, answer, size, now);
+            self.requests
+                .store(key, *digest, envelope.clone(), size, now);
         }
         Some((state, Ok(envelope)))
     }
