@@ -145,17 +145,11 @@ pub(super) enum HangUp {
 /// (each waiter gets it negotiated) or the refusal each waiter gets.
 pub(super) type Ended<C> = (TurnState<C>, Result<Envelope, Refusal>);
 
-/// What [`TurnTable::tick`] found due.
-#[derive(Debug)]
-pub(super) struct Due<C> {
-    /// Kept turns whose reattach window closed: the bus cancels them.
-    pub(super) expired: Vec<TurnId>,
-    /// Turns past their waiters' deadline, taken out of the table with a 500 for each
-    /// waiter: the bus answers, logs the bug, and takes them out of the pool's queue.
-    pub(super) overdue: Vec<(TurnId, Ended<C>)>,
-    /// When the next deadline falls, if any.
-    pub(super) next: Option<Instant>,
-}
+/// What [`TurnTable::tick`] found due: the kept turns whose reattach window closed
+/// (the bus cancels them); the turns past their waiters' deadline, taken out of the
+/// table with a 500 for each waiter (the bus answers, logs the bug, and takes them out
+/// of the pool's queue); and when the next deadline falls, if any.
+pub(super) type Due<C> = (Vec<TurnId>, Vec<(TurnId, Ended<C>)>, Option<Instant>);
 
 /// The table; `C` names a connection (the server's is `http::ConnId`).
 #[derive(Debug)]
@@ -376,11 +370,7 @@ impl<C: Copy + Eq> TurnTable<C> {
             .into_iter()
             .filter_map(|id| Some((id, self.refuse(id, Refusal::TurnOverdue)?)))
             .collect();
-        Due {
-            expired,
-            overdue,
-            next,
-        }
+        (expired, overdue, next)
     }
 
     /// Whether no turn is held.
@@ -545,13 +535,13 @@ mod tests {
         // The last one: kept for the reattach window, then due for a cancel.
         assert!(matches!(table.hang_up(2, &bus(true, 15), t0), HangUp::Kept(c) if c == "alice"));
         let due = table.tick(t0 + 14 * SECS, &bus(true, 15), |_| true);
-        assert_eq!((due.expired.len(), due.next), (0, Some(t0 + 15 * SECS)));
+        assert_eq!((due.0.len(), due.2), (0, Some(t0 + 15 * SECS)));
         let due = table.tick(t0 + 15 * SECS, &bus(true, 15), |_| true);
-        assert_eq!(due.expired, [turn]);
+        assert_eq!(due.0, [turn]);
         table.cancel(turn, "no retry came");
         assert!(table
             .tick(t0 + 16 * SECS, &bus(true, 15), |_| true)
-            .expired
+            .0
             .is_empty());
         // Without an id: cancelled at once, or abandoned with cancelOnHangup false.
         let turn = start(&mut table, 3, &unnamed, t0);
@@ -588,7 +578,7 @@ mod tests {
         ));
         assert!(table
             .tick(t0 + 60 * SECS, &bus(true, 15), |_| false)
-            .expired
+            .0
             .is_empty());
         let ended = table.finish(turn, reply("x"), t0).unwrap();
         assert_eq!(answers(&ended), "2 ok");
@@ -605,18 +595,18 @@ mod tests {
         let limit = 60 * SECS + WAITER_GRACE;
         // Queued for an hour: no deadline yet.
         let due = table.tick(t0 + 3600 * SECS, &bus(true, 15), |_| true);
-        assert!(due.overdue.is_empty() && due.next.is_none());
+        assert!(due.1.is_empty() && due.2.is_none());
         // Seen running from here on.
         let started = t0 + 3601 * SECS;
         let due = table.tick(started, &bus(true, 15), |_| false);
-        assert_eq!(due.next, Some(started + limit));
+        assert_eq!(due.2, Some(started + limit));
         let just_before = started + limit - SECS;
         assert!(table
             .tick(just_before, &bus(true, 15), |_| false)
-            .overdue
+            .1
             .is_empty());
         let mut due = table.tick(started + limit, &bus(true, 15), |_| false);
-        let (id, ended) = due.overdue.pop().unwrap();
+        let (id, ended) = due.1.pop().unwrap();
         assert_eq!(id, turn);
         assert_eq!(answers(&ended), "1 internal_error");
         assert_eq!(Refusal::TurnOverdue.status_and_code().0, 500);

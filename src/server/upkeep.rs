@@ -147,16 +147,16 @@ impl Bus {
     /// Periodic work: a config reload check, the turn table's deadlines; during a
     /// shutdown, its progress. Returns when to be called next.
     pub(super) fn tick(&mut self, now: Instant, control: &mut Control) -> Instant {
-        let due = self
+        let (expired, overdue, next) = self
             .table
             .tick(now, &self.config.bus, |turn| self.pool.is_queued(turn));
-        for turn in due.expired {
+        for turn in expired {
             self.cancel(
                 turn,
                 "the caller hung up and no retry came within bus.reattachSecs",
             );
         }
-        for (turn, ended) in due.overdue {
+        for (turn, ended) in overdue {
             log::error!(
                 "a bug: the turn of {} did not answer within engine.timeoutSecs plus {} s; \
                  its callers get internal_error",
@@ -171,7 +171,7 @@ impl Bus {
             None => {
                 self.reload_config();
                 let reload = now + CONFIG_RELOAD_INTERVAL;
-                due.next.map_or(reload, |due| due.min(reload))
+                next.map_or(reload, |due| due.min(reload))
             }
             Some(since) => {
                 if self.pool.is_idle() && self.table.is_empty() {
