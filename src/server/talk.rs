@@ -45,24 +45,18 @@ impl Bus {
     /// A talk whose head passed checks 1-6: the checks on its body, then admission.
     /// `Some` answers `conn` now; `None` when it waits on a turn.
     pub(super) fn talk(&mut self, conn: ConnId, head: &Head, body: &[u8]) -> Option<Response> {
-        let received_at = head.received_at;
-        let request = match protocol::parse_talk_request(body) {
-            Ok(request) => request,
-            Err(e) => {
-                return Some(self.refuse(&Refusal::Body(e), &TalkMeta::of(None, received_at), true))
-            }
-        };
-        let meta = TalkMeta::of(Some(&request), received_at);
+        let parsed = protocol::parse_talk_request(body);
+        let meta = TalkMeta::of(parsed.as_ref().ok(), head.received_at);
         let bus = &self.config.bus;
-        let refusal = if !bus.peers.allows(&request.from_instance) {
-            Refusal::PeerNotAllowed
-        } else if request.depth >= bus.max_depth {
-            let (depth, max) = (request.depth, bus.max_depth);
-            Refusal::DepthExceeded { depth, max }
-        } else if self.stopping_since.is_some() {
-            Refusal::ShuttingDown
-        } else {
-            return self.admit(conn, request, meta);
+        let refusal = match parsed {
+            Err(e) => Refusal::Body(e),
+            Ok(r) if !bus.peers.allows(&r.from_instance) => Refusal::PeerNotAllowed,
+            Ok(r) if r.depth >= bus.max_depth => {
+                let (depth, max) = (r.depth, bus.max_depth);
+                Refusal::DepthExceeded { depth, max }
+            }
+            Ok(_) if self.stopping_since.is_some() => Refusal::ShuttingDown,
+            Ok(request) => return self.admit(conn, request, meta),
         };
         Some(self.refuse(&refusal, &meta, true))
     }
