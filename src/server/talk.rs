@@ -88,7 +88,7 @@ impl Bus {
                     trace,
                 };
                 if let Err(Busy(_)) = self.pool.submit(id, turn) {
-                    self.table.remove(id);
+                    self.table.refuse(id, Refusal::Busy);
                     return Some(self.refuse(&Refusal::Busy, &meta, true));
                 }
                 return None;

@@ -6,9 +6,10 @@
 //! [`TurnTable::finish`], [`TurnTable::refuse`] or [`TurnTable::tick`] returns, which the
 //! bus writes from a loop callback through [`crate::http::Control`]: that is the one way
 //! out. (A new turn the pool refuses was never submitted: the bus takes it back out
-//! with [`TurnTable::remove`] and refuses its request, as any refusal.) Every turn
-//! submitted to the pool gets exactly one report back from it (ran, panicked, or
-//! withdrawn from the queue), so a cancel's answer comes the way an engine's does.
+//! with [`TurnTable::refuse`], drops what that returns, and refuses its request as any
+//! refusal.) Every turn submitted to the pool gets exactly one report back from it
+//! (ran, panicked, or withdrawn from the queue), so a cancel's answer comes the way an
+//! engine's does.
 //!
 //! A turn's states, and what moves it between them:
 //!
@@ -114,7 +115,7 @@ pub(super) struct TurnState<C> {
 #[derive(Debug)]
 pub(super) enum Admit {
     /// A new turn, held, to submit with the token that stops its engine; if the pool
-    /// refuses it, the bus takes it back out ([`TurnTable::remove`]).
+    /// refuses it, the bus takes it back out ([`TurnTable::refuse`]).
     New(TurnId, CancelToken),
     /// A retry or a cancel request joined the running turn of its id, and waits with
     /// it; the bus cancels it for a cancel request.
@@ -288,7 +289,7 @@ impl<C: Copy + Eq> TurnTable<C> {
             }
             Outcome::Panicked => return self.refuse(turn, Refusal::HandlerPanicked),
         };
-        let mut state = self.remove(turn)?;
+        let mut state = self.turns.remove(&turn)?;
         // Only an abandoned turn ends with no waiter, no id and not cancelled (the
         // hang-up of its last waiter cancels it or keeps it otherwise): it answers
         // nobody, and its hang-up was audited instead.
@@ -330,7 +331,7 @@ impl<C: Copy + Eq> TurnTable<C> {
     /// Ends `turn` with `refusal` for every waiter (shutdown: the pool handed it back
     /// queued; a panic; a deadline), stops its engine, and forgets its id.
     pub(super) fn refuse(&mut self, turn: TurnId, refusal: Refusal) -> Option<Ended<C>> {
-        let state = self.remove(turn)?;
+        let state = self.turns.remove(&turn)?;
         state.cancel.cancel();
         Some((state, Err(refusal)))
     }
@@ -376,11 +377,6 @@ impl<C: Copy + Eq> TurnTable<C> {
     /// Whether no turn is held.
     pub(super) fn is_empty(&self) -> bool {
         self.turns.is_empty()
-    }
-
-    /// Takes `turn` out of the table, with its waiters and its id.
-    pub(super) fn remove(&mut self, turn: TurnId) -> Option<TurnState<C>> {
-        self.turns.remove(&turn)
     }
 }
 
