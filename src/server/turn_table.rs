@@ -103,10 +103,10 @@ pub(super) struct TurnState<C> {
     cancel: CancelToken,
     /// Why it was cancelled, once it was.
     pub(super) cancelled: Option<&'static str>,
-    /// When it was first seen out of the queue; its waiters' deadline counts from here.
-    started_at: Option<Instant>,
     /// `engine.timeoutSecs` (as admitted) plus [`WAITER_GRACE`].
     limit: Duration,
+    /// Its waiters' deadline: `limit` after it was first seen out of the queue.
+    answer_by: Option<Instant>,
     /// Its last waiter hung up at this time (it named an id: a retry may attach).
     orphaned_at: Option<Instant>,
 }
@@ -228,8 +228,8 @@ impl<C: Copy + Eq> TurnTable<C> {
             named: key.zip(digest),
             cancel: cancel.clone(),
             cancelled: None,
-            started_at: None,
             limit: timeout.saturating_add(WAITER_GRACE),
+            answer_by: None,
             orphaned_at: None,
         };
         self.turns.insert(id, state);
@@ -351,14 +351,11 @@ impl<C: Copy + Eq> TurnTable<C> {
             .then(|| Duration::from_secs(bus.reattach_secs));
         let (mut expired, mut overdue, mut next) = (Vec::new(), Vec::new(), None::<Instant>);
         for (id, state) in &mut self.turns {
-            if state.started_at.is_none() && !queued(*id) {
-                state.started_at = Some(now);
+            if state.answer_by.is_none() && !queued(*id) {
+                state.answer_by = Some(now + state.limit);
             }
             let kept_until = state.orphaned_at.zip(window).map(|(at, w)| at + w);
-            let answer_by = state
-                .started_at
-                .filter(|_| !state.waiters.is_empty())
-                .map(|at| at + state.limit);
+            let answer_by = state.answer_by.filter(|_| !state.waiters.is_empty());
             for (deadline, due) in [(kept_until, &mut expired), (answer_by, &mut overdue)] {
                 match deadline {
                     Some(at) if now >= at => due.push(*id),
