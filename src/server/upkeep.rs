@@ -101,12 +101,8 @@ impl Bus {
         } else {
             format!("changed {}", changed.join(", "))
         };
-        let bus = if new.bus.enabled {
-            "enabled"
-        } else {
-            "disabled"
-        };
-        let max_depth = new.bus.max_depth;
+        let (enabled, max_depth) = (new.bus.enabled, new.bus.max_depth);
+        let bus = if enabled { "enabled" } else { "disabled" };
         log::info!("{path} reloaded: {what} (bus {bus}, maxDepth {max_depth})");
         let old_engine = self.config.engine.as_ref();
         if let Some(engine) = new.engine.as_ref().filter(|e| Some(*e) != old_engine) {
