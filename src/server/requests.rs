@@ -25,14 +25,9 @@ pub const MAX_STORED_BYTES: usize = 32 * 1024 * 1024;
 /// queue's own bookkeeping.
 pub const ENTRY_OVERHEAD_BYTES: usize = 128;
 
-/// Who asked, and under which id: the store's key.
-#[derive(Clone, Debug, PartialEq, Eq, Hash)]
-pub struct RequestKey {
-    /// The request's `fromInstance`.
-    pub from_instance: String,
-    /// Its `ext.requestId`.
-    pub id: RequestId,
-}
+/// Who asked, and under which id: the request's `fromInstance` and its
+/// `ext.requestId`, the store's key.
+pub type RequestKey = (String, RequestId);
 
 /// A digest of what a request id stands for: its prompt and depth.
 pub type RequestDigest = [u8; 32];
@@ -76,7 +71,7 @@ impl RequestStore {
         size: usize,
         now: Instant,
     ) {
-        let size = size + key.from_instance.len() + key.id.as_str().len() + ENTRY_OVERHEAD_BYTES;
+        let size = size + key.0.len() + key.1.as_str().len() + ENTRY_OVERHEAD_BYTES;
         if size > MAX_STORED_BYTES || self.entries.contains_key(key) {
             return;
         }
@@ -121,10 +116,10 @@ mod tests {
     }
 
     fn key(from: &str, n: u128) -> RequestKey {
-        RequestKey {
-            from_instance: from.to_owned(),
-            id: RequestId::new(format!("{n:032x}")).unwrap(),
-        }
+        (
+            from.to_owned(),
+            RequestId::new(format!("{n:032x}")).unwrap(),
+        )
     }
 
     fn body(text: &str) -> Envelope {

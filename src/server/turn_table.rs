@@ -189,10 +189,8 @@ impl<C: Copy + Eq> TurnTable<C> {
             wants_usage: request.lists(protocol::USAGE_REPORT),
         };
         let cancel = request.ext.cancel;
-        let key = request.ext.request_id.clone().map(|id| RequestKey {
-            from_instance: request.from_instance.clone(),
-            id,
-        });
+        let from = &request.from_instance;
+        let key = request.ext.request_id.clone().map(|id| (from.clone(), id));
         // What the id stands for; a cancel request's prompt is not compared (8.1).
         let digest =
             (key.is_some() && !cancel).then(|| requests::digest(&request.prompt, request.depth));
