@@ -41,7 +41,7 @@ pub fn digest(prompt: &str, depth: u64) -> RequestDigest {
 }
 
 /// The store.
-#[derive(Debug, Default)]
+#[derive(Default)]
 pub struct RequestStore {
     /// Each stored answer, with the digest of what its id stood for and the bytes it
     /// counts against [`MAX_STORED_BYTES`].

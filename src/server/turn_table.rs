@@ -70,7 +70,6 @@ pub struct TurnId(u64);
 /// A connection waiting for a turn's envelope, and what its own request negotiated:
 /// the envelope it gets is the turn's, with its own request's capabilities, and
 /// `usage` only if its request listed `usage-report` (contract 4.1, 8.3).
-#[derive(Debug)]
 pub(super) struct Waiter<C> {
     pub(super) conn: C,
     capabilities: Vec<String>,
@@ -89,7 +88,6 @@ impl<C> Waiter<C> {
 }
 
 /// One admitted turn, until it ends (an [`Ended`]).
-#[derive(Debug)]
 pub(super) struct TurnState<C> {
     /// The connections waiting for its envelope: the first request's, and those of
     /// retries and cancel requests attached to it.
@@ -127,7 +125,6 @@ pub(super) enum Admit {
 }
 
 /// What a hang-up of a waiting connection comes to (contract 8.1).
-#[derive(Debug)]
 pub(super) enum HangUp {
     /// Nothing changes: it waited on nothing, others still wait, or the turn is being
     /// cancelled already.
@@ -153,7 +150,6 @@ pub(super) type Ended<C> = (TurnState<C>, Result<Envelope, Refusal>);
 pub(super) type Due<C> = (Vec<TurnId>, Vec<(TurnId, Ended<C>)>, Option<Instant>);
 
 /// The table; `C` names a connection (the server's is `http::ConnId`).
-#[derive(Debug)]
 pub(super) struct TurnTable<C> {
     /// The instance's name, for envelopes.
     name: InstanceName,
@@ -344,9 +340,8 @@ impl<C: Copy + Eq> TurnTable<C> {
         queued: impl Fn(TurnId) -> bool,
     ) -> Due<C> {
         self.requests.expire(now);
-        let window = bus
-            .cancel_on_hangup
-            .then(|| Duration::from_secs(bus.reattach_secs));
+        let reattach = Duration::from_secs(bus.reattach_secs);
+        let window = bus.cancel_on_hangup.then_some(reattach);
         let (mut expired, mut overdue, mut next) = (Vec::new(), Vec::new(), None::<Instant>);
         for (id, state) in &mut self.turns {
             if state.answer_by.is_none() && !queued(*id) {
@@ -626,7 +621,7 @@ mod tests {
         let ended = table.finish(turn, Outcome::Finished(outcome), t0).unwrap();
         assert_eq!(answers(&ended), "1 timeout");
         let turn = start(&mut table, 2, &named, t0);
-        table.finish(turn, reply("ok"), t0).unwrap();
+        assert!(table.finish(turn, reply("ok"), t0).unwrap().1.is_ok());
         let meta = TalkMeta::of(Some(&named), t0);
         assert!(matches!(
             table.admit(3, &named, meta, SECS, t0),
