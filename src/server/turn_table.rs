@@ -44,7 +44,9 @@
 //!
 //! Each waiter gets the turn's envelope as its own request negotiated it. The table
 //! holds turns only: which turn a connection or a request id waits on is looked up
-//! among them (a few hundred at most: the pool's running and queued turns).
+//! among them (every held turn is in the pool, running or queued: at most
+//! `bus.maxConcurrentTurns` + `bus.maxQueuedTurns`, which start-up keeps under the
+//! connection cap).
 
 use super::answer::{elapsed_ms, TalkMeta};
 use super::requests::{self, RequestDigest, RequestKey, RequestStore};
