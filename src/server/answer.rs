@@ -65,35 +65,23 @@ pub(super) fn json(status: u16, body: Vec<u8>) -> Response {
 }
 
 impl Bus {
-    pub(super) fn refusal_response(&self, refusal: &Refusal, received_at: Instant) -> Response {
+    /// Answers with a refusal; one of a talk (`is_talk`) is a talk outcome, audited.
+    pub(super) fn refuse(&mut self, refusal: &Refusal, meta: &TalkMeta, is_talk: bool) -> Response {
         let (status, code) = refusal.status_and_code();
-        let envelope = Envelope::failure(
-            &self.name,
-            Failure::new(code, refusal.message(self.name.as_str())),
-            elapsed_ms(received_at, Instant::now()),
-        );
+        let message = refusal.message(self.name.as_str());
+        if is_talk {
+            log::debug!("talk refused: {status} {code} ({})", meta.describe());
+            let (code, status) = (Some(code.as_str()), Some(status));
+            self.audit(meta, "refused", &message, code, status, None);
+        }
+        let took = elapsed_ms(meta.received_at, Instant::now());
+        let envelope = Envelope::failure(&self.name, Failure::new(code, message), took);
         let mut response = json(status, envelope.to_json());
         if let Refusal::MethodNotAllowed(allow) = refusal {
             response.headers.push(("Allow", (*allow).to_owned()));
         }
         response.close = matches!(refusal, Refusal::Http(_));
         response
-    }
-
-    /// Answers a talk with a refusal and records the outcome.
-    pub(super) fn refuse_talk(&mut self, refusal: &Refusal, meta: &TalkMeta) -> Response {
-        let (status, code) = refusal.status_and_code();
-        log::debug!("talk refused: {status} {code} ({})", meta.describe());
-        let message = refusal.message(self.name.as_str());
-        self.audit(
-            meta,
-            "refused",
-            &message,
-            Some(code.as_str()),
-            Some(status),
-            None,
-        );
-        self.refusal_response(refusal, meta.received_at)
     }
 
     /// Records one talk outcome in the audit log; `status` is `None` when nobody was

@@ -56,12 +56,10 @@ pub struct Bus {
 impl Bus {
     /// Refuses `head` (`None`: the HTTP layer failed before one was complete). A talk
     /// refused is a talk outcome: it is audited.
-    fn refuse(&mut self, refusal: &Refusal, head: Option<&Head>) -> Response {
+    fn refuse_head(&mut self, refusal: &Refusal, head: Option<&Head>) -> Response {
         let received_at = head.map_or_else(Instant::now, |head| head.received_at);
-        if head.is_some_and(|head| head.path() == TALK_PATH) {
-            return self.refuse_talk(refusal, &TalkMeta::of(None, received_at));
-        }
-        self.refusal_response(refusal, received_at)
+        let is_talk = head.is_some_and(|head| head.path() == TALK_PATH);
+        self.refuse(refusal, &TalkMeta::of(None, received_at), is_talk)
     }
 }
 
@@ -82,7 +80,7 @@ impl Service for Bus {
         match checked {
             Ok(Some(length)) => HeadAction::ReadBody(length),
             Ok(None) => HeadAction::Respond(self.health(head)),
-            Err(refusal) => HeadAction::Respond(self.refuse(&refusal, Some(head))),
+            Err(refusal) => HeadAction::Respond(self.refuse_head(&refusal, Some(head))),
         }
     }
 
@@ -91,7 +89,7 @@ impl Service for Bus {
     }
 
     fn error_response(&mut self, error: HttpError, head: Option<&Head>) -> Response {
-        self.refuse(&Refusal::Http(error), head)
+        self.refuse_head(&Refusal::Http(error), head)
     }
 
     fn on_wake(&mut self, control: &mut Control) {

@@ -18,13 +18,14 @@ const BROWSER_FORM_TYPES: [&str; 3] = [
 /// `localhost:PORT` and `[::1]:PORT` with our `port`, and no `Origin` or `Referer` (the
 /// request does not come from a browser page).
 pub(crate) fn check_origin(head: &Head, port: u16) -> Result<(), Refusal> {
-    let allowed = [
-        format!("127.0.0.1:{port}"),
-        format!("localhost:{port}"),
-        format!("[::1]:{port}"),
-    ];
     let mut hosts = head.header_values("host");
-    let one_allowed = |host: &[u8]| allowed.iter().any(|h| h.as_bytes() == host);
+    // The port as `{port}` writes it: digits without a sign or a leading zero.
+    let one_allowed = |host: &[u8]| {
+        let names = ["127.0.0.1:", "localhost:", "[::1]:"].map(str::as_bytes);
+        let digits = names.into_iter().find_map(|name| host.strip_prefix(name));
+        let digits = digits.filter(|d| matches!(d.first(), Some(b'1'..=b'9')));
+        digits.and_then(|d| std::str::from_utf8(d).ok()?.parse().ok()) == Some(port)
+    };
     if !matches!((hosts.next(), hosts.next()), (Some(host), None) if one_allowed(host)) {
         return Err(Refusal::BadHost);
     }
@@ -131,6 +132,11 @@ mod tests {
             (&[], Err(Refusal::BadHost)),
             (&[("Host", "127.0.0.1:7702")], Err(Refusal::BadHost)),
             (&[("Host", "127.0.0.1")], Err(Refusal::BadHost)),
+            (&[("Host", "127.0.0.1:07701")], Err(Refusal::BadHost)),
+            (&[("Host", "127.0.0.1:+7701")], Err(Refusal::BadHost)),
+            (&[("Host", "localhost:7701 ")], Err(Refusal::BadHost)),
+            (&[("Host", "[::1]:77010")], Err(Refusal::BadHost)),
+            (&[("Host", "[::1]:")], Err(Refusal::BadHost)),
             (&[("Host", "evil.example:7701")], Err(Refusal::BadHost)),
             (
                 &[("Host", "127.0.0.1:7701"), ("Host", "127.0.0.1:7701")],

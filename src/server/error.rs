@@ -7,7 +7,7 @@ use crate::secret::Weakness;
 use std::fmt;
 use std::io;
 use std::net::SocketAddr;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 /// Why an instance could not start or stopped with a failure. Messages name the file,
 /// address or name concerned, never a secret.
@@ -16,13 +16,8 @@ use std::path::PathBuf;
 pub enum ServeError {
     /// The instance name (given, or taken from the state directory) is not valid.
     InvalidName(String),
-    /// config.json is missing, unreadable or invalid.
-    Config {
-        /// The state directory whose config.json it is.
-        state_dir: PathBuf,
-        /// What is wrong with it.
-        error: ConfigError,
-    },
+    /// config.json is missing, unreadable or invalid (the error names it in full).
+    Config(ConfigError),
     /// config.json allows more running plus queued turns than connections can hold:
     /// each waits on its caller's connection, and a reserve of connections
     /// (`http::HEALTH_RESERVE`, 32) is kept from talks so that health always has room.
@@ -106,11 +101,12 @@ impl fmt::Display for ServeError {
         match self {
             ServeError::InvalidName(why) => f.write_str(why),
             // The error names the file and the field, never a value.
-            ServeError::Config { state_dir, error } if error.is_not_found() => {
-                let dir = state_dir.display();
+            ServeError::Config(error) if error.is_not_found() => {
+                let dir = Path::new(error.file()).parent().unwrap_or(Path::new("."));
+                let dir = dir.display();
                 write!(f, "{error} (create it with `loopbus init {dir}`)")
             }
-            ServeError::Config { error, .. } => write!(f, "{error}"),
+            ServeError::Config(error) => write!(f, "{error}"),
             ServeError::TurnsExceedConnections {
                 config_path,
                 turns,
@@ -166,7 +162,7 @@ impl fmt::Display for ServeError {
 impl std::error::Error for ServeError {
     fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
         match self {
-            ServeError::Config { error, .. } => Some(error),
+            ServeError::Config(error) => Some(error),
             ServeError::Untrusted { source, .. }
             | ServeError::Bind { source, .. }
             | ServeError::Setup { source, .. }

@@ -12,7 +12,6 @@
 use crate::protocol::{Envelope, RequestId};
 use sha2::{Digest as _, Sha256};
 use std::collections::{HashMap, VecDeque};
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 /// How long a finished turn's envelope is kept for retries (contract 8.2).
@@ -26,14 +25,9 @@ pub const MAX_STORED_BYTES: usize = 32 * 1024 * 1024;
 /// queue's own bookkeeping.
 pub const ENTRY_OVERHEAD_BYTES: usize = 128;
 
-/// Who asked, and under which id: the store's key.
-#[derive(Clone, Debug, PartialEq, Eq, Hash)]
-pub struct RequestKey {
-    /// The request's `fromInstance`.
-    pub from_instance: String,
-    /// Its `ext.requestId`.
-    pub id: RequestId,
-}
+/// Who asked, and under which id: the request's `fromInstance` and its
+/// `ext.requestId`, the store's key.
+pub type RequestKey = (String, RequestId);
 
 /// A digest of what a request id stands for: its prompt and depth.
 pub type RequestDigest = [u8; 32];
@@ -47,11 +41,11 @@ pub fn digest(prompt: &str, depth: u64) -> RequestDigest {
 }
 
 /// The store.
-#[derive(Debug, Default)]
+#[derive(Default)]
 pub struct RequestStore {
     /// Each stored answer, with the digest of what its id stood for and the bytes it
     /// counts against [`MAX_STORED_BYTES`].
-    entries: HashMap<RequestKey, (RequestDigest, Arc<Envelope>, usize)>,
+    entries: HashMap<RequestKey, (RequestDigest, Envelope, usize)>,
     /// The keys of `entries`, oldest first, with when each was stored.
     order: VecDeque<(RequestKey, Instant)>,
     bytes: usize,
@@ -59,14 +53,10 @@ pub struct RequestStore {
 
 impl RequestStore {
     /// The stored answer of `key` at `now`, and the digest of what its id stood for.
-    pub fn get(
-        &mut self,
-        key: &RequestKey,
-        now: Instant,
-    ) -> Option<(RequestDigest, Arc<Envelope>)> {
+    pub fn get(&mut self, key: &RequestKey, now: Instant) -> Option<(RequestDigest, &Envelope)> {
         self.expire(now);
         let (digest, answer, _) = self.entries.get(key)?;
-        Some((*digest, Arc::clone(answer)))
+        Some((*digest, answer))
     }
 
     /// Stores what `key`'s turn (of `digest`) answered, `size` bytes of it (an
@@ -77,11 +67,11 @@ impl RequestStore {
         &mut self,
         key: &RequestKey,
         digest: RequestDigest,
-        answer: Arc<Envelope>,
+        answer: Envelope,
         size: usize,
         now: Instant,
     ) {
-        let size = size + key.from_instance.len() + key.id.as_str().len() + ENTRY_OVERHEAD_BYTES;
+        let size = size + key.0.len() + key.1.as_str().len() + ENTRY_OVERHEAD_BYTES;
         if size > MAX_STORED_BYTES || self.entries.contains_key(key) {
             return;
         }
@@ -126,14 +116,14 @@ mod tests {
     }
 
     fn key(from: &str, n: u128) -> RequestKey {
-        RequestKey {
-            from_instance: from.to_owned(),
-            id: RequestId::new(format!("{n:032x}")).unwrap(),
-        }
+        (
+            from.to_owned(),
+            RequestId::new(format!("{n:032x}")).unwrap(),
+        )
     }
 
-    fn body(text: &str) -> Arc<Envelope> {
-        Arc::new(Envelope::success("worker", text.to_owned(), 0))
+    fn body(text: &str) -> Envelope {
+        Envelope::success("worker", text.to_owned(), 0)
     }
 
     #[test]
@@ -146,16 +136,16 @@ mod tests {
         assert_ne!(d, digest("p", 2));
         assert_eq!(store.get(&k, t0), None);
         store.store(&k, d, body("envelope"), 8, t0);
-        assert_eq!(store.get(&k, t0), Some((d, body("envelope"))));
+        assert_eq!(store.get(&k, t0), Some((d, &body("envelope"))));
         // Another caller's same id is another request.
         assert_eq!(store.get(&key("b", 1), t0), None);
         assert_eq!(store.stored(), (1, 8 + 1 + 32 + ENTRY_OVERHEAD_BYTES));
         // A second answer for a stored key is not taken.
         store.store(&k, d, body("other"), 5, t0);
-        assert_eq!(store.get(&k, t0), Some((d, body("envelope"))));
+        assert_eq!(store.get(&k, t0), Some((d, &body("envelope"))));
         // Just under the TTL it is there; at the TTL it is gone.
         let late = t0 + ANSWER_TTL - Duration::from_millis(1);
-        assert_eq!(store.get(&k, late), Some((d, body("envelope"))));
+        assert_eq!(store.get(&k, late), Some((d, &body("envelope"))));
         assert_eq!(store.get(&k, t0 + ANSWER_TTL), None);
         assert_eq!(store.stored(), (0, 0));
         assert!(store.order.is_empty());
@@ -169,7 +159,7 @@ mod tests {
         let d = digest("p", 1);
         for n in 0..10_000u128 {
             let at = t0 + Duration::from_millis(n as u64);
-            store.store(&key("caller", n), d, Arc::clone(&big), 16 * 1024, at);
+            store.store(&key("caller", n), d, big.clone(), 16 * 1024, at);
             let (answers, bytes) = store.stored();
             assert!(answers <= MAX_STORED_ANSWERS, "{answers}");
             assert!(bytes <= MAX_STORED_BYTES, "{bytes}");
@@ -203,7 +193,7 @@ mod tests {
         store.expire(t0 + ANSWER_TTL);
         assert_eq!(
             store.get(&fresh, t0 + ANSWER_TTL),
-            Some((digest("p", 1), body("fresh")))
+            Some((digest("p", 1), &body("fresh")))
         );
         assert_eq!(store.get(&old, t0 + ANSWER_TTL), None);
         assert_eq!(store.stored().0, 1);

@@ -3,7 +3,7 @@
 //! routed to it. Its name is claimed by the registration (`registry_check.rs`).
 
 use super::{EngineOverride, ServeError};
-use crate::config::{self, Config, ConfigError};
+use crate::config::{self, Config};
 use crate::files;
 use crate::http;
 use crate::protocol::InstanceName;
@@ -21,23 +21,13 @@ pub(super) fn parse_config(
     bytes: &[u8],
     engine: Option<&EngineOverride>,
 ) -> Result<Config, ServeError> {
-    let mut config = config::parse_file(config_path, bytes).map_err(config_error(config_path))?;
+    let mut config = config::parse_file(config_path, bytes).map_err(ServeError::Config)?;
     match engine {
         Some(EngineOverride::Echo) => config.engine = None,
         Some(EngineOverride::Command(engine)) => config.engine = Some(engine.clone()),
         None => {}
     }
     Ok(config)
-}
-
-/// A [`ServeError::Config`] of config.json at `config_path`, for `map_err`.
-fn config_error(config_path: &Path) -> impl FnOnce(ConfigError) -> ServeError + '_ {
-    // `config_path` is always `<state dir>/config.json`, so it has a parent.
-    let state_dir = config_path.parent().unwrap_or(Path::new("."));
-    |error| ServeError::Config {
-        state_dir: state_dir.to_path_buf(),
-        error,
-    }
 }
 
 /// The bytes of config.json at `config_path` (`<state dir>/config.json`), once the
@@ -61,7 +51,7 @@ pub(super) fn read_trusted_config(config_path: &Path) -> Result<Vec<u8>, ServeEr
             }
         }
     }
-    config::read_file(config_path).map_err(config_error(config_path))
+    config::read_file(config_path).map_err(ServeError::Config)
 }
 
 /// Removes the temp files that a writer killed mid-write left in `dirs` (the state

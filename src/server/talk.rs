@@ -45,26 +45,20 @@ impl Bus {
     /// A talk whose head passed checks 1-6: the checks on its body, then admission.
     /// `Some` answers `conn` now; `None` when it waits on a turn.
     pub(super) fn talk(&mut self, conn: ConnId, head: &Head, body: &[u8]) -> Option<Response> {
-        let received_at = head.received_at;
-        let request = match protocol::parse_talk_request(body) {
-            Ok(request) => request,
-            Err(e) => {
-                return Some(self.refuse_talk(&Refusal::Body(e), &TalkMeta::of(None, received_at)))
-            }
-        };
-        let meta = TalkMeta::of(Some(&request), received_at);
+        let parsed = protocol::parse_talk_request(body);
+        let meta = TalkMeta::of(parsed.as_ref().ok(), head.received_at);
         let bus = &self.config.bus;
-        let refusal = if !bus.peers.allows(&request.from_instance) {
-            Refusal::PeerNotAllowed
-        } else if request.depth >= bus.max_depth {
-            let (depth, max) = (request.depth, bus.max_depth);
-            Refusal::DepthExceeded { depth, max }
-        } else if self.stopping_since.is_some() {
-            Refusal::ShuttingDown
-        } else {
-            return self.admit(conn, request, meta);
+        let refusal = match parsed {
+            Err(e) => Refusal::Body(e),
+            Ok(r) if !bus.peers.allows(&r.from_instance) => Refusal::PeerNotAllowed,
+            Ok(r) if r.depth >= bus.max_depth => {
+                let (depth, max) = (r.depth, bus.max_depth);
+                Refusal::DepthExceeded { depth, max }
+            }
+            Ok(_) if self.stopping_since.is_some() => Refusal::ShuttingDown,
+            Ok(request) => return self.admit(conn, request, meta),
         };
-        Some(self.refuse_talk(&refusal, &meta))
+        Some(self.refuse(&refusal, &meta, true))
     }
 
     /// Admits a request that passed checks 1-9 (see [`TurnTable::admit`]). `Some`
@@ -84,7 +78,7 @@ impl Bus {
         let admitted = self
             .table
             .admit(conn, &request, turn_meta, timeout, Instant::now());
-        let (outcome, detail, answer) = match admitted {
+        let (outcome, detail) = match admitted {
             Admit::New(id, cancel) => {
                 let config = Arc::clone(&self.config);
                 let turn = Turn {
@@ -94,37 +88,34 @@ impl Bus {
                     trace,
                 };
                 if let Err(Busy(_)) = self.pool.submit(id, turn) {
-                    self.table.remove(id);
-                    return Some(self.refuse_talk(&Refusal::Busy, &meta));
+                    self.table.refuse(id, Refusal::Busy);
+                    return Some(self.refuse(&Refusal::Busy, &meta, true));
                 }
                 return None;
             }
-            Admit::Refused(refusal) => return Some(self.refuse_talk(&refusal, &meta)),
-            Admit::Attached => (
-                "attached",
-                "a retry joined the running turn of its request id",
-                None,
-            ),
-            Admit::Cancel(turn) => {
+            Admit::Refused(refusal) => return Some(self.refuse(&refusal, &meta, true)),
+            Admit::Attached(turn) if request.ext.cancel => {
                 self.cancel(turn, "cancelled by a cancel request");
                 (
                     "cancel",
                     "a cancel request for the running turn of its request id",
-                    None,
                 )
             }
-            Admit::Stored(envelope) => (
-                "duplicate",
-                match request.ext.cancel {
+            Admit::Attached(_) => (
+                "attached",
+                "a retry joined the running turn of its request id",
+            ),
+            Admit::Stored(envelope) => {
+                let detail = match request.ext.cancel {
                     true => "a cancel request for a finished turn got its stored envelope",
                     false => "a retry got the stored envelope of its request id; no engine ran",
-                },
-                Some(json(200, envelope.to_json())),
-            ),
+                };
+                self.audit(&meta, "duplicate", detail, None, Some(200), None);
+                return Some(json(200, envelope.to_json()));
+            }
         };
-        let status = answer.as_ref().map(|_| 200);
-        self.audit(&meta, outcome, detail, None, status, None);
-        answer
+        self.audit(&meta, outcome, detail, None, None, None);
+        None
     }
 
     /// Cancels `turn` (contract 8.1): a queued one is taken out of the queue, a running
@@ -176,17 +167,17 @@ impl Bus {
 
     /// Writes a turn's answer to each of its waiters and records it: its envelope
     /// (audited once), or a refusal each.
-    pub(super) fn answer(&mut self, ended: Ended<ConnId>, control: &mut Control) {
-        let envelope = match &ended.answer {
+    pub(super) fn answer(&mut self, (turn, answer): Ended<ConnId>, control: &mut Control) {
+        let envelope = match &answer {
             Ok(envelope) => envelope,
             Err(refusal) => {
-                for waiter in &ended.waiters {
-                    control.respond(waiter.conn, self.refuse_talk(refusal, &ended.meta));
+                for waiter in &turn.waiters {
+                    control.respond(waiter.conn, self.refuse(refusal, &turn.meta, true));
                 }
                 return;
             }
         };
-        let (outcome, detail, code) = match (&envelope.failure, ended.cancelled) {
+        let (outcome, detail, code) = match (&envelope.failure, turn.cancelled) {
             (None, _) => ("success", "ok", None),
             (Some(f), Some(why)) => ("cancelled", why, Some(f.code.as_str())),
             (Some(f), None) => ("failure", audit_detail(f), Some(f.code.as_str())),
@@ -194,21 +185,21 @@ impl Bus {
         log::debug!(
             "talk answered: {outcome}{} ({}, {} ms)",
             code.map(|c| format!(" {c}")).unwrap_or_default(),
-            ended.meta.describe(),
+            turn.meta.describe(),
             envelope.duration_ms
         );
-        if let (Some(failure), None) = (&envelope.failure, ended.cancelled) {
+        if let (Some(failure), None) = (&envelope.failure, turn.cancelled) {
             // The person running the instance sees its failures (never the prompt):
             // the first line of its message, cut to MAX_LOGGED_FAILURE_CHARS (the
             // logger escapes it: it may quote the engine).
             let line = failure.error.lines().next().unwrap_or_default();
             let first: String = line.chars().take(MAX_LOGGED_FAILURE_CHARS).collect();
-            let who = ended.meta.describe();
+            let who = turn.meta.describe();
             log::info!("turn failed: {} ({who}): {first}", failure.code);
         }
-        let status = (!ended.waiters.is_empty()).then_some(200);
-        self.audit(&ended.meta, outcome, detail, code, status, envelope.usage);
-        for waiter in &ended.waiters {
+        let status = (!turn.waiters.is_empty()).then_some(200);
+        self.audit(&turn.meta, outcome, detail, code, status, envelope.usage);
+        for waiter in &turn.waiters {
             control.respond(waiter.conn, json(200, waiter.negotiate(envelope).to_json()));
         }
     }

@@ -6,9 +6,10 @@
 //! [`TurnTable::finish`], [`TurnTable::refuse`] or [`TurnTable::tick`] returns, which the
 //! bus writes from a loop callback through [`crate::http::Control`]: that is the one way
 //! out. (A new turn the pool refuses was never submitted: the bus takes it back out
-//! with [`TurnTable::remove`] and refuses its request, as any refusal.) Every turn
-//! submitted to the pool gets exactly one report back from it (ran, panicked, or
-//! withdrawn from the queue), so a cancel's answer comes the way an engine's does.
+//! with [`TurnTable::refuse`], drops what that returns, and refuses its request as any
+//! refusal.) Every turn submitted to the pool gets exactly one report back from it
+//! (ran, panicked, or withdrawn from the queue), so a cancel's answer comes the way an
+//! engine's does.
 //!
 //! A turn's states, and what moves it between them:
 //!
@@ -41,8 +42,11 @@
 //!     stopped; the pool reports it like any turn: FINISHED, `cancelled`.
 //! ```
 //!
-//! Each waiter gets the turn's envelope as its own request negotiated it. A turn's
-//! request id is in the table's `running` map exactly while the turn is in the table.
+//! Each waiter gets the turn's envelope as its own request negotiated it. The table
+//! holds turns only: which turn a connection or a request id waits on is looked up
+//! among them (every held turn is in the pool, running or queued: at most
+//! `bus.maxConcurrentTurns` + `bus.maxQueuedTurns`, which start-up keeps under the
+//! connection cap).
 
 use super::answer::{elapsed_ms, TalkMeta};
 use super::requests::{self, RequestDigest, RequestKey, RequestStore};
@@ -52,8 +56,6 @@ use crate::engine::{self, CancelToken, TurnOutput, TurnResult};
 use crate::protocol::{self, Envelope, ErrorCode, InstanceName, TalkRequest, UsageReport};
 use crate::turns::Outcome;
 use std::collections::HashMap;
-use std::hash::Hash;
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 /// What a waiting connection's deadline adds to its turn's `engine.timeoutSecs`
@@ -70,7 +72,6 @@ pub struct TurnId(u64);
 /// A connection waiting for a turn's envelope, and what its own request negotiated:
 /// the envelope it gets is the turn's, with its own request's capabilities, and
 /// `usage` only if its request listed `usage-report` (contract 4.1, 8.3).
-#[derive(Debug)]
 pub(super) struct Waiter<C> {
     pub(super) conn: C,
     capabilities: Vec<String>,
@@ -89,24 +90,23 @@ impl<C> Waiter<C> {
 }
 
 /// One admitted turn, until it ends (an [`Ended`]).
-#[derive(Debug)]
 pub(super) struct TurnState<C> {
     /// The connections waiting for its envelope: the first request's, and those of
     /// retries and cancel requests attached to it.
-    waiters: Vec<Waiter<C>>,
+    pub(super) waiters: Vec<Waiter<C>>,
     /// The first request, for the audit line (with the ids the bus made for the turn);
     /// its envelope's `durationMs` counts from its `received_at`.
-    meta: TalkMeta,
+    pub(super) meta: TalkMeta,
     /// Its (`fromInstance`, `requestId`) and what that id stands for, if it named one.
     named: Option<(RequestKey, RequestDigest)>,
     /// Stops its engine (the job holds a clone).
     cancel: CancelToken,
     /// Why it was cancelled, once it was.
-    cancelled: Option<&'static str>,
-    /// When it was first seen out of the queue; its waiters' deadline counts from here.
-    started_at: Option<Instant>,
+    pub(super) cancelled: Option<&'static str>,
     /// `engine.timeoutSecs` (as admitted) plus [`WAITER_GRACE`].
     limit: Duration,
+    /// Its waiters' deadline: `limit` after it was first seen out of the queue.
+    answer_by: Option<Instant>,
     /// Its last waiter hung up at this time (it named an id: a retry may attach).
     orphaned_at: Option<Instant>,
 }
@@ -115,12 +115,11 @@ pub(super) struct TurnState<C> {
 #[derive(Debug)]
 pub(super) enum Admit {
     /// A new turn, held, to submit with the token that stops its engine; if the pool
-    /// refuses it, the bus takes it back out ([`TurnTable::remove`]).
+    /// refuses it, the bus takes it back out ([`TurnTable::refuse`]).
     New(TurnId, CancelToken),
-    /// A retry joined the running turn of its id, and waits with it.
-    Attached,
-    /// A cancel request joined the running turn of its id: the bus cancels it.
-    Cancel(TurnId),
+    /// A retry or a cancel request joined the running turn of its id, and waits with
+    /// it; the bus cancels it for a cancel request.
+    Attached(TurnId),
     /// The stored envelope of its id, as this request negotiated it; no engine runs.
     Stored(Envelope),
     /// `RequestIdReused` or `UnknownRequestId`.
@@ -128,7 +127,6 @@ pub(super) enum Admit {
 }
 
 /// What a hang-up of a waiting connection comes to (contract 8.1).
-#[derive(Debug)]
 pub(super) enum HangUp {
     /// Nothing changes: it waited on nothing, others still wait, or the turn is being
     /// cancelled already.
@@ -143,54 +141,31 @@ pub(super) enum HangUp {
     Abandoned(TurnId, TalkMeta),
 }
 
-/// A turn that left the table, with the answer for each of its waiters.
-#[derive(Debug)]
-pub(super) struct Ended<C> {
-    /// The connections waiting on it.
-    pub(super) waiters: Vec<Waiter<C>>,
-    /// Its first request.
-    pub(super) meta: TalkMeta,
-    /// Why it was cancelled, if it was.
-    pub(super) cancelled: Option<&'static str>,
-    /// Its envelope (each waiter gets it negotiated), or the refusal each waiter gets.
-    pub(super) answer: Result<Envelope, Refusal>,
-}
+/// A turn that left the table, with the connections waiting on it, and its envelope
+/// (each waiter gets it negotiated) or the refusal each waiter gets.
+pub(super) type Ended<C> = (TurnState<C>, Result<Envelope, Refusal>);
 
-/// What [`TurnTable::tick`] found due.
-#[derive(Debug)]
-pub(super) struct Due<C> {
-    /// Kept turns whose reattach window closed: the bus cancels them.
-    pub(super) expired: Vec<TurnId>,
-    /// Turns past their waiters' deadline, taken out of the table with a 500 for each
-    /// waiter: the bus answers, logs the bug, and takes them out of the pool's queue.
-    pub(super) overdue: Vec<(TurnId, Ended<C>)>,
-    /// When the next deadline falls, if any.
-    pub(super) next: Option<Instant>,
-}
+/// What [`TurnTable::tick`] found due: the kept turns whose reattach window closed
+/// (the bus cancels them); the turns past their waiters' deadline, taken out of the
+/// table with a 500 for each waiter (the bus answers, logs the bug, and takes them out
+/// of the pool's queue); and when the next deadline falls, if any.
+pub(super) type Due<C> = (Vec<TurnId>, Vec<(TurnId, Ended<C>)>, Option<Instant>);
 
 /// The table; `C` names a connection (the server's is `http::ConnId`).
-#[derive(Debug)]
 pub(super) struct TurnTable<C> {
     /// The instance's name, for envelopes.
     name: InstanceName,
     turns: HashMap<TurnId, TurnState<C>>,
-    /// Which turn each waiting connection waits on.
-    waiting: HashMap<C, TurnId>,
-    /// Which turn runs under each request id: an id is here exactly while its turn is
-    /// in `turns` (`admit` and `remove` keep them so).
-    running: HashMap<RequestKey, TurnId>,
     /// The stored answers of finished turns that named an id (contract 8.2).
     requests: RequestStore,
     next_id: u64,
 }
 
-impl<C: Copy + Eq + Hash> TurnTable<C> {
+impl<C: Copy + Eq> TurnTable<C> {
     pub(super) fn new(name: InstanceName) -> TurnTable<C> {
         TurnTable {
             name,
             turns: HashMap::new(),
-            waiting: HashMap::new(),
-            running: HashMap::new(),
             requests: RequestStore::default(),
             next_id: 0,
         }
@@ -212,34 +187,29 @@ impl<C: Copy + Eq + Hash> TurnTable<C> {
             wants_usage: request.lists(protocol::USAGE_REPORT),
         };
         let cancel = request.ext.cancel;
-        let key = request.ext.request_id.clone().map(|id| RequestKey {
-            from_instance: request.from_instance.clone(),
-            id,
-        });
+        let from = &request.from_instance;
+        let key = request.ext.request_id.clone().map(|id| (from.clone(), id));
         // What the id stands for; a cancel request's prompt is not compared (8.1).
         let digest =
             (key.is_some() && !cancel).then(|| requests::digest(&request.prompt, request.depth));
         if let Some(key) = &key {
             let reused = |known: &RequestDigest| digest.is_some_and(|d| d != *known);
-            let running = self.running.get(key);
-            if let Some((turn, state)) = running.and_then(|t| Some((*t, self.turns.get_mut(t)?))) {
+            let mut turns = self.turns.iter_mut();
+            if let Some((&turn, state)) =
+                turns.find(|(_, s)| s.named.as_ref().is_some_and(|n| n.0 == *key))
+            {
                 if state.named.as_ref().is_some_and(|(_, known)| reused(known)) {
                     return Admit::Refused(Refusal::RequestIdReused);
                 }
-                self.waiting.insert(conn, turn);
                 state.waiters.push(waiter);
                 state.orphaned_at = None;
-                return if cancel {
-                    Admit::Cancel(turn)
-                } else {
-                    Admit::Attached
-                };
+                return Admit::Attached(turn);
             }
             if let Some((known, envelope)) = self.requests.get(key, now) {
                 if reused(&known) {
                     return Admit::Refused(Refusal::RequestIdReused);
                 }
-                return Admit::Stored(waiter.negotiate(&envelope));
+                return Admit::Stored(waiter.negotiate(envelope));
             }
         }
         if cancel {
@@ -247,20 +217,15 @@ impl<C: Copy + Eq + Hash> TurnTable<C> {
         }
         let id = TurnId(self.next_id);
         self.next_id = self.next_id.wrapping_add(1);
-        let named = key.zip(digest);
-        if let Some((key, _)) = &named {
-            self.running.insert(key.clone(), id);
-        }
-        self.waiting.insert(conn, id);
         let cancel = CancelToken::new();
         let state = TurnState {
             waiters: vec![waiter],
             meta,
-            named,
+            named: key.zip(digest),
             cancel: cancel.clone(),
             cancelled: None,
-            started_at: None,
             limit: timeout.saturating_add(WAITER_GRACE),
+            answer_by: None,
             orphaned_at: None,
         };
         self.turns.insert(id, state);
@@ -283,8 +248,9 @@ impl<C: Copy + Eq + Hash> TurnTable<C> {
     /// otherwise (contract 8.1) it is cancelled at once without an id, after
     /// `bus.reattachSecs` with one; with `bus.cancelOnHangup` false it runs on.
     pub(super) fn hang_up(&mut self, conn: C, bus: &BusConfig, now: Instant) -> HangUp {
-        let waited_on = self.waiting.remove(&conn);
-        let Some((turn, state)) = waited_on.and_then(|t| Some((t, self.turns.get_mut(&t)?))) else {
+        let mut turns = self.turns.iter_mut();
+        let Some((&turn, state)) = turns.find(|(_, s)| s.waiters.iter().any(|w| w.conn == conn))
+        else {
             return HangUp::Nothing;
         };
         state.waiters.retain(|w| w.conn != conn);
@@ -319,7 +285,7 @@ impl<C: Copy + Eq + Hash> TurnTable<C> {
             }
             Outcome::Panicked => return self.refuse(turn, Refusal::HandlerPanicked),
         };
-        let mut state = self.remove(turn)?;
+        let mut state = self.turns.remove(&turn)?;
         // Only an abandoned turn ends with no waiter, no id and not cancelled (the
         // hang-up of its last waiter cancels it or keeps it otherwise): it answers
         // nobody, and its hang-up was audited instead.
@@ -352,18 +318,18 @@ impl<C: Copy + Eq + Hash> TurnTable<C> {
         let storable = failure.is_none_or(|f| !f.retryable && f.code != ErrorCode::BudgetExhausted);
         if let Some((key, digest)) = state.named.as_ref().filter(|_| storable) {
             let size = envelope.to_json().len();
-            let answer = Arc::new(envelope.clone());
-            self.requests.store(key, *digest, answer, size, now);
+            self.requests
+                .store(key, *digest, envelope.clone(), size, now);
         }
-        Some(ended(state, Ok(envelope)))
+        Some((state, Ok(envelope)))
     }
 
     /// Ends `turn` with `refusal` for every waiter (shutdown: the pool handed it back
     /// queued; a panic; a deadline), stops its engine, and forgets its id.
     pub(super) fn refuse(&mut self, turn: TurnId, refusal: Refusal) -> Option<Ended<C>> {
-        let state = self.remove(turn)?;
+        let state = self.turns.remove(&turn)?;
         state.cancel.cancel();
-        Some(ended(state, Err(refusal)))
+        Some((state, Err(refusal)))
     }
 
     /// The upkeep at `now`: drops stored answers past their TTL, notes the turns that
@@ -376,19 +342,15 @@ impl<C: Copy + Eq + Hash> TurnTable<C> {
         queued: impl Fn(TurnId) -> bool,
     ) -> Due<C> {
         self.requests.expire(now);
-        let window = bus
-            .cancel_on_hangup
-            .then(|| Duration::from_secs(bus.reattach_secs));
+        let reattach = Duration::from_secs(bus.reattach_secs);
+        let window = bus.cancel_on_hangup.then_some(reattach);
         let (mut expired, mut overdue, mut next) = (Vec::new(), Vec::new(), None::<Instant>);
         for (id, state) in &mut self.turns {
-            if state.started_at.is_none() && !queued(*id) {
-                state.started_at = Some(now);
+            if state.answer_by.is_none() && !queued(*id) {
+                state.answer_by = Some(now + state.limit);
             }
             let kept_until = state.orphaned_at.zip(window).map(|(at, w)| at + w);
-            let answer_by = state
-                .started_at
-                .filter(|_| !state.waiters.is_empty())
-                .map(|at| at + state.limit);
+            let answer_by = state.answer_by.filter(|_| !state.waiters.is_empty());
             for (deadline, due) in [(kept_until, &mut expired), (answer_by, &mut overdue)] {
                 match deadline {
                     Some(at) if now >= at => due.push(*id),
@@ -401,37 +363,12 @@ impl<C: Copy + Eq + Hash> TurnTable<C> {
             .into_iter()
             .filter_map(|id| Some((id, self.refuse(id, Refusal::TurnOverdue)?)))
             .collect();
-        Due {
-            expired,
-            overdue,
-            next,
-        }
+        (expired, overdue, next)
     }
 
     /// Whether no turn is held.
     pub(super) fn is_empty(&self) -> bool {
         self.turns.is_empty()
-    }
-
-    /// Takes `turn` out of the table, with its waiters and its id.
-    pub(super) fn remove(&mut self, turn: TurnId) -> Option<TurnState<C>> {
-        let state = self.turns.remove(&turn)?;
-        for waiter in &state.waiters {
-            self.waiting.remove(&waiter.conn);
-        }
-        if let Some((key, _)) = &state.named {
-            self.running.remove(key);
-        }
-        Some(state)
-    }
-}
-
-fn ended<C>(state: TurnState<C>, answer: Result<Envelope, Refusal>) -> Ended<C> {
-    Ended {
-        waiters: state.waiters,
-        meta: state.meta,
-        cancelled: state.cancelled,
-        answer,
     }
 }
 
@@ -475,12 +412,13 @@ mod tests {
     /// Each waiter's connection and its answer's error code (`ok`: a success), as
     /// `1 ok, 2 ok`.
     fn answers(ended: &Ended<u32>) -> String {
-        let code = match &ended.answer {
+        let code = match &ended.1 {
             Ok(envelope) => envelope.failure.as_ref().map(|f| f.code.clone()),
             Err(refusal) => Some(refusal.status_and_code().1),
         };
         let code = code.as_ref().map_or("ok", |c| c.as_str());
         let each: Vec<String> = ended
+            .0
             .waiters
             .iter()
             .map(|w| format!("{} {code}", w.conn))
@@ -506,7 +444,7 @@ mod tests {
         let meta = TalkMeta::of(Some(&first), t0);
         assert!(matches!(
             table.admit(2, &first, meta.clone(), SECS, t0),
-            Admit::Attached
+            Admit::Attached(_)
         ));
         let other = request("q", Some(1), false);
         assert!(matches!(
@@ -515,7 +453,7 @@ mod tests {
         ));
         let ended = table.finish(turn, reply("done"), t0 + SECS).unwrap();
         assert_eq!(answers(&ended), "1 ok, 2 ok");
-        assert_eq!(ended.answer.unwrap().duration_ms, 1000);
+        assert_eq!(ended.1.unwrap().duration_ms, 1000);
         assert!(table.is_empty());
         // A late retry gets the stored envelope; no turn starts.
         match table.admit(4, &first, meta, SECS, t0 + 2 * SECS) {
@@ -535,14 +473,14 @@ mod tests {
         let meta = TalkMeta::of(Some(&cancel), t0);
         assert!(matches!(
             table.admit(2, &cancel, meta.clone(), SECS, t0),
-            Admit::Cancel(t) if t == turn
+            Admit::Attached(t) if t == turn
         ));
         assert!(table.cancel(turn, "a cancel request").is_some());
         assert!(table.cancel(turn, "again").is_none(), "logged once");
         // The engine finished as the cancel came: cancelled is cancelled.
         let ended = table.finish(turn, reply("late"), t0).unwrap();
         assert_eq!(answers(&ended), "1 cancelled, 2 cancelled");
-        assert_eq!(ended.cancelled, Some("a cancel request"));
+        assert_eq!(ended.0.cancelled, Some("a cancel request"));
         // `cancelled` is not retryable: stored, a second cancel request gets it.
         assert!(matches!(
             table.admit(3, &cancel, meta.clone(), SECS, t0),
@@ -576,7 +514,7 @@ mod tests {
         let meta = TalkMeta::of(Some(&named), t0);
         assert!(matches!(
             table.admit(2, &named, meta, SECS, t0),
-            Admit::Attached
+            Admit::Attached(_)
         ));
         assert!(matches!(
             table.hang_up(1, &bus(true, 15), t0),
@@ -585,13 +523,13 @@ mod tests {
         // The last one: kept for the reattach window, then due for a cancel.
         assert!(matches!(table.hang_up(2, &bus(true, 15), t0), HangUp::Kept(c) if c == "alice"));
         let due = table.tick(t0 + 14 * SECS, &bus(true, 15), |_| true);
-        assert_eq!((due.expired.len(), due.next), (0, Some(t0 + 15 * SECS)));
+        assert_eq!((due.0.len(), due.2), (0, Some(t0 + 15 * SECS)));
         let due = table.tick(t0 + 15 * SECS, &bus(true, 15), |_| true);
-        assert_eq!(due.expired, [turn]);
+        assert_eq!(due.0, [turn]);
         table.cancel(turn, "no retry came");
         assert!(table
             .tick(t0 + 16 * SECS, &bus(true, 15), |_| true)
-            .expired
+            .0
             .is_empty());
         // Without an id: cancelled at once, or abandoned with cancelOnHangup false.
         let turn = start(&mut table, 3, &unnamed, t0);
@@ -624,11 +562,11 @@ mod tests {
         let meta = TalkMeta::of(Some(&named), t0);
         assert!(matches!(
             table.admit(2, &named, meta, SECS, t0 + SECS),
-            Admit::Attached
+            Admit::Attached(_)
         ));
         assert!(table
             .tick(t0 + 60 * SECS, &bus(true, 15), |_| false)
-            .expired
+            .0
             .is_empty());
         let ended = table.finish(turn, reply("x"), t0).unwrap();
         assert_eq!(answers(&ended), "2 ok");
@@ -645,18 +583,18 @@ mod tests {
         let limit = 60 * SECS + WAITER_GRACE;
         // Queued for an hour: no deadline yet.
         let due = table.tick(t0 + 3600 * SECS, &bus(true, 15), |_| true);
-        assert!(due.overdue.is_empty() && due.next.is_none());
+        assert!(due.1.is_empty() && due.2.is_none());
         // Seen running from here on.
         let started = t0 + 3601 * SECS;
         let due = table.tick(started, &bus(true, 15), |_| false);
-        assert_eq!(due.next, Some(started + limit));
+        assert_eq!(due.2, Some(started + limit));
         let just_before = started + limit - SECS;
         assert!(table
             .tick(just_before, &bus(true, 15), |_| false)
-            .overdue
+            .1
             .is_empty());
         let mut due = table.tick(started + limit, &bus(true, 15), |_| false);
-        let (id, ended) = due.overdue.pop().unwrap();
+        let (id, ended) = due.1.pop().unwrap();
         assert_eq!(id, turn);
         assert_eq!(answers(&ended), "1 internal_error");
         assert_eq!(Refusal::TurnOverdue.status_and_code().0, 500);
@@ -685,7 +623,7 @@ mod tests {
         let ended = table.finish(turn, Outcome::Finished(outcome), t0).unwrap();
         assert_eq!(answers(&ended), "1 timeout");
         let turn = start(&mut table, 2, &named, t0);
-        table.finish(turn, reply("ok"), t0).unwrap();
+        assert!(table.finish(turn, reply("ok"), t0).unwrap().1.is_ok());
         let meta = TalkMeta::of(Some(&named), t0);
         assert!(matches!(
             table.admit(3, &named, meta, SECS, t0),

@@ -101,12 +101,8 @@ impl Bus {
         } else {
             format!("changed {}", changed.join(", "))
         };
-        let bus = if new.bus.enabled {
-            "enabled"
-        } else {
-            "disabled"
-        };
-        let max_depth = new.bus.max_depth;
+        let (enabled, max_depth) = (new.bus.enabled, new.bus.max_depth);
+        let bus = if enabled { "enabled" } else { "disabled" };
         log::info!("{path} reloaded: {what} (bus {bus}, maxDepth {max_depth})");
         let old_engine = self.config.engine.as_ref();
         if let Some(engine) = new.engine.as_ref().filter(|e| Some(*e) != old_engine) {
@@ -147,20 +143,20 @@ impl Bus {
     /// Periodic work: a config reload check, the turn table's deadlines; during a
     /// shutdown, its progress. Returns when to be called next.
     pub(super) fn tick(&mut self, now: Instant, control: &mut Control) -> Instant {
-        let due = self
+        let (expired, overdue, next) = self
             .table
             .tick(now, &self.config.bus, |turn| self.pool.is_queued(turn));
-        for turn in due.expired {
+        for turn in expired {
             self.cancel(
                 turn,
                 "the caller hung up and no retry came within bus.reattachSecs",
             );
         }
-        for (turn, ended) in due.overdue {
+        for (turn, ended) in overdue {
             log::error!(
                 "a bug: the turn of {} did not answer within engine.timeoutSecs plus {} s; \
                  its callers get internal_error",
-                super::turn_table::caller(&ended.meta),
+                super::turn_table::caller(&ended.0.meta),
                 super::turn_table::WAITER_GRACE.as_secs()
             );
             self.pool.cancel(turn);
@@ -171,7 +167,7 @@ impl Bus {
             None => {
                 self.reload_config();
                 let reload = now + CONFIG_RELOAD_INTERVAL;
-                due.next.map_or(reload, |due| due.min(reload))
+                next.map_or(reload, |due| due.min(reload))
             }
             Some(since) => {
                 if self.pool.is_idle() && self.table.is_empty() {

@@ -123,7 +123,7 @@ fn a_second_instance_for_one_state_dir_is_refused_with_a_typed_error() {
     let missing = root.0.join("nobody-here");
     fs::create_dir_all(&missing).unwrap();
     match Instance::start(InstanceOptions::new(&missing)) {
-        Err(e @ ServeError::Config { .. }) => {
+        Err(e @ ServeError::Config(_)) => {
             assert!(e.to_string().contains("loopbus init"), "{e}");
             assert!(!e.while_serving());
         }
