@@ -6,6 +6,7 @@
 use super::answers::Kind;
 use loopbus::{InstanceName, TraceId, DEFAULT_TIMEOUT, MAX_TARGETS};
 use serde_json::{json, Map, Value};
+use std::sync::LazyLock;
 use std::time::Duration;
 
 /// How long a call waits for its work unless `waitSecs` says otherwise: below the 60 s
@@ -71,181 +72,43 @@ pub struct View {
     pub max_chars: usize,
 }
 
-/// The input schema of `waitSecs`.
-fn wait_schema() -> Value {
-    json!({"type": "number", "minimum": 0, "maximum": MAX_WAIT_SECS,
-        "description": "Seconds to wait for the answer before returning a handle (default 45)."})
-}
-
-/// The input schema of `maxChars`.
-fn max_chars_schema() -> Value {
-    json!({"type": "integer", "minimum": 1, "maximum": MAX_MAX_CHARS,
-        "description": "Most characters of the answer returned at once (default 20000); \
-            the rest is paged with `result` and `offset`."})
-}
-
-/// The output schema of every tool that delegates, and of `result` and `cancel`.
-fn outcome_schema() -> Value {
-    let integer = json!({"type": "integer", "minimum": 0});
-    json!({
-        "type": "object",
-        "properties": {
-            "status": {"enum": ["running", "done"]},
-            "handle": {"type": "string"},
-            "elapsedSecs": {"type": "number"},
-            "answered": integer, "total": integer,
-            "traceId": {"type": "string", "description": "The trace of the delegations: see the `trace` tool."},
-            "errorCode": {"type": "string"},
-            "retryable": {"type": "boolean"},
-            "offset": integer,
-            "nextOffset": {"type": ["integer", "null"], "minimum": 0},
-            "totalChars": integer,
-            "verdict": {"enum": ["PASS", "FAIL"]},
-            "usage": {"type": "object", "description": "Summed over the replies that reported it."},
-            "replies": {"type": "array", "items": {
-                "type": "object",
-                "properties": {
-                    "target": {"type": "string"},
-                    "requestId": {"type": "string"},
-                    "envelope": {"type": "object"},
-                },
-                "required": ["target", "envelope"],
-            }},
-        },
-        "required": ["status", "elapsedSecs"],
-    })
-}
-
-/// One tool's definition.
-fn tool(
-    name: &str,
-    description: &str,
-    properties: Value,
-    required: &[&str],
-    output: Value,
-) -> Value {
-    json!({
-        "name": name,
-        "description": description,
-        "inputSchema": {
-            "type": "object",
-            "properties": properties,
-            "required": required,
-            "additionalProperties": false,
-        },
-        "outputSchema": output,
-    })
-}
+/// The tools as `tools/list` gives them, in that order, with their input and output
+/// schemas. A string `"#/shared/NAME"` in it stands for the schema `NAME` of `shared`
+/// (a JSON pointer into the file, as a `$ref`), put in whole by [`definitions`]. Kept as
+/// data: built with `json!`, the same schemas cost tens of KiB of code in the binary. The
+/// tests hold its limits and defaults to the constants above.
+const TOOLS: &str = include_str!("tools.json");
 
 /// Every tool, in the order `tools/list` gives them.
 pub fn definitions() -> Vec<Value> {
-    let name = |what: &str| json!({"type": "string", "description": what});
-    let prompt = json!({"type": "string", "description": "The prompt to send."});
-    let timeout = json!({"type": "number", "exclusiveMinimum": 0, "maximum": MAX_TIMEOUT_SECS,
-        "description": "Seconds each delegation waits for its answer (default 1800)."});
-    let handle = json!({"type": "string", "description": "A handle returned by an earlier call."});
-    let targets = json!({"type": "array", "items": {"type": "string"}, "minItems": 1,
-        "maxItems": MAX_TARGETS, "description": "The instances, in order."});
-    let instance = json!({
-        "type": "object",
-        "properties": {
-            "name": {"type": "string"},
-            "alive": {"type": "boolean"},
-            "kind": {"type": ["string", "null"]},
-            "busy": {"type": ["boolean", "null"]},
-            "problem": {"type": ["string", "null"]},
-        },
-        "required": ["name", "alive"],
+    static TOOL_LIST: LazyLock<Vec<Value>> = LazyLock::new(|| {
+        #[allow(
+            clippy::expect_used,
+            reason = "tools.json is a constant, parsed by the unit tests"
+        )]
+        let document: Value = serde_json::from_str(TOOLS).expect("tools.json parses");
+        match resolve(&document["tools"], &document["shared"]) {
+            Value::Array(tools) => tools,
+            _ => Vec::new(),
+        }
     });
-    vec![
-        tool(
-            "list_instances",
-            "List the loopbus instances registered on this machine: name, whether it \
-             answers (alive), its kind, whether it is busy with turns, and why not alive.",
-            json!({}),
-            &[],
-            json!({"type": "object", "properties": {"instances": {"type": "array", "items": instance}},
-                "required": ["instances"]}),
+    TOOL_LIST.clone()
+}
+
+/// `value` with every string `"#/shared/NAME"` replaced by `shared`'s `NAME`.
+fn resolve(value: &Value, shared: &Value) -> Value {
+    match value {
+        Value::String(s) if s.starts_with("#/shared/") => {
+            resolve(&shared[&s["#/shared/".len()..]], shared)
+        }
+        Value::Array(items) => items.iter().map(|v| resolve(v, shared)).collect(),
+        Value::Object(map) => Value::Object(
+            map.iter()
+                .map(|(k, v)| (k.clone(), resolve(v, shared)))
+                .collect(),
         ),
-        tool(
-            "talk",
-            "Delegate a prompt to another instance and return its reply. Waits at most \
-             waitSecs; if the reply is not in by then, returns status \"running\" and a \
-             handle: call `result` with it later (the work goes on meanwhile).",
-            json!({"target": name("The instance to ask."), "prompt": prompt,
-                "timeoutSecs": timeout, "waitSecs": wait_schema(), "maxChars": max_chars_schema()}),
-            &["target", "prompt"],
-            outcome_schema(),
-        ),
-        tool(
-            "fan",
-            "Send one prompt to several instances at once and return every reply, in the \
-             list's order. `targets` defaults to bus.parallel in the caller's config.json. \
-             Waits and returns a handle as `talk` does.",
-            json!({"targets": targets.clone(), "prompt": prompt,
-                "timeoutSecs": timeout, "waitSecs": wait_schema(), "maxChars": max_chars_schema()}),
-            &["prompt"],
-            outcome_schema(),
-        ),
-        tool(
-            "chain",
-            "Pass a prompt through instances in order: each stage gets the prompt and the \
-             previous stage's reply; the first failure ends the chain. `targets` defaults \
-             to bus.chain in the caller's config.json. Waits and returns a handle as `talk` \
-             does.",
-            json!({"targets": targets, "prompt": prompt,
-                "timeoutSecs": timeout, "waitSecs": wait_schema(), "maxChars": max_chars_schema()}),
-            &["prompt"],
-            outcome_schema(),
-        ),
-        tool(
-            "verify",
-            "Ask `answerer` the prompt, then `verifier` to check the answer; returns the \
-             verdict (PASS or FAIL) with both replies. `verifier` defaults to bus.verifier \
-             in the caller's config.json. Waits and returns a handle as `talk` does.",
-            json!({"answerer": name("The instance that answers."),
-                "verifier": name("The instance that checks the answer."), "prompt": prompt,
-                "timeoutSecs": timeout, "waitSecs": wait_schema(), "maxChars": max_chars_schema()}),
-            &["answerer", "prompt"],
-            outcome_schema(),
-        ),
-        tool(
-            "result",
-            "Wait again for a handle's work, or page through a long answer from `offset` \
-             (the `nextOffset` of the previous page). Answers are kept 10 minutes.",
-            json!({"handle": handle, "waitSecs": wait_schema(), "maxChars": max_chars_schema(),
-                "offset": {"type": "integer", "minimum": 0,
-                    "description": "First character to return (default 0)."}}),
-            &["handle"],
-            outcome_schema(),
-        ),
-        tool(
-            "cancel",
-            "Cancel a handle's work: every delegation it made is cancelled, down the chain.",
-            json!({"handle": handle}),
-            &["handle"],
-            outcome_schema(),
-        ),
-        tool(
-            "trace",
-            "Show the tree of delegations of a trace (the traceId of an earlier result; \
-             default: the last one this caller started), from every instance's audit \
-             log: who asked whom, outcomes, durations, costs and tokens. Never prompts.",
-            json!({"traceId": {"type": "string", "description": "32 lowercase hex digits."}}),
-            &[],
-            json!({
-                "type": "object",
-                "properties": {
-                    "traceId": {"type": "string"},
-                    "turns": {"type": "array", "items": {"type": "object"}},
-                    "total": {"type": "object"},
-                    "skippedLines": {"type": "integer", "minimum": 0},
-                    "droppedTurns": {"type": "integer", "minimum": 0},
-                },
-                "required": ["traceId", "turns", "total"],
-            }),
-        ),
-    ]
+        other => other.clone(),
+    }
 }
 
 /// A call's arguments, checked as its input schema says.
@@ -598,6 +461,59 @@ mod tests {
             assert_eq!(tool["inputSchema"]["type"], "object", "{tool}");
             assert_eq!(tool["outputSchema"]["type"], "object", "{tool}");
             assert!(tool["description"].as_str().is_some_and(|d| d.len() > 20));
+        }
+    }
+
+    #[test]
+    fn the_schemas_say_the_limits_and_defaults_of_the_constants() {
+        let limits = [
+            ("waitSecs", "maximum", json!(MAX_WAIT_SECS)),
+            ("maxChars", "maximum", json!(MAX_MAX_CHARS)),
+            ("timeoutSecs", "maximum", json!(MAX_TIMEOUT_SECS)),
+            ("targets", "maxItems", json!(MAX_TARGETS)),
+        ];
+        let defaults = [
+            ("waitSecs", DEFAULT_WAIT.as_secs()),
+            ("maxChars", DEFAULT_MAX_CHARS as u64),
+            ("timeoutSecs", DEFAULT_TIMEOUT.as_secs()),
+        ];
+        let mut checked = 0;
+        for tool in definitions() {
+            let properties = &tool["inputSchema"]["properties"];
+            for (key, bound, limit) in &limits {
+                if let Some(schema) = properties.get(key) {
+                    assert_eq!(&schema[bound], limit, "{} {key}", tool["name"]);
+                    checked += 1;
+                }
+            }
+            for (key, default) in defaults {
+                if let Some(schema) = properties.get(key) {
+                    let description = schema["description"].as_str().unwrap_or_default();
+                    assert!(description.contains(&format!("(default {default})")), "{key}");
+                }
+            }
+        }
+        // waitSecs and maxChars in 5 tools, timeoutSecs in 4, targets in 2.
+        assert_eq!(checked, 5 + 5 + 4 + 2);
+    }
+
+    #[test]
+    fn shared_schemas_are_put_in_whole() {
+        fn check(value: &Value) {
+            match value {
+                Value::Null => panic!("a reference to no shared schema"),
+                Value::String(s) => assert!(!s.starts_with("#/"), "{s}"),
+                Value::Array(items) => items.iter().for_each(check),
+                Value::Object(map) => map.values().for_each(check),
+                _ => {}
+            }
+        }
+        let tools = definitions();
+        tools.iter().for_each(check);
+        let outcome = &tools[1]["outputSchema"];
+        assert_eq!(outcome["required"], json!(["status", "elapsedSecs"]));
+        for tool in &tools[1..7] {
+            assert_eq!(&tool["outputSchema"], outcome, "{}", tool["name"]);
         }
     }
 }
