@@ -86,8 +86,11 @@ pub fn definitions() -> Vec<Value> {
             clippy::expect_used,
             reason = "tools.json is a constant, parsed by the unit tests"
         )]
-        let document: Value = serde_json::from_str(TOOLS).expect("tools.json parses");
-        match resolve(&document["tools"], &document["shared"]) {
+        let mut document: Value = serde_json::from_str(TOOLS).expect("tools.json parses");
+        let shared = document["shared"].take();
+        let mut tools = document["tools"].take();
+        resolve(&mut tools, &shared);
+        match tools {
             Value::Array(tools) => tools,
             _ => Vec::new(),
         }
@@ -95,19 +98,15 @@ pub fn definitions() -> Vec<Value> {
     TOOL_LIST.clone()
 }
 
-/// `value` with every string `"#/shared/NAME"` replaced by `shared`'s `NAME`.
-fn resolve(value: &Value, shared: &Value) -> Value {
+/// Replaces every string `"#/shared/NAME"` in `value` with `shared`'s `NAME`.
+fn resolve(value: &mut Value, shared: &Value) {
+    if let Some(name) = value.as_str().and_then(|s| s.strip_prefix("#/shared/")) {
+        *value = shared[name].clone();
+    }
     match value {
-        Value::String(s) if s.starts_with("#/shared/") => {
-            resolve(&shared[&s["#/shared/".len()..]], shared)
-        }
-        Value::Array(items) => items.iter().map(|v| resolve(v, shared)).collect(),
-        Value::Object(map) => Value::Object(
-            map.iter()
-                .map(|(k, v)| (k.clone(), resolve(v, shared)))
-                .collect(),
-        ),
-        other => other.clone(),
+        Value::Array(items) => items.iter_mut().for_each(|v| resolve(v, shared)),
+        Value::Object(map) => map.values_mut().for_each(|v| resolve(v, shared)),
+        _ => {}
     }
 }
 
@@ -489,7 +488,10 @@ mod tests {
             for (key, default) in defaults {
                 if let Some(schema) = properties.get(key) {
                     let description = schema["description"].as_str().unwrap_or_default();
-                    assert!(description.contains(&format!("(default {default})")), "{key}");
+                    assert!(
+                        description.contains(&format!("(default {default})")),
+                        "{key}"
+                    );
                 }
             }
         }
