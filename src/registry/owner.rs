@@ -145,16 +145,11 @@ fn local_port(line: &str) -> Option<u16> {
     u16::from_str_radix(port_hex, 16).ok()
 }
 
-/// `HEX:PORT` of the table.
+/// `HEX:PORT` of the table: the address as 8 hex digits for IPv4, 32 for IPv6, in
+/// 32-bit words of the machine's byte order.
 fn parse_address(field: &str) -> Option<SocketAddr> {
-    let (ip_hex, port_hex) = field.split_once(':')?;
+    let (hex, port_hex) = field.split_once(':')?;
     let port = u16::from_str_radix(port_hex, 16).ok()?;
-    Some(SocketAddr::new(parse_ip(ip_hex)?, port))
-}
-
-/// An address of the table: 8 hex digits for IPv4, 32 for IPv6, in 32-bit words of
-/// the machine's byte order.
-fn parse_ip(hex: &str) -> Option<IpAddr> {
     if !matches!(hex.len(), 8 | 32) || !hex.bytes().all(|b| b.is_ascii_hexdigit()) {
         return None;
     }
@@ -164,10 +159,11 @@ fn parse_ip(hex: &str) -> Option<IpAddr> {
         word.copy_from_slice(&digits.to_ne_bytes());
     }
     let [a, b, c, d, ..] = octets;
-    Some(match hex.len() {
+    let ip = match hex.len() {
         8 => IpAddr::from([a, b, c, d]),
         _ => IpAddr::from(octets),
-    })
+    };
+    Some(SocketAddr::new(ip, port))
 }
 
 /// Whether a listener bound to `listener` would (or might) receive a connection to
