@@ -181,44 +181,6 @@ fn canonical(addr: SocketAddr) -> SocketAddr {
     SocketAddr::new(addr.ip().to_canonical(), addr.port())
 }
 
-/// What the sockets seen so far say of a connection to a target.
-#[derive(Debug, Default)]
-struct Tally {
-    /// The first socket of another uid that would receive the connection.
-    foreign: Option<u32>,
-    /// Whether an own socket that decides was seen: the accepted end of our
-    /// connection if there is one, else a listener that would receive it.
-    own: bool,
-}
-
-impl Tally {
-    fn add(&mut self, socket: &Socket, target: SocketAddr, ours: Option<SocketAddr>, own: u32) {
-        let receiving = if socket.listening {
-            socket.local.port() == target.port() && receives(socket.local.ip(), target.ip())
-        } else {
-            ours.is_some_and(|ours| {
-                canonical(socket.local) == canonical(target)
-                    && canonical(socket.remote) == canonical(ours)
-            })
-        };
-        if receiving && socket.uid != own {
-            self.foreign = self.foreign.or(Some(socket.uid));
-        } else if receiving {
-            // With a connection, only its accepted end decides.
-            self.own |= ours.is_none() || !socket.listening;
-        }
-    }
-
-    fn verdict(&self, connection: bool) -> Verdict {
-        match self.foreign {
-            Some(uid) => Verdict::Foreign(uid),
-            None if self.own => Verdict::Own,
-            None if connection => Verdict::ConnectionUnlisted,
-            None => Verdict::NoListener,
-        }
-    }
-}
-
 /// The longest line kept from a socket table: the kernel's lines are about 150 bytes
 /// (IPv6: 180); a longer one is not a socket line and is skipped.
 const MAX_TABLE_LINE_BYTES: usize = 512;
@@ -238,7 +200,9 @@ pub fn read_verdict<R: BufRead>(
 ) -> std::io::Result<Option<Verdict>> {
     /// Lines read between looks at the clock.
     const LINES_PER_CLOCK_LOOK: usize = 4096;
-    let mut tally = Tally::default();
+    // Whether an own socket that decides was seen: the accepted end of our connection
+    // if there is one, else a listener that would receive it.
+    let mut own = false;
     for table in tables {
         for (count, line) in table.split(b'\n').enumerate() {
             let line = line?;
@@ -251,15 +215,27 @@ pub fn read_verdict<R: BufRead>(
                 .filter(|text| text.len() <= MAX_TABLE_LINE_BYTES)
                 .filter(|text| local_port(text) == Some(target.port()))
                 .and_then(parse_line);
-            if let Some(socket) = socket {
-                tally.add(&socket, target, ours, own_uid);
+            let Some(socket) = socket else { continue };
+            let receiving = if socket.listening {
+                receives(socket.local.ip(), target.ip())
+            } else {
+                ours.is_some_and(|ours| {
+                    canonical(socket.local) == canonical(target)
+                        && canonical(socket.remote) == canonical(ours)
+                })
+            };
+            if receiving && socket.uid != own_uid {
+                return Ok(Some(Verdict::Foreign(socket.uid)));
             }
-            if tally.foreign.is_some() {
-                return Ok(Some(tally.verdict(ours.is_some())));
-            }
+            // With a connection, only its accepted end decides.
+            own |= receiving && (ours.is_none() || !socket.listening);
         }
     }
-    Ok(Some(tally.verdict(ours.is_some())))
+    Ok(Some(match own {
+        true => Verdict::Own,
+        false if ours.is_some() => Verdict::ConnectionUnlisted,
+        false => Verdict::NoListener,
+    }))
 }
 
 /// Checks, for the open connection from `ours` to `target`, that its accepted end and
@@ -373,11 +349,33 @@ mod tests {
         ours: Option<SocketAddr>,
         own_uid: u32,
     ) -> Verdict {
-        let mut tally = Tally::default();
-        for socket in sockets {
-            tally.add(socket, target, ours, own_uid);
-        }
-        tally.verdict(ours.is_some())
+        let table: String = sockets.iter().enumerate().map(line).collect();
+        let far = Instant::now() + Duration::from_secs(3600);
+        let read = read_verdict([table.as_bytes()], target, ours, own_uid, far);
+        read.unwrap().unwrap()
+    }
+
+    /// A table line in the kernel's format for `socket` (words in the machine's byte
+    /// order, as the kernel prints them).
+    fn line((sl, socket): (usize, &Socket)) -> String {
+        let hex = |addr: SocketAddr| {
+            let octets = match addr.ip() {
+                IpAddr::V4(ip) => ip.octets().to_vec(),
+                IpAddr::V6(ip) => ip.octets().to_vec(),
+            };
+            let words = octets.chunks(4).map(|word| {
+                let word = u32::from_ne_bytes(word.try_into().unwrap());
+                format!("{word:08X}")
+            });
+            format!("{}:{:04X}", words.collect::<String>(), addr.port())
+        };
+        let (local, remote) = (hex(socket.local), hex(socket.remote));
+        let state = if socket.listening { "0A" } else { "01" };
+        let uid = socket.uid;
+        format!(
+            "{sl:>4}: {local} {remote} {state} 00000000:00000000 00:00000000 00000000 {uid:>5}        0 {} 1 0000000000000000 100 0 0 10 0\n",
+            40000 + sl
+        )
     }
 
     const HEADER: &str = "  sl  local_address rem_address   st tx_queue rx_queue tr tm->when retrnsmt   uid  timeout inode";
