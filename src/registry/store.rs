@@ -72,8 +72,7 @@ pub fn registry_path(root: &Path) -> PathBuf {
 /// The file exists but can't be read.
 pub fn read(root: &Path) -> io::Result<BTreeMap<InstanceName, RegistryEntry>> {
     let path = registry_path(root);
-    check_root(root)?;
-    let parsed = match files::read_trusted_file(&path, MAX_REGISTRY_BYTES) {
+    let parsed = match read_file(root) {
         Ok(bytes) => parse(&bytes).map_err(str::to_owned),
         Err(err) if err.kind() == io::ErrorKind::NotFound => return Ok(BTreeMap::new()),
         Err(err) if err.kind() == io::ErrorKind::InvalidData => Err(err.to_string()),
@@ -87,18 +86,19 @@ pub fn read(root: &Path) -> io::Result<BTreeMap<InstanceName, RegistryEntry>> {
     Ok(parsed.entries)
 }
 
-/// Refuses a channel root that another user owns or may write to (contract 1): its
-/// registry decides where prompts and secrets go. A missing root is not refused (it
-/// has no registry).
+/// The registry file's bytes, read as [`files::read_trusted_file`] does, in a channel
+/// root that no other user owns or may write to (contract 1): its registry decides
+/// where prompts and secrets go. A missing root is not refused (it has no registry,
+/// so `NotFound`).
 ///
 /// # Errors
 ///
-/// `PermissionDenied` wrapping a [`files::Untrusted`], or an error reading its
-/// metadata.
-fn check_root(root: &Path) -> io::Result<()> {
+/// `PermissionDenied` wrapping a [`files::Untrusted`], or an error reading the root's
+/// metadata or the file.
+fn read_file(root: &Path) -> io::Result<Vec<u8>> {
     match files::check_trusted(root, files::TrustKind::Dir) {
-        Err(err) if err.kind() == io::ErrorKind::NotFound => Ok(()),
-        other => other,
+        Err(err) if err.kind() != io::ErrorKind::NotFound => Err(err),
+        _ => files::read_trusted_file(&registry_path(root), MAX_REGISTRY_BYTES),
     }
 }
 
@@ -149,10 +149,9 @@ fn insert_locked(
         return Err(io::Error::new(io::ErrorKind::InvalidInput, message));
     }
     let (document, mut instances) = load(root)?;
-    let mut fields = match instances.remove(name.as_str()) {
-        Some(Value::Object(fields)) => fields,
-        _ => Map::new(),
-    };
+    let old = instances.get_mut(name.as_str());
+    let old = old.and_then(Value::as_object_mut);
+    let mut fields = old.map(std::mem::take).unwrap_or_default();
     fields.insert("port".into(), addr.port().into());
     fields.insert("pid".into(), pid.into());
     fields.insert("secret".into(), secret.expose().into());
@@ -245,8 +244,8 @@ pub fn remove_if(
 /// The registry file of `root` as a JSON document, for a rewrite that keeps everything
 /// it does not change (other programs' entries, invalid entries and unknown fields
 /// alike), with its `instances` taken out (empty when missing or of another shape,
-/// which [`read`] treats as an empty registry). A missing file is an empty document.
-/// A registry file that is not a JSON object (torn by something that did not write it
+/// which [`read`] treats as an empty registry; [`save`] puts them back). A missing
+/// file is an empty document. A registry file that is not a JSON object (torn by something that did not write it
 /// atomically) is set aside as `.bus-registry.json.corrupt-<millis>` before it is
 /// rewritten, so nothing is destroyed without a trace. It is first read again up to
 /// [`TORN_REREADS`] times, since a writer without the lock may be halfway through.
@@ -256,19 +255,15 @@ pub fn remove_if(
 ///
 /// The file exists but can't be read.
 fn load(root: &Path) -> io::Result<(Object, Object)> {
-    let path = registry_path(root);
-    check_root(root)?;
     for attempt in 0..=TORN_REREADS {
         if attempt > 0 {
             std::thread::sleep(lock::POLL_INTERVAL);
         }
-        match files::read_trusted_file(&path, MAX_REGISTRY_BYTES) {
+        match read_file(root) {
             Ok(bytes) => {
                 if let Ok(Value::Object(mut document)) = serde_json::from_slice(&bytes) {
-                    let instances = match document.remove("instances") {
-                        Some(Value::Object(instances)) => instances,
-                        _ => Map::new(),
-                    };
+                    let instances = document.get_mut("instances").and_then(Value::as_object_mut);
+                    let instances = instances.map(std::mem::take).unwrap_or_default();
                     return Ok((document, instances));
                 }
             }
@@ -278,6 +273,7 @@ fn load(root: &Path) -> io::Result<(Object, Object)> {
             Err(e) => return Err(e),
         }
     }
+    let path = registry_path(root);
     let shown = path.display();
     match files::set_aside(&path, CORRUPT_SUFFIX) {
         Ok(aside) => log::warn!("{shown} was unreadable; moved to {}", aside.display()),
