@@ -114,11 +114,10 @@ pub enum Verdict {
     Own,
     /// A socket of this other uid would (or might) receive it.
     Foreign(u32),
-    /// No listener matches (a check without a connection only): the port is not held.
-    NoListener,
-    /// The accepted end of our connection is not in these tables (a check of a
-    /// connection only): who would receive the secret cannot be told.
-    ConnectionUnlisted,
+    /// Nothing that decides is in these tables: without a connection, no listener
+    /// matches (the port is not held); with one, its accepted end is not listed (who
+    /// would receive the secret cannot be told).
+    Unlisted,
 }
 
 /// One line of a socket table (`/proc/net/tcp` or `/proc/net/tcp6`; the address width
@@ -166,16 +165,6 @@ fn parse_address(field: &str) -> Option<SocketAddr> {
     Some(SocketAddr::new(ip, port))
 }
 
-/// Whether a listener bound to `listener` would (or might) receive a connection to
-/// `target`: the same address, the wildcard of its family, an IPv4-mapped IPv6 form of
-/// it, or, for an IPv4 target, the IPv6 wildcard (a dual-stack listener; the tables do
-/// not say whether it is IPv6-only, so it counts).
-fn receives(listener: IpAddr, target: IpAddr) -> bool {
-    let listener = listener.to_canonical();
-    let wildcard = listener.is_unspecified() && (listener.is_ipv6() || target.is_ipv4());
-    wildcard || listener == target.to_canonical()
-}
-
 /// `addr` with an IPv4-mapped IPv6 address written as IPv4, as the other end sees it.
 fn canonical(addr: SocketAddr) -> SocketAddr {
     SocketAddr::new(addr.ip().to_canonical(), addr.port())
@@ -217,7 +206,13 @@ pub fn read_verdict<R: BufRead>(
                 .and_then(parse_line);
             let Some(socket) = socket else { continue };
             let receiving = if socket.listening {
-                receives(socket.local.ip(), target.ip())
+                // The same address, the wildcard of its family, an IPv4-mapped IPv6
+                // form of it, or, for an IPv4 target, the IPv6 wildcard (a dual-stack
+                // listener; the tables do not say whether it is IPv6-only, so it counts).
+                let listener = socket.local.ip().to_canonical();
+                let wildcard =
+                    listener.is_unspecified() && (listener.is_ipv6() || target.is_ipv4());
+                wildcard || listener == target.ip().to_canonical()
             } else {
                 ours.is_some_and(|ours| {
                     canonical(socket.local) == canonical(target)
@@ -231,11 +226,7 @@ pub fn read_verdict<R: BufRead>(
             own |= receiving && (ours.is_none() || !socket.listening);
         }
     }
-    Ok(Some(match own {
-        true => Verdict::Own,
-        false if ours.is_some() => Verdict::ConnectionUnlisted,
-        false => Verdict::NoListener,
-    }))
+    Ok(Some(if own { Verdict::Own } else { Verdict::Unlisted }))
 }
 
 /// Checks, for the open connection from `ours` to `target`, that its accepted end and
@@ -283,7 +274,7 @@ fn check_tables<R: BufRead>(
         free = match read_verdict(tables, target, ours, own_uid, deadline) {
             Ok(Some(Verdict::Own)) => return Ok(()),
             Ok(Some(Verdict::Foreign(uid))) => return Err(OwnerRefusal::Foreign { port, uid }),
-            Ok(Some(found)) => found == Verdict::NoListener,
+            Ok(Some(_)) => ours.is_none(),
             Ok(None) => {
                 log::debug!("owner of port {port}: socket tables not read within {limit:?}");
                 free = false;
@@ -495,26 +486,26 @@ mod tests {
                 vec![listen("127.0.0.1:7702", 65534)],
                 "127.0.0.1:7701",
                 None,
-                Verdict::NoListener,
+                Verdict::Unlisted,
             ),
             (
                 vec![listen("192.168.1.5:7701", 65534)],
                 "127.0.0.1:7701",
                 None,
-                Verdict::NoListener,
+                Verdict::Unlisted,
             ),
             // the other family's loopback does not receive it
             (
                 vec![listen("[::1]:7701", 65534)],
                 "127.0.0.1:7701",
                 None,
-                Verdict::NoListener,
+                Verdict::Unlisted,
             ),
             (
                 vec![listen("127.0.0.1:7701", 65534)],
                 "[::1]:7701",
                 None,
-                Verdict::NoListener,
+                Verdict::Unlisted,
             ),
             // wildcards of the same family receive it
             (
@@ -534,7 +525,7 @@ mod tests {
                 vec![listen("0.0.0.0:7701", 65534)],
                 "[::1]:7701",
                 None,
-                Verdict::NoListener,
+                Verdict::Unlisted,
             ),
             // a dual-stack IPv6 wildcard, or a mapped address, may receive IPv4
             (
@@ -562,7 +553,7 @@ mod tests {
                 None,
                 Verdict::Own,
             ),
-            (vec![], "127.0.0.1:7701", None, Verdict::NoListener),
+            (vec![], "127.0.0.1:7701", None, Verdict::Unlisted),
             // the accepted end of our connection, its listener already closed
             (
                 vec![accepted("127.0.0.1:7701", "127.0.0.1:50000", 65534)],
@@ -600,29 +591,29 @@ mod tests {
                 vec![accepted("127.0.0.1:7701", "127.0.0.1:50001", 65534)],
                 "127.0.0.1:7701",
                 ours4,
-                Verdict::ConnectionUnlisted,
+                Verdict::Unlisted,
             ),
             (
                 vec![accepted("127.0.0.1:7701", "127.0.0.1:50000", 65534)],
                 "127.0.0.1:7701",
                 None,
-                Verdict::NoListener,
+                Verdict::Unlisted,
             ),
             // our own client end (local = ours) is not the receiving end
             (
                 vec![accepted("127.0.0.1:50000", "127.0.0.1:7701", 65534)],
                 "127.0.0.1:7701",
                 ours4,
-                Verdict::ConnectionUnlisted,
+                Verdict::Unlisted,
             ),
             // an own listener but no accepted end of our connection: undecided
             (
                 vec![listen("127.0.0.1:7701", me)],
                 "127.0.0.1:7701",
                 ours4,
-                Verdict::ConnectionUnlisted,
+                Verdict::Unlisted,
             ),
-            (vec![], "127.0.0.1:7701", ours4, Verdict::ConnectionUnlisted),
+            (vec![], "127.0.0.1:7701", ours4, Verdict::Unlisted),
         ];
         for (sockets, target, ours, want) in cases {
             assert_eq!(
@@ -730,7 +721,7 @@ mod tests {
         let tables = [std::io::Cursor::new(&text[..]), std::io::Cursor::new(tcp6)];
         assert_eq!(
             read_verdict(tables, target, Some(ours), me, far).unwrap(),
-            Some(Verdict::ConnectionUnlisted)
+            Some(Verdict::Unlisted)
         );
         // Without a connection (a start-up's look at its port) the own listener passes.
         let tables = [std::io::Cursor::new(&text[..])];
@@ -773,7 +764,7 @@ mod tests {
             // As `check_owner` does: a reading that raced other sockets is read again.
             let found = (0..TABLE_READINGS)
                 .map(|_| live(own).unwrap().unwrap())
-                .find(|v| *v != Verdict::ConnectionUnlisted);
+                .find(|v| *v != Verdict::Unlisted);
             assert_eq!(found, Some(Verdict::Own));
             // Seen as another user, the listener and the accepted end are foreign.
             assert_eq!(
