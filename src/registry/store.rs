@@ -126,27 +126,27 @@ pub fn register_at(
 ) -> io::Result<Option<RegistryEntry>> {
     files::create_dir_private(root)?;
     lock::with_registry_lock(root, || {
-        let holder = read(root)?.remove(name);
-        if let Some(entry) = holder.filter(|entry| entry.pid != pid && taken(entry)) {
-            return Ok(Some(entry));
-        }
-        insert_locked(root, name, addr, pid, secret).map(|()| None)
+        register_locked(root, name, addr, pid, secret, taken)
     })
 }
 
-/// Inserts or replaces `name`'s entry; the caller holds the registry lock. Port 0 or
-/// pid 0 (neither of which [`read`] would accept; the name is valid by its type) is
-/// `InvalidInput`.
-fn insert_locked(
+/// [`register_at`] once the caller holds the registry lock. Port 0 or pid 0 (neither of
+/// which [`read`] would accept; the name is valid by its type) is `InvalidInput`.
+fn register_locked(
     root: &Path,
     name: &InstanceName,
     addr: SocketAddr,
     pid: u32,
     secret: &Secret,
-) -> io::Result<()> {
+    taken: impl FnOnce(&RegistryEntry) -> bool,
+) -> io::Result<Option<RegistryEntry>> {
     if addr.port() == 0 || pid == 0 {
         let message = "registry entries need a non-zero port and a non-zero pid";
         return Err(io::Error::new(io::ErrorKind::InvalidInput, message));
+    }
+    let holder = read(root)?.remove(name);
+    if let Some(entry) = holder.filter(|entry| entry.pid != pid && taken(entry)) {
+        return Ok(Some(entry));
     }
     let (document, mut instances) = load(root)?;
     let old = instances.get_mut(name.as_str());
@@ -162,7 +162,7 @@ fn insert_locked(
         fields.remove("host");
     }
     instances.insert(name.to_string(), Value::Object(fields));
-    save(root, document, instances)
+    save(root, document, instances).map(|()| None)
 }
 
 /// Re-registers `name` if its entry is missing (the file was deleted, torn or
@@ -185,13 +185,10 @@ pub fn ensure_registered(
     if read(root)?.contains_key(name) {
         return Ok(false);
     }
-    let written = lock::within(root, std::time::Duration::ZERO, || {
-        if read(root)?.contains_key(name) {
-            return Ok(false);
-        }
-        insert_locked(root, name, addr, pid, secret).map(|()| true)
-    })?;
-    Ok(written.unwrap_or(false))
+    let taken = |_: &RegistryEntry| true;
+    let register = || register_locked(root, name, addr, pid, secret, taken);
+    let held = lock::within(root, std::time::Duration::ZERO, register)?;
+    Ok(matches!(held, Some(None)))
 }
 
 /// Removes `name`'s entry if, and only if, it was registered by process `pid` (so a
