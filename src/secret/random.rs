@@ -3,7 +3,6 @@
 use super::{hex, Secret};
 use std::fs::File;
 use std::io::{self, Read};
-use std::sync::OnceLock;
 
 /// Bytes of OS randomness in a generated secret (written as twice as many hex digits).
 pub const SECRET_BYTES: usize = 32;
@@ -23,26 +22,13 @@ impl Secret {
 /// The OS's randomness device.
 const RANDOM_DEVICE: &str = "/dev/urandom";
 
-/// [`RANDOM_DEVICE`], opened once per process (close-on-exec, as std opens every
-/// file) and shared by every thread: a read of it has no position to share, and
-/// opening it again for each nonce cost a client a system call pair per delegation.
-static RANDOM_SOURCE: OnceLock<File> = OnceLock::new();
-
 /// Fills `buf` with random bytes from the OS.
 ///
 /// # Errors
 ///
 /// Any I/O error opening or reading [`RANDOM_DEVICE`].
 fn fill_random(buf: &mut [u8]) -> io::Result<()> {
-    let mut source: &File = match RANDOM_SOURCE.get() {
-        Some(source) => source,
-        None => {
-            let opened = File::open(RANDOM_DEVICE)?;
-            // Two threads may both open it; one handle is kept, the other closed.
-            RANDOM_SOURCE.get_or_init(|| opened)
-        }
-    };
-    source.read_exact(buf)
+    File::open(RANDOM_DEVICE)?.read_exact(buf)
 }
 
 /// `N` random bytes from the OS (`/dev/urandom`): request ids (contract 8.2) and
