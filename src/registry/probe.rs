@@ -365,8 +365,20 @@ pub fn holds_name(name: &InstanceName, entry: &RegistryEntry) -> bool {
 mod tests {
     use super::*;
     use crate::files::test_support::TestDir;
-    use crate::registry::store::{lookup, read, register};
+    use crate::registry::store::{lookup, read, register_at, DEFAULT_HOST};
     use crate::secret::Secret;
+
+    /// [`register_at`] on the default host.
+    fn register(
+        root: &Path,
+        name: &InstanceName,
+        port: u16,
+        pid: u32,
+        secret: &Secret,
+    ) -> io::Result<()> {
+        let addr = std::net::SocketAddr::new(DEFAULT_HOST, port);
+        register_at(root, name, addr, pid, secret, |_| false).map(drop)
+    }
 
     fn secret(s: &str) -> Secret {
         Secret::new(s).unwrap()

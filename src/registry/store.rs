@@ -380,14 +380,11 @@ fn absolute(path: &Path) -> PathBuf {
 }
 
 #[cfg(test)]
-pub(crate) use tests::register;
-
-#[cfg(test)]
 mod tests {
     use super::*;
 
-    /// [`register_at`] on the default host, for tests here and in `probe`.
-    pub(crate) fn register(
+    /// [`register_at`] on the default host.
+    fn register(
         root: &Path,
         name: &InstanceName,
         port: u16,
