@@ -316,10 +316,6 @@ pub fn prune(root: &Path, keep: Option<&InstanceName>) -> io::Result<Vec<Instanc
     let stale = |name: &str, entry: &RegistryEntry| {
         keep.is_none_or(|keep| keep.as_str() != name) && files::pid_is_gone(entry.pid)
     };
-    let entries = store::read(root)?;
-    if !entries.iter().any(|(name, entry)| stale(name, entry)) {
-        return Ok(Vec::new());
-    }
     store::remove_if(root, stale)
 }
 

@@ -199,9 +199,6 @@ pub fn ensure_registered(
 ///
 /// Any I/O error locking, reading or writing the registry.
 pub fn deregister(root: &Path, name: &InstanceName, pid: u32) -> io::Result<bool> {
-    if !root.is_dir() {
-        return Ok(false);
-    }
     let removed = remove_if(root, |n, entry| n == name.as_str() && entry.pid == pid)?;
     Ok(!removed.is_empty())
 }
@@ -216,11 +213,15 @@ pub fn lookup(root: &Path, name: &InstanceName) -> io::Result<Option<RegistryEnt
 }
 
 /// Removes, under the lock, every valid entry for which `matches` holds, and returns
-/// their names; writes only when it removed one.
+/// their names; writes only when it removed one. Takes the lock only when a first read
+/// finds such an entry (a missing root or registry has none).
 pub fn remove_if(
     root: &Path,
     matches: impl Fn(&str, &RegistryEntry) -> bool,
 ) -> io::Result<Vec<InstanceName>> {
+    if !read(root)?.iter().any(|(name, entry)| matches(name, entry)) {
+        return Ok(Vec::new());
+    }
     lock::with_registry_lock(root, || {
         let (document, mut instances) = load(root)?;
         let removed: Vec<InstanceName> = instances
