@@ -185,8 +185,7 @@ pub fn ensure_registered(
     if read(root)?.contains_key(name) {
         return Ok(false);
     }
-    let taken = |_: &RegistryEntry| true;
-    let register = || register_locked(root, name, addr, pid, secret, taken);
+    let register = || register_locked(root, name, addr, pid, secret, |_| true);
     let held = lock::within(root, std::time::Duration::ZERO, register)?;
     Ok(matches!(held, Some(None)))
 }
