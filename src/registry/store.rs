@@ -252,10 +252,7 @@ pub fn remove_if(
 ///
 /// The file exists but can't be read.
 fn load(root: &Path) -> io::Result<(Object, Object)> {
-    for attempt in 0..=TORN_REREADS {
-        if attempt > 0 {
-            std::thread::sleep(lock::POLL_INTERVAL);
-        }
+    for _ in 0..=TORN_REREADS {
         match read_file(root) {
             Ok(bytes) => {
                 if let Ok(Value::Object(mut document)) = serde_json::from_slice(&bytes) {
@@ -269,6 +266,7 @@ fn load(root: &Path) -> io::Result<(Object, Object)> {
             // Another user's file is refused, not set aside: it was never ours.
             Err(e) => return Err(e),
         }
+        std::thread::sleep(lock::POLL_INTERVAL);
     }
     let path = registry_path(root);
     let shown = path.display();
