@@ -205,12 +205,17 @@ pub fn probe(
     Ok((connection, answer))
 }
 
-/// Probes whether the instance `name` answers as its registry entry says: [`probe`],
-/// without the connection.
+/// Probes whether the instance `name` answers as its registry entry says, the probe a
+/// caller must pass before it sends the entry's secret: `GET /api/health` at exactly
+/// the entry's `host` and `port` with a fresh nonce; 200, `status: "ok"`, `instance`
+/// equal to `name`, a `kind` in `accept_kinds` (unless `None`), and for an entry with
+/// `proof: true` a valid proof (contract 6.1), else the same-user check of the
+/// connection; all within [`PROBE_TIMEOUT`].
 ///
 /// # Errors
 ///
-/// No answer in time, an answer that does not match, or a missing or wrong proof.
+/// No answer in time, an answer that does not match, a missing or wrong proof, or a
+/// refused same-user check.
 pub fn probe_instance(
     name: &InstanceName,
     entry: &RegistryEntry,
