@@ -11,7 +11,7 @@ use crate::protocol::{
     TRACE_CONTEXT,
 };
 use crate::registry::owner::OwnerRefusal;
-use crate::registry::{self, ProbeError, Target};
+use crate::registry::{self, ProbeError};
 use std::time::{Duration, Instant};
 
 /// The caller's own checks, in the table's order: own bus enabled, target among own
@@ -76,9 +76,8 @@ pub(super) fn prove(options: &DelegateOptions) -> Result<Proven, DelegateError> 
         port,
         reason,
     };
-    let kinds = options.bus.accept_kinds.as_slice();
-    let probed = registry::probe(Target::Entry(target, &entry), Some(kinds)).map_err(refused)?;
-    let mut connection = probed.connection;
+    let (mut connection, answer) =
+        registry::probe(target, &entry, Some(&options.bus.accept_kinds)).map_err(refused)?;
     if !connection.is_reusable() {
         if entry.proof {
             // The proof holds for the connection it came on only.
@@ -98,10 +97,11 @@ pub(super) fn prove(options: &DelegateOptions) -> Result<Proven, DelegateError> 
         registry::check_owner(peer, Some(local))
             .map_err(|refusal| refused(ProbeError::NotSameUser(refusal)))?;
     }
+    let capabilities = answer.health.capabilities;
     Ok(Proven {
         entry,
         connection,
-        capabilities: probed.answer.health.capabilities,
+        capabilities,
     })
 }
 

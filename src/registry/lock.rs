@@ -141,13 +141,12 @@ fn gone_is_fine(e: io::Error) -> io::Result<()> {
     (e.kind() == io::ErrorKind::NotFound).then_some(()).ok_or(e)
 }
 
-/// A held lock: the directory this process made, known by its inode and the
-/// `owner.json` it wrote.
+/// A held lock: the directory this process made, known by its fingerprint once it
+/// wrote `owner.json`.
 #[derive(Debug)]
 struct Held {
     path: PathBuf,
-    inode: (u64, u64),
-    owner: Option<Vec<u8>>,
+    print: Fingerprint,
     /// Set once [`Held::release`] ran, so that dropping does not release twice.
     released: bool,
 }
@@ -163,7 +162,7 @@ impl Held {
     fn release(&mut self) -> io::Result<()> {
         self.released = true;
         match fingerprint(&self.path) {
-            Ok(print) if print.inode == self.inode && print.owner == self.owner => {}
+            Ok(print) if print == self.print => {}
             Ok(_) => return Ok(()),
             Err(e) => return gone_is_fine(e),
         }
@@ -186,16 +185,16 @@ impl Drop for Held {
 /// Completes taking the lock whose directory `path` was just made: sets its mode and
 /// writes `owner.json`. On failure the directory is removed again.
 fn take(path: &Path) -> io::Result<Held> {
-    let meta = fs::symlink_metadata(path)?;
     let owner = serde_json::json!({
         "pid": std::process::id(),
         "acquiredAt": time::now_iso8601(),
     });
     let owner = owner.to_string().into_bytes();
     // The umask may have narrowed the mode; make it exactly 0700.
-    fs::set_permissions(path, fs::Permissions::from_mode(PRIVATE_DIR_MODE))
+    let print = fs::set_permissions(path, fs::Permissions::from_mode(PRIVATE_DIR_MODE))
         .and_then(|()| files::open_append_regular(&path.join(OWNER_FILE), PRIVATE_FILE_MODE))
         .and_then(|(mut file, _)| file.write_all(&owner))
+        .and_then(|()| fingerprint(path))
         .inspect_err(|_| {
             // Nothing else can have written owner.json into the directory we just made.
             let _ = fs::remove_file(path.join(OWNER_FILE));
@@ -203,8 +202,7 @@ fn take(path: &Path) -> io::Result<Held> {
         })?;
     Ok(Held {
         path: path.to_path_buf(),
-        inode: (meta.dev(), meta.ino()),
-        owner: Some(owner),
+        print,
         released: false,
     })
 }

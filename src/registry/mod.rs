@@ -27,7 +27,7 @@ mod warnings;
 pub use owner::{check_owner, OwnerRefusal};
 pub use probe::{
     holds_name, list, probe, probe_instance, probe_port, prune, running, HealthAnswer, Listed,
-    ProbeError, Target, PROBE_TIMEOUT,
+    ProbeError, PROBE_TIMEOUT,
 };
 pub use store::{
     channel_root, default_channel_root, default_name, deregister, ensure_registered, lookup, read,

@@ -114,11 +114,10 @@ pub enum Verdict {
     Own,
     /// A socket of this other uid would (or might) receive it.
     Foreign(u32),
-    /// No listener matches (a check without a connection only): the port is not held.
-    NoListener,
-    /// The accepted end of our connection is not in these tables (a check of a
-    /// connection only): who would receive the secret cannot be told.
-    ConnectionUnlisted,
+    /// Nothing that decides is in these tables: without a connection, no listener
+    /// matches (the port is not held); with one, its accepted end is not listed (who
+    /// would receive the secret cannot be told).
+    Unlisted,
 }
 
 /// One line of a socket table (`/proc/net/tcp` or `/proc/net/tcp6`; the address width
@@ -145,16 +144,11 @@ fn local_port(line: &str) -> Option<u16> {
     u16::from_str_radix(port_hex, 16).ok()
 }
 
-/// `HEX:PORT` of the table.
+/// `HEX:PORT` of the table: the address as 8 hex digits for IPv4, 32 for IPv6, in
+/// 32-bit words of the machine's byte order.
 fn parse_address(field: &str) -> Option<SocketAddr> {
-    let (ip_hex, port_hex) = field.split_once(':')?;
+    let (hex, port_hex) = field.split_once(':')?;
     let port = u16::from_str_radix(port_hex, 16).ok()?;
-    Some(SocketAddr::new(parse_ip(ip_hex)?, port))
-}
-
-/// An address of the table: 8 hex digits for IPv4, 32 for IPv6, in 32-bit words of
-/// the machine's byte order.
-fn parse_ip(hex: &str) -> Option<IpAddr> {
     if !matches!(hex.len(), 8 | 32) || !hex.bytes().all(|b| b.is_ascii_hexdigit()) {
         return None;
     }
@@ -164,63 +158,16 @@ fn parse_ip(hex: &str) -> Option<IpAddr> {
         word.copy_from_slice(&digits.to_ne_bytes());
     }
     let [a, b, c, d, ..] = octets;
-    Some(match hex.len() {
+    let ip = match hex.len() {
         8 => IpAddr::from([a, b, c, d]),
         _ => IpAddr::from(octets),
-    })
-}
-
-/// Whether a listener bound to `listener` would (or might) receive a connection to
-/// `target`: the same address, the wildcard of its family, an IPv4-mapped IPv6 form of
-/// it, or, for an IPv4 target, the IPv6 wildcard (a dual-stack listener; the tables do
-/// not say whether it is IPv6-only, so it counts).
-fn receives(listener: IpAddr, target: IpAddr) -> bool {
-    let listener = listener.to_canonical();
-    let wildcard = listener.is_unspecified() && (listener.is_ipv6() || target.is_ipv4());
-    wildcard || listener == target.to_canonical()
+    };
+    Some(SocketAddr::new(ip, port))
 }
 
 /// `addr` with an IPv4-mapped IPv6 address written as IPv4, as the other end sees it.
 fn canonical(addr: SocketAddr) -> SocketAddr {
     SocketAddr::new(addr.ip().to_canonical(), addr.port())
-}
-
-/// What the sockets seen so far say of a connection to a target.
-#[derive(Debug, Default)]
-struct Tally {
-    /// The first socket of another uid that would receive the connection.
-    foreign: Option<u32>,
-    /// Whether an own socket that decides was seen: the accepted end of our
-    /// connection if there is one, else a listener that would receive it.
-    own: bool,
-}
-
-impl Tally {
-    fn add(&mut self, socket: &Socket, target: SocketAddr, ours: Option<SocketAddr>, own: u32) {
-        let receiving = if socket.listening {
-            socket.local.port() == target.port() && receives(socket.local.ip(), target.ip())
-        } else {
-            ours.is_some_and(|ours| {
-                canonical(socket.local) == canonical(target)
-                    && canonical(socket.remote) == canonical(ours)
-            })
-        };
-        if receiving && socket.uid != own {
-            self.foreign = self.foreign.or(Some(socket.uid));
-        } else if receiving {
-            // With a connection, only its accepted end decides.
-            self.own |= ours.is_none() || !socket.listening;
-        }
-    }
-
-    fn verdict(&self, connection: bool) -> Verdict {
-        match self.foreign {
-            Some(uid) => Verdict::Foreign(uid),
-            None if self.own => Verdict::Own,
-            None if connection => Verdict::ConnectionUnlisted,
-            None => Verdict::NoListener,
-        }
-    }
 }
 
 /// The longest line kept from a socket table: the kernel's lines are about 150 bytes
@@ -242,7 +189,9 @@ pub fn read_verdict<R: BufRead>(
 ) -> std::io::Result<Option<Verdict>> {
     /// Lines read between looks at the clock.
     const LINES_PER_CLOCK_LOOK: usize = 4096;
-    let mut tally = Tally::default();
+    // Whether an own socket that decides was seen: the accepted end of our connection
+    // if there is one, else a listener that would receive it.
+    let mut own = false;
     for table in tables {
         for (count, line) in table.split(b'\n').enumerate() {
             let line = line?;
@@ -255,15 +204,29 @@ pub fn read_verdict<R: BufRead>(
                 .filter(|text| text.len() <= MAX_TABLE_LINE_BYTES)
                 .filter(|text| local_port(text) == Some(target.port()))
                 .and_then(parse_line);
-            if let Some(socket) = socket {
-                tally.add(&socket, target, ours, own_uid);
+            let Some(socket) = socket else { continue };
+            let receiving = if socket.listening {
+                // The same address, the wildcard of its family, an IPv4-mapped IPv6
+                // form of it, or, for an IPv4 target, the IPv6 wildcard (a dual-stack
+                // listener; the tables do not say whether it is IPv6-only, so it counts).
+                let listener = socket.local.ip().to_canonical();
+                let wildcard =
+                    listener.is_unspecified() && (listener.is_ipv6() || target.is_ipv4());
+                wildcard || listener == target.ip().to_canonical()
+            } else {
+                ours.is_some_and(|ours| {
+                    canonical(socket.local) == canonical(target)
+                        && canonical(socket.remote) == canonical(ours)
+                })
+            };
+            if receiving && socket.uid != own_uid {
+                return Ok(Some(Verdict::Foreign(socket.uid)));
             }
-            if tally.foreign.is_some() {
-                return Ok(Some(tally.verdict(ours.is_some())));
-            }
+            // With a connection, only its accepted end decides.
+            own |= receiving && (ours.is_none() || !socket.listening);
         }
     }
-    Ok(Some(tally.verdict(ours.is_some())))
+    Ok(Some(if own { Verdict::Own } else { Verdict::Unlisted }))
 }
 
 /// Checks, for the open connection from `ours` to `target`, that its accepted end and
@@ -311,7 +274,7 @@ fn check_tables<R: BufRead>(
         free = match read_verdict(tables, target, ours, own_uid, deadline) {
             Ok(Some(Verdict::Own)) => return Ok(()),
             Ok(Some(Verdict::Foreign(uid))) => return Err(OwnerRefusal::Foreign { port, uid }),
-            Ok(Some(found)) => found == Verdict::NoListener,
+            Ok(Some(_)) => ours.is_none(),
             Ok(None) => {
                 log::debug!("owner of port {port}: socket tables not read within {limit:?}");
                 free = false;
@@ -377,11 +340,33 @@ mod tests {
         ours: Option<SocketAddr>,
         own_uid: u32,
     ) -> Verdict {
-        let mut tally = Tally::default();
-        for socket in sockets {
-            tally.add(socket, target, ours, own_uid);
-        }
-        tally.verdict(ours.is_some())
+        let table: String = sockets.iter().enumerate().map(line).collect();
+        let far = Instant::now() + Duration::from_secs(3600);
+        let read = read_verdict([table.as_bytes()], target, ours, own_uid, far);
+        read.unwrap().unwrap()
+    }
+
+    /// A table line in the kernel's format for `socket` (words in the machine's byte
+    /// order, as the kernel prints them).
+    fn line((sl, socket): (usize, &Socket)) -> String {
+        let hex = |addr: SocketAddr| {
+            let octets = match addr.ip() {
+                IpAddr::V4(ip) => ip.octets().to_vec(),
+                IpAddr::V6(ip) => ip.octets().to_vec(),
+            };
+            let words = octets.chunks(4).map(|word| {
+                let word = u32::from_ne_bytes(word.try_into().unwrap());
+                format!("{word:08X}")
+            });
+            format!("{}:{:04X}", words.collect::<String>(), addr.port())
+        };
+        let (local, remote) = (hex(socket.local), hex(socket.remote));
+        let state = if socket.listening { "0A" } else { "01" };
+        let uid = socket.uid;
+        format!(
+            "{sl:>4}: {local} {remote} {state} 00000000:00000000 00:00000000 00000000 {uid:>5}        0 {} 1 0000000000000000 100 0 0 10 0\n",
+            40000 + sl
+        )
     }
 
     const HEADER: &str = "  sl  local_address rem_address   st tx_queue rx_queue tr tm->when retrnsmt   uid  timeout inode";
@@ -501,26 +486,26 @@ mod tests {
                 vec![listen("127.0.0.1:7702", 65534)],
                 "127.0.0.1:7701",
                 None,
-                Verdict::NoListener,
+                Verdict::Unlisted,
             ),
             (
                 vec![listen("192.168.1.5:7701", 65534)],
                 "127.0.0.1:7701",
                 None,
-                Verdict::NoListener,
+                Verdict::Unlisted,
             ),
             // the other family's loopback does not receive it
             (
                 vec![listen("[::1]:7701", 65534)],
                 "127.0.0.1:7701",
                 None,
-                Verdict::NoListener,
+                Verdict::Unlisted,
             ),
             (
                 vec![listen("127.0.0.1:7701", 65534)],
                 "[::1]:7701",
                 None,
-                Verdict::NoListener,
+                Verdict::Unlisted,
             ),
             // wildcards of the same family receive it
             (
@@ -540,7 +525,7 @@ mod tests {
                 vec![listen("0.0.0.0:7701", 65534)],
                 "[::1]:7701",
                 None,
-                Verdict::NoListener,
+                Verdict::Unlisted,
             ),
             // a dual-stack IPv6 wildcard, or a mapped address, may receive IPv4
             (
@@ -568,7 +553,7 @@ mod tests {
                 None,
                 Verdict::Own,
             ),
-            (vec![], "127.0.0.1:7701", None, Verdict::NoListener),
+            (vec![], "127.0.0.1:7701", None, Verdict::Unlisted),
             // the accepted end of our connection, its listener already closed
             (
                 vec![accepted("127.0.0.1:7701", "127.0.0.1:50000", 65534)],
@@ -606,29 +591,29 @@ mod tests {
                 vec![accepted("127.0.0.1:7701", "127.0.0.1:50001", 65534)],
                 "127.0.0.1:7701",
                 ours4,
-                Verdict::ConnectionUnlisted,
+                Verdict::Unlisted,
             ),
             (
                 vec![accepted("127.0.0.1:7701", "127.0.0.1:50000", 65534)],
                 "127.0.0.1:7701",
                 None,
-                Verdict::NoListener,
+                Verdict::Unlisted,
             ),
             // our own client end (local = ours) is not the receiving end
             (
                 vec![accepted("127.0.0.1:50000", "127.0.0.1:7701", 65534)],
                 "127.0.0.1:7701",
                 ours4,
-                Verdict::ConnectionUnlisted,
+                Verdict::Unlisted,
             ),
             // an own listener but no accepted end of our connection: undecided
             (
                 vec![listen("127.0.0.1:7701", me)],
                 "127.0.0.1:7701",
                 ours4,
-                Verdict::ConnectionUnlisted,
+                Verdict::Unlisted,
             ),
-            (vec![], "127.0.0.1:7701", ours4, Verdict::ConnectionUnlisted),
+            (vec![], "127.0.0.1:7701", ours4, Verdict::Unlisted),
         ];
         for (sockets, target, ours, want) in cases {
             assert_eq!(
@@ -736,7 +721,7 @@ mod tests {
         let tables = [std::io::Cursor::new(&text[..]), std::io::Cursor::new(tcp6)];
         assert_eq!(
             read_verdict(tables, target, Some(ours), me, far).unwrap(),
-            Some(Verdict::ConnectionUnlisted)
+            Some(Verdict::Unlisted)
         );
         // Without a connection (a start-up's look at its port) the own listener passes.
         let tables = [std::io::Cursor::new(&text[..])];
@@ -779,7 +764,7 @@ mod tests {
             // As `check_owner` does: a reading that raced other sockets is read again.
             let found = (0..TABLE_READINGS)
                 .map(|_| live(own).unwrap().unwrap())
-                .find(|v| *v != Verdict::ConnectionUnlisted);
+                .find(|v| *v != Verdict::Unlisted);
             assert_eq!(found, Some(Verdict::Own));
             // Seen as another user, the listener and the accepted end are foreign.
             assert_eq!(

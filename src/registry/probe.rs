@@ -163,92 +163,70 @@ pub fn check_health(
     Ok(HealthAnswer { health, body })
 }
 
-/// A probe that matched, with the connection it ran on.
-#[derive(Debug)]
-pub struct Probed {
-    /// The connection the health answer came on. It stays usable for a following
-    /// request when the server kept it open ([`Connection::is_reusable`]).
-    pub connection: Connection,
-    /// The answer.
-    pub answer: HealthAnswer,
-}
-
-/// What a health probe is pointed at.
-#[derive(Clone, Copy, Debug)]
-#[non_exhaustive]
-pub enum Target<'a> {
-    /// A bare port on 127.0.0.1 (`loopbus health --port N`), answering as the given
-    /// instance if one is given. No nonce goes out and no proof is asked for: there is
-    /// no entry, so no secret to check one with, and none to send.
-    Port(u16, Option<&'a InstanceName>),
-    /// A registry entry, the probe a caller must pass before it sends the entry's
-    /// secret: exactly the entry's `host` and `port`, a fresh nonce, and, for an entry
-    /// with `proof: true`, an answer whose `proof` is the HMAC of the proof message
-    /// under the entry's secret (constant-time compare; contract 6.1).
-    Entry(&'a InstanceName, &'a RegistryEntry),
-}
-
-/// The health probe: connects to `target`, asks `GET /api/health`, and checks the
-/// answer as [`check_health`] does, and for a [`Target::Entry`] the proof of one that
-/// claims it, or else that the other end of the connection is of our own user
-/// ([`check_owner`]: an answer of another user's squatter is no sign of
-/// life). All within [`PROBE_TIMEOUT`] (the same-user check has its own bound). The
-/// connection handed back is the one the answer came on.
+/// The health probe a caller must pass before it sends `entry`'s secret: connects to
+/// exactly the entry's `host` and `port`, asks `GET /api/health` with a fresh nonce,
+/// and checks the answer as [`check_health`] does, then, for an entry with `proof:
+/// true`, that the answer's `proof` is the HMAC of the proof message under the entry's
+/// secret (constant-time compare; contract 6.1), or else that the other end of the
+/// connection is of our own user ([`check_owner`]: an answer of another user's
+/// squatter is no sign of life). All within [`PROBE_TIMEOUT`] (the same-user check has
+/// its own bound). The connection handed back, with the answer, is the one the answer
+/// came on; it stays usable for a following request when the server kept it open
+/// ([`Connection::is_reusable`]).
 ///
 /// # Errors
 ///
 /// A failure to connect or to get an answer in time, the first condition of
 /// [`check_health`] that does not hold, [`ProbeError::NoProof`],
 /// [`ProbeError::WrongProof`] or [`ProbeError::NotSameUser`].
-pub fn probe(target: Target<'_>, accept_kinds: Option<&[String]>) -> Result<Probed, ProbeError> {
+pub fn probe(
+    name: &InstanceName,
+    entry: &RegistryEntry,
+    accept_kinds: Option<&[String]>,
+) -> Result<(Connection, HealthAnswer), ProbeError> {
+    let (host, port) = (entry.host, entry.port);
+    let nonce = secret::nonce().map_err(|e| ProbeError::Http(ClientError::Io(e)))?;
     let deadline = Instant::now() + PROBE_TIMEOUT;
-    let (host, port, name, entry) = match target {
-        Target::Port(port, name) => (store::DEFAULT_HOST, port, name, None),
-        Target::Entry(name, entry) => (entry.host, entry.port, Some(name), Some(entry)),
-    };
-    let nonce = entry.map(|_| secret::nonce()).transpose();
-    let nonce = nonce.map_err(|e| ProbeError::Http(ClientError::Io(e)))?;
     let mut connection = Connection::open_at(host, port, deadline).map_err(ProbeError::Http)?;
-    let response = connection
-        .get_health(nonce.as_deref(), deadline)
-        .map_err(ProbeError::Http)?;
-    let answer = check_health(&response, name.map(InstanceName::as_str), accept_kinds)?;
-    if let (Some(entry), Some(name), Some(nonce)) = (entry, name, &nonce) {
-        if entry.proof {
-            let message = proof::proof_message(name.as_str(), host, port, nonce);
-            let given = answer.health.proof.as_deref().ok_or(ProbeError::NoProof)?;
-            if !entry.secret.verify_proof(&message, given) {
-                return Err(ProbeError::WrongProof);
-            }
-        } else {
-            let unknown = ProbeError::NotSameUser(OwnerRefusal::Unknown { port });
-            let (peer, local) = connection.addresses().map_err(|_| unknown)?;
-            check_owner(peer, Some(local)).map_err(ProbeError::NotSameUser)?;
+    let response = connection.get_health(Some(&nonce), deadline);
+    let response = response.map_err(ProbeError::Http)?;
+    let answer = check_health(&response, Some(name.as_str()), accept_kinds)?;
+    if entry.proof {
+        let message = proof::proof_message(name.as_str(), host, port, &nonce);
+        let given = answer.health.proof.as_deref().ok_or(ProbeError::NoProof)?;
+        if !entry.secret.verify_proof(&message, given) {
+            return Err(ProbeError::WrongProof);
         }
+    } else {
+        let unknown = ProbeError::NotSameUser(OwnerRefusal::Unknown { port });
+        let (peer, local) = connection.addresses().map_err(|_| unknown)?;
+        check_owner(peer, Some(local)).map_err(ProbeError::NotSameUser)?;
     }
-    Ok(Probed { connection, answer })
+    Ok((connection, answer))
 }
 
 /// Probes whether the instance `name` answers as its registry entry says, the probe a
 /// caller must pass before it sends the entry's secret: `GET /api/health` at exactly
 /// the entry's `host` and `port` with a fresh nonce; 200, `status: "ok"`, `instance`
 /// equal to `name`, a `kind` in `accept_kinds` (unless `None`), and for an entry with
-/// `proof: true` a valid proof (contract 6.1); all within [`PROBE_TIMEOUT`].
+/// `proof: true` a valid proof (contract 6.1), else the same-user check of the
+/// connection; all within [`PROBE_TIMEOUT`].
 ///
 /// # Errors
 ///
-/// No answer in time, an answer that does not match, or a missing or wrong proof.
+/// No answer in time, an answer that does not match, a missing or wrong proof, or a
+/// refused same-user check.
 pub fn probe_instance(
     name: &InstanceName,
     entry: &RegistryEntry,
     accept_kinds: Option<&[String]>,
 ) -> Result<HealthAnswer, ProbeError> {
-    probe(Target::Entry(name, entry), accept_kinds).map(|probed| probed.answer)
+    probe(name, entry, accept_kinds).map(|(_, answer)| answer)
 }
 
 /// The health probe of a bare port on 127.0.0.1 (`loopbus health --port N`): the
 /// checks of [`probe_instance`] with `instance` equal to `name` if given, and no nonce
-/// or proof (there is no entry, so no secret to check one with).
+/// or proof (there is no entry, so no secret to check one with, and none to send).
 ///
 /// # Errors
 ///
@@ -258,7 +236,11 @@ pub fn probe_port(
     name: Option<&InstanceName>,
     accept_kinds: Option<&[String]>,
 ) -> Result<HealthAnswer, ProbeError> {
-    probe(Target::Port(port, name), accept_kinds).map(|probed| probed.answer)
+    let deadline = Instant::now() + PROBE_TIMEOUT;
+    let connection = Connection::open_at(store::DEFAULT_HOST, port, deadline);
+    let response = connection.and_then(|mut c| c.get_health(None, deadline));
+    let response = response.map_err(ProbeError::Http)?;
+    check_health(&response, name.map(InstanceName::as_str), accept_kinds)
 }
 
 /// One registry entry with the outcome of its liveness probe.
@@ -308,16 +290,10 @@ pub fn list(root: &Path, accept_kinds: Option<&[String]>) -> io::Result<Vec<List
                 })
                 .collect();
             for ((name, entry), spawned) in batch.iter().zip(probes) {
-                let liveness = match spawned.map(|probe| probe.join()) {
-                    Ok(Ok(liveness)) => liveness,
-                    // A probe never panics; if one did, the entry is not known to be
-                    // alive, nor known to be stale.
-                    Ok(Err(_)) => Err(ProbeError::Http(ClientError::Io(io::Error::other(
-                        "the probe failed unexpectedly",
-                    )))),
-                    // No thread to spare: probe here instead.
-                    Err(_) => probe_instance(name, entry, accept_kinds),
-                };
+                // No thread to spare (or, never, a probe that panicked): probe here.
+                let liveness = spawned.ok().and_then(|probe| probe.join().ok());
+                let liveness =
+                    liveness.unwrap_or_else(|| probe_instance(name, entry, accept_kinds));
                 listed.push(Listed {
                     name: name.clone(),
                     entry: entry.clone(),
@@ -333,25 +309,19 @@ pub fn list(root: &Path, accept_kinds: Option<&[String]>) -> io::Result<Vec<List
 /// and returns their names (contract 6). Nothing else is proof enough: an entry of
 /// another program sharing the root (the original implementation, of a kind loopbus
 /// does not accept, or one that does not answer loopbus's probe as expected) stays
-/// while its process lives. The removal happens under the lock, and only for entries
-/// that did not change meanwhile ([`store::remove_if`] of the entries as they were read), so an instance that
-/// re-registered in between is kept; invalid entries are never removed. The entry of
-/// `keep`, if given, is left to its own start (which looks at it before replacing it).
+/// while its process lives. The pids are looked at again under the lock
+/// ([`store::remove_if`]), so an instance that re-registered in between is kept;
+/// invalid entries are never removed. The entry of `keep`, if given, is left to its own
+/// start (which looks at it before replacing it).
 ///
 /// # Errors
 ///
 /// Any I/O error reading, locking or writing the registry.
 pub fn prune(root: &Path, keep: Option<&InstanceName>) -> io::Result<Vec<InstanceName>> {
-    let stale: Vec<(InstanceName, RegistryEntry)> = store::read(root)?
-        .into_iter()
-        .filter(|(name, entry)| Some(name) != keep && files::pid_is_gone(entry.pid))
-        .collect();
-    if stale.is_empty() {
-        return Ok(Vec::new());
-    }
-    store::remove_if(root, |name, entry| {
-        stale.iter().any(|(n, e)| n.as_str() == name && e == entry)
-    })
+    let stale = |name: &str, entry: &RegistryEntry| {
+        keep.is_none_or(|keep| keep.as_str() != name) && files::pid_is_gone(entry.pid)
+    };
+    store::remove_if(root, stale)
 }
 
 /// The entry of `name` under `root` if it is of a running instance, so that a start of
@@ -396,8 +366,20 @@ pub fn holds_name(name: &InstanceName, entry: &RegistryEntry) -> bool {
 mod tests {
     use super::*;
     use crate::files::test_support::TestDir;
-    use crate::registry::store::{lookup, read, register};
+    use crate::registry::store::{lookup, read, register_at, DEFAULT_HOST};
     use crate::secret::Secret;
+
+    /// [`register_at`] on the default host.
+    fn register(
+        root: &Path,
+        name: &InstanceName,
+        port: u16,
+        pid: u32,
+        secret: &Secret,
+    ) -> io::Result<()> {
+        let addr = std::net::SocketAddr::new(DEFAULT_HOST, port);
+        register_at(root, name, addr, pid, secret, |_| false).map(drop)
+    }
 
     fn secret(s: &str) -> Secret {
         Secret::new(s).unwrap()

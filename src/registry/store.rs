@@ -72,8 +72,7 @@ pub fn registry_path(root: &Path) -> PathBuf {
 /// The file exists but can't be read.
 pub fn read(root: &Path) -> io::Result<BTreeMap<InstanceName, RegistryEntry>> {
     let path = registry_path(root);
-    check_root(root)?;
-    let parsed = match files::read_trusted_file(&path, MAX_REGISTRY_BYTES) {
+    let parsed = match read_file(root) {
         Ok(bytes) => parse(&bytes).map_err(str::to_owned),
         Err(err) if err.kind() == io::ErrorKind::NotFound => return Ok(BTreeMap::new()),
         Err(err) if err.kind() == io::ErrorKind::InvalidData => Err(err.to_string()),
@@ -87,18 +86,19 @@ pub fn read(root: &Path) -> io::Result<BTreeMap<InstanceName, RegistryEntry>> {
     Ok(parsed.entries)
 }
 
-/// Refuses a channel root that another user owns or may write to (contract 1): its
-/// registry decides where prompts and secrets go. A missing root is not refused (it
-/// has no registry).
+/// The registry file's bytes, read as [`files::read_trusted_file`] does, in a channel
+/// root that no other user owns or may write to (contract 1): its registry decides
+/// where prompts and secrets go. A missing root is not refused (it has no registry,
+/// so `NotFound`).
 ///
 /// # Errors
 ///
-/// `PermissionDenied` wrapping a [`files::Untrusted`], or an error reading its
-/// metadata.
-fn check_root(root: &Path) -> io::Result<()> {
+/// `PermissionDenied` wrapping a [`files::Untrusted`], or an error reading the root's
+/// metadata or the file.
+fn read_file(root: &Path) -> io::Result<Vec<u8>> {
     match files::check_trusted(root, files::TrustKind::Dir) {
-        Err(err) if err.kind() == io::ErrorKind::NotFound => Ok(()),
-        other => other,
+        Err(err) if err.kind() != io::ErrorKind::NotFound => Err(err),
+        _ => files::read_trusted_file(&registry_path(root), MAX_REGISTRY_BYTES),
     }
 }
 
@@ -126,33 +126,32 @@ pub fn register_at(
 ) -> io::Result<Option<RegistryEntry>> {
     files::create_dir_private(root)?;
     lock::with_registry_lock(root, || {
-        let holder = read(root)?.remove(name);
-        if let Some(entry) = holder.filter(|entry| entry.pid != pid && taken(entry)) {
-            return Ok(Some(entry));
-        }
-        insert_locked(root, name, addr, pid, secret).map(|()| None)
+        register_locked(root, name, addr, pid, secret, taken)
     })
 }
 
-/// Inserts or replaces `name`'s entry; the caller holds the registry lock. Port 0 or
-/// pid 0 (neither of which [`read`] would accept; the name is valid by its type) is
-/// `InvalidInput`.
-fn insert_locked(
+/// [`register_at`] once the caller holds the registry lock. Port 0 or pid 0 (neither of
+/// which [`read`] would accept; the name is valid by its type) is `InvalidInput`.
+fn register_locked(
     root: &Path,
     name: &InstanceName,
     addr: SocketAddr,
     pid: u32,
     secret: &Secret,
-) -> io::Result<()> {
+    taken: impl FnOnce(&RegistryEntry) -> bool,
+) -> io::Result<Option<RegistryEntry>> {
     if addr.port() == 0 || pid == 0 {
         let message = "registry entries need a non-zero port and a non-zero pid";
         return Err(io::Error::new(io::ErrorKind::InvalidInput, message));
     }
+    let holder = read(root)?.remove(name);
+    if let Some(entry) = holder.filter(|entry| entry.pid != pid && taken(entry)) {
+        return Ok(Some(entry));
+    }
     let (document, mut instances) = load(root)?;
-    let mut fields = match instances.remove(name.as_str()) {
-        Some(Value::Object(fields)) => fields,
-        _ => Map::new(),
-    };
+    let old = instances.get_mut(name.as_str());
+    let old = old.and_then(Value::as_object_mut);
+    let mut fields = old.map(std::mem::take).unwrap_or_default();
     fields.insert("port".into(), addr.port().into());
     fields.insert("pid".into(), pid.into());
     fields.insert("secret".into(), secret.expose().into());
@@ -163,7 +162,7 @@ fn insert_locked(
         fields.remove("host");
     }
     instances.insert(name.to_string(), Value::Object(fields));
-    save(root, document, instances)
+    save(root, document, instances).map(|()| None)
 }
 
 /// Re-registers `name` if its entry is missing (the file was deleted, torn or
@@ -186,13 +185,9 @@ pub fn ensure_registered(
     if read(root)?.contains_key(name) {
         return Ok(false);
     }
-    let written = lock::within(root, std::time::Duration::ZERO, || {
-        if read(root)?.contains_key(name) {
-            return Ok(false);
-        }
-        insert_locked(root, name, addr, pid, secret).map(|()| true)
-    })?;
-    Ok(written.unwrap_or(false))
+    let register = || register_locked(root, name, addr, pid, secret, |_| true);
+    let held = lock::within(root, std::time::Duration::ZERO, register)?;
+    Ok(matches!(held, Some(None)))
 }
 
 /// Removes `name`'s entry if, and only if, it was registered by process `pid` (so a
@@ -203,9 +198,6 @@ pub fn ensure_registered(
 ///
 /// Any I/O error locking, reading or writing the registry.
 pub fn deregister(root: &Path, name: &InstanceName, pid: u32) -> io::Result<bool> {
-    if !root.is_dir() {
-        return Ok(false);
-    }
     let removed = remove_if(root, |n, entry| n == name.as_str() && entry.pid == pid)?;
     Ok(!removed.is_empty())
 }
@@ -220,11 +212,15 @@ pub fn lookup(root: &Path, name: &InstanceName) -> io::Result<Option<RegistryEnt
 }
 
 /// Removes, under the lock, every valid entry for which `matches` holds, and returns
-/// their names; writes only when it removed one.
+/// their names; writes only when it removed one. Takes the lock only when a first read
+/// finds such an entry (a missing root or registry has none).
 pub fn remove_if(
     root: &Path,
     matches: impl Fn(&str, &RegistryEntry) -> bool,
 ) -> io::Result<Vec<InstanceName>> {
+    if !read(root)?.iter().any(|(name, entry)| matches(name, entry)) {
+        return Ok(Vec::new());
+    }
     lock::with_registry_lock(root, || {
         let (document, mut instances) = load(root)?;
         let removed: Vec<InstanceName> = instances
@@ -245,8 +241,8 @@ pub fn remove_if(
 /// The registry file of `root` as a JSON document, for a rewrite that keeps everything
 /// it does not change (other programs' entries, invalid entries and unknown fields
 /// alike), with its `instances` taken out (empty when missing or of another shape,
-/// which [`read`] treats as an empty registry). A missing file is an empty document.
-/// A registry file that is not a JSON object (torn by something that did not write it
+/// which [`read`] treats as an empty registry; [`save`] puts them back). A missing
+/// file is an empty document. A registry file that is not a JSON object (torn by something that did not write it
 /// atomically) is set aside as `.bus-registry.json.corrupt-<millis>` before it is
 /// rewritten, so nothing is destroyed without a trace. It is first read again up to
 /// [`TORN_REREADS`] times, since a writer without the lock may be halfway through.
@@ -256,19 +252,12 @@ pub fn remove_if(
 ///
 /// The file exists but can't be read.
 fn load(root: &Path) -> io::Result<(Object, Object)> {
-    let path = registry_path(root);
-    check_root(root)?;
-    for attempt in 0..=TORN_REREADS {
-        if attempt > 0 {
-            std::thread::sleep(lock::POLL_INTERVAL);
-        }
-        match files::read_trusted_file(&path, MAX_REGISTRY_BYTES) {
+    for _ in 0..=TORN_REREADS {
+        match read_file(root) {
             Ok(bytes) => {
                 if let Ok(Value::Object(mut document)) = serde_json::from_slice(&bytes) {
-                    let instances = match document.remove("instances") {
-                        Some(Value::Object(instances)) => instances,
-                        _ => Map::new(),
-                    };
+                    let instances = document.get_mut("instances").and_then(Value::as_object_mut);
+                    let instances = instances.map(std::mem::take).unwrap_or_default();
                     return Ok((document, instances));
                 }
             }
@@ -277,7 +266,9 @@ fn load(root: &Path) -> io::Result<(Object, Object)> {
             // Another user's file is refused, not set aside: it was never ours.
             Err(e) => return Err(e),
         }
+        std::thread::sleep(lock::POLL_INTERVAL);
     }
+    let path = registry_path(root);
     let shown = path.display();
     match files::set_aside(&path, CORRUPT_SUFFIX) {
         Ok(aside) => log::warn!("{shown} was unreadable; moved to {}", aside.display()),
@@ -387,14 +378,11 @@ fn absolute(path: &Path) -> PathBuf {
 }
 
 #[cfg(test)]
-pub(crate) use tests::register;
-
-#[cfg(test)]
 mod tests {
     use super::*;
 
-    /// [`register_at`] on the default host, for tests here and in `probe`.
-    pub(crate) fn register(
+    /// [`register_at`] on the default host.
+    fn register(
         root: &Path,
         name: &InstanceName,
         port: u16,

@@ -56,10 +56,9 @@ impl Secret {
     pub fn proof(&self, message: &[u8]) -> String {
         // HMAC takes keys of any length (long ones are hashed), so this never fails;
         // the fallback keeps the signature total without an `expect`.
-        let mut mac = Hmac::<Sha256>::new_from_slice(self.0.as_bytes())
+        let mac = Hmac::<Sha256>::new_from_slice(self.0.as_bytes())
             .unwrap_or_else(|_| Hmac::new(&Default::default()));
-        mac.update(message);
-        hex(&mac.finalize().into_bytes())
+        hex(&mac.chain_update(message).finalize().into_bytes())
     }
 }
 
