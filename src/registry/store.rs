@@ -212,13 +212,20 @@ pub fn lookup(root: &Path, name: &InstanceName) -> io::Result<Option<RegistryEnt
 }
 
 /// Removes, under the lock, every valid entry for which `matches` holds, and returns
-/// their names; writes only when it removed one. Takes the lock only when a first read
-/// finds such an entry (a missing root or registry has none).
+/// their names; writes only when it removed one. Skips the lock only when a first read
+/// parses and finds no such entry (a missing root or registry has none); a file that
+/// does not parse may be a writer halfway through, which [`load`] reads again.
 pub fn remove_if(
     root: &Path,
     matches: impl Fn(&str, &RegistryEntry) -> bool,
 ) -> io::Result<Vec<InstanceName>> {
-    if !read(root)?.iter().any(|(name, entry)| matches(name, entry)) {
+    let first = match read_file(root) {
+        Ok(bytes) => parse(&bytes).ok().map(|parsed| parsed.entries),
+        Err(err) if err.kind() == io::ErrorKind::NotFound => Some(BTreeMap::new()),
+        Err(err) if err.kind() == io::ErrorKind::InvalidData => None,
+        Err(err) => return Err(err),
+    };
+    if first.is_some_and(|entries| !entries.iter().any(|(name, entry)| matches(name, entry))) {
         return Ok(Vec::new());
     }
     lock::with_registry_lock(root, || {
@@ -596,6 +603,26 @@ mod tests {
             assert_eq!(after["other"], serde_json::json!({"a": 1}), "{raw}");
             assert_eq!(after["instances"]["a"]["port"], 4000, "{raw}");
         }
+    }
+
+    #[test]
+    fn bug_deregister_gave_up_on_a_torn_read_of_an_in_place_writer() {
+        let dir = TestDir::new("registry-dereg-torn");
+        let root = dir.path().to_path_buf();
+        register(&root, &name("a"), 4000, 4242, &secret("s")).unwrap();
+        let path = registry_path(&root);
+        let full = std::fs::read(&path).unwrap();
+        // The original's older releases rewrite the file in place and without the
+        // lock: deregister first finds it halfway written.
+        std::fs::write(&path, &full[..full.len() / 2]).unwrap();
+        let writer = std::thread::spawn(move || {
+            std::thread::sleep(lock::POLL_INTERVAL * 2);
+            std::fs::write(path, full).unwrap();
+        });
+        let removed = deregister(&root, &name("a"), 4242).unwrap();
+        writer.join().unwrap();
+        assert!(removed, "the entry of the exiting instance stayed behind");
+        assert!(read(&root).unwrap().is_empty());
     }
 
     #[test]
