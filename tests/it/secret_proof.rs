@@ -210,6 +210,8 @@ fn a_squatted_name_is_not_already_running_the_instance_takes_it_over() {
 
     let worker = Instance::spawn(&root, "worker", &[]);
     assert_ne!(worker.port, port, "the squatter holds the old port");
+    // The log is written by its own thread: the line may land just after the entry.
+    worker.wait_for_log("taking the entry over", PATIENCE);
     let stderr = worker.stderr();
     assert!(
         stderr.contains(&format!("port {port}")) && stderr.contains("taking the entry over"),
