@@ -112,7 +112,7 @@ pub(super) fn check_config(config: &Config, config_path: &Path) -> Result<(), Se
 }
 
 /// Prunes stale registry entries (contract section 6) but `name`'s, which
-/// [`claim_name`] looks at (and warns about a squatter on its port) before replacing
+/// `Registration::claim` looks at (and warns about a squatter on its port) before replacing
 /// it. A registry that can't be read or written here is only a warning; registering
 /// reports real trouble.
 pub(super) fn prune_registry(root: &Path, name: &InstanceName) {
